@@ -1,0 +1,37 @@
+"""Text environments behind one contract (`TextEnv`), looked up by name."""
+
+from __future__ import annotations
+
+from .base import SPLITS, Task, TextEnv, normalize_action
+from .babyai import BabyAIEnv
+from .maze import MazeEnv
+from .textcraft import TextCraftEnv
+from .webshop import WebShopEnv
+from .wordle import WordleEnv
+
+ENVIRONMENTS: dict[str, type[TextEnv]] = {
+    MazeEnv.name: MazeEnv,
+    BabyAIEnv.name: BabyAIEnv,
+    TextCraftEnv.name: TextCraftEnv,
+    WordleEnv.name: WordleEnv,
+    WebShopEnv.name: WebShopEnv,
+}
+
+
+def available_envs() -> list[str]:
+    return sorted(ENVIRONMENTS)
+
+
+def env_class(name: str) -> type[TextEnv]:
+    try:
+        return ENVIRONMENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown env {name!r}; available: {', '.join(available_envs())}") from None
+
+
+def make_env(name: str, max_steps: int | None = None) -> TextEnv:
+    """A fresh environment instance; `max_steps=None` (or 0) keeps the env's default horizon."""
+    return env_class(name)(max_steps=max_steps or None)
+
+
+__all__ = ["SPLITS", "Task", "TextEnv", "ENVIRONMENTS", "available_envs", "env_class", "make_env", "normalize_action"]

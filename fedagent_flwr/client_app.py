@@ -1,0 +1,53 @@
+"""ClientApp: one client's LLM agent. It answers the server's handshake and trains locally.
+
+Only tensors and numeric metrics leave this process: tasks, prompts and
+trajectories stay with the client.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from .agent import load_agent
+from .config import RunConfig
+from .local_training import client_tasks, train_locally
+from .weights import arrays_to_model, model_to_arrays
+
+app = ClientApp()
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as missing:
+        raise ValueError(
+            f"this SuperNode has no {missing} in its node config; start it with "
+            '--node-config "partition-id=<k> num-partitions=<K>"'
+        ) from None
+
+
+@app.query()
+def handshake(msg: Message, context: Context) -> Message:
+    cfg = RunConfig.from_run_config(dict(context.run_config))
+    partition_id, num_partitions = _partition(context)
+    agent = load_agent(cfg.model, cfg.env, cfg.device)
+    info = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions, "fingerprint": agent.base_fingerprint})
+    return Message(RecordDict({"info": info}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg = RunConfig.from_run_config(dict(context.run_config))
+    partition_id, num_partitions = _partition(context)
+    config = msg.content.config_records["config"]
+    if int(config["partition-id"]) != partition_id:
+        raise ValueError(f"message for partition {config['partition-id']} reached partition {partition_id}")
+    agent = load_agent(cfg.model, cfg.env, cfg.device)
+    if config["fingerprint"] != agent.base_fingerprint:
+        raise ValueError("this node's base model differs from the server's (fingerprint mismatch)")
+    arrays_to_model(agent.model, msg.content.array_records["arrays"])
+    tasks = client_tasks(cfg, partition_id, num_partitions)
+    metrics = train_locally(agent, cfg, tasks, int(config["server-round"]), partition_id)
+    content = RecordDict({"arrays": model_to_arrays(agent.model), "metrics": MetricRecord(metrics)})
+    return Message(content, reply_to=msg)

@@ -1,0 +1,83 @@
+"""Evaluation of a policy on a set of tasks: success overall and per task category."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import torch
+
+from envs import Task, TextEnv
+
+from .rollout import LMPolicy, Policy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Success rate, mean reward and episode statistics, overall and per category.
+
+    Keys are flat (`success_rate`, `success_rate/<category>`, ...) so they fit a
+    Flower MetricRecord and a CSV row as they are.
+    """
+    if not trajectories:
+        raise ValueError("summarize needs at least one trajectory")
+    n = len(trajectories)
+    out = {
+        "success_rate": sum(t.won for t in trajectories) / n,
+        "mean_reward": sum(t.reward for t in trajectories) / n,
+        "mean_env_return": sum(t.env_return for t in trajectories) / n,
+        "mean_steps": sum(len(t.steps) for t in trajectories) / n,
+        "invalid_action_rate": sum(t.num_invalid for t in trajectories) / max(1, sum(len(t.steps) for t in trajectories)),
+        "episodes": float(n),
+    }
+    by_category: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_category[t.task.category].append(t)
+    for category, group in sorted(by_category.items()):
+        out[f"success_rate/{category}"] = sum(t.won for t in group) / len(group)
+    return out
+
+
+def evaluate(
+    policy: Policy,
+    env_factory: Callable[[], TextEnv],
+    tasks: Sequence[Task],
+    encoder: PromptEncoder,
+    config: RolloutConfig,
+    samples_per_task: int = 1,
+    progress: bool | str = False,
+) -> dict[str, float]:
+    """Play every task `samples_per_task` times and summarize."""
+    if samples_per_task <= 0:
+        raise ValueError(f"samples_per_task must be positive, got {samples_per_task}")
+    episodes = [t for t in tasks for _ in range(samples_per_task)]
+    return summarize(run_episodes(policy, env_factory, episodes, encoder, config, progress=progress))
+
+
+class GlobalEvaluator:
+    """Evaluates the global model on the held-out tasks with a fixed seed per round.
+
+    The same seed at every evaluation means differences between rounds come from
+    the weights, not from the sampling noise of different random streams.
+    """
+
+    def __init__(self, model, tokenizer, env_factory: Callable[[], TextEnv], tasks: Sequence[Task],
+                 config: RolloutConfig, samples_per_task: int, seed: int) -> None:
+        if not tasks:
+            raise ValueError("no held-out tasks to evaluate on")
+        self.policy = LMPolicy(model, tokenizer, config)
+        self.encoder = PromptEncoder(tokenizer)
+        self.env_factory = env_factory
+        self.tasks = list(tasks)
+        self.config = config
+        self.samples_per_task = samples_per_task
+        self.seed = seed
+
+    def evaluate(self, server_round: int) -> dict[str, float]:
+        started = time.time()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + 1_000_003)
+            metrics = evaluate(self.policy, self.env_factory, self.tasks, self.encoder, self.config,
+                               self.samples_per_task, progress=f"eval round {server_round}")
+        metrics["seconds"] = time.time() - started
+        return metrics

@@ -1,0 +1,242 @@
+"""GRPO for multi-turn agents, written out so every step is visible.
+
+One epoch (FedAgent's unit of local work, tau of them per round):
+  1. sample `tasks_per_epoch` tasks with replacement from the client's tasks;
+  2. play a group of `group_size` episodes per task with the current policy;
+  3. advantage of a trajectory = (its reward - group mean) / (group std + eps);
+  4. every agent step of a trajectory becomes a sample (its own prompt, with the
+     windowed history, and the model's completion) carrying that advantage;
+  5. PPO-clip loss on the completion tokens only (prompt = environment text is
+     masked out), plus an optional k3 KL penalty to a reference policy (the
+     weights the round started from), minimised with AdamW over minibatches.
+
+Why not TRL's GRPOTrainer: its `rollout_func` returns one prompt and one
+completion per rollout (with an `env_mask` over that single sequence), so a
+multi-turn episode must be one growing token sequence. The FedAgent reference
+instead prompts every step afresh with only the last `history_length` steps,
+which makes each step a separate (prompt, completion) sample sharing the
+trajectory's advantage. That does not fit the trainer's one-sequence-per-rollout
+shape, and the trainer also owns the optimizer and data loop that the federated
+round needs to control (fresh local iterate each round, tau epochs, round-start
+reference model), so the loss is written here (about 40 lines).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from envs import Task, TextEnv
+
+from .evaluation import summarize
+from .rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from .tokens import collate, completion_logprobs
+
+
+LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
+
+
+@dataclass
+class GRPOConfig:
+    group_size: int = 8  # G rollouts per task
+    tasks_per_epoch: int = 64  # tasks sampled with replacement per epoch
+    learning_rate: float = 1e-6
+    clip_eps: float = 0.2
+    kl_beta: float = 0.01  # weight of the KL to the reference (round-start) policy; 0 disables it
+    minibatch_size: int = 256  # agent steps per optimizer step
+    micro_batch_size: int = 32  # agent steps per forward/backward (gradient accumulation)
+    max_grad_norm: float = 1.0
+    adv_eps: float = 1e-6
+    # "token-mean": every generated token weighs the same (verl's default), so long
+    # failed episodes dominate; "trajectory-mean": every trajectory weighs the same,
+    # its tokens averaged (as if the episode were one sequence).
+    loss_aggregation: str = "trajectory-mean"
+
+
+def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6) -> np.ndarray:
+    """GRPO advantages: each reward normalised by its group's mean and standard deviation.
+
+    A group whose rewards are all equal carries no learning signal: its advantages are 0.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    group_ids = np.asarray(group_ids)
+    adv = np.zeros_like(rewards)
+    for g in np.unique(group_ids):
+        idx = group_ids == g
+        r = rewards[idx]
+        std = r.std()
+        adv[idx] = 0.0 if std < eps else (r - r.mean()) / (std + eps)
+    return adv
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+    token_weights: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip token loss with an optional k3 KL penalty.
+
+    logprobs/old_logprobs/ref_logprobs/mask: [batch, tokens]; advantages and
+    token_weights: [batch]. The loss is sum(weight * per-token loss over `mask`) /
+    normalizer, where the normalizer defaults to sum(weight * mask): a (weighted)
+    token mean. Positions outside `mask` contribute nothing, so they get no gradient.
+    """
+    mask = mask.float()
+    weights = mask if token_weights is None else mask * token_weights.unsqueeze(-1)
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages.unsqueeze(-1)
+    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    kl = torch.zeros_like(per_token)
+    if ref_logprobs is not None and kl_beta > 0:
+        delta = ref_logprobs - logprobs
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + kl_beta * kl
+    denom = float(weights.sum()) if normalizer is None else normalizer
+    loss = (per_token * weights).sum() / max(denom, 1e-12)
+    n = mask.sum().clamp(min=1)
+    stats = {
+        "kl": float((kl.detach() * mask).sum() / n),
+        "clip_frac": float((((ratio.detach() - 1).abs() > clip_eps).float() * mask).sum() / n),
+    }
+    return loss, stats
+
+
+@dataclass
+class StepSample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    weight: float = 1.0  # per-token weight in the loss (see GRPOConfig.loss_aggregation)
+
+
+def trajectories_to_samples(
+    trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float, aggregation: str = "trajectory-mean"
+) -> list[StepSample]:
+    """Every agent step becomes a sample carrying its trajectory's advantage.
+
+    Steps of zero-advantage trajectories are dropped: their policy-gradient term is
+    zero, and skipping them saves the forward/backward passes.
+    """
+    if aggregation not in LOSS_AGGREGATIONS:
+        raise ValueError(f"loss aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
+    adv = group_advantages([t.reward for t in trajectories], group_ids, eps)
+    samples = []
+    for t, a in zip(trajectories, adv):
+        tokens = sum(len(s.completion_ids) for s in t.steps)
+        weight = 1.0 / max(1, tokens) if aggregation == "trajectory-mean" else 1.0
+        samples.extend(StepSample(s.prompt_ids, s.completion_ids, float(a), weight) for s in t.steps if a != 0.0 and s.completion_ids)
+    return samples
+
+
+class GRPOTrainer:
+    """Local GRPO on one client: owns the optimizer and the reference policy for one round."""
+
+    def __init__(self, model, tokenizer, config: GRPOConfig, rollout: RolloutConfig) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.rollout = rollout
+        self.encoder = PromptEncoder(tokenizer)
+        self.policy = LMPolicy(model, tokenizer, rollout)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        # The KL anchor is the policy the round started from (the broadcast global model).
+        self.reference = None
+        if config.kl_beta > 0:
+            self.reference = copy.deepcopy(model).eval()
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
+
+    def train_epoch(self, env_factory: Callable[[], TextEnv], tasks: Sequence[Task], rng: np.random.Generator, progress: bool | str = False) -> dict[str, float]:
+        cfg = self.config
+        started = time.time()
+        chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
+        episodes = [t for t in chosen for _ in range(cfg.group_size)]
+        group_ids = [i for i in range(len(chosen)) for _ in range(cfg.group_size)]
+        trajectories = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
+        rollout_seconds = time.time() - started
+        samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation)
+        update_stats = self.update(samples, rng)
+        metrics = summarize(trajectories)
+        metrics.update(update_stats)
+        metrics["tokens"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajectories for s in t.steps))
+        metrics["generated_tokens"] = float(sum(len(s.completion_ids) for t in trajectories for s in t.steps))
+        metrics["rollout_seconds"] = rollout_seconds
+        metrics["seconds"] = time.time() - started
+        return metrics
+
+    @torch.no_grad()
+    def _logprobs(self, model, samples: Sequence[StepSample]) -> list[torch.Tensor]:
+        """Per-sample completion log-probs (1-D, completion tokens only)."""
+        out = []
+        for chunk in _chunks(samples, self.config.micro_batch_size):
+            batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
+            logprobs, mask = completion_logprobs(model, batch, self.rollout.temperature)
+            out.extend(lp[m].cpu() for lp, m in zip(logprobs, mask))
+        return out
+
+    def update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
+        """One pass of clipped policy-gradient updates over the samples, in shuffled minibatches."""
+        cfg = self.config
+        if not samples:  # every group was uniform: nothing to learn from this batch
+            return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
+        self.model.eval()  # dropout off: old and new log-probs must come from the same function
+        # With a single minibatch the policy has not moved before the update, so the
+        # "old" log-probs are the current ones (detached): skip a forward pass.
+        single = len(samples) <= cfg.minibatch_size
+        old = None if single else self._logprobs(self.model, samples)
+        ref = self._logprobs(self.reference, samples) if self.reference is not None else None
+        order = rng.permutation(len(samples))
+        total_tokens = 0
+        sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
+        steps = 0
+        for mb in _chunks(list(order), cfg.minibatch_size):
+            self.optimizer.zero_grad(set_to_none=True)
+            # The minibatch loss is one weighted token mean, however it is split into micro-batches.
+            normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
+            for micro in _chunks(mb, cfg.micro_batch_size):
+                chunk = [samples[i] for i in micro]
+                batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
+                logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature)
+                old_lp = logprobs.detach() if old is None else _scatter_like(mask, [old[i] for i in micro])
+                ref_lp = _scatter_like(mask, [ref[i] for i in micro]) if ref is not None else None
+                adv = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=logprobs.device)
+                weights = torch.tensor([s.weight for s in chunk], dtype=torch.float32, device=logprobs.device)
+                loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
+                loss.backward()
+                n_tokens = float(mask.sum())
+                sums["loss"] += float(loss.detach())  # micro-batch shares add up to the minibatch loss
+                sums["kl"] += stats["kl"] * n_tokens
+                sums["clip_frac"] += stats["clip_frac"] * n_tokens
+                total_tokens += int(n_tokens)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            steps += 1
+        result = {"loss": sums["loss"] / max(1, steps), "kl": sums["kl"] / max(1, total_tokens),
+                  "clip_frac": sums["clip_frac"] / max(1, total_tokens)}
+        result["optimizer_steps"] = float(steps)
+        result["train_samples"] = float(len(samples))
+        return result
+
+
+def _chunks(items: Sequence, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _scatter_like(mask: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+    """Place per-sample 1-D completion values back at the mask's positions."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    for row, v in enumerate(values):
+        out[row, mask[row]] = v.to(mask.device)
+    return out

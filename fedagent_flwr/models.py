@@ -1,0 +1,76 @@
+"""Loading the agent's language model, and fingerprinting its weights.
+
+`model` in the run config is either a Hugging Face model name or local path
+(AutoModelForCausalLM + its tokenizer and chat template; bf16 on GPU, fp32 on
+CPU; remote code is never trusted) or `tiny` / `tiny:<env>` for a tiny model
+built offline for that environment (see tiny_model.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from envs import available_envs
+
+from .tiny_model import ensure_tiny_model
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str  # HF name or local path; for tiny models the cached folder
+    tiny: bool
+
+
+def resolve_model(name: str, env: str) -> ModelSpec:
+    """Turn run-config `model` into something `from_pretrained` can load (builds tiny models)."""
+    if name == "tiny" or name.startswith("tiny:"):
+        tiny_env = name.partition(":")[2] or env.split(",")[0]
+        if tiny_env not in available_envs():
+            raise ValueError(f"model {name!r}: no environment {tiny_env!r}; available: {', '.join(available_envs())}")
+        return ModelSpec(str(ensure_tiny_model(tiny_env)), tiny=True)
+    return ModelSpec(name, tiny=False)
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but no CUDA GPU is visible here; use device='cpu' or 'auto'")
+    return torch.device(device)
+
+
+def load_tokenizer(spec: ModelSpec):
+    if spec.tiny:
+        # A qwen2 folder would reload our tokenizer as Qwen2Tokenizer, whose
+        # pre-tokenizer gives different ids: load the fast tokenizer file as saved.
+        tok = PreTrainedTokenizerFast.from_pretrained(spec.source, padding_side="left")
+    else:
+        tok = AutoTokenizer.from_pretrained(spec.source, padding_side="left", trust_remote_code=False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(spec: ModelSpec, device: torch.device):
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=False)
+    return model.to(device)
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer (names, shapes, dtypes, bytes), in name order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def is_local_path(name: str) -> bool:
+    return Path(name).expanduser().exists()

@@ -1,0 +1,76 @@
+"""Agent prompts and action parsing, in the FedAgent reference style.
+
+The agent sees its task, the last `history_length` (observation, action) pairs,
+the current observation and the admissible actions, and answers
+`<think>...</think><action>...</action>`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from envs import TextEnv
+
+_ACTION_RE = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
+_THINK_RE = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
+_OPEN_ACTION_RE = re.compile(r"<action>(.*)", re.IGNORECASE | re.DOTALL)
+# Long admissible lists (e.g. every Wordle word) are summarised rather than listed.
+MAX_LISTED_ACTIONS = 50
+
+
+def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]], history_length: int) -> str:
+    """The user message for the current step; `history` holds all past (observation, action) pairs."""
+    lines = [f"{env.intro} Your task: {env.instruction()}"]
+    steps_taken = len(history)
+    recent = history[-history_length:] if history_length > 0 else []
+    if steps_taken == 0:
+        lines.append("You have taken no step yet.")
+    elif recent:
+        first = steps_taken - len(recent) + 1
+        lines.append(f"You have taken {steps_taken} step(s). The last {len(recent)}:")
+        lines.extend(f"[{first + i}] observation: {obs} action: {act}" for i, (obs, act) in enumerate(recent))
+    else:
+        lines.append(f"You have taken {steps_taken} step(s).")
+    lines.append(f"Step {steps_taken + 1}. Observation: {observation}")
+    lines.append(f"Admissible actions: {_describe_actions(env)}.")
+    lines.append("Reason briefly in <think></think>, then give one admissible action in <action></action>.")
+    return "\n".join(lines)
+
+
+def _describe_actions(env: TextEnv) -> str:
+    hint = getattr(env, "action_hint", None)
+    actions = env.admissible_actions()
+    if callable(hint) and len(actions) > MAX_LISTED_ACTIONS:
+        return hint()
+    return "[" + ", ".join(actions) + "]"
+
+
+def expert_completion(action: str) -> str:
+    """What behaviour cloning teaches the model to write for an expert action."""
+    return f"<think>next: {action}</think><action>{action}</action>"
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    action: str  # text handed to the environment
+    well_formed: bool  # exactly one <think> block and one <action> block
+
+
+def parse_action(completion: str) -> ParsedAction:
+    """Extract the action from a model completion; never raises.
+
+    Malformed text is still turned into the best-guess action (the environment then
+    judges admissibility) but is flagged so the invalid-action penalty applies.
+    """
+    text = str(completion)
+    actions = _ACTION_RE.findall(text)
+    if len(actions) == 1:
+        return ParsedAction(actions[0].strip(), len(_THINK_RE.findall(text)) == 1)
+    if actions:  # several action blocks: take the last, but it is not well formed
+        return ParsedAction(actions[-1].strip(), False)
+    unclosed = _OPEN_ACTION_RE.search(text)
+    if unclosed:
+        return ParsedAction(unclosed.group(1).strip(), False)
+    # No tags at all: hand over the text after any reasoning block.
+    return ParsedAction(_THINK_RE.sub("", text).strip(), False)

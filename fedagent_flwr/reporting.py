@@ -1,0 +1,93 @@
+"""What a run leaves on disk, in `<output-dir>/<run-name>/`.
+
+metrics.jsonl  one JSON object per logged round (train and/or eval metrics)
+metrics.csv    the same rows as a table (columns = union of keys)
+learning_curve.png  held-out success rate (and training success) against rounds
+checkpoints/round-NNNN/  the global model at each evaluation (safetensors, HF layout)
+summary.json   initial and final held-out success, per category, timing
+Every file is written to a temporary name first and renamed into place, so an
+interrupted run never leaves a half-written checkpoint or table behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class RunReporter:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict[str, Any]] = []
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        atomic_write_text(self.run_dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        atomic_write_text(self.run_dir / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
+        columns = sorted({k for r in self.rows for k in r}, key=lambda k: (k != "round", k))
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
+        self.plot()
+
+    def plot(self) -> None:
+        evals = [(r["round"], r["eval/success_rate"]) for r in self.rows if "eval/success_rate" in r]
+        trains = [(r["round"], r["train/success_rate"]) for r in self.rows if "train/success_rate" in r]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        if evals:
+            ax.plot(*zip(*evals), marker="o", label="global model, held-out tasks")
+        if trains:
+            ax.plot(*zip(*trains), marker=".", linestyle="--", label="sampled clients, training rollouts")
+        categories = sorted({k.split("/", 2)[2] for r in self.rows for k in r if k.startswith("eval/success_rate/")})
+        for c in categories:
+            pts = [(r["round"], r[f"eval/success_rate/{c}"]) for r in self.rows if f"eval/success_rate/{c}" in r]
+            ax.plot(*zip(*pts), alpha=0.5, linewidth=1, label=f"held-out: {c}")
+        ax.set_xlabel("round")
+        ax.set_ylabel("success rate")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fd, tmp = tempfile.mkstemp(prefix=".learning_curve-", suffix=".png", dir=self.run_dir)
+        os.close(fd)
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        os.replace(tmp, self.run_dir / "learning_curve.png")
+
+    def checkpoint(self, server_round: int, model, tokenizer) -> Path:
+        final = self.run_dir / "checkpoints" / f"round-{server_round:04d}"
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))

@@ -1,0 +1,224 @@
+"""The batched rollout engine shared by GRPO, behaviour-cloning data collection and evaluation.
+
+All live episodes advance together: at every step the engine builds one prompt per
+live episode, asks the policy for all completions at once (one `generate` call
+with KV cache for a language model), steps each environment, and drops the
+episodes that ended. A policy is any object with `act(episodes) -> completions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from tqdm.auto import tqdm
+
+from envs import Task, TextEnv
+
+from .prompts import build_prompt, expert_completion, parse_action
+
+
+@dataclass
+class StepRecord:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion: str
+    action: str
+    reward: float
+    valid: bool  # well-formed and admissible
+
+
+@dataclass
+class Trajectory:
+    task: Task
+    steps: list[StepRecord] = field(default_factory=list)
+    won: bool = False
+    env_return: float = 0.0  # sum of the environment's rewards
+    penalty: float = 0.0  # invalid-action penalty, already scaled by its coefficient
+    reward: float = 0.0  # the training signal, set when the episode ends (see RolloutConfig.reward)
+
+    @property
+    def num_invalid(self) -> int:
+        return sum(not s.valid for s in self.steps)
+
+
+@dataclass
+class Episode:
+    """A live episode as the policy sees it."""
+
+    env: TextEnv
+    trajectory: Trajectory
+    observation: str
+    history: list[tuple[str, str]] = field(default_factory=list)
+    prompt: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+class Policy(Protocol):
+    def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
+        """(completion token ids, completion text) for every episode."""
+
+
+REWARD_MODES = ("success", "env")
+
+
+@dataclass
+class RolloutConfig:
+    history_length: int = 2
+    invalid_penalty: float = 0.1
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int = 64  # episodes per generate call; bounds memory
+    # Trajectory reward: "success" = success_reward if won else 0 (the FedAgent reference:
+    # 10 x won), or "env" = the environment's own return; the invalid penalty is subtracted.
+    reward: str = "success"
+    success_reward: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
+
+    def trajectory_reward(self, traj: "Trajectory") -> float:
+        base = (self.success_reward if traj.won else 0.0) if self.reward == "success" else traj.env_return
+        return base - traj.penalty
+
+
+class PromptEncoder:
+    """Turns a prompt string into the token ids the model is conditioned on (chat template if any)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+
+    def __call__(self, prompt: str) -> list[int]:
+        if self.has_chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return list(ids)
+        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return sorted(i for i in ids if i is not None)
+
+
+class LMPolicy:
+    """Samples completions from a causal language model, all live episodes in one batch."""
+
+    def __init__(self, model, tokenizer, config: RolloutConfig) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    @torch.no_grad()
+    def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
+        out: list[tuple[list[int], str]] = []
+        size = self.config.batch_size
+        for start in range(0, len(episodes), size):
+            out.extend(self._generate([e.prompt_ids for e in episodes[start : start + size]]))
+        return out
+
+    def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
+        width = max(len(p) for p in prompts)
+        device = next(self.model.parameters()).device
+        # Left padding keeps every prompt's last token at the same position for generation.
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.tensor(p)
+            attention_mask[i, width - len(p) :] = 1
+        cfg = self.config
+        sampling = cfg.temperature > 0
+        was_training = self.model.training
+        self.model.eval()
+        generated = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            max_new_tokens=cfg.max_new_tokens,
+            do_sample=sampling,
+            temperature=cfg.temperature if sampling else None,
+            top_p=cfg.top_p if sampling else None,
+            top_k=0 if sampling else None,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            use_cache=True,
+        )
+        self.model.train(was_training)
+        results = []
+        for row in generated[:, width:].tolist():
+            ids = []
+            for tok in row:
+                ids.append(tok)
+                if tok in self.stop_ids:
+                    break
+            results.append((ids, self.tokenizer.decode(ids, skip_special_tokens=True)))
+        return results
+
+
+class ExpertPolicy:
+    """The environment's scripted expert, written in the agent's answer format."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer)
+
+    def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
+        out = []
+        for e in episodes:
+            text = expert_completion(e.env.expert_action())
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.stop_ids[0]]
+            out.append((ids, text))
+        return out
+
+
+def run_episodes(
+    policy: Policy,
+    env_factory: Callable[[], TextEnv],
+    tasks: Sequence[Task],
+    encoder: PromptEncoder,
+    config: RolloutConfig,
+    progress: bool | str = False,
+) -> list[Trajectory]:
+    """Play one episode per task (tasks may repeat, e.g. a GRPO group) and return the trajectories."""
+    episodes = []
+    for task in tasks:
+        env = env_factory()
+        obs, _ = env.reset(task)
+        episodes.append(Episode(env=env, trajectory=Trajectory(task=task), observation=obs))
+    live = list(episodes)
+    bar = tqdm(total=len(episodes), desc=progress if isinstance(progress, str) else "rollout", disable=not progress, leave=False)
+    while live:
+        for e in live:
+            e.prompt = build_prompt(e.env, e.observation, e.history, config.history_length)
+            e.prompt_ids = encoder(e.prompt)
+        completions = policy.act(live)
+        still_live = []
+        for e, (ids, text) in zip(live, completions):
+            parsed = parse_action(text)
+            obs, reward, terminated, truncated, info = e.env.step(parsed.action)
+            valid = parsed.well_formed and info["valid"]
+            traj = e.trajectory
+            traj.steps.append(StepRecord(e.prompt_ids, ids, text, parsed.action, reward, valid))
+            traj.env_return += reward
+            traj.penalty += 0.0 if valid else config.invalid_penalty
+            e.history.append((e.observation, parsed.action))
+            e.observation = obs
+            if terminated or truncated:
+                traj.won = bool(info["won"])
+                traj.reward = config.trajectory_reward(traj)
+                bar.update(1)
+            else:
+                still_live.append(e)
+        live = still_live
+    bar.close()
+    return [e.trajectory for e in episodes]

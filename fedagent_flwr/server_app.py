@@ -1,0 +1,157 @@
+"""ServerApp: validate the config, meet the clients, run the strategy, evaluate and report."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from envs import make_env
+from strategies import make_strategy
+
+from .agent import load_agent
+from .config import RunConfig
+from .evaluation import GlobalEvaluator
+from .local_training import rollout_config
+from .reporting import RunReporter
+from .weights import arrays_to_model, model_to_arrays
+
+log = logging.getLogger(__name__)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = RunConfig.from_run_config(dict(context.run_config))  # fails fast on bad input
+    run_federation(grid, cfg)
+
+
+def run_federation(grid: Grid, cfg: RunConfig) -> dict:
+    started = time.time()
+    agent = load_agent(cfg.model, cfg.env, cfg.device)  # builds a tiny model first if needed
+    nodes = wait_for_nodes(grid, cfg.num_clients)
+    node_of_partition = handshake(grid, nodes, agent.base_fingerprint, cfg.round_timeout)
+    num_clients = cfg.check_federation(len(node_of_partition))
+
+    run_name = cfg.run_name or f"{cfg.env}-{cfg.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    reporter = RunReporter(cfg.output_path / run_name)
+    reporter.write_config(cfg.to_run_config() | {"resolved-num-clients": num_clients, "model-source": agent.spec.source})
+    print(f"[fedagent] run folder: {reporter.run_dir}", flush=True)
+
+    env = make_env(cfg.env, cfg.max_steps)
+    eval_tasks = env.tasks_of_split("test")
+    if cfg.eval_tasks:
+        eval_tasks = eval_tasks[: cfg.eval_tasks]
+    evaluator = GlobalEvaluator(agent.model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), eval_tasks,
+                                rollout_config(cfg, evaluation=True), cfg.eval_samples_per_task, cfg.seed)
+    strategy = make_strategy(cfg.strategy, node_of_partition=node_of_partition, clients_per_round=cfg.clients_per_round,
+                             seed=cfg.seed, min_replies=cfg.min_replies)
+    history: dict[int, dict[str, float]] = {}
+
+    def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
+        row: dict[str, float] = {"round": server_round, "elapsed_seconds": round(time.time() - started, 1)}
+        for key, value in (strategy.last_train_metrics(server_round) or {}).items():
+            row[f"train/{key}"] = value
+        due = server_round == 0 or server_round % cfg.eval_every == 0 or server_round == cfg.num_server_rounds
+        metrics = None
+        if due:
+            arrays_to_model(agent.model, arrays)
+            metrics = evaluator.evaluate(server_round)
+            history[server_round] = metrics
+            row.update({f"eval/{k}": v for k, v in metrics.items()})
+            reporter.checkpoint(server_round, agent.model, agent.tokenizer)
+            print(f"[fedagent] round {server_round}: held-out success {metrics['success_rate']:.3f} "
+                  f"({int(metrics['episodes'])} episodes)", flush=True)
+        reporter.log(row)
+        return MetricRecord(metrics) if metrics else None
+
+    strategy.start(
+        grid=grid,
+        initial_arrays=model_to_arrays(agent.model),
+        num_rounds=cfg.num_server_rounds,
+        timeout=cfg.round_timeout,
+        train_config=ConfigRecord({"fingerprint": agent.base_fingerprint}),
+        evaluate_fn=evaluate_fn,
+    )
+    final_round = max(history)
+    summary = {
+        "run_dir": str(reporter.run_dir),
+        "initial_success_rate": history[0]["success_rate"],
+        "final_success_rate": history[final_round]["success_rate"],
+        "initial": history[0],
+        "final": history[final_round],
+        "rounds": cfg.num_server_rounds,
+        "clients": num_clients,
+        "clients_per_round": cfg.clients_per_round,
+        "sampled_clients": {str(r): p for r, p in strategy.sampled.items()},
+        "failed_replies": {str(r): f for r, f in strategy.failures.items() if f},
+        "model": cfg.model,
+        "model_source": agent.spec.source,
+        "env": cfg.env,
+        "seconds": round(time.time() - started, 1),
+    }
+    reporter.write_summary(summary)
+    print(f"[fedagent] held-out success: before round 1 {summary['initial_success_rate']:.3f} -> "
+          f"after round {final_round} {summary['final_success_rate']:.3f}; summary: {reporter.run_dir / 'summary.json'}",
+          flush=True)
+    return summary
+
+
+def wait_for_nodes(grid: Grid, expected: int, timeout: float = 120.0) -> list[int]:
+    """Node ids once `expected` nodes (or, with expected=0, a stable set) have connected."""
+    deadline, last, stable_since = time.time() + timeout, None, time.time()
+    while time.time() < deadline:
+        nodes = sorted(grid.get_node_ids())
+        if nodes and expected and len(nodes) >= expected:
+            return nodes
+        if nodes != last:
+            last, stable_since = nodes, time.time()
+        elif nodes and not expected and time.time() - stable_since >= 3.0:
+            return nodes
+        time.sleep(0.5)
+    raise RuntimeError(f"only {len(last or [])} SuperNode(s) connected within {timeout:.0f} s (expected {expected or 'at least 1'})")
+
+
+def handshake(grid: Grid, nodes: list[int], fingerprint: str, timeout: float) -> dict[int, int]:
+    """Ask every node its partition-id and base-model fingerprint; map partition-id -> node id.
+
+    A node whose base weights differ from the server's would silently train a
+    different model (and, with adapters, aggregate nonsense): stop before round 1.
+    """
+    messages = [
+        Message(content=RecordDict({"config": ConfigRecord({"fingerprint": fingerprint})}),
+                message_type=MessageType.QUERY, dst_node_id=n)
+        for n in nodes
+    ]
+    node_of_partition: dict[int, int] = {}
+    problems = []
+    answered = set()
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
+        answered.add(node)
+        if reply.has_error():
+            problems.append(f"node {node} failed the handshake: {reply.error.reason}")
+            continue
+        info = reply.content.config_records["info"]
+        pid = int(info["partition-id"])
+        if info["fingerprint"] != fingerprint:
+            problems.append(
+                f"node {node} (partition {pid}) holds different base weights (fingerprint {str(info['fingerprint'])[:12]} "
+                f"vs the server's {fingerprint[:12]}); every node must load the same model files"
+            )
+        if pid in node_of_partition:
+            problems.append(f"partition-id {pid} is claimed by nodes {node_of_partition[pid]} and {node}")
+        node_of_partition[pid] = node
+    silent = sorted(set(nodes) - answered)
+    if silent:
+        problems.append(f"node(s) {silent} did not answer the handshake within {timeout:.0f} s")
+    if problems:
+        raise RuntimeError("client handshake failed:\n  " + "\n  ".join(problems))
+    expected = list(range(len(node_of_partition)))
+    if sorted(node_of_partition) != expected:
+        raise RuntimeError(f"partition-ids must be 0..{len(node_of_partition) - 1}, got {sorted(node_of_partition)}")
+    return node_of_partition
+

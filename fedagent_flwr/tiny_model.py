@@ -1,0 +1,201 @@
+"""Tiny offline models (`model = "tiny:<env>"`): built here, no model hub needed.
+
+Recipe: a byte-level BPE tokenizer trained on the environment's own prompts and
+expert answers, a small Qwen2-architecture causal LM, and a behaviour-cloning
+warm start on the scripted expert's episodes over the training split. The result
+is an ordinary Hugging Face folder (save_pretrained) cached under
+`<cache>/tiny-<env>-<recipe hash>/`, built once under a file lock so concurrent
+clients never build it twice, and published by an atomic rename.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from envs import make_env
+
+from .prompts import expert_completion
+from .rollout import ExpertPolicy, PromptEncoder, RolloutConfig, run_episodes
+from .sft import SFTConfig, supervised_finetune
+
+SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML; {% generation %} marks assistant tokens so TRL's assistant-only losses work too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ message['content'] }}<|im_end|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines a tiny model; its hash names the cache folder."""
+
+    env: str
+    vocab_size: int = 640
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_positions: int = 2048
+    bc_episodes_per_task: int = 4
+    bc_steps: int = 150
+    bc_batch_size: int = 32
+    bc_learning_rate: float = 1e-3
+    history_length: int = 2
+    seed: int = 0
+    version: int = RECIPE_VERSION
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get("FEDAGENT_CACHE", Path.home() / ".cache" / "fedagent-flwr")).expanduser().resolve()
+
+
+def tiny_model_dir(recipe: TinyRecipe, cache_root: Path | None = None) -> Path:
+    return (cache_root or default_cache_root()) / f"tiny-{recipe.env}-{recipe.digest()}"
+
+
+def ensure_tiny_model(env_name: str, cache_root: Path | None = None, recipe: TinyRecipe | None = None) -> Path:
+    """Path of the cached tiny model for `env_name`, building it first if needed."""
+    recipe = recipe or TinyRecipe(env=env_name)
+    target = tiny_model_dir(recipe, cache_root)
+    if (target / "recipe.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
+        try:
+            if not (target / "recipe.json").exists():
+                tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+                try:
+                    build_tiny_model(recipe, tmp)
+                    os.replace(tmp, target)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+    )
+
+
+class _TextOnlyEncoder:
+    """Stands in for the tokenizer before it exists: collects the ChatML-wrapped prompt text."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def __call__(self, prompt: str) -> list[int]:
+        self.texts.append(f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+        return []
+
+
+class _TextExpert:
+    """The expert before the tokenizer exists: text only, collected for tokenizer training."""
+
+    def __init__(self) -> None:
+        self.completions: list[str] = []
+
+    def act(self, episodes):
+        out = []
+        for e in episodes:
+            text = expert_completion(e.env.expert_action())
+            self.completions.append(text)
+            out.append(([], text))
+        return out
+
+
+def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> None:
+    """Tokenizer, model and behaviour-cloning warm start, saved into `out_dir`."""
+    started = time.time()
+    torch.manual_seed(recipe.seed)
+    env = make_env(recipe.env)
+    train_tasks = env.tasks_of_split("train")
+    bc_tasks = [t for t in train_tasks for _ in range(recipe.bc_episodes_per_task)]
+    rollout_cfg = RolloutConfig(history_length=recipe.history_length)
+
+    # 1) Tokenizer on the text the agent will read and write.
+    collector, expert_text = _TextOnlyEncoder(), _TextExpert()
+    run_episodes(expert_text, lambda: make_env(recipe.env), train_tasks, collector, rollout_cfg)
+    corpus = collector.texts + expert_text.completions + ["Invalid action."]
+    tokenizer = train_tokenizer(corpus, recipe.vocab_size)
+
+    # 2) Expert demonstrations, tokenized exactly as rollouts will be.
+    encoder = PromptEncoder(tokenizer)
+    demos = run_episodes(ExpertPolicy(tokenizer), lambda: make_env(recipe.env), bc_tasks, encoder, rollout_cfg)
+    samples = [(s.prompt_ids, s.completion_ids) for traj in demos for s in traj.steps]
+
+    # 3) A small Qwen2 model, behaviour-cloned on the demonstrations.
+    config = AutoConfig.for_model(
+        "qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        max_position_embeddings=recipe.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    losses = supervised_finetune(
+        model,
+        samples,
+        tokenizer.pad_token_id,
+        SFTConfig(steps=recipe.bc_steps, batch_size=recipe.bc_batch_size, learning_rate=recipe.bc_learning_rate, seed=recipe.seed),
+    )
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    meta = {
+        "recipe": asdict(recipe),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "bc_samples": len(samples),
+        "bc_loss_first": losses[0],
+        "bc_loss_last": losses[-1],
+        "build_seconds": round(time.time() - started, 1),
+    }
+    (out_dir / "recipe.json").write_text(json.dumps(meta, indent=2))

@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Run the Flower app in simulation from the command line.
+
+Every run-config key is a flag (`--clients-per-round 3` sets `clients-per-round`),
+`--num-clients` also sets the number of simulated SuperNodes, and
+`--num-cpus-per-client` / `--num-gpus-per-client` become Ray's client resources.
+Under the hood this is `flwr run <app> --run-config ... --federation-config ...`,
+so a run started here is the same app a deployment runs. A local SuperLink that
+this command had to start is stopped again at the end.
+
+    python run_simulation.py --strategy fedagent-avg --env maze --num-clients 4 --clients-per-round 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+APP_DIR = Path(__file__).resolve().parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fedagent_flwr.config import RunConfig
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = type(f.default)
+        parser.add_argument(flag, type=kind, default=None, help=f"{f.metadata['doc']} (default {f.default!r}; {f.metadata['allowed']})")
+    sim = parser.add_argument_group("simulation resources")
+    sim.add_argument("--num-cpus-per-client", type=int, default=1, help="Ray CPUs per client (integer >= 1; default 1)")
+    sim.add_argument("--num-gpus-per-client", type=float, default=0.0, help="Ray GPUs per client, fractions allowed (default 0)")
+    sim.add_argument("--keep-superlink", action="store_true", help="leave the local SuperLink running after the run")
+    sim.add_argument("--dry-run", action="store_true", help="print the flwr command and exit")
+    return parser
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "") + "'"
+    return repr(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fedagent_flwr.config import RunConfig
+
+    args = build_parser().parse_args(argv)
+    overrides = {}
+    for f in fields(RunConfig):
+        value = getattr(args, f.name)
+        if value is not None:
+            overrides[f.name.replace("_", "-")] = value
+    if "output-dir" in overrides and not overrides["output-dir"].startswith("~"):
+        overrides["output-dir"] = str(Path(overrides["output-dir"]).resolve())  # relative to where you run this
+    RunConfig.from_run_config(RunConfig().to_run_config() | overrides)  # fail here, before Ray starts
+    if args.num_cpus_per_client < 1:
+        sys.exit("--num-cpus-per-client must be an integer >= 1")
+    if args.num_gpus_per_client < 0:
+        sys.exit("--num-gpus-per-client must be >= 0")
+    if args.num_gpus_per_client > 0:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit(f"--num-gpus-per-client={args.num_gpus_per_client} but no CUDA GPU is visible on this machine")
+
+    num_nodes = overrides.get("num-clients") or 2
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
+    federation = (f"num-supernodes={num_nodes} client-resources-num-cpus={args.num_cpus_per_client} "
+                  f"client-resources-num-gpus={args.num_gpus_per_client}")
+    cmd = ["flwr", "run", str(APP_DIR), "--stream", "--federation-config", federation]
+    if run_config:
+        cmd += ["--run-config", run_config]
+    print("$ " + shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+
+    env = os.environ.copy()
+    env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")  # else flwr reinstalls deps (GBs of torch)
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    before = superlink_pids()
+    try:
+        return subprocess.call(cmd, env=env)
+    finally:
+        if not args.keep_superlink:
+            for pid in superlink_pids() - before:
+                os.kill(pid, signal.SIGTERM)
+
+
+def superlink_pids() -> set[int]:
+    """PIDs of running flower-superlink processes (Linux /proc; empty elsewhere)."""
+    pids = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"flower-superlink" in cmdline:
+            pids.add(int(proc.name))
+    return pids
+
+
+if __name__ == "__main__":
+    sys.exit(main())

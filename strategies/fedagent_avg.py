@@ -1,0 +1,163 @@
+"""FedAgentAvg: FedAgent's server (Algorithm 1 of the FedAgent paper).
+
+Each round the server samples M of the K clients uniformly without replacement,
+broadcasts the global weights, and replaces them by the plain (unweighted) mean
+of the returned local models: theta_{t+1} = (1/M) sum_k theta_{k,t,tau}.
+
+Clients are identified by partition-id, not by Flower node id: node ids are
+random per run, so sampling over sorted partition-ids with a seeded generator is
+what makes the client sequence reproducible. A reply that failed (an error, a
+timeout, missing or malformed arrays) is logged and left out; the round still
+updates the model from the others as long as `min_replies` arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+log = logging.getLogger(__name__)
+
+
+def sample_clients(rng: np.random.Generator, num_clients: int, clients_per_round: int) -> list[int]:
+    """M distinct partition-ids drawn uniformly from range(K), in draw order."""
+    if not 0 < clients_per_round <= num_clients:
+        raise ValueError(f"clients_per_round must be in [1, {num_clients}], got {clients_per_round}")
+    return [int(k) for k in rng.choice(num_clients, size=clients_per_round, replace=False)]
+
+
+def average_arrays(records: Sequence[ArrayRecord]) -> ArrayRecord:
+    """Unweighted element-wise mean of ArrayRecords with identical keys, shapes and dtypes.
+
+    Means are taken in float64 and cast back, so averaging bf16 or fp32 weights
+    loses nothing beyond the final rounding.
+    """
+    if not records:
+        raise ValueError("average_arrays needs at least one ArrayRecord")
+    first = records[0]
+    out = ArrayRecord()
+    for key in first.keys():
+        arrays = [r[key].numpy() for r in records]
+        ref = arrays[0]
+        for a in arrays[1:]:
+            if a.shape != ref.shape or a.dtype != ref.dtype:
+                raise ValueError(f"array {key!r}: shapes/dtypes differ across replies ({ref.shape}/{ref.dtype} vs {a.shape}/{a.dtype})")
+        mean = np.mean(np.stack([a.astype(np.float64) for a in arrays]), axis=0)
+        out[key] = Array(np.ascontiguousarray(mean.astype(ref.dtype) if ref.dtype.kind == "f" else ref))
+    return out
+
+
+def check_reply(reply: Message, expected: ArrayRecord) -> ArrayRecord:
+    """The reply's arrays if they match the global model's keys and shapes; raises otherwise."""
+    if reply.has_error():
+        raise ValueError(f"client error: {reply.error.reason}")
+    content = reply.content
+    if "arrays" not in content.array_records:
+        raise ValueError("reply carries no 'arrays' ArrayRecord")
+    arrays = content.array_records["arrays"]
+    if set(arrays.keys()) != set(expected.keys()):
+        raise ValueError("reply's array keys differ from the global model's")
+    for key in expected.keys():
+        got, want = arrays[key], expected[key]
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            raise ValueError(f"array {key!r} has shape/dtype {got.shape}/{got.dtype}, expected {want.shape}/{want.dtype}")
+        values = got.numpy()
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            raise ValueError(f"array {key!r} holds NaN or inf")
+    return arrays
+
+
+class FedAgentAvg(Strategy):
+    """Uniform client sampling by partition-id and unweighted model averaging."""
+
+    def __init__(
+        self,
+        node_of_partition: Mapping[int, int],
+        clients_per_round: int,
+        seed: int = 0,
+        min_replies: int = 1,
+    ) -> None:
+        self.node_of_partition = dict(node_of_partition)
+        self.num_clients = len(self.node_of_partition)
+        if sorted(self.node_of_partition) != list(range(self.num_clients)):
+            raise ValueError(f"partition-ids must be 0..K-1, got {sorted(self.node_of_partition)}")
+        if not 0 < clients_per_round <= self.num_clients:
+            raise ValueError(f"clients_per_round must be in [1, {self.num_clients}], got {clients_per_round}")
+        if not 0 < min_replies <= clients_per_round:
+            raise ValueError(f"min_replies must be in [1, {clients_per_round}], got {min_replies}")
+        self.clients_per_round = clients_per_round
+        self.min_replies = min_replies
+        self.rng = np.random.default_rng(seed)
+        self.sampled: dict[int, list[int]] = {}  # round -> partition-ids
+        self.failures: dict[int, list[str]] = {}  # round -> reasons
+        self.train_metrics: dict[int, MetricRecord] = {}  # round -> aggregated client metrics
+        self._global: ArrayRecord | None = None
+
+    # ----- training ------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        chosen = sample_clients(self.rng, self.num_clients, self.clients_per_round)
+        self.sampled[server_round] = chosen
+        self._global = arrays
+        log.info("round %d: clients (partition-ids) %s", server_round, chosen)
+        messages = []
+        for pid in chosen:
+            cfg = ConfigRecord(dict(config))
+            cfg["server-round"] = server_round
+            cfg["partition-id"] = pid
+            content = RecordDict({"arrays": arrays, "config": cfg})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        good: list[ArrayRecord] = []
+        metrics: list[MetricRecord] = []
+        failures = []
+        for reply in replies:
+            try:
+                good.append(check_reply(reply, self._global))
+                metrics.append(reply.content.metric_records.get("metrics", MetricRecord()))
+            except Exception as exc:  # a bad reply must not end the run
+                failures.append(f"node {reply.metadata.src_node_id}: {exc}")
+        missing = self.clients_per_round - len(replies)
+        if missing > 0:
+            failures.append(f"{missing} client(s) did not reply in time")
+        self.failures[server_round] = failures
+        for f in failures:
+            log.warning("round %d: left out of the aggregate: %s", server_round, f)
+        merged = _merge_metrics(metrics, len(good), len(failures))
+        self.train_metrics[server_round] = merged
+        if len(good) < self.min_replies:
+            log.warning("round %d: %d good replies < min-replies=%d; global model unchanged", server_round, len(good), self.min_replies)
+            return None, merged
+        return average_arrays(good), merged
+
+    def last_train_metrics(self, server_round: int) -> dict[str, float] | None:
+        record = self.train_metrics.get(server_round)
+        return dict(record) if record is not None else None
+
+    # ----- evaluation happens on the server (evaluate_fn), not on clients ----------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def summary(self) -> None:
+        log.info("FedAgentAvg: K=%d clients, M=%d per round, min-replies=%d", self.num_clients, self.clients_per_round, self.min_replies)
+
+
+def _merge_metrics(metrics: Sequence[MetricRecord], replies: int, failures: int) -> MetricRecord:
+    """Mean of each numeric metric over the clients that reported it, plus reply counts."""
+    out: dict[str, float] = {"replies": float(replies), "failed-replies": float(failures)}
+    keys = sorted({k for m in metrics for k in m.keys()})
+    for key in keys:
+        values = [float(m[key]) for m in metrics if key in m and isinstance(m[key], (int, float))]
+        if values:
+            out[key] = sum(values) / len(values)
+    return MetricRecord(out)

@@ -1,0 +1,33 @@
+"""Shared fixtures: a tiny random causal LM and tokenizer (built in memory, no hub)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from envs import make_env
+from fedagent_flwr.prompts import build_prompt, expert_completion
+from fedagent_flwr.tiny_model import train_tokenizer
+
+
+@pytest.fixture(scope="session")
+def maze_tokenizer():
+    env = make_env("maze")
+    texts = []
+    for task in env.tasks():
+        obs, _ = env.reset(task)
+        texts.append(build_prompt(env, obs, [], 2))
+        texts.append(expert_completion(env.expert_action()))
+    return train_tokenizer(texts, vocab_size=400)
+
+
+@pytest.fixture()
+def tiny_lm(maze_tokenizer):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "qwen2", vocab_size=len(maze_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=maze_tokenizer.pad_token_id, eos_token_id=maze_tokenizer.eos_token_id, bos_token_id=None,
+    )
+    return AutoModelForCausalLM.from_config(config).eval()

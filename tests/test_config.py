@@ -1,0 +1,72 @@
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from fedagent_flwr.config import RunConfig, docs_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_defaults_equal_the_dataclass_defaults():
+    app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert app_config == RunConfig().to_run_config()
+    assert RunConfig.from_run_config(app_config) == RunConfig()
+
+
+def test_readme_documents_every_key_with_its_default():
+    readme = (ROOT / "README.md").read_text()
+    for line in docs_table().splitlines()[2:]:
+        assert line in readme, f"README is missing or has a stale row: {line}"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"clients-per-round": 5, "num-clients": 4}, "clients-per-round=5"),
+        ({"env": "chess"}, "env='chess'"),
+        ({"strategy": "fedprox"}, "strategy='fedprox'"),
+        ({"tasks-per-epoch": 0}, "tasks-per-epoch=0"),
+        ({"group-size": 1}, "group-size=1"),
+        ({"num-server-rounds": -1}, "num-server-rounds=-1"),
+        ({"learning-rate": 0.0}, "learning-rate=0.0"),
+        ({"temperature": 0.0}, "temperature=0.0"),
+        ({"top-p": 1.5}, "top-p=1.5"),
+        ({"clip-eps": 1.0}, "clip-eps=1.0"),
+        ({"model": "tiny:chess"}, "model='tiny:chess'"),
+        ({"output-dir": "runs"}, "output-dir='runs'"),
+        ({"run-name": "a/b"}, "run-name='a/b'"),
+        ({"min-replies": 3}, "min-replies=3"),
+        ({"device": "tpu"}, "device='tpu'"),
+        ({"partition": "dirichlet"}, "partition='dirichlet'"),
+        ({"reward": "score"}, "reward='score'"),
+        ({"loss-aggregation": "sum"}, "loss-aggregation='sum'"),
+    ],
+)
+def test_bad_values_fail_with_a_message_naming_key_and_allowed_values(override, message):
+    with pytest.raises(ValueError) as err:
+        RunConfig.from_run_config(RunConfig().to_run_config() | override)
+    assert message in str(err.value) and "expected" in str(err.value)
+
+
+def test_unknown_keys_and_wrong_types_are_rejected():
+    with pytest.raises(ValueError, match="unknown run-config key"):
+        RunConfig.from_run_config({"num-rounds": 3})
+    with pytest.raises(ValueError, match="expected int"):
+        RunConfig.from_run_config({"group-size": "8"})
+    assert RunConfig.from_run_config({"learning-rate": 1}).learning_rate == 1.0  # ints are fine for floats
+
+
+def test_federation_size_must_match_the_supernodes():
+    assert RunConfig().check_federation(4) == 4
+    assert RunConfig.from_run_config({"num-clients": 4}).check_federation(4) == 4
+    with pytest.raises(ValueError, match="num-supernodes=6"):
+        RunConfig.from_run_config({"num-clients": 6}).check_federation(4)
+    with pytest.raises(ValueError, match="clients-per-round=3"):
+        RunConfig.from_run_config({"clients-per-round": 3}).check_federation(2)
+
+
+def test_every_field_has_docs():
+    for f in fields(RunConfig):
+        assert f.metadata["doc"] and f.metadata["allowed"], f.name

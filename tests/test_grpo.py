@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+import torch
+
+from envs import Task
+from fedagent_flwr.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
+from fedagent_flwr.rollout import RolloutConfig, StepRecord, Trajectory
+from fedagent_flwr.tokens import collate, completion_logprobs
+
+
+def test_group_advantages_are_normalised_within_each_group():
+    adv = group_advantages([10, 0, 0, 0, 5, 5, 1, 3], [0, 0, 0, 0, 1, 1, 2, 2])
+    # group 0: mean 2.5, std sqrt(18.75); group 1 is uniform -> no signal; group 2: mean 2, std 1
+    np.testing.assert_allclose(adv[:4], np.array([7.5, -2.5, -2.5, -2.5]) / np.sqrt(18.75), rtol=1e-5)
+    np.testing.assert_allclose(adv[4:6], [0.0, 0.0])
+    np.testing.assert_allclose(adv[6:], [-1.0, 1.0], rtol=1e-5)
+
+
+def test_loss_is_zero_gradient_outside_the_mask_and_clips():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[True, True, False]])
+    loss, _ = grpo_loss(logprobs, old, torch.tensor([1.0]), mask, clip_eps=0.2)
+    loss.backward()
+    # token 0: ratio 1, gradient -A/n; token 1: ratio e^-1 (inside the clip range for A>0 it is
+    # unclipped below 1); token 2 is masked out.
+    assert logprobs.grad[0, 2] == 0.0
+    assert logprobs.grad[0, 0] == pytest.approx(-0.5)
+    assert logprobs.grad[0, 1] == pytest.approx(-np.exp(-1.0) / 2)
+    # A ratio above 1 + eps with a positive advantage is clipped: no gradient.
+    lp = torch.tensor([[0.0]], requires_grad=True)
+    loss, stats = grpo_loss(lp, torch.tensor([[-1.0]]), torch.tensor([1.0]), torch.tensor([[True]]), clip_eps=0.2)
+    loss.backward()
+    assert lp.grad.item() == 0.0 and stats["clip_frac"] == 1.0
+
+
+def test_kl_penalty_is_zero_at_the_reference_and_positive_away_from_it():
+    lp = torch.tensor([[-1.0, -2.0]])
+    mask = torch.ones_like(lp, dtype=torch.bool)
+    _, at_ref = grpo_loss(lp, lp, torch.tensor([0.0]), mask, 0.2, ref_logprobs=lp, kl_beta=0.1)
+    _, away = grpo_loss(lp, lp, torch.tensor([0.0]), mask, 0.2, ref_logprobs=lp - 0.5, kl_beta=0.1)
+    assert at_ref["kl"] == pytest.approx(0.0)
+    assert away["kl"] == pytest.approx(np.exp(-0.5) + 0.5 - 1, rel=1e-5)
+
+
+def test_environment_tokens_never_receive_gradient(tiny_lm, maze_tokenizer):
+    """Only the model's own completion tokens are scored: logits predicting prompt or pad get zero gradient."""
+    prompt_a = maze_tokenizer("The goal is at position 8, 6.")["input_ids"]
+    prompt_b = maze_tokenizer("There is a wall to your left. Step 2.")["input_ids"]
+    completion = maze_tokenizer("<think>next: move up</think><action>move up</action>")["input_ids"]
+    batch = collate([(prompt_a, completion), (prompt_b, completion[:5])], maze_tokenizer.pad_token_id)
+    captured = {}
+
+    def keep_logits(module, inputs, output):
+        output.retain_grad()
+        captured["logits"] = output
+
+    handle = tiny_lm.lm_head.register_forward_hook(keep_logits)
+    logprobs, mask = completion_logprobs(tiny_lm, batch)
+    handle.remove()
+    loss, _ = grpo_loss(logprobs, logprobs.detach(), torch.tensor([1.0, -1.0]), mask, 0.2)
+    loss.backward()
+    grad = captured["logits"].grad.abs().sum(-1)  # [batch, length]
+    # Position t predicts token t+1: it may carry gradient only when token t+1 is a completion token.
+    scored = torch.zeros_like(grad, dtype=torch.bool)
+    scored[:, :-1] = batch["completion_mask"][:, 1:]
+    assert (grad[~scored] == 0).all()
+    assert (grad[scored] > 0).all()
+
+
+def _trajectory(reward, n_steps, tokens_per_step=3):
+    steps = [StepRecord([1, 2], list(range(tokens_per_step)), "c", "a", 0.0, True) for _ in range(n_steps)]
+    return Trajectory(task=Task("t", "c", "train"), steps=steps, reward=reward)
+
+
+def test_samples_carry_their_trajectory_advantage_and_weight():
+    trajs = [_trajectory(10.0, 2), _trajectory(0.0, 4), _trajectory(5.0, 1), _trajectory(5.0, 1)]
+    samples = trajectories_to_samples(trajs, [0, 0, 1, 1], 1e-6, "trajectory-mean")
+    assert len(samples) == 6  # the uniform group 1 is dropped
+    assert [s.advantage for s in samples] == pytest.approx([1, 1, -1, -1, -1, -1])
+    assert [s.weight for s in samples] == pytest.approx([1 / 6] * 2 + [1 / 12] * 4)
+    token_mean = trajectories_to_samples(trajs, [0, 0, 1, 1], 1e-6, "token-mean")
+    assert all(s.weight == 1.0 for s in token_mean)
+    with pytest.raises(ValueError, match="loss aggregation"):
+        trajectories_to_samples(trajs, [0, 0, 1, 1], 1e-6, "sum")
+
+
+def test_update_raises_the_likelihood_of_better_than_average_completions(tiny_lm, maze_tokenizer):
+    tok = maze_tokenizer
+    prompt = tok("Step 1. Observation: start")["input_ids"]
+    good = tok("<think>next: move down</think><action>move down</action>")["input_ids"]
+    bad = tok("<think>next: move up</think><action>move up</action>")["input_ids"]
+    trajs = [
+        Trajectory(task=Task("t", "c", "train"), steps=[StepRecord(prompt, c, "", "", 0.0, True)], reward=r)
+        for c, r in [(good, 10.0), (bad, 0.0)]
+    ]
+    trainer = GRPOTrainer(tiny_lm, tok, GRPOConfig(learning_rate=1e-2, kl_beta=0.0), RolloutConfig())
+    samples = trajectories_to_samples(trajs, [0, 0], 1e-6)
+
+    def seq_logprob(completion):
+        lp, mask = completion_logprobs(tiny_lm, collate([(prompt, completion)], tok.pad_token_id))
+        return float(lp.sum().detach())
+
+    before = seq_logprob(good), seq_logprob(bad)
+    stats = trainer.update(samples, np.random.default_rng(0))
+    after = seq_logprob(good), seq_logprob(bad)
+    assert stats["optimizer_steps"] == 1.0
+    assert after[0] > before[0] and after[1] < before[1]

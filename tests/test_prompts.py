@@ -1,0 +1,45 @@
+import pytest
+
+from envs import make_env
+from fedagent_flwr.prompts import build_prompt, expert_completion, parse_action
+
+
+@pytest.mark.parametrize(
+    "text, action, well_formed",
+    [
+        ("<think>go</think><action>move up</action>", "move up", True),
+        ("<think>a</think>\n<action>  Move Down \n</action>", "Move Down", True),
+        ("<action>move up</action>", "move up", False),  # no reasoning block
+        ("<think>x</think><action>move up</action><action>move down</action>", "move down", False),
+        ("<think>x</think><action>move left", "move left", False),  # unclosed
+        ("<think>x</think> move right", "move right", False),  # no tags
+        ("", "", False),
+        ("<action></action><think></think>", "", True),
+        ("<THINK>x</THINK><ACTION>move up</ACTION>", "move up", True),
+        ("<think><action>a</action>", "a", False),  # unclosed think
+    ],
+)
+def test_parse_action_handles_malformed_text(text, action, well_formed):
+    parsed = parse_action(text)
+    assert parsed.action == action
+    assert parsed.well_formed is well_formed
+
+
+def test_expert_completion_round_trips():
+    assert parse_action(expert_completion("move up")).action == "move up"
+    assert parse_action(expert_completion("move up")).well_formed
+
+
+def test_prompt_shows_task_recent_history_observation_and_actions():
+    env = make_env("maze")
+    obs, _ = env.reset(env.tasks()[0])
+    history = [("obs A", "move up"), ("obs B", "move down"), ("obs C", "move left")]
+    prompt = build_prompt(env, obs, history, history_length=2)
+    assert "Reach the goal at position 8, 6." in prompt
+    assert "obs A" not in prompt and "[2] observation: obs B action: move down" in prompt
+    assert "[3] observation: obs C action: move left" in prompt
+    assert "You have taken 3 step(s)" in prompt and f"Step 4. Observation: {obs}" in prompt
+    assert "[move up, move down, move left, move right]" in prompt
+    assert "<think>" in prompt and "<action>" in prompt
+    assert "You have taken no step yet." in build_prompt(env, obs, [], 2)
+    assert "obs C" not in build_prompt(env, obs, history, history_length=0)
