@@ -103,15 +103,23 @@ class TextEnv(ABC):
             raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended")
         self.steps += 1
         normalized = normalize_action(action)
-        valid = normalized in self.admissible_actions()
+        valid = self.is_admissible(normalized)
         obs, reward = self._step(normalized) if valid else self._invalid(action)
-        terminated = self.won
+        terminated = self.is_terminal()
         truncated = not terminated and self.steps >= self.max_steps
         return obs, float(reward), terminated, truncated, self._info(valid=valid)
 
+    def is_admissible(self, action: str) -> bool:
+        """Whether a normalised action is accepted now (override for open-ended actions like search[...])."""
+        return action in self.admissible_actions()
+
+    def is_terminal(self) -> bool:
+        """Whether the episode ended on its own: a win, or an env-specific end such as a purchase."""
+        return self.won
+
     @property
     def done(self) -> bool:
-        return self.won or self.steps >= self.max_steps
+        return self.is_terminal() or self.steps >= self.max_steps
 
     def _info(self, valid: bool) -> dict[str, Any]:
         return {

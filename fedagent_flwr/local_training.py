@@ -80,5 +80,4 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
         values = [e[key] for e in epochs if key in e]  # a category may be absent from an epoch
         metrics[key] = float(sum(values)) if key in summed else float(np.mean(values))
     metrics["seconds"] = time.time() - started
-    metrics["partition_id"] = float(partition_id)
     return metrics

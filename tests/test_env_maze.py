@@ -2,6 +2,7 @@ from collections import Counter
 
 import pytest
 
+from env_contract import BAD_ACTION_RUNS, check_bad_actions, play_expert
 from envs import make_env
 from envs.maze import GOAL, MazeEnv, shortest_distances
 
@@ -60,10 +61,16 @@ def test_expert_wins_every_task_by_a_shortest_path():
     env = make_env("maze")
     dist = shortest_distances()
     for task in env.tasks():
-        env.reset(task)
-        done = False
-        while not done:
-            _, _, terminated, truncated, info = env.step(env.expert_action())
-            done = terminated or truncated
-        assert info["won"], task.id
+        assert play_expert(env, task), task.id
         assert env.steps == dist[tuple(task.data["start"])]
+
+
+# Near misses of the four moves; the shared stream adds noise and generic near misses.
+_NEAR_MISSES = ["move", "up", "go up", "moveup", "move upward", "move up down", "north", "move 1", "1", "w"]
+
+
+@pytest.mark.parametrize("n, seed", BAD_ACTION_RUNS)
+def test_bad_actions_change_nothing_but_the_step_count(n, seed):
+    env = make_env("maze")
+    # LMRL-Gym's -4 for a text that is not a move; the agent's cell is the whole state.
+    check_bad_actions(env, n, seed, lambda: env.position, -4.0, extras=_NEAR_MISSES, prefix="Invalid action.")

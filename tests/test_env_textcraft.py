@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 import re
-import string
 from collections import Counter
 
 import pytest
 
-from envs import make_env, normalize_action
+from env_contract import BAD_ACTION_RUNS, check_bad_actions, expert_success
+from envs import make_env
 from envs.textcraft import MAX_GET, TextCraftEnv
 from envs.base import Task
 
@@ -152,62 +152,27 @@ def test_action_hint(env):
     assert f"1 to {MAX_GET}" in env.action_hint()
 
 
-def _bad_actions(rng: random.Random, env: TextCraftEnv, n: int) -> list:
-    out: list = [None, 7, "", " ", "get", "get oak logs", "get 0 oak logs", f"get {MAX_GET + 1} oak logs", "get -1 stick",
-                 "get 1 diamond sword", "craft", "craft using", "inventory please", "x" * 10_000, "crafting table"]
-    while len(out) < n:
-        kind = rng.randrange(5)
-        if kind == 0:
-            out.append("".join(rng.choice(string.printable) for _ in range(rng.randint(1, 40))))
-        elif kind == 1:  # a listed command as is: fails whenever its ingredients are missing or general
-            out.append(rng.choice(env.commands))
-        elif kind == 2:  # a listed command with the wrong amounts
-            out.append(re.sub(r"\d+", lambda m: str(int(m.group()) + rng.randint(1, 3)), rng.choice(env.commands)))
-        elif kind == 3:
-            out.append(f"get {rng.choice([0, 65, 100, 1000])} {rng.choice(['oak logs', 'string', 'quartz', 'stick'])}")
-        else:
-            out.append(f"get {rng.randint(1, 64)} {rng.choice(['granite', 'planks', 'chest', 'iron ingot', 'dirt block'])}")
-    return out
+_NEAR_MISSES = ["get", "get oak logs", "get 0 oak logs", f"get {MAX_GET + 1} oak logs", "get -1 stick",
+                "get 1 diamond sword", "craft", "craft using", "inventory please", "crafting table"]
 
 
-def _check_bad_actions(env: TextCraftEnv, n: int, seed: int) -> None:
-    rng = random.Random(seed)
-    tasks = env.tasks()
-    checked = 0
-    while checked < n:
-        env.reset(tasks[rng.randrange(len(tasks))])
-        for _ in range(rng.randint(0, 3)):  # hold something in some episodes
-            env.step(env.expert_action())
-        actions = iter(_bad_actions(rng, env, 200))
-        while not env.done and checked < n:
-            action = next(actions)
-            if normalize_action(action) in env.admissible_actions():
-                continue
-            before, steps = dict(env.game.inventory), env.steps
-            obs, reward, terminated, truncated, info = env.step(action)
-            assert obs.startswith("Invalid action") and reward == 0.0 and not terminated
-            assert not info["valid"] and not info["won"]
-            assert env.game.inventory == before and env.steps == steps + 1
-            checked += 1
-
-
-def test_bad_actions_change_nothing_but_the_step_count(env):
-    _check_bad_actions(env, 1_000, seed=1)
-
-
-@pytest.mark.slow
-def test_ten_thousand_bad_actions(env):
-    _check_bad_actions(env, 10_000, seed=2)
+@pytest.mark.parametrize("n, seed", BAD_ACTION_RUNS)
+def test_bad_actions_change_nothing_but_the_step_count(env, n, seed):
+    makers = [
+        # a listed command as is: fails whenever its ingredients are missing or general
+        lambda rng: rng.choice(env.commands),
+        # a listed command with the wrong amounts
+        lambda rng: re.sub(r"\d+", lambda m: str(int(m.group()) + rng.randint(1, 3)), rng.choice(env.commands)),
+        lambda rng: f"get {rng.choice([0, 65, 100, 1000])} {rng.choice(['oak logs', 'string', 'quartz', 'stick'])}",
+        lambda rng: f"get {rng.randint(1, 64)} {rng.choice(['granite', 'planks', 'chest', 'iron ingot', 'dirt block'])}",
+    ]
+    # Some episodes hold something (up to three expert steps) before the bad actions.
+    check_bad_actions(env, n, seed, lambda: dict(env.game.inventory), 0.0, vocabulary=lambda: env.commands,
+                      extras=_NEAR_MISSES, makers=makers, expert_steps=3)
 
 
 @pytest.mark.slow
 def test_expert_success_on_every_goal(env):
     for split in ("train", "test"):
-        tasks = env.tasks_of_split(split)
-        wins = 0
-        for task in tasks:
-            env.reset(task)
-            while not env.done:
-                env.step(env.expert_action())
-            wins += env.won
-        assert wins >= 0.95 * len(tasks), (split, wins, len(tasks))
+        wins, n = expert_success(env, env.tasks_of_split(split))
+        assert wins >= 0.95 * n, (split, wins, n)

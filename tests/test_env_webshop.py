@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from env_contract import assert_invalid_step, expert_success
 from envs import ENVIRONMENTS, make_env, normalize_action
 from envs.webshop import WebShopEnv, generate_catalog, load_webshop
 from envs.webshop.catalog import NO_PRICE_LIMIT, Goal, Product, price_upper_bound, sample_price
@@ -424,11 +425,9 @@ def _fuzz_invalid_actions(n: int, seed: int) -> int:
             action = _malformed(rng, env)
             if env.is_admissible(normalize_action(action)):
                 continue
-            before, steps, obs_before = env.snapshot(), env.steps, env.observation()
-            obs, reward, term, trunc, info = env.step(action)
-            assert not info["valid"] and reward == 0.0 and not term and not trunc
-            assert obs == f"Invalid action. {obs_before}"
-            assert env.snapshot() == before and env.steps == steps + 1
+            obs_before = env.observation()
+            obs, _, _, truncated, _ = assert_invalid_step(env, action, env.snapshot, invalid_reward=0.0)
+            assert not truncated and obs == f"Invalid action. {obs_before}"
             checked += 1
     return checked
 
@@ -443,29 +442,19 @@ def test_malformed_actions_leave_state_unchanged_10k():
 
 
 # ----- expert --------------------------------------------------------------------------------------
-def _expert_success(env: WebShopEnv, tasks) -> float:
-    won = 0
-    for task in tasks:
-        env.reset(task)
-        while not env.done:
-            env.step(env.expert_action())
-        won += env.won
-    return won / len(tasks)
-
-
 def test_expert_buys_score_one_products_on_a_sample(env):
     rng = random.Random(0)
     for split in ("train", "test"):
-        sample = rng.sample(env.tasks_of_split(split), 40)
-        assert _expert_success(env, sample) >= 0.95
+        wins, n = expert_success(env, rng.sample(env.tasks_of_split(split), 40))
+        assert wins >= 0.95 * n
 
 
 @pytest.mark.slow
 def test_expert_on_every_goal(env):
     for split in ("train", "test"):
-        rate = _expert_success(env, env.tasks_of_split(split))
-        print(f"expert success on {split}: {rate:.4f}")
-        assert rate >= 0.95
+        wins, n = expert_success(env, env.tasks_of_split(split))
+        print(f"expert success on {split}: {wins / n:.4f}")
+        assert wins >= 0.95 * n
 
 
 def test_expert_recovers_from_a_detour(env):

@@ -8,7 +8,8 @@ from collections import Counter
 
 import pytest
 
-from envs import make_env, normalize_action
+from env_contract import BAD_ACTION_RUNS, check_bad_actions, play_expert
+from envs import make_env
 from envs.wordle import (
     DEFAULT_WORD_FILE,
     WordleEnv,
@@ -123,10 +124,7 @@ def test_action_hint_is_short(env):
 def test_expert_solves_the_test_split_in_few_guesses(env):
     guesses = []
     for task in env.tasks_of_split("test"):
-        env.reset(task)
-        while not env.done:
-            env.step(env.expert_action())
-        assert env.won, task.id
+        assert play_expert(env, task), task.id
         guesses.append(env.steps)
     assert sum(guesses) / len(guesses) < 3.5
 
@@ -141,61 +139,23 @@ def test_candidates_track_the_marks_seen(env):
     assert env.expert_action() in env.words
 
 
-def _bad_actions(rng: random.Random, words: list[str], n: int) -> list:
-    out: list = [None, 12345, "", "   ", "apple pie", "app le", "a p p l e", "applee", "appl", "<guess>apple</guess>",
-                 "x" * 10_000, "ÄPFEL", "12345", "a-p-p-l-e"]
-    while len(out) < n:
-        kind = rng.randrange(4)
-        if kind == 0:  # five random letters: almost never a word
-            out.append("".join(rng.choice(string.ascii_letters) for _ in range(5)))
-        elif kind == 1:
-            out.append("".join(rng.choice(string.printable) for _ in range(rng.randint(1, 30))))
-        elif kind == 2:  # a real word, one letter dropped, added or swapped for a digit
-            w = rng.choice(words)
-            i = rng.randrange(5)
-            out.append(rng.choice([w[:i] + w[i + 1 :], w + rng.choice("sxz"), w[:i] + str(rng.randrange(10)) + w[i + 1 :]]))
-        else:
-            out.append(rng.choice(["my guess is ", "guess: "]) + rng.choice(words))
-    return out
+_NEAR_MISSES = ["apple pie", "app le", "a p p l e", "applee", "appl", "<guess>apple</guess>", "ÄPFEL", "12345", "a-p-p-l-e"]
 
 
-def _check_bad_actions(env: WordleEnv, n: int, seed: int) -> None:
-    rng = random.Random(seed)
-    actions = iter(_bad_actions(rng, env.words, 2 * n))
-    tasks = env.tasks()
-    checked = 0
-    while checked < n:
-        env.reset(tasks[rng.randrange(len(tasks))])
-        if rng.random() < 0.5:
-            env.step(env.expert_action())  # some episodes already hold a guess
-        while not env.done and checked < n:
-            action = next(actions)
-            if normalize_action(action) in env.admissible_actions():
-                continue
-            before, steps = (env.target, list(env.guesses)), env.steps
-            obs, reward, terminated, truncated, info = env.step(action)
-            assert obs.startswith("Invalid guess") and len(obs) < 150 and reward == -1.0
-            assert not info["valid"] and not info["won"] and not terminated
-            assert (env.target, env.guesses) == before and env.steps == steps + 1
-            checked += 1
+def _five_letters(rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_letters) for _ in range(5))  # almost never a word
 
 
-def test_bad_actions_change_nothing_but_the_step_count(env):
-    _check_bad_actions(env, 1_000, seed=1)
-
-
-@pytest.mark.slow
-def test_ten_thousand_bad_actions(env):
-    _check_bad_actions(env, 10_000, seed=2)
+@pytest.mark.parametrize("n, seed", BAD_ACTION_RUNS)
+def test_bad_actions_change_nothing_but_the_step_count(env, n, seed):
+    # Half the episodes already hold a guess; the echo of a bad guess stays short even for 10,000 characters.
+    check_bad_actions(env, n, seed, lambda: (env.target, list(env.guesses)), -1.0, vocabulary=lambda: env.words,
+                      extras=_NEAR_MISSES, makers=[_five_letters], expert_steps=1, prefix="Invalid guess",
+                      max_obs_chars=149)
 
 
 @pytest.mark.slow
 def test_expert_on_every_word(env):
-    guesses = []
-    for task in env.tasks():
-        env.reset(task)
-        while not env.done:
-            env.step(env.expert_action())
-        guesses.append(env.steps if env.won else None)
+    guesses = [env.steps if play_expert(env, task) else None for task in env.tasks()]
     assert guesses.count(None) == 0
     assert sum(guesses) / len(guesses) < 3.3

@@ -7,14 +7,12 @@ with goal.py's rule (reward.py). As in the FedAgent reference, the step reward i
 10 when that score is exactly 1.0 and 0 otherwise (`reward="score"` gives the raw
 score instead); the raw score is kept as `task_score` and in `info["score"]`.
 
-Two extensions of the TextEnv contract:
-- a purchase ends the episode even when it is not a success, so `done` and
-  `terminated` also cover `purchased`;
+Two uses of the TextEnv hooks:
+- a purchase ends the episode even when it is not a success (`is_terminal`);
 - `search[<anything>]` is admissible on the search page but cannot be listed, so
   `admissible_actions()` lists the clickables plus the template
-  "search[<your query>]" (as verl-agent lists WebShop's actions) and `step` checks
-  admissibility with `is_admissible` rather than list membership. `action_hint()`
-  describes the syntax in one line.
+  "search[<your query>]" (as verl-agent lists WebShop's actions) and
+  `is_admissible` decides. `action_hint()` describes the syntax in one line.
 
 Differences from WebShop's own text env, all for consistency between what is listed
 and what is accepted: search is accepted on the search page only (WebShop runs it
@@ -31,7 +29,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from ..base import Task, TextEnv, normalize_action
+from ..base import Task, TextEnv
 from .catalog import Catalog, Goal
 from .expert import ShoppingExpert
 from .loader import REFERENCE_GOAL_SEED, REFERENCE_TEST_SIZE, load_webshop
@@ -159,23 +157,9 @@ class WebShopEnv(TextEnv):
         return self.expert.action(self.goal, self.session)
 
     # ----- episode ------------------------------------------------------------------------
-    @property
-    def done(self) -> bool:
-        return self.purchased or super().done
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        # TextEnv.step with admissibility from is_admissible and purchases ending the episode.
-        if self.task is None:
-            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
-        if self.done:
-            raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended")
-        self.steps += 1
-        normalized = normalize_action(action)
-        valid = self.is_admissible(normalized)
-        obs, reward = self._step(normalized) if valid else self._invalid(action)
-        terminated = self.won or self.purchased
-        truncated = not terminated and self.steps >= self.max_steps
-        return obs, float(reward), terminated, truncated, self._info(valid=valid)
+    def is_terminal(self) -> bool:
+        # A purchase ends the episode whether or not it was the right product.
+        return self.won or self.purchased
 
     def _info(self, valid: bool) -> dict[str, Any]:
         info = super()._info(valid)

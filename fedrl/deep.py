@@ -1,0 +1,277 @@
+"""DQNAvg on CartPoles / Acrobots with varied dynamics (Jin et al., Sections 6 and 7.4), plain torch.
+
+Environments: gymnasium's CartPole-v1 with the pole's half-length drawn as
+0.1 + 0.8 U(0, 1) (pole length in [0.2, 1.8], the paper's range) and Acrobot-v1
+with link 1's mass 0.5 + U(0, 1) (the paper) or its length (``parameter="length_1"``).
+CartPole caches ``polemass_length`` in its constructor, so it is recomputed
+here; Acrobot's dynamics read LINK_LENGTH_1, LINK_COM_POS_1 and LINK_MASS_1,
+set on the unwrapped instance before reset.
+
+Learner: DQN with a target network and epsilon-greedy exploration (the
+reference code's defaults: one hidden layer of 128, Adam 1e-3, batch 16,
+replay 1000, target sync every 10 steps, gamma 0.9, epsilon 1 decaying x0.99
+per update). DQNAvg: every round each client trains E episodes from the global
+weights, then the shared weights are averaged with ``fedrl.tabular.average``.
+With ``embed_dim > 0`` each client's network also gets a private environment
+embedding, concatenated to the observation and never averaged (personalised
+FedRL); ``adapt_embedding`` fits only that vector in a new environment.
+
+Weights travel as lists of numpy arrays so a Flower client can send them as is.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from .tabular import average
+
+__all__ = [
+    "DQNConfig",
+    "DQNLearner",
+    "QNet",
+    "make_acrobot",
+    "make_cartpole",
+    "make_env",
+    "run_dqnavg",
+    "sample_env_params",
+]
+
+EMBEDDING = "embedding"  # parameter name kept private in personalised DQNAvg
+
+
+def make_cartpole(half_length: float, max_episode_steps: int = 200) -> gym.Env:
+    """CartPole-v1 whose pole has the given half-length (gymnasium default 0.5)."""
+    if not half_length > 0:
+        raise ValueError(f"half_length must be > 0, got {half_length}")
+    env = gym.make("CartPole-v1", max_episode_steps=max_episode_steps)
+    u = env.unwrapped
+    u.length = float(half_length)
+    u.polemass_length = u.masspole * u.length  # cached in __init__, must follow the length
+    return env
+
+
+def make_acrobot(value: float, parameter: str = "mass_1", max_episode_steps: int = 500) -> gym.Env:
+    """Acrobot-v1 with link 1's mass (paper) or length changed."""
+    if not value > 0:
+        raise ValueError(f"the acrobot parameter must be > 0, got {value}")
+    env = gym.make("Acrobot-v1", max_episode_steps=max_episode_steps)
+    u = env.unwrapped
+    if parameter == "mass_1":
+        u.LINK_MASS_1 = float(value)
+    elif parameter == "length_1":
+        u.LINK_LENGTH_1 = float(value)
+        u.LINK_COM_POS_1 = 0.5 * float(value)  # centre of mass stays mid-link
+    else:
+        raise ValueError(f"parameter must be 'mass_1' or 'length_1', got {parameter!r}")
+    return env
+
+
+def make_env(name: str, value: float, **kwargs) -> gym.Env:
+    if name == "cartpole":
+        return make_cartpole(value, **kwargs)
+    if name == "acrobot":
+        return make_acrobot(value, **kwargs)
+    raise ValueError(f"unknown environment {name!r}; choose 'cartpole' or 'acrobot'")
+
+
+def sample_env_params(name: str, rng: np.random.Generator, n: int) -> np.ndarray:
+    """The paper's ranges: CartPole half-length 0.1 + 0.8 U(0, 1); Acrobot link-1 mass 0.5 + U(0, 1)."""
+    u = rng.uniform(size=n)
+    if name == "cartpole":
+        return 0.1 + 0.8 * u
+    if name == "acrobot":
+        return 0.5 + u
+    raise ValueError(f"unknown environment {name!r}; choose 'cartpole' or 'acrobot'")
+
+
+class QNet(nn.Module):
+    """One-hidden-layer Q network; optional private environment embedding joined to the observation."""
+
+    def __init__(self, obs_size: int, n_actions: int, hidden: int = 128, embed_dim: int = 0):
+        super().__init__()
+        self.embed_dim = embed_dim
+        if embed_dim > 0:
+            self.embedding = nn.Parameter(torch.zeros(embed_dim))
+        self.net = nn.Sequential(nn.Linear(obs_size + embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.embed_dim > 0:
+            obs = torch.cat([obs, self.embedding.expand(obs.shape[0], -1)], dim=1)
+        return self.net(obs)
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    hidden: int = 128
+    lr: float = 1e-3
+    batch_size: int = 16
+    replay_size: int = 1000
+    target_sync: int = 10
+    gamma: float = 0.9
+    epsilon: float = 1.0
+    epsilon_decay: float = 0.99
+    epsilon_min: float = 0.02
+    embed_dim: int = 0
+
+
+class DQNLearner:
+    """One client's DQN: its environment, replay buffer, online and target networks."""
+
+    def __init__(self, env: gym.Env, config: DQNConfig = DQNConfig(), seed: int = 0):
+        self.env, self.config = env, config
+        # separate streams, so how often a learner is scored does not change how it trains
+        self.rng, self.eval_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+        torch.manual_seed(seed)
+        obs_size = env.observation_space.shape[0]
+        self.n_actions = env.action_space.n
+        self.net = QNet(obs_size, self.n_actions, config.hidden, config.embed_dim)
+        self.target = copy.deepcopy(self.net)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=config.lr)
+        self.buffer: deque = deque(maxlen=config.replay_size)
+        self.epsilon = config.epsilon
+        self.updates = 0
+
+    # weights as numpy arrays, in state_dict order
+    def get_weights(self, shared_only: bool = False) -> list[np.ndarray]:
+        return [v.detach().cpu().numpy().copy() for k, v in self.net.state_dict().items() if not (shared_only and k == EMBEDDING)]
+
+    def set_weights(self, weights: list[np.ndarray], shared_only: bool = False) -> None:
+        keys = [k for k in self.net.state_dict() if not (shared_only and k == EMBEDDING)]
+        if len(weights) != len(keys):
+            raise ValueError(f"expected {len(keys)} weight arrays, got {len(weights)}")
+        state = self.net.state_dict()
+        for k, w in zip(keys, weights):
+            if tuple(state[k].shape) != tuple(np.shape(w)):
+                raise ValueError(f"weight {k}: expected shape {tuple(state[k].shape)}, got {np.shape(w)}")
+            state[k] = torch.as_tensor(np.asarray(w), dtype=state[k].dtype)
+        self.net.load_state_dict(state)
+        self.target.load_state_dict(state)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, greedy: bool = False) -> int:
+        if not greedy and self.rng.random() < self.epsilon:
+            return int(self.rng.integers(self.n_actions))
+        return int(self.net(torch.as_tensor(obs, dtype=torch.float32)[None]).argmax(1).item())
+
+    def _update(self, params=None) -> None:
+        c = self.config
+        idx = self.rng.integers(len(self.buffer), size=c.batch_size)
+        s, a, r, s2, done = (torch.as_tensor(np.array(x), dtype=torch.float32) for x in zip(*(self.buffer[i] for i in idx)))
+        with torch.no_grad():
+            target = r + c.gamma * (1.0 - done) * self.target(s2).max(1).values
+        q = self.net(s).gather(1, a.long()[:, None])[:, 0]
+        loss = nn.functional.mse_loss(q, target)
+        self.opt.zero_grad()
+        loss.backward()
+        if params is not None:  # adapt only these parameters
+            keep = {id(p) for p in params}
+            for p in self.net.parameters():
+                if id(p) not in keep:
+                    p.grad = None
+        self.opt.step()
+        self.updates += 1
+        self.epsilon = max(c.epsilon_min, self.epsilon * c.epsilon_decay)
+        if self.updates % c.target_sync == 0:
+            self.target.load_state_dict(self.net.state_dict())
+
+    def train_episodes(self, n: int, params=None) -> list[float]:
+        """Run n exploring episodes, learning after every step once the buffer holds two batches."""
+        returns = []
+        for _ in range(n):
+            obs, _ = self.env.reset(seed=int(self.rng.integers(2**31)))
+            total, done = 0.0, False
+            while not done:
+                a = self.act(obs)
+                obs2, r, terminated, truncated, _ = self.env.step(a)
+                # bootstrapping stops only at a real terminal state, not at the time limit
+                self.buffer.append((obs, a, r, obs2, float(terminated)))
+                total += r
+                obs, done = obs2, terminated or truncated
+                if len(self.buffer) >= 2 * self.config.batch_size:
+                    self._update(params)
+            returns.append(total)
+        return returns
+
+    def evaluate(self, env: gym.Env | None = None, episodes: int = 5) -> float:
+        """Mean undiscounted return of the greedy policy."""
+        env = env or self.env
+        total = 0.0
+        for _ in range(episodes):
+            obs, _ = env.reset(seed=int(self.eval_rng.integers(2**31)))
+            done = False
+            while not done:
+                obs, r, terminated, truncated, _ = env.step(self.act(obs, greedy=True))
+                total += r
+                done = terminated or truncated
+        return total / episodes
+
+    def adapt_embedding(self, episodes: int) -> list[float]:
+        """Few-shot adaptation to a new environment: train only the private embedding."""
+        if self.config.embed_dim == 0:
+            raise ValueError("adapt_embedding needs a network built with embed_dim > 0")
+        return self.train_episodes(episodes, params=[self.net.embedding])
+
+
+def run_dqnavg(
+    env_name: str,
+    env_params,
+    E: int | None,
+    total_episodes: int,
+    config: DQNConfig = DQNConfig(),
+    eval_params=None,
+    eval_episodes: int = 3,
+    eval_every: int | None = None,
+    seed: int = 0,
+) -> dict:
+    """DQNAvg: each client trains E episodes from the global weights, then the shared weights are averaged.
+
+    Runs total_episodes // E rounds (E=None: the clients never communicate).
+    Every ``eval_every`` episodes (default: every round, or total/8 for E=None)
+    it records the mean greedy return of the averaged model on the clients'
+    environments ("train") and on ``eval_params`` environments ("test"), and of
+    each client's own model on its own environment ("local").
+    """
+    torch.set_num_threads(1)  # small networks; threads only add overhead on a shared CPU
+    if E is not None and (not isinstance(E, int) or isinstance(E, bool) or E < 1):
+        raise ValueError(f"E must be a positive integer or None (never communicate), got {E!r}")
+    if int(total_episodes) < (E or 1):
+        raise ValueError(f"total_episodes must be >= E, got {total_episodes} with E={E}")
+    env_params = list(env_params)
+    if not env_params:
+        raise ValueError("run_dqnavg needs at least one client environment")
+    block = eval_every or (E if E is not None else max(1, total_episodes // 8))
+    if E is not None and block % E:
+        raise ValueError(f"eval_every must be a multiple of E={E}, got {block}")
+    learners = [DQNLearner(make_env(env_name, p), config, seed=seed + 1000 * k) for k, p in enumerate(env_params)]
+    shared = config.embed_dim > 0
+    start = learners[0].get_weights(shared_only=shared)
+    for ln in learners:  # one common initialisation
+        ln.set_weights(start, shared_only=shared)
+    scorer = DQNLearner(make_env(env_name, env_params[0]), config, seed=seed + 999_999)
+    eval_envs = [make_env(env_name, p) for p in (eval_params if eval_params is not None else [])]
+    history = {"episodes": [], "train": [], "test": [], "local": []}
+    global_w = None
+    for done in range(block, total_episodes + 1, block):
+        for _ in range(block // E if E is not None else 1):
+            for ln in learners:
+                ln.train_episodes(E if E is not None else block)
+            global_w = [average(ws) for ws in zip(*(ln.get_weights(shared_only=shared) for ln in learners))]
+            if E is not None:
+                for ln in learners:
+                    ln.set_weights(global_w, shared_only=shared)
+        full_w = global_w
+        if shared:  # the averaged model needs an embedding: the clients' mean (state_dict lists it first)
+            full_w = [average([ln.net.embedding.detach().numpy() for ln in learners])] + global_w
+        scorer.set_weights(full_w)
+        history["episodes"].append(done)
+        history["local"].append(float(np.mean([ln.evaluate(episodes=eval_episodes) for ln in learners])))
+        history["train"].append(float(np.mean([scorer.evaluate(ln.env, eval_episodes) for ln in learners])))
+        history["test"].append(float(np.mean([scorer.evaluate(env, eval_episodes) for env in eval_envs])) if eval_envs else float("nan"))
+    return {"history": history, "global_weights": full_w, "learners": learners}
