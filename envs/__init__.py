@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .alfworld import AlfWorldEnv  # imports alfworld only when an env is constructed
 from .base import SPLITS, Task, TextEnv, normalize_action
 from .babyai import BabyAIEnv
 from .maze import MazeEnv
@@ -15,6 +16,7 @@ ENVIRONMENTS: dict[str, type[TextEnv]] = {
     TextCraftEnv.name: TextCraftEnv,
     WordleEnv.name: WordleEnv,
     WebShopEnv.name: WebShopEnv,
+    AlfWorldEnv.name: AlfWorldEnv,
 }
 
 
