@@ -149,6 +149,7 @@ class GRPOTrainer:
         self.rollout = rollout
         self.encoder = PromptEncoder(tokenizer)
         self.policy = LMPolicy(model, tokenizer, rollout)
+        # A fresh optimizer each round: the local iterate starts from the broadcast model.
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
         # The KL anchor is the policy the round started from (the broadcast global model).
         self.reference = None
@@ -189,7 +190,7 @@ class GRPOTrainer:
         """One pass of clipped policy-gradient updates over the samples, in shuffled minibatches."""
         cfg = self.config
         if not samples:  # every group was uniform: nothing to learn from this batch
-            return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
+            return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
         self.model.eval()  # dropout off: old and new log-probs must come from the same function
         # With a single minibatch the policy has not moved before the update, so the
         # "old" log-probs are the current ones (detached): skip a forward pass.
@@ -199,6 +200,7 @@ class GRPOTrainer:
         order = rng.permutation(len(samples))
         total_tokens = 0
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
+        grad_norms: list[float] = []
         steps = 0
         for mb in _chunks(list(order), cfg.minibatch_size):
             self.optimizer.zero_grad(set_to_none=True)
@@ -219,11 +221,12 @@ class GRPOTrainer:
                 sums["kl"] += stats["kl"] * n_tokens
                 sums["clip_frac"] += stats["clip_frac"] * n_tokens
                 total_tokens += int(n_tokens)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
             self.optimizer.step()
             steps += 1
         result = {"loss": sums["loss"] / max(1, steps), "kl": sums["kl"] / max(1, total_tokens),
                   "clip_frac": sums["clip_frac"] / max(1, total_tokens)}
+        result["grad_norm"] = float(np.mean(grad_norms))
         result["optimizer_steps"] = float(steps)
         result["train_samples"] = float(len(samples))
         return result
