@@ -18,7 +18,7 @@ def test_two_round_simulation_on_the_tiny_model(tmp_path):
         sys.executable, str(ROOT / "run_simulation.py"),
         "--num-clients", "3", "--clients-per-round", "2", "--num-server-rounds", "2",
         "--tasks-per-epoch", "2", "--group-size", "4", "--eval-samples-per-task", "1",
-        "--output-dir", str(out), "--run-name", "ci", "--seed", "5",
+        "--eval-every", "1", "--output-dir", str(out), "--run-name", "ci", "--seed", "5",
     ]
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
