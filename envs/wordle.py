@@ -10,13 +10,15 @@ and the allowed guesses. LMRL-Gym redraws the hidden word among those consistent
 with the feedback after every guess; here each task fixes its word, which gives
 the same distribution of games and makes every episode reproducible.
 
-The word list is the project's own (envs/data/wordle_words.txt); `load_word_list`
-reads a user's list in the same format. The expert guesses the word that maximises
+The word list is the project's own (envs/data/wordle_words.json: JSON, because a
+Flower app bundle only carries .py/.toml/.md/.json/.yaml files); `load_word_list`
+reads it, or a user's list as a text file with one word per line. The expert guesses the word that maximises
 the entropy of the feedback over the words still consistent with what it has seen.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +30,7 @@ from .base import Task, TextEnv
 WORD_LENGTH = 5
 N_TRIES = 6
 SOLVED_REWARD, STEP_REWARD = 0.0, -1.0
-DEFAULT_WORD_FILE = Path(__file__).parent / "data" / "wordle_words.txt"
+DEFAULT_WORD_FILE = Path(__file__).parent / "data" / "wordle_words.json"
 
 # Feedback codes: mark value (b=0, y=1, g=2) at position i, weighted by 3**i.
 _MARKS = "byg"
@@ -38,13 +40,21 @@ _ECHO_LIMIT = 30
 
 
 def load_word_list(path: str | Path) -> list[str]:
-    """Read a word list: one word per line, '#' starts a comment line, blank lines skipped.
+    """Read a word list: a JSON file {"words": [...]} (or a bare JSON list), or a text file with
+    one word per line where '#' starts a comment line and blank lines are skipped.
 
     Words are lower-cased; duplicates are dropped; the result is sorted.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"word list {str(path)!r} is not a file")
+    if path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        entries = data.get("words") if isinstance(data, dict) else data
+        if not isinstance(entries, list):
+            raise ValueError(f"word list {str(path)!r}: expected a JSON list or an object with a 'words' list")
+        words = [_check_word(str(w), f"{path}[{i}]") for i, w in enumerate(entries)]
+        return _finish_word_list(words, str(path))
     words = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         text = line.strip()

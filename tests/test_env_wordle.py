@@ -159,3 +159,16 @@ def test_expert_on_every_word(env):
     guesses = [env.steps if play_expert(env, task) else None for task in env.tasks()]
     assert guesses.count(None) == 0
     assert sum(guesses) / len(guesses) < 3.3
+
+
+def test_json_word_lists_load_and_bad_ones_are_rejected(tmp_path):
+    good = tmp_path / "words.json"
+    good.write_text('{"words": ["Mouse", "house", "mouse"]}')
+    assert load_word_list(good) == ["house", "mouse"]
+    bare = tmp_path / "bare.json"
+    bare.write_text('["crane", "slate"]')
+    assert load_word_list(bare) == ["crane", "slate"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"list": ["crane"]}')
+    with pytest.raises(ValueError, match="'words' list"):
+        load_word_list(bad)
