@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
@@ -71,6 +70,3 @@ def fingerprint(model: torch.nn.Module) -> str:
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
-
-def is_local_path(name: str) -> bool:
-    return Path(name).expanduser().exists()
