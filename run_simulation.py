@@ -103,7 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     before = superlink_pids()
     try:
-        return subprocess.call(cmd, env=env)
+        # `flwr run --stream` exits 0 even when the ServerApp failed; its last words name summary.json.
+        summary = None
+        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                if "; summary: " in line:
+                    summary = Path(line.rsplit("; summary: ", 1)[1].strip())
+        if proc.returncode != 0:
+            return proc.returncode
+        if summary is None or not summary.exists():
+            print("run_simulation.py: the run ended without writing summary.json; the ServerApp failed (see its log above)",
+                  file=sys.stderr, flush=True)
+            return 1
+        return 0
     finally:
         if not args.keep_superlink:
             for pid in superlink_pids() - before:

@@ -9,13 +9,18 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from strategies.differential_privacy import clip_when_asked, update_norm
+
 from .agent import load_agent
 from .config import FEDRL_STRATEGIES, RunConfig
 from .faults import with_fault_injection
 from .local_training import client_tasks, train_locally
+from .secure_aggregation import as_fit_reply, as_plain_train_message, is_secure_fit, secure_aggregation_mod
 from .weights import arrays_to_model, model_to_arrays
 
-app = ClientApp()
+# Both mods act only on the messages meant for them: SecAgg+ protocol messages, and train
+# messages whose config carries a DP clipping norm.
+app = ClientApp(mods=[secure_aggregation_mod, clip_when_asked])
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -42,8 +47,16 @@ def handshake(msg: Message, context: Context) -> Message:
 
 
 @app.train()
-@with_fault_injection  # run-config fault-injection (faults.py); a no-op when it is empty
 def train(msg: Message, context: Context) -> Message:
+    if is_secure_fit(msg):  # SecAgg+: Flower's legacy fit message in, a legacy fit reply out
+        cfg = RunConfig.from_run_config(dict(context.run_config))
+        as_plain_train_message(msg, model_to_arrays(load_agent(cfg.model, cfg.env, cfg.device).model))
+        return as_fit_reply(train_plain(msg, context))
+    return train_plain(msg, context)
+
+
+@with_fault_injection  # run-config fault-injection (faults.py); a no-op when it is empty
+def train_plain(msg: Message, context: Context) -> Message:
     cfg = RunConfig.from_run_config(dict(context.run_config))
     partition_id, num_partitions = _partition(context)
     config = msg.content.config_records["config"]
@@ -62,8 +75,11 @@ def train(msg: Message, context: Context) -> Message:
         adapter, metrics = train_fedse_client(agent, cfg, msg.content.array_records["arrays"], partition_id,
                                               num_partitions, int(config["server-round"]), str(config["fedse-run-key"]))
         return Message(RecordDict({"arrays": adapter, "metrics": MetricRecord(metrics)}), reply_to=msg)
-    arrays_to_model(agent.model, msg.content.array_records["arrays"])
+    sent = msg.content.array_records["arrays"]
+    arrays_to_model(agent.model, sent)
     tasks = client_tasks(cfg, partition_id, num_partitions)
     metrics = train_locally(agent, cfg, tasks, int(config["server-round"]), partition_id)
-    content = RecordDict({"arrays": model_to_arrays(agent.model), "metrics": MetricRecord(metrics)})
+    trained = model_to_arrays(agent.model)
+    metrics["update_norm"] = update_norm(trained, sent)  # what a DP clipping norm is compared with
+    content = RecordDict({"arrays": trained, "metrics": MetricRecord(metrics)})
     return Message(content, reply_to=msg)

@@ -125,6 +125,13 @@ class RunConfig:
     lora_target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
     # --- resilience (docs/deployment.md) --------------------------------------------------
     resume: bool = _key(False, "continue the run named run-name from its last complete round (state in <run folder>/state/, written after every round)", "true | false; true needs run-name")
+    dp_mode: str = _key("off", "central differential privacy on client updates with Flower's fixed-clipping wrappers (strategies/differential_privacy.py): the update is clipped on the server or on the client, Gaussian noise is added to the aggregate", "off | server-side | client-side; fedagent-avg, fedse-lora and the baselines")
+    dp_noise_multiplier: float = _key(1.0, "DP noise: standard deviation of the noise added to each aggregated coordinate = dp-noise-multiplier x dp-clipping-norm / clients-per-round", ">= 0")
+    dp_clipping_norm: float = _key(1.0, "DP clipping: L2 norm above which a client's update (its weights minus the global weights) is scaled down", "> 0")
+    secure_aggregation: bool = _key(False, "SecAgg+ with Flower's own protocol (fedagent_flwr/secure_aggregation.py): the server learns only the mean of the sampled clients' weights", "true | false; true needs strategy fedagent-avg, clients-per-round >= 2, dp-mode off, resume false, baseline none")
+    secagg_shares_fraction: float = _key(1.0, "SecAgg+: shares of each client's secret key, as a fraction of the sampled clients (Flower's num_shares)", "in (0, 1]")
+    secagg_threshold_fraction: float = _key(0.67, "SecAgg+: shares needed to reconstruct a key (so to tolerate drop-outs), as a fraction of the shares; at least 2 (Flower's reconstruction_threshold)", "in (0, 1]")
+    secagg_clipping_range: float = _key(8.0, "SecAgg+: every weight is clipped to [-range, range] and quantized to 2**22 levels before masking", "> 0; larger than the model's largest weight")
     fault_injection: str = _key("", "make chosen clients fail on purpose (fedagent_flwr/faults.py), e.g. raise+malformed+nan:partition=0 or timeout:prob=0.5; empty = off", "empty, or <kinds>:partition=<k> or <kinds>:prob=<q>; kinds raise, timeout, malformed, nan joined by +")
 
     @classmethod
@@ -236,16 +243,36 @@ class RunConfig:
             raise ValueError("invalid run config:\n  " + "\n  ".join(problems))
 
     def _validate_resilience(self, need) -> None:
-        """resume and fault-injection (resume.py, faults.py)."""
+        """resume, differential privacy and fault-injection (resume.py, strategies/differential_privacy.py, faults.py)."""
+        from strategies.differential_privacy import DP_MODES
+
         from .faults import FAULT_SYNTAX, FaultPlan
 
         need(not self.resume or self.run_name != "", "resume", self.resume,
              "false, or true together with run-name set to the run folder to continue")
         if self.resume:
-            # qavg/pavg runs (fedrl_server.py) save no state; Fed-SE clients keep buffers per Flower run id,
-            # which a restarted run does not have: neither would continue where it stopped.
-            need(self.strategy not in FEDRL_STRATEGIES and self.strategy != "fedse-lora", "resume", self.resume,
-                 f"false with strategy={self.strategy!r} (resume covers fedagent-avg and its baselines)")
+            # qavg/pavg runs (fedrl_server.py) save no state. Fed-SE clients' buffers are keyed by the
+            # strategy's run key, which the saved state restores, and a replayed round replaces its entries.
+            need(self.strategy not in FEDRL_STRATEGIES, "resume", self.resume,
+                 f"false with strategy={self.strategy!r} (resume covers fedagent-avg, fedse-lora and the baselines)")
+        need(self.dp_mode in DP_MODES, "dp-mode", self.dp_mode, " | ".join(DP_MODES))
+        if self.dp_mode != "off":
+            need(self.strategy not in FEDRL_STRATEGIES, "dp-mode", self.dp_mode,
+                 f"off with strategy={self.strategy!r} (DP wraps the LLM strategies: fedagent-avg, fedse-lora, baselines)")
+        need(self.dp_noise_multiplier >= 0, "dp-noise-multiplier", self.dp_noise_multiplier, ">= 0")
+        need(self.dp_clipping_norm > 0, "dp-clipping-norm", self.dp_clipping_norm, "> 0")
+        if self.secure_aggregation:
+            for ok, key, value, allowed in (
+                (self.strategy == "fedagent-avg", "strategy", self.strategy, "fedagent-avg with secure-aggregation=true"),
+                (self.clients_per_round >= 2, "clients-per-round", self.clients_per_round, ">= 2 with secure-aggregation=true (a mean of one client is that client)"),
+                (self.dp_mode == "off", "dp-mode", self.dp_mode, "off with secure-aggregation=true (not combined here)"),
+                (not self.resume, "resume", self.resume, "false with secure-aggregation=true"),
+                (self.baseline == "none", "baseline", self.baseline, "none with secure-aggregation=true"),
+            ):
+                need(ok, key, value, allowed)
+        for name in ("secagg_shares_fraction", "secagg_threshold_fraction"):
+            need(0 < getattr(self, name) <= 1, name.replace("_", "-"), getattr(self, name), "in (0, 1]")
+        need(self.secagg_clipping_range > 0, "secagg-clipping-range", self.secagg_clipping_range, "> 0")
         try:
             plan = FaultPlan.parse(self.fault_injection)
         except ValueError:

@@ -44,8 +44,9 @@ STATE_DIR = "state"
 # Keys that may change when a run is resumed; any other difference is an error.
 RESUMABLE_CHANGES = ("num-server-rounds", "resume", "round-timeout", "fault-injection")
 # Strategy attributes that belong to this run's federation, not to the training state:
-# node ids are new after a restart, and the global arrays come from arrays.npz.
-_SKIP = ("node_of_partition", "_global")
+# node ids are new after a restart, the global arrays come from arrays.npz, and
+# _screened_out is emptied within the round that fills it.
+_SKIP = ("node_of_partition", "_global", "_screened_out")
 
 
 @dataclass
@@ -178,11 +179,10 @@ class ResumedStrategy(Strategy):
 
     def start(self, *, num_rounds: int, evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
               **kwargs):
-        shifted = None
-        if evaluate_fn is not None:
-            def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-                return None if server_round == 0 else evaluate_fn(server_round + self.offset, arrays)
-        return super().start(num_rounds=num_rounds - self.offset, evaluate_fn=shifted, **kwargs)
+        def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            return None if server_round == 0 else evaluate_fn(server_round + self.offset, arrays)
+
+        return super().start(num_rounds=num_rounds - self.offset, evaluate_fn=shifted if evaluate_fn else None, **kwargs)
 
 
 def resumable(strategy: Strategy, offset: int) -> Strategy:

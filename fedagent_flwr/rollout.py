@@ -2,12 +2,13 @@
 
 All live episodes advance together: at every step the engine builds one prompt per
 live episode, asks the policy for all completions at once (one `generate` call
-with KV cache for a language model), steps each environment, and drops the
+with KV cache for a language model, see sampling.py), steps each environment, and drops the
 episodes that ended. A policy is any object with `act(episodes) -> completions`.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -102,6 +103,18 @@ class PromptEncoder:
             return list(ids)
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
+    def encode_many(self, prompts: Sequence[str]) -> list[list[int]]:
+        """The same ids as calling the encoder on each prompt, in one tokenizer call (its Rust
+        batch path): per-prompt calls cost as much as a batched decode step on a small model."""
+        if not prompts:
+            return []
+        if self.has_chat_template:
+            texts = self.tokenizer.apply_chat_template(
+                [[{"role": "user", "content": p}] for p in prompts], add_generation_prompt=True, tokenize=False
+            )
+            return [list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+        return [list(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
+
 
 def stop_token_ids(tokenizer) -> list[int]:
     ids = {tokenizer.eos_token_id}
@@ -142,16 +155,29 @@ class LMPolicy:
 
 
 class ExpertPolicy:
-    """The environment's scripted expert, written in the agent's answer format."""
+    """The environment's scripted expert, written in the agent's answer format.
 
-    def __init__(self, tokenizer) -> None:
+    With `epsilon` > 0 each step is, with that probability, a uniformly random admissible action
+    instead (answer and think text name the action taken): demonstrations that visit states off
+    the expert's path and a cloned policy that is competent but not yet sharp.
+    """
+
+    def __init__(self, tokenizer, epsilon: float = 0.0, seed: int = 0) -> None:
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"expert epsilon must lie in [0, 1], got {epsilon}")
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer)
+        self.epsilon = epsilon
+        self.rng = random.Random(seed)
 
     def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
         out = []
         for e in episodes:
-            text = expert_completion(e.env.expert_action())
+            if self.epsilon > 0 and self.rng.random() < self.epsilon:
+                action = self.rng.choice(e.env.admissible_actions())
+            else:
+                action = e.env.expert_action()
+            text = expert_completion(action)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.stop_ids[0]]
             out.append((ids, text))
         return out
@@ -176,7 +202,8 @@ def run_episodes(
     while live:
         for e in live:
             e.prompt = build_prompt(e.env, e.observation, e.history, config.history_length)
-            e.prompt_ids = encoder(e.prompt)
+        for e, ids in zip(live, encoder.encode_many([e.prompt for e in live])):
+            e.prompt_ids = ids
         completions = policy.act(live)
         still_live = []
         for e, (ids, text) in zip(live, completions):

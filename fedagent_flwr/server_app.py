@@ -12,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 from envs import env_names, is_multi_spec, make_env
 from envs.multi import per_env_spread
 from strategies import make_strategy
+from strategies.differential_privacy import with_differential_privacy
 from strategies.single_learner import SingleLearner
 
 from .agent import load_agent
@@ -31,10 +32,10 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_run_config(dict(context.run_config))  # fails fast on bad input
-    run_federation(grid, cfg)
+    run_federation(grid, cfg, context)
 
 
-def run_federation(grid: Grid, cfg: RunConfig) -> dict:
+def run_federation(grid: Grid, cfg: RunConfig, context: Context | None = None) -> dict:
     if cfg.strategy in FEDRL_STRATEGIES:  # QAvg / PAvg train RL tables or networks: no LLM to load
         from .fedrl_server import run_fedrl
 
@@ -103,14 +104,27 @@ def run_federation(grid: Grid, cfg: RunConfig) -> dict:
         save_state(reporter.run_dir, state_config, server_round, arrays, strategy, reporter.rows, history)
         return MetricRecord(metrics) if metrics else None
 
-    resumable(strategy, done).start(
-        grid=grid,
-        initial_arrays=initial_arrays,
-        num_rounds=cfg.num_server_rounds,
-        timeout=cfg.round_timeout,
-        train_config=ConfigRecord({"fingerprint": agent.base_fingerprint}),
-        evaluate_fn=evaluate_fn,
-    )
+    train_config = ConfigRecord({"fingerprint": agent.base_fingerprint})
+    if cfg.secure_aggregation:  # Flower's SecAgg+ runs in its legacy workflow (secure_aggregation.py)
+        from .secure_aggregation import SecureFedAgentAvg, run_secure_rounds
+
+        if context is None:
+            raise ValueError("secure-aggregation=true needs the ServerApp's Context (Flower's legacy workflow)")
+        run_secure_rounds(grid, context, SecureFedAgentAvg(strategy, initial_arrays, train_config, evaluate_fn),
+                          cfg.num_server_rounds, cfg.round_timeout, cfg.secagg_shares_fraction,
+                          cfg.secagg_threshold_fraction, cfg.secagg_clipping_range)
+    else:
+        # The DP wrapper screens, clips and noises the replies; `strategy` keeps the bookkeeping read below.
+        private = with_differential_privacy(strategy, cfg.dp_mode, cfg.dp_noise_multiplier, cfg.dp_clipping_norm,
+                                            strategy.clients_per_round)
+        resumable(private, done).start(
+            grid=grid,
+            initial_arrays=initial_arrays,
+            num_rounds=cfg.num_server_rounds,
+            timeout=cfg.round_timeout,
+            train_config=train_config,
+            evaluate_fn=evaluate_fn,
+        )
     final_round = max(history)
     summary = {
         "run_dir": str(reporter.run_dir),

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from envs import Task, available_envs, make_env
+from envs import Task, answer_token_budget, available_envs, make_env
 
 from .agent import load_agent
 from .rollout import LMPolicy, Policy, PromptEncoder, RolloutConfig, run_episodes
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1.0)")
     p.add_argument("--max-steps", type=int, default=0, help="episode horizon; 0 = the env's default")
     p.add_argument("--history-length", type=int, default=0, help="past steps in the prompt, as in training (default 0)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per agent step (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=0, help="tokens per agent step; 0 = the env's answer budget, as in training (default 0)")
     p.add_argument("--batch-size", type=int, default=64, help="episodes per generate call (default 64)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--seed", type=int, default=0)
@@ -111,14 +111,15 @@ def main(argv: list[str] | None = None) -> dict:
                               ("--threshold", 0 < args.threshold <= 1, "in (0, 1]"),
                               ("--temperature", args.temperature >= 0, ">= 0"),
                               ("--max-steps", args.max_steps >= 0, ">= 0"),
-                              ("--max-new-tokens", args.max_new_tokens >= 1, ">= 1"),
+                              ("--max-new-tokens", args.max_new_tokens >= 0, ">= 0"),
                               ("--batch-size", args.batch_size >= 1, ">= 1")):
         if not ok:
             raise SystemExit(f"{name}={getattr(args, name[2:].replace('-', '_'))!r} is not allowed: expected {allowed}")
     env = make_env(args.env, args.max_steps)
     tasks = env.tasks() if args.split == "all" else env.tasks_of_split(args.split)
     agent = load_agent(args.model, args.env, args.device)
-    config = RolloutConfig(history_length=args.history_length, invalid_penalty=0.0, max_new_tokens=args.max_new_tokens,
+    max_new_tokens = args.max_new_tokens or answer_token_budget(args.env)
+    config = RolloutConfig(history_length=args.history_length, invalid_penalty=0.0, max_new_tokens=max_new_tokens,
                            temperature=args.temperature, top_p=1.0, batch_size=args.batch_size, reward="success")
     labels, rates = label_tasks(LMPolicy(agent.model, agent.tokenizer, config), PromptEncoder(agent.tokenizer), args.env,
                                 tasks, config, args.samples, args.threshold, args.seed, args.max_steps)

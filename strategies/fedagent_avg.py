@@ -100,6 +100,7 @@ class FedAgentAvg(Strategy):
         self.train_metrics: dict[int, MetricRecord] = {}  # round -> aggregated client metrics
         self.comm = CommunicationLedger()  # bytes to and from clients, per round and in total
         self._global: ArrayRecord | None = None
+        self._screened_out: dict[int, list[str]] = {}  # round -> failures found by screen_replies
 
     # ----- training ------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -130,6 +131,28 @@ class FedAgentAvg(Strategy):
     def check_params(self, arrays: ArrayRecord, metrics: MetricRecord) -> None:
         """Strategy-specific check of a reply (raise ValueError to leave it out of the aggregate)."""
 
+    def screen_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The replies that pass `collect_replies`' checks; the others are recorded as that round's failures.
+
+        For wrappers that must not see a bad reply (strategies/differential_privacy.py).
+        """
+        kept, failures = [], []
+        for reply in replies:
+            try:
+                self._checked(reply)
+            except Exception as exc:  # a bad reply must not end the run
+                failures.append(f"node {reply.metadata.src_node_id}: {exc}")
+                continue
+            kept.append(reply)
+        self._screened_out[server_round] = failures
+        return kept
+
+    def _checked(self, reply: Message) -> tuple[ArrayRecord, MetricRecord]:
+        arrays = check_reply(reply, self._global)
+        m = reply.content.metric_records.get("metrics", MetricRecord())
+        self.check_params(arrays, m)
+        return arrays, m
+
     def collect_replies(self, server_round: int, replies: Iterable[Message]) -> tuple[list[ArrayRecord], list[MetricRecord], MetricRecord]:
         """The replies fit to aggregate, their metrics, and the round's merged metrics (also kept).
 
@@ -138,26 +161,28 @@ class FedAgentAvg(Strategy):
         """
         good: list[ArrayRecord] = []
         metrics: list[MetricRecord] = []
-        failures = []
-        replies = list(replies)
+        failures = self._screened_out.pop(server_round, [])  # left out earlier by screen_replies
+        answered = len(failures)
+        # Aggregate in partition-id order, not arrival order: a float sum over 3+ clients depends on
+        # its order, and Flower delivers replies as they come (a resumed run would differ in the last bit).
+        partition_of = {node: pid for pid, node in self.node_of_partition.items()}
+        replies = sorted(replies, key=lambda r: partition_of.get(r.metadata.src_node_id, len(partition_of)))
         for reply in replies:
             try:
-                arrays = check_reply(reply, self._global)
-                m = reply.content.metric_records.get("metrics", MetricRecord())
-                self.check_params(arrays, m)
+                arrays, m = self._checked(reply)
             except Exception as exc:  # a bad reply must not end the run
                 failures.append(f"node {reply.metadata.src_node_id}: {exc}")
                 continue
             good.append(arrays)
             metrics.append(m)
             self.comm.received(server_round, arrays)
-        missing = self.clients_per_round - len(replies)
+        missing = self.clients_per_round - len(replies) - answered
         if missing > 0:
             failures.append(f"{missing} client(s) did not reply in time")
         self.failures[server_round] = failures
         for f in failures:
             log.warning("round %d: left out of the aggregate: %s", server_round, f)
-        merged = _merge_metrics(metrics, len(good), len(failures))
+        merged = merge_metrics(metrics, len(good), len(failures))
         merged.update(self.comm.round_metrics(server_round))
         self.train_metrics[server_round] = merged
         return good, metrics, merged
@@ -183,7 +208,7 @@ class FedAgentAvg(Strategy):
         log.info("FedAgentAvg: K=%d clients, M=%d per round, min-replies=%d", self.num_clients, self.clients_per_round, self.min_replies)
 
 
-def _merge_metrics(metrics: Sequence[MetricRecord], replies: int, failures: int) -> MetricRecord:
+def merge_metrics(metrics: Sequence[MetricRecord], replies: int, failures: int) -> MetricRecord:
     """Mean of each numeric metric over the clients that reported it, plus reply counts."""
     out: dict[str, float] = {"replies": float(replies), "failed-replies": float(failures)}
     keys = sorted({k for m in metrics for k in m.keys()})

@@ -31,3 +31,13 @@ def tiny_lm(maze_tokenizer):
         pad_token_id=maze_tokenizer.pad_token_id, eos_token_id=maze_tokenizer.eos_token_id, bos_token_id=None,
     )
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture()
+def run_identity(monkeypatch):
+    """Messages created outside a running ServerApp or ClientApp need a run, node and task id."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 0)

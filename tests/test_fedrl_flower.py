@@ -16,16 +16,6 @@ from fedrl.tabular import project_to_simplex
 from strategies import PAvg, QAvg, make_strategy
 
 
-@pytest.fixture()
-def run_identity(monkeypatch):
-    # Messages created outside a running ServerApp need a run id.
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
-
 def _cfg(**over) -> RunConfig:
     return RunConfig.from_run_config(RunConfig().to_run_config() | over)
 

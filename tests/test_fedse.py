@@ -103,15 +103,6 @@ def test_client_fraction():
 
 
 # ----- the strategy's messages --------------------------------------------------------------------
-@pytest.fixture()
-def run_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
-
 def _reply(node, content):
     md = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=0, reply_to_message_id="m",
                   group_id="1", created_at=time.time(), ttl=60.0, message_type=MessageType.TRAIN)

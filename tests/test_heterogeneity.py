@@ -134,15 +134,6 @@ def test_local_learner_keeps_its_fedagent_partition():
         learner_tasks(local, 0, 4)
 
 
-@pytest.fixture()
-def run_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
-
 def test_single_learner_trains_one_fixed_client_and_keeps_its_weights(run_identity):
     nodes = {0: 11, 1: 12, 2: 13}
     strategy = SingleLearner(nodes, learner=2, seed=0)

@@ -212,15 +212,19 @@ class _CharTokenizer:
         return None
 
     def __call__(self, text, add_special_tokens=True):
+        if isinstance(text, list):  # a batch, as HF tokenizers take it
+            return {"input_ids": [self(t)["input_ids"] for t in text]}
         return {"input_ids": [min(ord(c), 5000) for c in text]}
 
 
 def test_tiny_recipe_for_a_spec_is_keyed_by_its_env_list(tmp_path):
-    from fedagent_flwr.tiny_model import TinyRecipe, default_recipe, ensure_tiny_model, tiny_model_dir
+    from fedagent_flwr.tiny_model import SINGLE_ENV_PRESETS, TinyRecipe, default_recipe, ensure_tiny_model, tiny_model_dir
 
     assert default_recipe("babyai, maze") == default_recipe("babyai,maze")
     assert default_recipe("babyai,maze").digest() != default_recipe("maze,babyai").digest()
-    assert default_recipe("maze") == TinyRecipe(env="maze")  # single envs keep their recipe and cache key
+    # Single envs keep their own recipe and cache key (a preset where one exists), not the multi-env preset.
+    assert default_recipe("babyai") == TinyRecipe(env="babyai")
+    assert default_recipe("maze") == TinyRecipe(env="maze", **SINGLE_ENV_PRESETS["maze"])
     assert tiny_model_dir(default_recipe("babyai,maze"), tmp_path).name.startswith("tiny-babyai+maze-")
 
     torch.set_num_threads(1)

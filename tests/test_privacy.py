@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedagent_flwr.config import RunConfig
 from loopback_grid import LoopbackGrid
@@ -63,15 +63,6 @@ def assert_reply_is_weights_and_numbers(sent: Message, reply: Message) -> None:
     for key in want.keys():
         a, b = got[key].numpy(), want[key].numpy()
         assert a.shape == b.shape and a.dtype == b.dtype and a.dtype.kind in "fiu", (key, a.shape, a.dtype)
-
-
-@pytest.fixture()
-def run_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))

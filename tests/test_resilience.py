@@ -5,33 +5,18 @@ The two real simulations are slow (minutes on 2 shared cores): python -m pytest 
 
 import json
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.deployment import free_port
 from fedagent_flwr.faults import FaultPlan, InjectedFault, corrupt_reply, with_fault_injection
 from fedagent_flwr.resume import ResumedStrategy, load_state, restore, save_state
 from strategies import FedAgentAvg
+from simulate import simulate
 from strategies.fedagent_avg import check_reply
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture()
-def run_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
 
 def _record(seed=0):
     rng = np.random.default_rng(seed)
@@ -186,16 +171,7 @@ def test_a_resumed_strategy_sees_the_true_round_numbers(run_identity):
 
 # ----- real simulations ------------------------------------------------------------------------------
 def _simulate(tmp_path, out, run_name, *extra):
-    cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--num-clients", "3", "--clients-per-round", "2",
-           "--tasks-per-epoch", "1", "--group-size", "2", "--eval-samples-per-task", "1", "--eval-tasks", "1",
-           "--eval-every", "1", "--output-dir", str(out), "--run-name", run_name, "--seed", "4", *extra]
-    # A SuperLink of our own (FLWR_HOME, ports): `flwr run` reuses any local SuperLink on the default
-    # port, and another run stopping that one would take this run down with it.
-    env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0",
-                        "RAY_AUTH_MODE": "disabled", "FLWR_HOME": str(tmp_path / ".flwr"),
-                        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
-    return proc, proc.stdout[-5000:] + proc.stderr[-3000:]
+    return simulate(tmp_path, out, run_name, "--num-clients", "3", "--clients-per-round", "2", "--eval-tasks", "1", *extra)
 
 
 @pytest.mark.slow
@@ -218,14 +194,20 @@ def test_a_run_with_one_failing_client_per_round_completes_every_round(tmp_path)
     assert state.server_round == 3 and all(np.isfinite(state.arrays[k].numpy()).all() for k in state.arrays.keys())
 
 
+# Fed-SE: the clients' experience buffers (on disk, keyed by the strategy's run key) must carry over too.
+FEDSE = ("--strategy", "fedse-lora", "--fedse-sft-steps", "2", "--fedse-explore-samples", "1", "--fedse-seed-demos", "1")
+
+
 @pytest.mark.slow
-def test_resume_after_a_stop_gives_bit_identical_weights_and_client_sequence(tmp_path):
+@pytest.mark.parametrize("strategy", ["fedagent-avg", "fedse-lora"])
+def test_resume_after_a_stop_gives_bit_identical_weights_and_client_sequence(tmp_path, strategy):
     out = tmp_path / "runs"
-    proc, log = _simulate(tmp_path, out, "full", "--num-server-rounds", "3")
+    extra = (FEDSE + ("--fedse-buffer-dir", str(tmp_path / "buffers"))) if strategy == "fedse-lora" else ()
+    proc, log = _simulate(tmp_path, out, "full", "--num-server-rounds", "3", *extra)
     assert (out / "full" / "summary.json").exists(), log
-    proc, log = _simulate(tmp_path, out, "part", "--num-server-rounds", "1")  # stops after round 1
+    proc, log = _simulate(tmp_path, out, "part", "--num-server-rounds", "1", *extra)  # stops after round 1
     assert (out / "part" / "summary.json").exists(), log
-    proc, log = _simulate(tmp_path, out, "part", "--num-server-rounds", "3", "--resume", "true")
+    proc, log = _simulate(tmp_path, out, "part", "--num-server-rounds", "3", "--resume", "true", *extra)
     assert "resuming" in proc.stdout and (out / "part" / "summary.json").exists(), log
 
     full, part = (load_state(out / r, json.loads((out / r / "state" / "config.json").read_text())) for r in ("full", "part"))
@@ -240,5 +222,5 @@ def test_resume_after_a_stop_gives_bit_identical_weights_and_client_sequence(tmp
     # the resumed rounds trained something: the weights moved between round 1 and round 3
     from safetensors.numpy import load_file
 
-    one, three = (load_file(out / "part" / "checkpoints" / f"round-000{r}" / "model.safetensors") for r in (1, 3))
+    one, three = (load_file(next((out / "part" / "checkpoints" / f"round-000{r}").glob("*.safetensors"))) for r in (1, 3))
     assert any(not np.array_equal(one[k], three[k]) for k in one)

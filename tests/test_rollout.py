@@ -1,5 +1,6 @@
 from envs import make_env
 from fedagent_flwr.evaluation import summarize
+from fedagent_flwr.prompts import build_prompt
 from fedagent_flwr.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, run_episodes
 
 
@@ -51,3 +52,41 @@ def test_invalid_actions_are_penalised_and_counted(tiny_lm, maze_tokenizer):
         assert len(t.steps) == 4 and t.num_invalid == 4
         assert t.penalty == 0.4 and t.reward == -0.4  # success reward 0, minus 4 x 0.1
     assert summarize(trajs)["invalid_action_rate"] == 1.0
+
+
+def test_a_noisy_expert_takes_random_admissible_moves_at_its_rate_and_repeats_by_seed(maze_tokenizer):
+    env = make_env("maze")
+    tasks = [t for t in env.tasks() for _ in range(4)]
+    encoder, cfg = PromptEncoder(maze_tokenizer), RolloutConfig()
+
+    def play(epsilon, seed):
+        trajs = run_episodes(ExpertPolicy(maze_tokenizer, epsilon=epsilon, seed=seed), lambda: make_env("maze"), tasks, encoder, cfg)
+        off_expert, steps = 0, 0
+        for t in trajs:
+            replay = make_env("maze")
+            replay.reset(t.task)
+            for s in t.steps:
+                assert s.valid and s.completion == f"<think>next: {s.action}</think><action>{s.action}</action>"
+                off_expert += s.action != replay.expert_action()
+                steps += 1
+                replay.step(s.action)
+        return [[s.action for s in t.steps] for t in trajs], off_expert / steps
+
+    plain, off = play(0.0, 0)
+    assert off == 0.0
+    noisy, off = play(0.5, 3)
+    # A random move differs from the expert's 3 times in 4: about 0.5 x 3/4 of the steps.
+    assert 0.28 < off < 0.47
+    assert play(0.5, 3)[0] == noisy and play(0.5, 4)[0] != noisy
+
+
+def test_prompts_encoded_together_equal_prompts_encoded_one_by_one(maze_tokenizer):
+    encoder = PromptEncoder(maze_tokenizer)
+    env = make_env("maze")
+    prompts = []
+    for task in env.tasks()[:5]:
+        obs, _ = env.reset(task)
+        prompts.append(build_prompt(env, obs, [], 0))
+    assert encoder.has_chat_template
+    assert encoder.encode_many(prompts) == [encoder(p) for p in prompts]
+    assert encoder.encode_many([]) == []

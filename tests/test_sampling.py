@@ -61,3 +61,27 @@ def test_a_shared_prompt_prefix_is_encoded_once_and_changes_nothing(tiny_lm, maz
         assert ids == _generate_one(tiny_lm, prompt, stop, pad, 10)
     # Every prompt keeps at least one token of its own, even a prompt that is all prefix.
     assert len(sampling._shared_prefix([head, head + [5]])) == len(head) - 1
+
+
+def test_identical_prompts_are_prefilled_once_yet_sampled_independently(tiny_lm, maze_tokenizer, monkeypatch):
+    stop = stop_token_ids(maze_tokenizer)
+    pad = maze_tokenizer.pad_token_id
+    a = maze_tokenizer("The goal is at position 8, 6. Your current position is at position 1, 4.")["input_ids"]
+    b = maze_tokenizer("The goal is at position 8, 6. Your current position is at position 5, 9.")["input_ids"]
+    prompts = [a, b, a, a, b, a]
+
+    rows_prefilled = []
+    forward = tiny_lm.forward
+    monkeypatch.setattr(tiny_lm, "forward",
+                        lambda *a_, **kw: rows_prefilled.append(kw["input_ids"].shape) or forward(*a_, **kw))
+    greedy = sample_batch(tiny_lm, prompts, pad, stop, max_new_tokens=8, temperature=0.0)
+    # First the shared-prefix pass (1 row), then the prompts' own tokens: 2 distinct rows, not 6.
+    assert rows_prefilled[0][0] == 1 and rows_prefilled[1][0] == 2
+    monkeypatch.setattr(tiny_lm, "forward", forward)
+    for prompt, ids in zip(prompts, greedy):
+        assert ids == _generate_one(tiny_lm, prompt, stop, pad, 8)
+
+    # Copies of one prompt are separate samples, not one sample repeated.
+    torch.manual_seed(0)
+    sampled = sample_batch(tiny_lm, [a] * 16, pad, stop, max_new_tokens=8, temperature=1.0)
+    assert len({tuple(ids) for ids in sampled}) > 1

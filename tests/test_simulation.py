@@ -23,7 +23,7 @@ def test_two_round_simulation_on_the_tiny_model(tmp_path):
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     run_dir = out / "ci"
-    assert (run_dir / "summary.json").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0 and (run_dir / "summary.json").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["initial_success_rate"] <= 1.0 and 0.0 <= summary["final_success_rate"] <= 1.0
@@ -45,3 +45,16 @@ def test_two_round_simulation_on_the_tiny_model(tmp_path):
     diffs = [float((a - b).abs().max()) for a, b in zip(first.state_dict().values(), last.state_dict().values())]
     assert max(diffs) > 0
     assert all(torch.isfinite(t).all() for t in last.state_dict().values())
+
+
+def test_run_simulation_fails_when_the_server_app_died_without_a_summary(tmp_path):
+    # `flwr run --stream` exits 0 even when the ServerApp raised; a stand-in `flwr` does just that.
+    fake = tmp_path / "bin" / "flwr"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'ServerApp raised ValueError: boom'\nexit 0\n")
+    fake.chmod(0o755)
+    env = os.environ | {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, str(ROOT / "run_simulation.py"), "--num-server-rounds", "1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "boom" in proc.stdout and "without writing summary.json" in proc.stderr

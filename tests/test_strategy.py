@@ -49,16 +49,6 @@ def _reply(node, content=None, error=None):
     return Message(metadata=md, content=content, error=error)
 
 
-@pytest.fixture()
-def run_identity(monkeypatch):
-    # Messages created outside a running ServerApp need a run id.
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
-
-
 def test_configure_train_addresses_sampled_partitions_by_node(run_identity):
     nodes = {0: 101, 1: 102, 2: 103, 3: 104}
     strategy = FedAgentAvg(nodes, clients_per_round=2, seed=3)
@@ -82,6 +72,19 @@ def test_failed_and_malformed_replies_are_left_out_of_the_average(run_identity):
     np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 4.0])
     assert metrics["replies"] == 1 and metrics["failed-replies"] == 2 and metrics["success_rate"] == 0.5
     assert any("client crashed" in f for f in strategy.failures[1])
+
+
+def test_the_aggregate_does_not_depend_on_the_order_replies_arrive_in(run_identity):
+    # float32 values whose float64 sum depends on the order: 1e16 + 1 - 1e16 loses the 1.
+    values = {0: 1e16, 1: 1.0, 2: -1e16}
+    results = set()
+    for arrival in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        strategy = FedAgentAvg({0: 10, 1: 11, 2: 12}, clients_per_round=3, seed=0)
+        list(strategy.configure_train(1, _record(w=np.zeros(1, dtype=np.float32)), ConfigRecord(), grid=None))
+        replies = [_reply(10 + p, RecordDict({"arrays": _record(w=np.array([values[p]], dtype=np.float32))})) for p in arrival]
+        arrays, _ = strategy.aggregate_train(1, replies)
+        results.add(arrays["w"].numpy().tobytes())
+    assert len(results) == 1
 
 
 def test_too_few_replies_keep_the_global_model(run_identity):

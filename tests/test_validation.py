@@ -19,7 +19,7 @@ NO_GPU = not torch.cuda.is_available()
     [
         # resilience keys, incl. cross-key constraints
         ({"resume": True}, "resume=True"),
-        ({"resume": True, "run-name": "r", "strategy": "fedse-lora"}, "false with strategy='fedse-lora'"),
+        ({"resume": True, "run-name": "r", "strategy": "pavg", "env": "random-mdp"}, "false with strategy='pavg'"),
         ({"resume": True, "run-name": "r", "strategy": "qavg", "env": "random-mdp"}, "false with strategy='qavg'"),
         ({"fault-injection": "explode:partition=0"}, "fault-injection='explode:partition=0'"),
         ({"fault-injection": "raise:prob=1.5"}, "fault-injection='raise:prob=1.5'"),
