@@ -64,7 +64,8 @@ def test_protocol_writes_table_and_rank_sweep(tmp_path):
 
     out = tmp_path / "protocol"
     small = ["num-server-rounds=1", "num-clients=2", "tasks-per-client=1", "eval-tasks=2", "eval-samples-per-task=1",
-             "fedse-sft-steps=1", "fedse-explore-samples=1", "fedse-seed-demos=1", "max-steps=6"]
+             "fedse-sft-steps=1", "fedse-explore-samples=1", "fedse-seed-demos=1",
+             "max-steps=12"]  # the farthest Maze start is 12 moves away: every expert seed demo succeeds
     args = ["--out", str(out), "--methods", "fed-se,fedavg-static,local,centralized,no-filter", "--ranks", "2"]
     assert main(args + [a for s in small for a in ("--set", s)]) == 0
     table = json.loads((out / "table.json").read_text())

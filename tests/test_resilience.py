@@ -194,6 +194,21 @@ def test_a_run_with_one_failing_client_per_round_completes_every_round(tmp_path)
     assert state.server_round == 3 and all(np.isfinite(state.arrays[k].numpy()).all() for k in state.arrays.keys())
 
 
+@pytest.mark.slow
+def test_a_client_that_times_out_is_left_out_and_the_round_completes(tmp_path):
+    out = tmp_path / "runs"
+    # K = M = 2: partition 0 sleeps past the round timeout (20 s); partition 1 answers. One round only:
+    # in simulation the sleeping client holds one of the 2 Ray worker slots, so a second round's other
+    # client could queue behind it and time out too (docs/deployment.md, "Failure tolerance").
+    proc, log = _simulate(tmp_path, out, "timeouts", "--num-clients", "2", "--num-server-rounds", "1",
+                          "--round-timeout", "20", "--fault-injection", "timeout:partition=0")
+    assert proc.returncode == 0, log
+    summary = json.loads((out / "timeouts" / "summary.json").read_text())
+    assert summary["failed_replies"] == {"1": ["1 client(s) did not reply in time"]}
+    rows = [json.loads(line) for line in (out / "timeouts" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["train/replies"] == 1.0 and rows[1]["train/failed-replies"] == 1.0
+
+
 # Fed-SE: the clients' experience buffers (on disk, keyed by the strategy's run key) must carry over too.
 FEDSE = ("--strategy", "fedse-lora", "--fedse-sft-steps", "2", "--fedse-explore-samples", "1", "--fedse-seed-demos", "1")
 
