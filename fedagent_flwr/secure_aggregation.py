@@ -70,7 +70,6 @@ class SecureFedAgentAvg(LegacyStrategy):
         proxies = {proxy.node_id: proxy for proxy in client_manager.all().values()}
         chosen = self.inner.select_clients(server_round)
         self.inner.sampled[server_round] = chosen
-        self.inner._global = self.template
         log.info("round %d: clients (partition-ids) %s (secure aggregation)", server_round, chosen)
         out = []
         for pid in chosen:
