@@ -15,6 +15,7 @@ from typing import Any
 from envs import available_envs, env_names, is_multi_spec
 
 from .grpo import LOSS_AGGREGATIONS
+from .action_matching import ACTION_MATCHING
 from .rollout import REWARD_MODES
 
 STRATEGIES = ("fedagent-avg", "qavg", "pavg", "fedse-lora")
@@ -61,7 +62,8 @@ class RunConfig:
     max_new_tokens: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0")
     temperature: float = _key(1.0, "sampling temperature of training rollouts", "> 0")
     top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]")
-    reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return", "success | env")
+    reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score")
+    action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest")
     invalid_penalty: float = _key(0.1, "subtracted from a trajectory's reward per invalid action", ">= 0")
     rollout_batch_size: int = _key(64, "episodes per generate call", "integer >= 1")
     # --- GRPO ---------------------------------------------------------------------
@@ -210,6 +212,7 @@ class RunConfig:
         self._validate_fedse(need)
         self._validate_resilience(need)
         need(self.reward in REWARD_MODES, "reward", self.reward, " | ".join(REWARD_MODES))
+        need(self.action_matching in ACTION_MATCHING, "action-matching", self.action_matching, " | ".join(ACTION_MATCHING))
         need(self.loss_aggregation in LOSS_AGGREGATIONS, "loss-aggregation", self.loss_aggregation, " | ".join(LOSS_AGGREGATIONS))
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
         need(self.temperature > 0, "temperature", self.temperature, "> 0 (GRPO needs sampled rollouts)")

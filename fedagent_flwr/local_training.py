@@ -30,6 +30,7 @@ def rollout_config(cfg: RunConfig, evaluation: bool = False) -> RolloutConfig:
         top_p=1.0 if evaluation else cfg.top_p,
         batch_size=cfg.rollout_batch_size,
         reward=cfg.reward,
+        action_matching=cfg.action_matching,
     )
 
 

@@ -54,9 +54,15 @@ def _describe_actions(env: TextEnv) -> str:
     return "[" + ", ".join(actions) + "]"
 
 
-def expert_completion(action: str) -> str:
-    """What behaviour cloning teaches the model to write for an expert action."""
-    return f"<think>next: {action}</think><action>{action}</action>"
+def expert_completion(action: str, think_limit: int | None = None) -> str:
+    """What behaviour cloning teaches the model to write for an expert action.
+
+    The think names the action. With `think_limit`, an action longer than that many characters
+    is named by its verb only (`search[...]` -> `search`): copying a long WebShop query twice
+    doubles the answer, and a tiny model's second copy is where it overruns the token budget.
+    """
+    named = action if think_limit is None or len(action) <= think_limit else action.split("[", 1)[0].strip()
+    return f"<think>next: {named}</think><action>{action}</action>"
 
 
 @dataclass(frozen=True)

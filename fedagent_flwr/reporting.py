@@ -81,24 +81,30 @@ class RunReporter:
         self.plot_categories()
 
     def plot_categories(self) -> None:
-        """categories.png: held-out success per task category (or environment), first vs latest evaluation."""
+        """categories.png: held-out success per task category (or environment), first vs latest
+        evaluation, and beside it the mean task score per category where the env has one (WebShop)."""
         evals = [r for r in self.rows if "eval/success_rate" in r]
         if not evals:
             return
         first, last = evals[0], evals[-1]
-        prefix = "eval/success_rate/"
-        names = sorted(k[len(prefix):] for k in last if k.startswith(prefix))
-        if not names:
+        panels = []
+        for prefix, label in (("eval/success_rate/", "held-out success rate"), ("eval/mean_score/", "held-out mean task score")):
+            names = sorted(k[len(prefix):] for k in last if k.startswith(prefix))
+            if names:
+                panels.append((prefix, label, names))
+        if not panels:
             return
-        x = range(len(names))
-        fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(names) + 2), 4))
-        ax.bar([i - 0.2 for i in x], [first.get(prefix + n, 0.0) for n in names], width=0.4, label=f"round {first['round']}")
-        ax.bar([i + 0.2 for i in x], [last[prefix + n] for n in names], width=0.4, label=f"round {last['round']}")
-        ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("held-out success rate")
-        ax.set_ylim(0, 1.02)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        width = max(5.0, 0.7 * len(panels[0][2]) + 2)
+        fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4), squeeze=False)
+        for ax, (prefix, label, names) in zip(axes[0], panels):
+            x = range(len(names))
+            ax.bar([i - 0.2 for i in x], [first.get(prefix + n, 0.0) for n in names], width=0.4, label=f"round {first['round']}")
+            ax.bar([i + 0.2 for i in x], [last[prefix + n] for n in names], width=0.4, label=f"round {last['round']}")
+            ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
+            ax.set_ylabel(label)
+            ax.set_ylim(0, 1.02)
+            ax.grid(axis="y", alpha=0.3)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         self._save(fig, "categories.png")
 

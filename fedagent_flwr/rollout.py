@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from envs import Task, TextEnv
 
+from .action_matching import ACTION_MATCHING, match_action
 from .prompts import build_prompt, expert_completion, parse_action
 from .sampling import sample_batch
 
@@ -40,6 +41,7 @@ class Trajectory:
     env_return: float = 0.0  # sum of the environment's rewards
     penalty: float = 0.0  # invalid-action penalty, already scaled by its coefficient
     reward: float = 0.0  # the training signal, set when the episode ends (see RolloutConfig.reward)
+    score: float | None = None  # the env's own task score at the end (WebShop's goal.py score), if it has one
 
     @property
     def num_invalid(self) -> int:
@@ -63,7 +65,7 @@ class Policy(Protocol):
         """(completion token ids, completion text) for every episode."""
 
 
-REWARD_MODES = ("success", "env")
+REWARD_MODES = ("success", "env", "score")
 
 
 @dataclass
@@ -75,16 +77,26 @@ class RolloutConfig:
     top_p: float = 1.0
     batch_size: int = 64  # episodes per generate call; bounds memory
     # Trajectory reward: "success" = success_reward if won else 0 (the FedAgent reference:
-    # 10 x won), or "env" = the environment's own return; the invalid penalty is subtracted.
+    # 10 x won), "env" = the environment's own return, or "score" = success_reward x the env's
+    # task score where it has one (WebShop's own RL reward is its score), else as "success".
+    # The invalid penalty is subtracted.
     reward: str = "success"
     success_reward: float = 10.0
+    action_matching: str = "exact"  # see action_matching.py
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
+        if self.action_matching not in ACTION_MATCHING:
+            raise ValueError(f"action_matching must be one of {ACTION_MATCHING}, got {self.action_matching!r}")
 
     def trajectory_reward(self, traj: "Trajectory") -> float:
-        base = (self.success_reward if traj.won else 0.0) if self.reward == "success" else traj.env_return
+        if self.reward == "env":
+            base = traj.env_return
+        elif self.reward == "score" and traj.score is not None:
+            base = self.success_reward * traj.score
+        else:
+            base = self.success_reward if traj.won else 0.0
         return base - traj.penalty
 
 
@@ -159,16 +171,18 @@ class ExpertPolicy:
 
     With `epsilon` > 0 each step is, with that probability, a uniformly random admissible action
     instead (answer and think text name the action taken): demonstrations that visit states off
-    the expert's path and a cloned policy that is competent but not yet sharp.
+    the expert's path and a cloned policy that is competent but not yet sharp. `think_limit` is
+    passed to `expert_completion`.
     """
 
-    def __init__(self, tokenizer, epsilon: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, tokenizer, epsilon: float = 0.0, seed: int = 0, think_limit: int | None = None) -> None:
         if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"expert epsilon must lie in [0, 1], got {epsilon}")
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer)
         self.epsilon = epsilon
         self.rng = random.Random(seed)
+        self.think_limit = think_limit
 
     def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
         out = []
@@ -177,7 +191,7 @@ class ExpertPolicy:
                 action = self.rng.choice(e.env.admissible_actions())
             else:
                 action = e.env.expert_action()
-            text = expert_completion(action)
+            text = expert_completion(action, self.think_limit)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.stop_ids[0]]
             out.append((ids, text))
         return out
@@ -208,16 +222,18 @@ def run_episodes(
         still_live = []
         for e, (ids, text) in zip(live, completions):
             parsed = parse_action(text)
-            obs, reward, terminated, truncated, info = e.env.step(parsed.action)
-            valid = parsed.well_formed and info["valid"]
+            action, as_written = match_action(e.env, parsed.action, config.action_matching)
+            obs, reward, terminated, truncated, info = e.env.step(action)
+            valid = parsed.well_formed and info["valid"] and as_written
             traj = e.trajectory
-            traj.steps.append(StepRecord(e.prompt_ids, ids, text, parsed.action, reward, valid))
+            traj.steps.append(StepRecord(e.prompt_ids, ids, text, action, reward, valid))
             traj.env_return += reward
             traj.penalty += 0.0 if valid else config.invalid_penalty
-            e.history.append((e.observation, parsed.action))
+            e.history.append((e.observation, action))
             e.observation = obs
             if terminated or truncated:
                 traj.won = bool(info["won"])
+                traj.score = info.get("score")
                 traj.reward = config.trajectory_reward(traj)
                 bar.update(1)
             else:

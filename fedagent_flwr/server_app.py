@@ -148,6 +148,9 @@ def run_federation(grid: Grid, cfg: RunConfig, context: Context | None = None) -
         for label, r in (("before round 1", 0), (f"after round {final_round}", final_round)):
             print(f"[fedagent] held-out success per environment, {label}: {format_row(history[r], order)}", flush=True)
     reporter.write_summary(summary)
+    if "mean_score" in history[final_round]:  # environments with a task score of their own (WebShop)
+        print(f"[fedagent] held-out task score: before round 1 {history[0].get('mean_score', float('nan')):.3f} -> "
+              f"after round {final_round} {history[final_round]['mean_score']:.3f}", flush=True)
     print(f"[fedagent] held-out success: before round 1 {summary['initial_success_rate']:.3f} -> "
           f"after round {final_round} {summary['final_success_rate']:.3f}; summary: {reporter.run_dir / 'summary.json'}",
           flush=True)

@@ -4,7 +4,8 @@ fedrl.mdps: heterogeneous MDP families (RandomMDPs, WindyCliffs) with kappa mixi
 fedrl.tabular: per-client local updates, averaging, exact policy evaluation and the
 client-by-client federated loop; fedrl.engine: the same loop vectorised over
 repetitions and clients; ``python -m fedrl.table1``: Table 1 and Figure 2;
-fedrl.deep (imported on its own, needs torch and gymnasium): DQNAvg on CartPole / Acrobot.
+fedrl.deep (imported on its own, needs torch and gymnasium): DQNAvg on CartPole / Acrobot;
+fedrl.ddpg (likewise): DDPGAvg on Pendulums with varied pole length / mass.
 """
 
 from .mdps import FedTask, HeterogeneousMDP, RandomMDPs, WindyCliffs, mix_kernels, stack_tasks

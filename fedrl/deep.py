@@ -10,7 +10,8 @@ set on the unwrapped instance before reset.
 Learner: DQN with a target network and epsilon-greedy exploration (the
 reference code's defaults: one hidden layer of 128, Adam 1e-3, batch 16,
 replay 1000, target sync every 10 steps, gamma 0.9, epsilon 1 decaying x0.99
-per update). DQNAvg: every round each client trains E episodes from the global
+per update; ``loss="huber"``, ``grad_clip`` and a separate embedding step size
+``embed_lr`` are options, off by default). DQNAvg: every round each client trains E episodes from the global
 weights, then the shared weights are averaged with ``fedrl.tabular.average``.
 With ``embed_dim > 0`` each client's network also gets a private environment
 embedding, concatenated to the observation and never averaged (personalised
@@ -38,7 +39,12 @@ __all__ = [
     "QNet",
     "make_acrobot",
     "make_cartpole",
+    "load_module_weights",
     "make_env",
+    "module_weights",
+    "averaging_schedule",
+    "greedy_return",
+    "run_averaging",
     "run_dqnavg",
     "sample_env_params",
 ]
@@ -91,6 +97,37 @@ def sample_env_params(name: str, rng: np.random.Generator, n: int) -> np.ndarray
     raise ValueError(f"unknown environment {name!r}; choose 'cartpole' or 'acrobot'")
 
 
+def module_weights(module: nn.Module, shared_only: bool = False) -> list[np.ndarray]:
+    """A module's state_dict as numpy arrays, in order; ``shared_only`` leaves out the private embedding."""
+    return [v.detach().cpu().numpy().copy() for k, v in module.state_dict().items() if not (shared_only and k == EMBEDDING)]
+
+
+def load_module_weights(module: nn.Module, weights: list[np.ndarray], shared_only: bool = False) -> None:
+    """Inverse of ``module_weights``, checking count and shapes; with ``shared_only`` the embedding is kept."""
+    state = module.state_dict()
+    keys = [k for k in state if not (shared_only and k == EMBEDDING)]
+    if len(weights) != len(keys):
+        raise ValueError(f"expected {len(keys)} weight arrays, got {len(weights)}")
+    for k, w in zip(keys, weights):
+        if tuple(state[k].shape) != tuple(np.shape(w)):
+            raise ValueError(f"weight {k}: expected shape {tuple(state[k].shape)}, got {np.shape(w)}")
+        state[k] = torch.as_tensor(np.asarray(w), dtype=state[k].dtype)
+    module.load_state_dict(state)
+
+
+def greedy_return(env: gym.Env, act, rng: np.random.Generator, episodes: int) -> float:
+    """Mean undiscounted return of ``act(obs, greedy=True)`` over ``episodes`` resets seeded from ``rng``."""
+    total = 0.0
+    for _ in range(episodes):
+        obs, _ = env.reset(seed=int(rng.integers(2**31)))
+        done = False
+        while not done:
+            obs, r, terminated, truncated, _ = env.step(act(obs, greedy=True))
+            total += float(r)
+            done = terminated or truncated
+    return total / episodes
+
+
 class QNet(nn.Module):
     """One-hidden-layer Q network; optional private environment embedding joined to the observation."""
 
@@ -119,6 +156,17 @@ class DQNConfig:
     epsilon_decay: float = 0.99
     epsilon_min: float = 0.02
     embed_dim: int = 0
+    loss: str = "mse"  # "mse" (reference code) or "huber" (smooth L1)
+    grad_clip: float = 0.0  # max gradient norm per update; 0 = no clipping
+    embed_lr: float = 0.0  # Adam step size of the private embedding; 0 = lr
+
+    def __post_init__(self):
+        if self.loss not in ("mse", "huber"):
+            raise ValueError(f"loss must be 'mse' or 'huber', got {self.loss!r}")
+        if self.embed_lr < 0:
+            raise ValueError(f"embed_lr must be >= 0, got {self.embed_lr}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
 
 
 class DQNLearner:
@@ -133,26 +181,22 @@ class DQNLearner:
         self.n_actions = env.action_space.n
         self.net = QNet(obs_size, self.n_actions, config.hidden, config.embed_dim)
         self.target = copy.deepcopy(self.net)
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=config.lr)
+        if config.embed_dim > 0 and config.embed_lr > 0:
+            rest = [p for name, p in self.net.named_parameters() if name != EMBEDDING]
+            self.opt = torch.optim.Adam([{"params": [self.net.embedding], "lr": config.embed_lr}, {"params": rest}], lr=config.lr)
+        else:
+            self.opt = torch.optim.Adam(self.net.parameters(), lr=config.lr)
         self.buffer: deque = deque(maxlen=config.replay_size)
         self.epsilon = config.epsilon
         self.updates = 0
 
     # weights as numpy arrays, in state_dict order
     def get_weights(self, shared_only: bool = False) -> list[np.ndarray]:
-        return [v.detach().cpu().numpy().copy() for k, v in self.net.state_dict().items() if not (shared_only and k == EMBEDDING)]
+        return module_weights(self.net, shared_only)
 
     def set_weights(self, weights: list[np.ndarray], shared_only: bool = False) -> None:
-        keys = [k for k in self.net.state_dict() if not (shared_only and k == EMBEDDING)]
-        if len(weights) != len(keys):
-            raise ValueError(f"expected {len(keys)} weight arrays, got {len(weights)}")
-        state = self.net.state_dict()
-        for k, w in zip(keys, weights):
-            if tuple(state[k].shape) != tuple(np.shape(w)):
-                raise ValueError(f"weight {k}: expected shape {tuple(state[k].shape)}, got {np.shape(w)}")
-            state[k] = torch.as_tensor(np.asarray(w), dtype=state[k].dtype)
-        self.net.load_state_dict(state)
-        self.target.load_state_dict(state)
+        load_module_weights(self.net, weights, shared_only)
+        self.target.load_state_dict(self.net.state_dict())
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, greedy: bool = False) -> int:
@@ -167,7 +211,7 @@ class DQNLearner:
         with torch.no_grad():
             target = r + c.gamma * (1.0 - done) * self.target(s2).max(1).values
         q = self.net(s).gather(1, a.long()[:, None])[:, 0]
-        loss = nn.functional.mse_loss(q, target)
+        loss = nn.functional.mse_loss(q, target) if c.loss == "mse" else nn.functional.smooth_l1_loss(q, target)
         self.opt.zero_grad()
         loss.backward()
         if params is not None:  # adapt only these parameters
@@ -175,6 +219,8 @@ class DQNLearner:
             for p in self.net.parameters():
                 if id(p) not in keep:
                     p.grad = None
+        if c.grad_clip > 0:
+            nn.utils.clip_grad_norm_([p for p in self.net.parameters() if p.grad is not None], c.grad_clip)
         self.opt.step()
         self.updates += 1
         self.epsilon = max(c.epsilon_min, self.epsilon * c.epsilon_decay)
@@ -201,16 +247,7 @@ class DQNLearner:
 
     def evaluate(self, env: gym.Env | None = None, episodes: int = 5) -> float:
         """Mean undiscounted return of the greedy policy."""
-        env = env or self.env
-        total = 0.0
-        for _ in range(episodes):
-            obs, _ = env.reset(seed=int(self.eval_rng.integers(2**31)))
-            done = False
-            while not done:
-                obs, r, terminated, truncated, _ = env.step(self.act(obs, greedy=True))
-                total += r
-                done = terminated or truncated
-        return total / episodes
+        return greedy_return(env or self.env, self.act, self.eval_rng, episodes)
 
     def adapt_embedding(self, episodes: int) -> list[float]:
         """Few-shot adaptation to a new environment: train only the private embedding."""
@@ -238,24 +275,39 @@ def run_dqnavg(
     environments ("train") and on ``eval_params`` environments ("test"), and of
     each client's own model on its own environment ("local").
     """
+    env_params = list(env_params)
+    if not env_params:
+        raise ValueError("run_dqnavg needs at least one client environment")
+    block = averaging_schedule(E, total_episodes, eval_every)
+    learners = [DQNLearner(make_env(env_name, p), config, seed=seed + 1000 * k) for k, p in enumerate(env_params)]
+    scorer = DQNLearner(make_env(env_name, env_params[0]), config, seed=seed + 999_999)
+    eval_envs = [make_env(env_name, p) for p in (eval_params if eval_params is not None else [])]
+    return run_averaging(learners, scorer, eval_envs, E, total_episodes, block, eval_episodes)
+
+
+def averaging_schedule(E: int | None, total_episodes: int, eval_every: int | None) -> int:
+    """Checks E and the budget; returns the episodes between evaluations (default: every round, or total/8 for E=None)."""
     torch.set_num_threads(1)  # small networks; threads only add overhead on a shared CPU
     if E is not None and (not isinstance(E, int) or isinstance(E, bool) or E < 1):
         raise ValueError(f"E must be a positive integer or None (never communicate), got {E!r}")
     if int(total_episodes) < (E or 1):
         raise ValueError(f"total_episodes must be >= E, got {total_episodes} with E={E}")
-    env_params = list(env_params)
-    if not env_params:
-        raise ValueError("run_dqnavg needs at least one client environment")
     block = eval_every or (E if E is not None else max(1, total_episodes // 8))
     if E is not None and block % E:
         raise ValueError(f"eval_every must be a multiple of E={E}, got {block}")
-    learners = [DQNLearner(make_env(env_name, p), config, seed=seed + 1000 * k) for k, p in enumerate(env_params)]
-    shared = config.embed_dim > 0
+    return block
+
+
+def run_averaging(learners: list, scorer, eval_envs: list, E: int | None, total_episodes: int, block: int,
+                  eval_episodes: int) -> dict:
+    """The loop DQNAvg and DDPGAvg share: each round every learner trains E episodes from the global shared
+    weights, which are then averaged (E=None: never); every ``block`` episodes it records the mean greedy
+    return of the averaged model on the clients' environments ("train") and on ``eval_envs`` ("test"), and
+    of each client's own model on its own environment ("local"). Learners are DQNLearner or DDPGLearner."""
+    shared = learners[0].config.embed_dim > 0
     start = learners[0].get_weights(shared_only=shared)
     for ln in learners:  # one common initialisation
         ln.set_weights(start, shared_only=shared)
-    scorer = DQNLearner(make_env(env_name, env_params[0]), config, seed=seed + 999_999)
-    eval_envs = [make_env(env_name, p) for p in (eval_params if eval_params is not None else [])]
     history = {"episodes": [], "train": [], "test": [], "local": []}
     global_w = None
     for done in range(block, total_episodes + 1, block):

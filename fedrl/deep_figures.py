@@ -16,7 +16,15 @@ never averaged); "local" as above.
 Figure 6 (``adaptation``): the PerDQNAvg model meets a new environment with the
 clients' mean embedding as the starting point, then adapts for a few episodes by
 updating only the embedding (E-Update), the embedding and the network (E&N-Update),
-or nothing (Phi-Update); scored after every adaptation chunk.
+or nothing (Phi-Update); scored after every adaptation chunk. Options: new environments
+outside the training range (``--new-range``), a random starting embedding (``--adapt-init
+random``, Figure 1's caption), the embedding's own step size (``--adapt-embed-lr``) and the
+episodes / updates until a return threshold is first reached (``--adapt-threshold``).
+
+Figures 3/4 are summarised per seed and as mean ± SE of the final point, the mean over all
+evaluations (AUC) and over their second half, with paired tests (``summarise_communication``).
+``--lr`` sets the DQN step size shared by all methods (fedrl/README.md: 0.003 is the setting
+where DQNAvg's advantage shows at this scale).
 
 The scale (5 clients, 96 episodes each, 3 seeds, CartPole capped at 200 steps)
 is far below the paper's; the numbers say how the methods compare at this scale only.
@@ -33,6 +41,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 import torch
 
 from .deep import DQNConfig, DQNLearner, make_env, sample_env_params
@@ -51,14 +60,21 @@ def _score(learner: DQNLearner, envs, episodes: int) -> float:
 
 
 def _train(env_name: str, train_params, E: int | None, total_episodes: int, config: DQNConfig, seed: int, eval_every: int,
-           test_envs, eval_episodes: int) -> tuple[dict, list[DQNLearner]]:
-    """DQNAvg (finite E) or independent clients (E None), scored every ``eval_every`` episodes."""
-    learners = [DQNLearner(make_env(env_name, p), config, seed=seed * 7919 + 1000 * k) for k, p in enumerate(train_params)]
+           test_envs, eval_episodes: int, make_learner=None) -> tuple[dict, list[DQNLearner]]:
+    """DQNAvg (finite E) or independent clients (E None), scored every ``eval_every`` episodes.
+
+    ``make_learner(param, config, seed)`` builds another kind of learner with the same interface
+    (fedrl.ddpg_figures: DDPG on Pendulums); default: a DQN on ``make_env(env_name, param)``.
+    """
+    if make_learner is None:
+        def make_learner(p, cfg, s):
+            return DQNLearner(make_env(env_name, p), cfg, seed=s)
+    learners = [make_learner(p, config, seed * 7919 + 1000 * k) for k, p in enumerate(train_params)]
     shared = config.embed_dim > 0
     start = learners[0].get_weights(shared_only=shared)
     for ln in learners:  # one common initialisation
         ln.set_weights(start, shared_only=shared)
-    scorer = DQNLearner(make_env(env_name, train_params[0]), config, seed=seed * 7919 + 999)
+    scorer = make_learner(train_params[0], config, seed * 7919 + 999)
     train_envs = [ln.env for ln in learners]
     hist = {k: [] for k in ("episodes", "global_train", "global_test", "local", "baseline_train", "baseline_test")}
     done = 0
@@ -105,35 +121,106 @@ def communication(env_name: str, seeds, n_train: int, n_test: int, E: int, episo
     return out
 
 
+def _new_params(env_name: str, seed: int, n_train: int, n_new: int, new_range) -> np.ndarray:
+    """The new environments: drawn like the training ones (``new_range`` None) or U(lo, hi) for the varied parameter."""
+    if new_range is None:
+        return _envs(env_name, seed, n_train, n_new)[1]
+    lo, hi = new_range
+    return np.random.default_rng([seed, 23]).uniform(lo, hi, size=n_new)
+
+
+def _first_at(curve, xs, threshold):
+    return next((x for x, v in zip(xs, curve) if v >= threshold), None)
+
+
 def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes: int, adapt_episodes: int, adapt_every: int,
-               eval_episodes: int, config: DQNConfig, adapt_epsilon: float) -> dict:
-    """PerDQNAvg training, then E-Update / E&N-Update / Phi-Update on new environments."""
-    out = {"personalised_local": [], "plain_local": [], "E-Update": [], "E&N-Update": [], "Phi-Update": []}
+               eval_episodes: int, config: DQNConfig, adapt_epsilon: float, new_range=None, threshold: float | None = None,
+               init: str = "mean", embed_lr: float = 0.0) -> dict:
+    """PerDQNAvg training, then E-Update / E&N-Update / Phi-Update on new environments.
+
+    With ``threshold``, also records for every new environment the number of adaptation
+    episodes (and gradient updates) after which the greedy return first reaches it
+    (None: not within ``adapt_episodes``). ``init``: the new environment's embedding starts at the
+    clients' mean ("mean", Section 7.5) or at N(0, I) ("random", Figure 1's caption), the same draw for every mode.
+    """
+    if init not in ("mean", "random"):
+        raise ValueError(f"init must be 'mean' or 'random', got {init!r}")
+    modes = ("E-Update", "E&N-Update", "Phi-Update")
+    out = {"personalised_local": [], "plain_local": [], "new_params": [], **{m: [] for m in modes},
+           **{f"{m}/per_env": [] for m in modes}, **{f"{m}/episodes_to_threshold": [] for m in modes},
+           **{f"{m}/updates_to_threshold": [] for m in modes}}
+    xs = list(range(0, adapt_episodes + 1, adapt_every))
     for seed in seeds:
-        tr, te = _envs(env_name, seed, n_train, n_new)
+        tr = _envs(env_name, seed, n_train, n_new)[0]
+        te = _new_params(env_name, seed, n_train, n_new, new_range)
         hist, learners = _train(env_name, tr, E, episodes, config, seed, episodes, [], eval_episodes)
         plain, _ = _train(env_name, tr, E, episodes, replace(config, embed_dim=0), seed, episodes, [], eval_episodes)
         out["personalised_local"].append(hist["local"][-1])
         out["plain_local"].append(plain["local"][-1])
+        out["new_params"].append([float(p) for p in te])
         shared = learners[0].get_weights(shared_only=True)
         mean_embedding = average([ln.net.embedding.detach().numpy() for ln in learners])
-        adapt_cfg = replace(config, epsilon=adapt_epsilon)
-        for mode in ("E-Update", "E&N-Update", "Phi-Update"):
-            curves = []
+        adapt_cfg = replace(config, epsilon=adapt_epsilon, embed_lr=embed_lr)
+        for mode in modes:
+            curves, to_eps, to_upd = [], [], []
             for j, p in enumerate(te):
                 ln = DQNLearner(make_env(env_name, p), adapt_cfg, seed=seed * 7919 + 5000 + j)
-                ln.set_weights([mean_embedding] + shared)
-                curve = [ln.evaluate(episodes=eval_episodes)]
+                start = mean_embedding if init == "mean" else \
+                    np.random.default_rng([seed, 31, j]).normal(size=mean_embedding.shape).astype(np.float32)
+                ln.set_weights([start] + shared)
+                curve, updates = [ln.evaluate(episodes=eval_episodes)], [0]
                 for _ in range(adapt_episodes // adapt_every):
                     if mode == "E-Update":
                         ln.adapt_embedding(adapt_every)
                     elif mode == "E&N-Update":
                         ln.train_episodes(adapt_every)
                     curve.append(ln.evaluate(episodes=eval_episodes))
+                    updates.append(ln.updates)
                 curves.append(curve)
+                if threshold is not None:
+                    hit = _first_at(curve, xs, threshold)
+                    to_eps.append(hit)
+                    to_upd.append(None if hit is None else updates[xs.index(hit)])
             out[mode].append(np.mean(curves, axis=0).tolist())
-            print(f"seed {seed} {mode}: {[round(x, 1) for x in out[mode][-1]]}", flush=True)
-    out["adapt_episodes"] = list(range(0, adapt_episodes + 1, adapt_every))
+            out[f"{mode}/per_env"].append(curves)
+            out[f"{mode}/episodes_to_threshold"].append(to_eps)
+            out[f"{mode}/updates_to_threshold"].append(to_upd)
+            reached = f" reached {threshold:g} in {sum(x is not None for x in to_eps)}/{len(te)} envs, episodes {to_eps}" if threshold is not None else ""
+            print(f"seed {seed} {mode}: {[round(x, 1) for x in out[mode][-1]]}{reached}", flush=True)
+    out["adapt_episodes"] = xs
+    out["threshold"] = threshold
+    out["init"], out["embed_lr"] = init, embed_lr
+    return out
+
+
+def _paired_p(a, b) -> dict:
+    """Two-sided paired tests of a - b over seeds (Wilcoxon signed-rank, t); NaN with < 2 seeds or no difference."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    out = {"mean_diff": float(d.mean()), "wins": int((d > 0).sum()), "losses": int((d < 0).sum()),
+           "wilcoxon_p": float("nan"), "t_p": float("nan")}
+    if len(d) > 1 and np.any(d != 0):
+        out["wilcoxon_p"] = float(stats.wilcoxon(d).pvalue)
+        out["t_p"] = float(stats.ttest_1samp(d, 0.0).pvalue)
+    return out
+
+
+def summarise_communication(comm: dict, avg: str = "dqnavg") -> dict:
+    """Per seed and mean ± SE of the final greedy return and of its mean over all evaluations (area under the
+    learning curve, "auc") and over the second half of the evaluations ("last_half"), for DQNAvg, the E = inf averaged network and the Baseline; paired tests DQNAvg - other.
+
+    ``avg`` names the averaging run in ``comm`` and in the output ("ddpgavg" in fedrl.ddpg_figures)."""
+    runs = {avg: (avg, "global_"), "e_inf": ("independent", "global_"), "baseline": ("independent", "baseline_")}
+    out = {}
+    for where in ("train", "test"):
+        for stat, f in (("final", lambda h: h[-1]), ("auc", lambda h: float(np.mean(h))),
+                        ("last_half", lambda h: float(np.mean(h[len(h) // 2:])))):
+            vals = {name: [f(h[prefix + where]) for h in comm[run]] for name, (run, prefix) in runs.items()}
+            out[f"{where}/{stat}"] = {
+                **{name: {"mean": float(np.mean(v)), "se": float(_mean_se([[x] for x in v])[1][0]), "per_seed": v}
+                   for name, v in vals.items()},
+                f"{avg}_vs_e_inf": _paired_p(vals[avg], vals["e_inf"]),
+                f"{avg}_vs_baseline": _paired_p(vals[avg], vals["baseline"]),
+            }
     return out
 
 
@@ -189,12 +276,21 @@ def main(argv=None) -> int:
     p.add_argument("--test-envs", type=int, default=10, help="M new-length environments (paper: 20)")
     p.add_argument("--episodes", type=int, default=96, help="training episodes per client")
     p.add_argument("--E", type=int, default=8, help="local episodes between averages")
+    p.add_argument("--lr", type=float, default=DQNConfig.lr, help="DQN Adam step size, the same for every method")
     p.add_argument("--eval-every", type=int, default=16)
     p.add_argument("--eval-episodes", type=int, default=2)
     p.add_argument("--embed-dim", type=int, default=4)
     p.add_argument("--adapt-episodes", type=int, default=12)
     p.add_argument("--adapt-every", type=int, default=3)
     p.add_argument("--adapt-epsilon", type=float, default=0.1, help="exploration at the start of adaptation")
+    p.add_argument("--new-range", type=float, nargs=2, metavar=("LO", "HI"), default=None,
+                   help="draw the new environments' parameter from U(LO, HI) (default: the training distribution)")
+    p.add_argument("--adapt-threshold", type=float, default=None,
+                   help="also record the adaptation episodes / updates until the greedy return reaches this")
+    p.add_argument("--adapt-init", choices=("mean", "random"), default="mean",
+                   help="new environment's starting embedding: the clients' mean or N(0, I)")
+    p.add_argument("--adapt-embed-lr", type=float, default=0.0,
+                   help="Adam step size of the embedding while adapting, in E-Update and E&N-Update alike (0 = the network's)")
     p.add_argument("--skip", choices=("none", "communication", "adaptation"), default="none")
     args = p.parse_args(argv)
     for name in ("seeds", "clients", "episodes", "E", "eval_every", "eval_episodes", "embed_dim", "adapt_every"):
@@ -204,7 +300,9 @@ def main(argv=None) -> int:
         p.error("--eval-every must be a multiple of --E, --episodes of --eval-every, --adapt-episodes of --adapt-every")
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    config = DQNConfig()
+    if not args.lr > 0:
+        p.error("--lr must be > 0")
+    config = DQNConfig(lr=args.lr)
     seeds = list(range(args.seeds))
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "dqn": asdict(config),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
@@ -214,9 +312,17 @@ def main(argv=None) -> int:
         comm = communication(args.env, seeds, args.clients, args.test_envs, args.E, args.episodes, args.eval_every,
                              args.eval_episodes, config)
         report["communication"] = comm
+        report["communication_summary"] = summ = summarise_communication(comm)
+        for key, v in summ.items():
+            print(f"{key}: DQNAvg {v['dqnavg']['mean']:.1f}±{v['dqnavg']['se']:.1f}  E=inf {v['e_inf']['mean']:.1f}±{v['e_inf']['se']:.1f}"
+                  f"  Baseline {v['baseline']['mean']:.1f}±{v['baseline']['se']:.1f}  | vs E=inf: wins {v['dqnavg_vs_e_inf']['wins']}"
+                  f" p_w {v['dqnavg_vs_e_inf']['wilcoxon_p']:.3f} p_t {v['dqnavg_vs_e_inf']['t_p']:.3f}"
+                  f" | vs Baseline: wins {v['dqnavg_vs_baseline']['wins']} p_w {v['dqnavg_vs_baseline']['wilcoxon_p']:.3f}"
+                  f" p_t {v['dqnavg_vs_baseline']['t_p']:.3f}", flush=True)
     if args.skip != "adaptation":
         adapt = adaptation(args.env, seeds, args.clients, args.test_envs, args.E, args.episodes, args.adapt_episodes,
-                           args.adapt_every, args.eval_episodes, replace(config, embed_dim=args.embed_dim), args.adapt_epsilon)
+                           args.adapt_every, args.eval_episodes, replace(config, embed_dim=args.embed_dim), args.adapt_epsilon,
+                           new_range=args.new_range, threshold=args.adapt_threshold, init=args.adapt_init, embed_lr=args.adapt_embed_lr)
         report["adaptation"] = adapt
     report["seconds"] = round(time.perf_counter() - t0, 1)
     tmp = args.out / ".deep_figures.json.tmp"

@@ -40,7 +40,8 @@ def test_readme_documents_every_key_with_its_default():
         ({"min-replies": 3}, "min-replies=3"),
         ({"device": "tpu"}, "device='tpu'"),
         ({"partition": "dirichlet"}, "partition='dirichlet'"),
-        ({"reward": "score"}, "reward='score'"),
+        ({"reward": "points"}, "reward='points'"),
+        ({"action-matching": "fuzzy"}, "action-matching='fuzzy'"),
         ({"loss-aggregation": "sum"}, "loss-aggregation='sum'"),
     ],
 )

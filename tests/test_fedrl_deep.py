@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -112,3 +113,63 @@ def test_dqnavg_learns_cartpole():
     out = run_dqnavg("cartpole", [0.3, 0.5, 0.7], E=8, total_episodes=96, eval_episodes=5, eval_every=16, seed=0)
     train = out["history"]["train"]
     assert train[0] < 50 and max(train) > 150  # a random policy lasts about 20 steps, the cap is 200
+
+
+def test_huber_loss_gradient_clipping_and_config_checks():
+    ln = DQNLearner(make_cartpole(0.5), DQNConfig(hidden=16, batch_size=4, replay_size=200, loss="huber", grad_clip=0.05), seed=4)
+    ln.train_episodes(1)
+    assert ln.updates > 0
+    norm = torch.sqrt(sum((p.grad**2).sum() for p in ln.net.parameters() if p.grad is not None))
+    assert float(norm) <= 0.05 + 1e-6  # the last update's gradient was clipped
+    for bad in ({"loss": "l1"}, {"grad_clip": -1.0}, {"embed_lr": -1.0}):
+        with pytest.raises(ValueError):
+            DQNConfig(**bad)
+
+
+def test_embedding_step_size_is_its_own():
+    cfg = DQNConfig(hidden=16, batch_size=4, replay_size=200, embed_dim=2)
+    moves = []
+    for embed_lr in (0.0, 0.05):
+        ln = DQNLearner(make_cartpole(0.5), replace(cfg, embed_lr=embed_lr), seed=5)
+        assert [g["lr"] for g in ln.opt.param_groups] == ([1e-3] if embed_lr == 0 else [0.05, 1e-3])
+        before = ln.net.embedding.detach().clone()
+        ln.adapt_embedding(1)
+        moves.append(float((ln.net.embedding.detach() - before).abs().max()))
+        assert moves[-1] <= (embed_lr or 1e-3) * ln.updates * 1.01  # Adam moves each coordinate <= ~lr per step
+    assert moves[1] > 5 * moves[0]
+
+
+def test_adaptation_threshold_bookkeeping_and_summary():
+    from fedrl.deep_figures import _first_at, _new_params, summarise_communication
+
+    assert _first_at([10, 150, 200, 120], [0, 3, 6, 9], 195) == 6
+    assert _first_at([10, 150], [0, 3], 195) is None
+    new = _new_params("cartpole", 0, 5, 7, (2.0, 4.0))
+    assert new.shape == (7,) and new.min() >= 2.0 and new.max() <= 4.0
+    ep = [16, 32]
+    comm = {"dqnavg": [{"episodes": ep, "global_train": [10, 30], "global_test": [5, 25]},
+                       {"episodes": ep, "global_train": [20, 40], "global_test": [15, 35]}],
+            "independent": [{"episodes": ep, "global_train": [10, 10], "global_test": [5, 5], "baseline_train": [0, 20], "baseline_test": [0, 10]},
+                            {"episodes": ep, "global_train": [10, 50], "global_test": [5, 5], "baseline_train": [0, 20], "baseline_test": [0, 10]}]}
+    s = summarise_communication(comm)
+    assert s["train/final"]["dqnavg"]["per_seed"] == [30, 40] and s["train/auc"]["dqnavg"]["per_seed"] == [20, 30]
+    assert s["train/final"]["e_inf"]["mean"] == 30 and s["train/final"]["dqnavg_vs_e_inf"]["mean_diff"] == 5
+    assert s["train/last_half"]["dqnavg"]["per_seed"] == [30, 40]
+    assert s["train/auc"]["dqnavg_vs_baseline"]["wins"] == 2 and s["train/auc"]["baseline"]["se"] == 0
+
+
+def test_adaptation_records_updates_to_threshold():
+    from fedrl.deep_figures import adaptation
+
+    cfg = DQNConfig(hidden=16, batch_size=4, replay_size=200, embed_dim=2)
+    kw = dict(env_name="cartpole", seeds=[0], n_train=2, n_new=2, E=1, episodes=1, adapt_episodes=2, adapt_every=1,
+              eval_episodes=1, config=cfg, adapt_epsilon=0.1, new_range=(1.0, 2.0))
+    out = adaptation(**kw, threshold=0.0, init="random", embed_lr=0.01)
+    assert out["adapt_episodes"] == [0, 1, 2] and all(1.0 <= p <= 2.0 for p in out["new_params"][0])
+    for mode in ("E-Update", "E&N-Update", "Phi-Update"):
+        assert out[f"{mode}/episodes_to_threshold"] == [[0, 0]] and out[f"{mode}/updates_to_threshold"] == [[0, 0]]
+        assert np.shape(out[f"{mode}/per_env"]) == (1, 2, 3)
+    out = adaptation(**kw, threshold=1e9)
+    assert out["E-Update/episodes_to_threshold"] == [[None, None]] and out["init"] == "mean"
+    with pytest.raises(ValueError, match="init"):
+        adaptation(**kw, init="zeros")

@@ -30,6 +30,16 @@ def test_expert_completion_round_trips():
     assert parse_action(expert_completion("move up")).well_formed
 
 
+def test_expert_completion_names_long_actions_by_verb_only():
+    query = "search[i want a pair of seamless toe socks, color: pink, and size: medium]"
+    short = expert_completion(query, think_limit=40)
+    assert short == f"<think>next: search</think><action>{query}</action>"
+    assert parse_action(short).action == query and parse_action(short).well_formed
+    # Short actions, and every action without a limit, are named in full.
+    assert expert_completion("click[buy now]", think_limit=40) == "<think>next: click[buy now]</think><action>click[buy now]</action>"
+    assert query in expert_completion(query).split("</think>")[0]
+
+
 def test_prompt_shows_task_recent_history_observation_and_actions():
     env = make_env("maze")
     obs, _ = env.reset(env.tasks()[0])

@@ -90,3 +90,16 @@ def test_prompts_encoded_together_equal_prompts_encoded_one_by_one(maze_tokenize
     assert encoder.has_chat_template
     assert encoder.encode_many(prompts) == [encoder(p) for p in prompts]
     assert encoder.encode_many([]) == []
+
+
+def test_evaluation_command_plays_a_saved_model_on_held_out_tasks(tiny_lm, maze_tokenizer, tmp_path, capsys):
+    import json
+
+    from fedagent_flwr.evaluation import main
+
+    tiny_lm.save_pretrained(tmp_path)
+    maze_tokenizer.save_pretrained(tmp_path)
+    assert main(["--model", str(tmp_path), "--env", "maze", "--tasks", "2", "--samples-per-task", "2", "--temperature", "0"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    # A random model: 2 tasks x 2 episodes, every step invalid, no success.
+    assert metrics["episodes"] == 4.0 and metrics["success_rate"] == 0.0 and metrics["invalid_action_rate"] == 1.0
