@@ -5,7 +5,9 @@ Environments: gymnasium's CartPole-v1 with the pole's half-length drawn as
 with link 1's mass 0.5 + U(0, 1) (the paper) or its length (``parameter="length_1"``).
 CartPole caches ``polemass_length`` in its constructor, so it is recomputed
 here; Acrobot's dynamics read LINK_LENGTH_1, LINK_COM_POS_1 and LINK_MASS_1,
-set on the unwrapped instance before reset.
+set on the unwrapped instance before reset. ``cartpole-polarity`` adds CartPoles
+whose push is reversed (a family no single policy can serve, for the
+personalisation experiments).
 
 Learner: DQN with a target network and epsilon-greedy exploration (the
 reference code's defaults: one hidden layer of 128, Adam 1e-3, batch 16,
@@ -15,7 +17,8 @@ per update; ``loss="huber"``, ``grad_clip`` and a separate embedding step size
 weights, then the shared weights are averaged with ``fedrl.tabular.average``.
 With ``embed_dim > 0`` each client's network also gets a private environment
 embedding, concatenated to the observation and never averaged (personalised
-FedRL); ``adapt_embedding`` fits only that vector in a new environment.
+FedRL; zeros at the start, or N(0, ``embed_init``^2) as an embedding layer is
+initialised); ``adapt_embedding`` fits only that vector in a new environment.
 
 Weights travel as lists of numpy arrays so a Flower client can send them as is.
 """
@@ -39,6 +42,7 @@ __all__ = [
     "QNet",
     "make_acrobot",
     "make_cartpole",
+    "make_polarity_cartpole",
     "load_module_weights",
     "make_env",
     "module_weights",
@@ -52,15 +56,28 @@ __all__ = [
 EMBEDDING = "embedding"  # parameter name kept private in personalised DQNAvg
 
 
-def make_cartpole(half_length: float, max_episode_steps: int = 200) -> gym.Env:
-    """CartPole-v1 whose pole has the given half-length (gymnasium default 0.5)."""
+def make_cartpole(half_length: float, max_episode_steps: int = 200, reversed_push: bool = False) -> gym.Env:
+    """CartPole-v1 whose pole has the given half-length (gymnasium default 0.5); with ``reversed_push``
+    action 1 pushes the cart left instead of right (an actuator wired the other way round)."""
     if not half_length > 0:
         raise ValueError(f"half_length must be > 0, got {half_length}")
     env = gym.make("CartPole-v1", max_episode_steps=max_episode_steps)
     u = env.unwrapped
     u.length = float(half_length)
     u.polemass_length = u.masspole * u.length  # cached in __init__, must follow the length
+    if reversed_push:
+        u.force_mag = -u.force_mag  # read in every step: force = force_mag if action == 1 else -force_mag
     return env
+
+
+def make_polarity_cartpole(signed_half_length: float, max_episode_steps: int = 200) -> gym.Env:
+    """CartPole whose half-length is |value| and whose push is reversed where value < 0.
+
+    A family in which no single policy is good everywhere (the same observation asks for
+    opposite actions), so a private environment embedding has something to encode: on
+    length-only CartPoles one policy balances every length in the paper's range.
+    """
+    return make_cartpole(abs(signed_half_length), max_episode_steps, reversed_push=signed_half_length < 0)
 
 
 def make_acrobot(value: float, parameter: str = "mass_1", max_episode_steps: int = 500) -> gym.Env:
@@ -79,22 +96,33 @@ def make_acrobot(value: float, parameter: str = "mass_1", max_episode_steps: int
     return env
 
 
+ENV_NAMES = ("cartpole", "acrobot", "cartpole-polarity")
+
+
 def make_env(name: str, value: float, **kwargs) -> gym.Env:
     if name == "cartpole":
         return make_cartpole(value, **kwargs)
     if name == "acrobot":
         return make_acrobot(value, **kwargs)
-    raise ValueError(f"unknown environment {name!r}; choose 'cartpole' or 'acrobot'")
+    if name == "cartpole-polarity":
+        return make_polarity_cartpole(value, **kwargs)
+    raise ValueError(f"unknown environment {name!r}; choose one of {ENV_NAMES}")
 
 
 def sample_env_params(name: str, rng: np.random.Generator, n: int) -> np.ndarray:
-    """The paper's ranges: CartPole half-length 0.1 + 0.8 U(0, 1); Acrobot link-1 mass 0.5 + U(0, 1)."""
+    """The paper's ranges: CartPole half-length 0.1 + 0.8 U(0, 1); Acrobot link-1 mass 0.5 + U(0, 1).
+
+    cartpole-polarity: CartPole's half-lengths with the push reversed (negative value) in every
+    second environment, so any run of consecutive environments holds both kinds.
+    """
     u = rng.uniform(size=n)
     if name == "cartpole":
         return 0.1 + 0.8 * u
     if name == "acrobot":
         return 0.5 + u
-    raise ValueError(f"unknown environment {name!r}; choose 'cartpole' or 'acrobot'")
+    if name == "cartpole-polarity":
+        return (0.1 + 0.8 * u) * np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
+    raise ValueError(f"unknown environment {name!r}; choose one of {ENV_NAMES}")
 
 
 def module_weights(module: nn.Module, shared_only: bool = False) -> list[np.ndarray]:
@@ -131,11 +159,13 @@ def greedy_return(env: gym.Env, act, rng: np.random.Generator, episodes: int) ->
 class QNet(nn.Module):
     """One-hidden-layer Q network; optional private environment embedding joined to the observation."""
 
-    def __init__(self, obs_size: int, n_actions: int, hidden: int = 128, embed_dim: int = 0):
+    def __init__(self, obs_size: int, n_actions: int, hidden: int = 128, embed_dim: int = 0, embed_init: float = 0.0):
         super().__init__()
         self.embed_dim = embed_dim
         if embed_dim > 0:
-            self.embedding = nn.Parameter(torch.zeros(embed_dim))
+            # zeros: every client starts alike; embed_init > 0: N(0, embed_init^2), as an embedding
+            # layer is initialised, so clients differ from the start and the shared layers can tell them apart
+            self.embedding = nn.Parameter(torch.randn(embed_dim) * embed_init if embed_init > 0 else torch.zeros(embed_dim))
         self.net = nn.Sequential(nn.Linear(obs_size + embed_dim, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -159,6 +189,7 @@ class DQNConfig:
     loss: str = "mse"  # "mse" (reference code) or "huber" (smooth L1)
     grad_clip: float = 0.0  # max gradient norm per update; 0 = no clipping
     embed_lr: float = 0.0  # Adam step size of the private embedding; 0 = lr
+    embed_init: float = 0.0  # std of the private embedding's N(0, std^2) start; 0 = zeros
 
     def __post_init__(self):
         if self.loss not in ("mse", "huber"):
@@ -167,6 +198,8 @@ class DQNConfig:
             raise ValueError(f"embed_lr must be >= 0, got {self.embed_lr}")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        if self.embed_init < 0:
+            raise ValueError(f"embed_init must be >= 0, got {self.embed_init}")
 
 
 class DQNLearner:
@@ -179,7 +212,7 @@ class DQNLearner:
         torch.manual_seed(seed)
         obs_size = env.observation_space.shape[0]
         self.n_actions = env.action_space.n
-        self.net = QNet(obs_size, self.n_actions, config.hidden, config.embed_dim)
+        self.net = QNet(obs_size, self.n_actions, config.hidden, config.embed_dim, config.embed_init)
         self.target = copy.deepcopy(self.net)
         if config.embed_dim > 0 and config.embed_lr > 0:
             rest = [p for name, p in self.net.named_parameters() if name != EMBEDDING]

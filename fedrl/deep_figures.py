@@ -44,7 +44,7 @@ import numpy as np
 from scipy import stats
 import torch
 
-from .deep import DQNConfig, DQNLearner, make_env, sample_env_params
+from .deep import ENV_NAMES, DQNConfig, DQNLearner, make_env, sample_env_params
 from .tabular import average
 
 __all__ = ["adaptation", "communication", "main"]
@@ -270,7 +270,8 @@ def _plot(comm: dict, adapt: dict, path: Path, env_name: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedrl.deep_figures", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--env", choices=("cartpole", "acrobot"), default="cartpole")
+    p.add_argument("--env", choices=ENV_NAMES, default="cartpole",
+                   help="cartpole-polarity: CartPoles whose push is reversed in every second environment")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--clients", type=int, default=5, help="N training environments (paper: 5)")
     p.add_argument("--test-envs", type=int, default=10, help="M new-length environments (paper: 20)")
@@ -280,6 +281,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=16)
     p.add_argument("--eval-episodes", type=int, default=2)
     p.add_argument("--embed-dim", type=int, default=4)
+    p.add_argument("--embed-init", type=float, default=0.0,
+                   help="std of the clients' N(0, std^2) starting embeddings (0 = zeros, all clients alike)")
     p.add_argument("--adapt-episodes", type=int, default=12)
     p.add_argument("--adapt-every", type=int, default=3)
     p.add_argument("--adapt-epsilon", type=float, default=0.1, help="exploration at the start of adaptation")
@@ -302,6 +305,10 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.lr > 0:
         p.error("--lr must be > 0")
+    if args.embed_init < 0:
+        p.error("--embed-init must be >= 0")
+    if args.new_range is not None and args.env == "cartpole-polarity":
+        p.error("--new-range draws one parameter; cartpole-polarity's new environments come from its own family")
     config = DQNConfig(lr=args.lr)
     seeds = list(range(args.seeds))
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "dqn": asdict(config),
@@ -321,7 +328,7 @@ def main(argv=None) -> int:
                   f" p_t {v['dqnavg_vs_baseline']['t_p']:.3f}", flush=True)
     if args.skip != "adaptation":
         adapt = adaptation(args.env, seeds, args.clients, args.test_envs, args.E, args.episodes, args.adapt_episodes,
-                           args.adapt_every, args.eval_episodes, replace(config, embed_dim=args.embed_dim), args.adapt_epsilon,
+                           args.adapt_every, args.eval_episodes, replace(config, embed_dim=args.embed_dim, embed_init=args.embed_init), args.adapt_epsilon,
                            new_range=args.new_range, threshold=args.adapt_threshold, init=args.adapt_init, embed_lr=args.adapt_embed_lr)
         report["adaptation"] = adapt
     report["seconds"] = round(time.perf_counter() - t0, 1)

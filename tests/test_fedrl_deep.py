@@ -39,6 +39,39 @@ def test_cartpole_length_changes_the_dynamics_as_the_equations_say(half_length):
     assert env.unwrapped.polemass_length == pytest.approx(0.1 * half_length)
 
 
+@pytest.mark.parametrize("signed_half_length", [0.3, -0.3])
+def test_polarity_cartpole_reverses_the_push_and_keeps_the_length(signed_half_length):
+    env = make_env("cartpole-polarity", signed_half_length)
+    env.reset(seed=0)
+    state = np.array([0.01, 0.2, 0.05, -0.3])
+    env.unwrapped.state = state.copy()
+    obs, *_ = env.step(1)
+    force = 10.0 if signed_half_length > 0 else -10.0
+    np.testing.assert_allclose(obs, _cartpole_step(state, 1, 0.3, force_mag=force), rtol=1e-5, atol=1e-6)
+    # action 1 speeds the cart up to the right, or to the left when reversed
+    assert (obs[1] > state[1]) == (signed_half_length > 0)
+
+
+def test_polarity_family_alternates_the_push_over_the_paper_lengths():
+    p = sample_env_params("cartpole-polarity", np.random.default_rng(0), 9)
+    assert list(np.sign(p)) == [1, -1, 1, -1, 1, -1, 1, -1, 1]
+    assert np.abs(p).min() >= 0.1 and np.abs(p).max() <= 0.9
+    with pytest.raises(ValueError, match="cartpole-polarity"):
+        make_env("pendulum", 1.0)
+
+
+def test_random_embedding_start_differs_per_client_and_zeros_stay_the_default():
+    cfg = replace(SMALL, embed_dim=4)
+    zeros = [DQNLearner(make_cartpole(0.5), cfg, seed=s).net.embedding.detach() for s in (1, 2)]
+    assert all(float(z.abs().max()) == 0.0 for z in zeros)
+    drawn = [DQNLearner(make_cartpole(0.5), replace(cfg, embed_init=2.0), seed=s).net.embedding.detach() for s in (1, 2, 1)]
+    assert not torch.equal(drawn[0], drawn[1]) and torch.equal(drawn[0], drawn[2])  # seeded per client
+    big = DQNLearner(make_cartpole(0.5), replace(cfg, embed_dim=4000, embed_init=2.0), seed=3).net.embedding.detach()
+    assert float(big.std()) == pytest.approx(2.0, rel=0.05)
+    with pytest.raises(ValueError, match="embed_init"):
+        DQNConfig(embed_init=-1.0)
+
+
 def test_acrobot_variants_change_the_dynamics():
     nxt = []
     for env in (make_acrobot(1.0), make_acrobot(1.5), make_acrobot(0.7, parameter="length_1")):
@@ -173,3 +206,14 @@ def test_adaptation_records_updates_to_threshold():
     assert out["E-Update/episodes_to_threshold"] == [[None, None]] and out["init"] == "mean"
     with pytest.raises(ValueError, match="init"):
         adaptation(**kw, init="zeros")
+
+
+@pytest.mark.parametrize("argv", [["--embed-init", "-1"], ["--env", "cartpole-polarity", "--new-range", "1", "2"]])
+def test_deep_figures_refuses_bad_embedding_options(argv, tmp_path, capsys):
+    from fedrl.deep_figures import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert "--embed-init" in err or "--new-range" in err
+    assert not (tmp_path / "deep_figures.json").exists()
