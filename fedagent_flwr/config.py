@@ -26,7 +26,10 @@ FEDSE_HISTORY = ("cumulative", "round")
 FEDSE_STEPS = ("all", "valid")
 # QAvg / PAvg (fedrl): strategies that train tabular or deep RL learners, not LLM agents, on these envs
 FEDRL_STRATEGIES = ("qavg", "pavg")
-FEDRL_ENVS = ("random-mdp", "windy-cliffs", "cartpole", "acrobot")
+FEDRL_TABULAR_ENVS = ("random-mdp", "windy-cliffs")
+FEDRL_DQN_ENVS = ("cartpole", "acrobot", "cartpole-polarity")  # qavg: DQNAvg (discrete actions)
+FEDRL_DDPG_ENVS = ("pendulum", "hopper", "half-cheetah")  # pavg: DDPGAvg (continuous actions)
+FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
 PAVG_VARIANTS = ("soft", "proj")
 FEDRL_CLIENT_MODES = ("all", "sampled")
 DEVICES = ("auto", "cpu", "cuda")
@@ -109,7 +112,7 @@ class RunConfig:
     fedrl_repetition: int = _key(0, "qavg/pavg tabular: the repetition of python -m fedrl.table1 this run reproduces (problem and initial table from SeedSequence([seed, repetition]))", "integer >= 0")
     random_mdp_reward_scale: float = _key(1.0, "random-mdp reward R ~ U(0, scale); 10 gives the paper's magnitudes (1 = reference code)", "> 0")
     independent_steps_per_round: int = _key(8, "with local-updates=0: local steps (tabular) / episodes (deep) each client takes per round between evaluations", "integer >= 1")
-    env_embedding_dim: int = _key(0, "qavg deep envs: size of each client's private environment embedding (PerDQNAvg); 0 = off; it never leaves the client", "integer >= 0")
+    env_embedding_dim: int = _key(0, "deep envs: size of each client's private environment embedding (PerDQNAvg / PerDDPGAvg); 0 = off; it never leaves the client", "integer >= 0")
     # --- Fed-SE (strategy fedse-lora; docs/fedse.md) --------------------------------------
     fedse_aggregation: str = _key("mean", "fedse-lora server: mean = unweighted average of LoRA A and B (eq. 8), weighted = by each client's successes this round, exact = mean of B.A re-factorised to rank r by SVD", " | ".join(FEDSE_AGGREGATIONS))
     fedse_client_fraction: float = _key(1.0, "fedse-lora: fraction of the K clients sampled each round (1 = all, the paper); clients-per-round is not used", "(0, 1]")
@@ -194,12 +197,24 @@ class RunConfig:
         need(self.independent_steps_per_round >= 1, "independent-steps-per-round", self.independent_steps_per_round, "an integer >= 1")
         need(self.random_mdp_reward_scale > 0, "random-mdp-reward-scale", self.random_mdp_reward_scale, "> 0")
         if self.strategy == "pavg":
-            need(self.env in ("random-mdp", "windy-cliffs"), "env", self.env, "random-mdp | windy-cliffs with strategy='pavg' (deep PAvg = DDPGAvg is not wired into Flower; see fedrl/README.md)")
+            need(self.env in FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS, "env", self.env,
+                 " | ".join(FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS) + " with strategy='pavg' (deep PAvg is DDPGAvg: continuous actions)")
+            if self.env in FEDRL_DDPG_ENVS:
+                need(self.pavg_variant == "soft", "pavg-variant", self.pavg_variant,
+                     "soft (the default) with a deep env: the simplex projection applies to policy tables only")
+        if self.strategy == "qavg":
+            need(self.env in FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS, "env", self.env,
+                 " | ".join(FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS) + " with strategy='qavg' (deep QAvg is DQNAvg: discrete actions)")
+        if self.env in ("hopper", "half-cheetah"):
+            try:
+                import mujoco  # noqa: F401
+            except ImportError:
+                need(False, "env", self.env, "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
         if self.strategy in FEDRL_STRATEGIES and self.local_updates == 0:
             need(self.fedrl_clients == "all", "fedrl-clients", self.fedrl_clients, "all when local-updates=0 (E = inf: every client trains on its own)")
         if self.env_embedding_dim:
-            need(self.strategy == "qavg" and self.env in ("cartpole", "acrobot"), "env-embedding-dim", self.env_embedding_dim,
-                 "0 unless strategy='qavg' with env cartpole or acrobot (personalised DQNAvg)")
+            need(self.env in FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS, "env-embedding-dim", self.env_embedding_dim,
+                 "0 unless env is one of " + ", ".join(FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS) + " (PerDQNAvg / PerDDPGAvg)")
         need(self.partition in PARTITION_MODES, "partition", self.partition, " | ".join(PARTITION_MODES))
         if self.partition == "by-environment" and self.num_clients:
             try:

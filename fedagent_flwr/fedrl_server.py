@@ -5,8 +5,8 @@ handshake that every node built it too, runs the QAvg or PAvg strategy, and afte
 every round scores the global policy exactly on the centre kernel P_0, on the K
 training kernels (the FedRL objective) and on the held-out kernels. It writes the
 run folder the LLM path writes (config.json, metrics.jsonl / .csv, summary.json,
-learning_curve.png) plus the final table. Deep envs (DQNAvg, fedrl_deep) are scored
-with greedy episodes on the training and held-out environments every eval-every rounds.
+learning_curve.png) plus the final table. Deep envs (DQNAvg / DDPGAvg, fedrl_deep) are
+scored with greedy episodes on the training and held-out environments every eval-every rounds.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def run_fedrl(grid: Grid, cfg: RunConfig) -> dict:
     problem = (build_deep_problem if deep else build_problem)(cfg, cfg.num_clients or len(nodes))
     node_of_partition = handshake(grid, nodes, problem.fingerprint(), cfg.round_timeout)
     num_clients = cfg.check_federation(len(node_of_partition))
-    algo = "dqnavg" if deep else algorithm_name(cfg)
-    name = ("PerDQNAvg" if problem.personalised else "DQNAvg") if deep else problem.algorithm.name
+    name = problem.name if deep else problem.algorithm.name
+    algo = name.lower() if deep else algorithm_name(cfg)
     E = "inf" if problem.E is None else problem.E
     steps_per_round = cfg.independent_steps_per_round if problem.E is None else problem.E
 
@@ -103,7 +103,7 @@ def run_fedrl(grid: Grid, cfg: RunConfig) -> dict:
     reporter = FedRLReporter(cfg.output_path / run_name)
     reporter.write_config(cfg.to_run_config() | {"resolved-num-clients": num_clients, "algorithm": algo,
                                                   "step-size-rule": repr(problem.step_size), "problem-fingerprint": problem.fingerprint()})
-    heterogeneity = "lengths/masses drawn per client" if deep else f"kappa={cfg.kappa}"
+    heterogeneity = "dynamics parameters drawn per client" if deep else f"kappa={cfg.kappa}"
     print(f"[fedrl] {name} on {cfg.env}, K={num_clients}, {heterogeneity}, E={E}; run folder: {reporter.run_dir}", flush=True)
 
     strategy = strategy_for(cfg, problem, node_of_partition)

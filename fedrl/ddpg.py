@@ -33,11 +33,14 @@ from torch import nn
 from .deep import averaging_schedule, greedy_return, load_module_weights, module_weights, run_averaging
 
 __all__ = [
+    "CONTINUOUS_ENVS",
     "DDPGConfig",
     "DDPGLearner",
     "DDPGNets",
+    "make_continuous_env",
     "make_pendulum",
     "run_ddpgavg",
+    "sample_continuous_params",
     "sample_pendulum_params",
     "soft_update",
 ]
@@ -58,6 +61,35 @@ def sample_pendulum_params(rng: np.random.Generator, n: int, length_range=(0.5, 
     lengths = rng.uniform(*length_range, size=n)
     masses = rng.uniform(*mass_range, size=n)
     return np.stack([lengths, masses], axis=1)
+
+
+CONTINUOUS_ENVS = ("pendulum", "hopper", "half-cheetah")
+
+
+def make_continuous_env(name: str, param, max_episode_steps: int | None = None) -> gym.Env:
+    """One client's environment; ``param``: (length, mass) for pendulum, (leg size,) for hopper,
+    (back thigh, front thigh) for half-cheetah (fedrl.mujoco_envs, needs the ``mujoco`` extra)."""
+    kw = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    if name == "pendulum":
+        return make_pendulum(*param, **kw)
+    if name in ("hopper", "half-cheetah"):
+        from .mujoco_envs import make_half_cheetah, make_hopper
+
+        return (make_hopper if name == "hopper" else make_half_cheetah)(*param, **kw)
+    raise ValueError(f"unknown environment {name!r}; choose one of {CONTINUOUS_ENVS}")
+
+
+def sample_continuous_params(name: str, rng: np.random.Generator, n: int, length_range=(0.5, 1.5),
+                             mass_range=(1.0, 1.0)) -> np.ndarray:
+    """n parameter rows for ``make_continuous_env``: pendulum (length, mass) from the given ranges, the MuJoCo
+    families from the paper's ranges (the two range arguments apply to pendulum only)."""
+    if name == "pendulum":
+        return sample_pendulum_params(rng, n, length_range, mass_range)
+    if name in ("hopper", "half-cheetah"):
+        from .mujoco_envs import sample_half_cheetah_params, sample_hopper_params
+
+        return sample_hopper_params(rng, n)[:, None] if name == "hopper" else sample_half_cheetah_params(rng, n)
+    raise ValueError(f"unknown environment {name!r}; choose one of {CONTINUOUS_ENVS}")
 
 
 def _mlp(sizes, out_act=None) -> nn.Sequential:

@@ -2,7 +2,10 @@
 
     python -m fedrl.ddpg_figures --out DIR [--seeds 3] [--episodes 30] [--E 5]
 
-Pendulum-v1 stands in for the paper's MuJoCo Hoppers / HalfCheetahs (fedrl/ddpg.py).
+``--env pendulum`` (default: Pendulum-v1 with varied pole length, fedrl/ddpg.py) is the
+CPU-scale stand-in; ``--env hopper`` / ``half-cheetah`` are the paper's MuJoCo families
+(fedrl/mujoco_envs.py: leg radius / thigh lengths; needs the ``mujoco`` extra), whose
+1,000-step episodes ``--max-steps`` can shorten.
 Figures 3/4 (``communication``): DDPGAvg (E local episodes, then average actor and
 critic) vs its E = inf variant (clients never communicate; the reported model is the
 average of the independently trained networks) vs the independent Baseline (each
@@ -13,8 +16,8 @@ Figure 5 (``personalised``): PerDDPGAvg (a private embedding per client, never
 averaged) vs DDPGAvg (the communication run of the same seed), local return.
 
 The training loop, the scoring and the summaries are fedrl.deep_figures' (its
-``_train`` with a DDPG learner). Returns are Pendulum's: about -1200 to -1500 for a
-policy that never swings up, about -150 for a good one (200 steps).
+``_train`` with a DDPG learner). Pendulum's returns: about -1200 to -1500 for a policy that
+never swings up, about -150 for a good one (200 steps).
 """
 
 from __future__ import annotations
@@ -30,32 +33,39 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .ddpg import DDPGConfig, DDPGLearner, make_pendulum, sample_pendulum_params
+from .ddpg import CONTINUOUS_ENVS, DDPGConfig, DDPGLearner, make_continuous_env, sample_continuous_params
 from .deep_figures import _mean_se, _paired_p, _train, summarise_communication
 
 __all__ = ["communication", "main", "personalised"]
 
 
-def _learner(param, config: DDPGConfig, seed: int) -> DDPGLearner:
-    return DDPGLearner(make_pendulum(*param), config, seed=seed)
+ENVS = CONTINUOUS_ENVS
 
 
-def _envs(seed: int, n_train: int, n_test: int, length_range, mass_range):
-    params = sample_pendulum_params(np.random.default_rng([seed, 17]), n_train + n_test, length_range, mass_range)
+def learner_factory(env_name: str, max_steps: int | None = None):
+    def make(param, config: DDPGConfig, seed: int) -> DDPGLearner:
+        return DDPGLearner(make_continuous_env(env_name, param, max_steps), config, seed=seed)
+
+    return make
+
+
+def _envs(seed: int, n_train: int, n_test: int, length_range, mass_range, env_name: str = "pendulum"):
+    params = sample_continuous_params(env_name, np.random.default_rng([seed, 17]), n_train + n_test, length_range, mass_range)
     return [tuple(map(float, p)) for p in params[:n_train]], [tuple(map(float, p)) for p in params[n_train:]]
 
 
 def communication(seeds, n_train: int, n_test: int, E: int, episodes: int, eval_every: int, eval_episodes: int,
-                  config: DDPGConfig, length_range, mass_range) -> dict:
+                  config: DDPGConfig, length_range, mass_range, env_name: str = "pendulum", max_steps: int | None = None) -> dict:
     out = {"ddpgavg": [], "independent": [], "train_params": [], "test_params": []}
     for seed in seeds:
-        tr, te = _envs(seed, n_train, n_test, length_range, mass_range)
+        tr, te = _envs(seed, n_train, n_test, length_range, mass_range, env_name)
         out["train_params"].append(tr)
         out["test_params"].append(te)
-        test_envs = [make_pendulum(*p) for p in te]
+        test_envs = [make_continuous_env(env_name, p, max_steps) for p in te]
         for name, e in (("ddpgavg", E), ("independent", None)):
             t0 = time.perf_counter()
-            hist, _ = _train("pendulum", tr, e, episodes, config, seed, eval_every, test_envs, eval_episodes, make_learner=_learner)
+            hist, _ = _train(env_name, tr, e, episodes, config, seed, eval_every, test_envs, eval_episodes,
+                             make_learner=learner_factory(env_name, max_steps))
             hist["seconds"] = round(time.perf_counter() - t0, 1)
             out[name].append(hist)
             print(f"seed {seed} {name}: train {[round(x) for x in hist['global_train']]} test {hist['global_test'][-1]:.0f} "
@@ -64,12 +74,13 @@ def communication(seeds, n_train: int, n_test: int, E: int, episodes: int, eval_
 
 
 def personalised(seeds, n_train: int, E: int, episodes: int, eval_every: int, eval_episodes: int, config: DDPGConfig,
-                 length_range, mass_range) -> dict:
+                 length_range, mass_range, env_name: str = "pendulum", max_steps: int | None = None) -> dict:
     out = {"perddpgavg": []}
     for seed in seeds:
-        tr, _ = _envs(seed, n_train, 0, length_range, mass_range)
+        tr, _ = _envs(seed, n_train, 0, length_range, mass_range, env_name)
         t0 = time.perf_counter()
-        hist, _ = _train("pendulum", tr, E, episodes, config, seed, eval_every, [], eval_episodes, make_learner=_learner)
+        hist, _ = _train(env_name, tr, E, episodes, config, seed, eval_every, [], eval_episodes,
+                         make_learner=learner_factory(env_name, max_steps))
         hist["seconds"] = round(time.perf_counter() - t0, 1)
         out["perddpgavg"].append(hist)
         print(f"seed {seed} perddpgavg: local {[round(x) for x in hist['local']]} ({hist['seconds']} s)", flush=True)
@@ -90,7 +101,7 @@ def summarise_personalised(comm: dict, per: dict) -> dict:
     return out
 
 
-def _plot(comm: dict, per: dict | None, path: Path) -> None:
+def _plot(comm: dict, per: dict | None, path: Path, env_name: str = "pendulum") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,10 +109,10 @@ def _plot(comm: dict, per: dict | None, path: Path) -> None:
 
     series = {
         "Fig 3: local performance": [("DDPGAvg", comm["ddpgavg"], "local"), ("independent", comm["independent"], "local")],
-        "Fig 4: training pendulums": [("DDPGAvg", comm["ddpgavg"], "global_train"),
+        "Fig 4: training envs": [("DDPGAvg", comm["ddpgavg"], "global_train"),
                                       ("E = inf (averaged)", comm["independent"], "global_train"),
                                       ("Baseline", comm["independent"], "baseline_train")],
-        "Fig 4: new-length pendulums": [("DDPGAvg", comm["ddpgavg"], "global_test"),
+        "Fig 4: new envs": [("DDPGAvg", comm["ddpgavg"], "global_test"),
                                         ("E = inf (averaged)", comm["independent"], "global_test"),
                                         ("Baseline", comm["independent"], "baseline_test")],
     }
@@ -114,7 +125,7 @@ def _plot(comm: dict, per: dict | None, path: Path) -> None:
             m, se = _mean_se([h[key] for h in runs])
             ax.plot(x, m, marker=".", label=label)
             ax.fill_between(x, m - 1.65 * se, m + 1.65 * se, alpha=0.2)
-        ax.set_title(f"Pendulum {title}")
+        ax.set_title(f"{env_name} {title}")
         ax.set_xlabel("episodes per client")
         ax.set_ylabel("noise-free return")
         ax.legend(fontsize=8)
@@ -126,10 +137,13 @@ def _plot(comm: dict, per: dict | None, path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedrl.ddpg_figures", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--env", choices=ENVS, default="pendulum",
+                   help="pendulum: varied pole length / mass; hopper, half-cheetah: the paper's MuJoCo families")
+    p.add_argument("--max-steps", type=int, default=0, help="episode cap (0 = the env's own: 200 / 1,000 / 1,000)")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--clients", type=int, default=5, help="N training pendulums (paper: 5)")
-    p.add_argument("--test-envs", type=int, default=10, help="M new-length pendulums (paper: 20)")
-    p.add_argument("--episodes", type=int, default=30, help="training episodes (200 steps) per client")
+    p.add_argument("--clients", type=int, default=5, help="N training environments (paper: 5)")
+    p.add_argument("--test-envs", type=int, default=10, help="M new environments (paper: 20)")
+    p.add_argument("--episodes", type=int, default=30, help="training episodes per client")
     p.add_argument("--E", type=int, default=5, help="local episodes between averages")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--eval-episodes", type=int, default=2)
@@ -145,6 +159,13 @@ def main(argv=None) -> int:
         p.error("--eval-every must be a multiple of --E, --episodes of --eval-every")
     if not (0 < args.length_range[0] <= args.length_range[1] and 0 < args.mass_range[0] <= args.mass_range[1]):
         p.error("--length-range and --mass-range need 0 < LO <= HI")
+    if args.max_steps < 0:
+        p.error("--max-steps must be >= 0")
+    if args.env != "pendulum":
+        try:
+            import mujoco  # noqa: F401
+        except ImportError:
+            p.error(f"--env {args.env} needs MuJoCo: pip install -e \".[mujoco]\"")
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     config = DDPGConfig()
@@ -153,7 +174,7 @@ def main(argv=None) -> int:
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
     t0 = time.perf_counter()
     comm = communication(seeds, args.clients, args.test_envs, args.E, args.episodes, args.eval_every, args.eval_episodes,
-                         config, args.length_range, args.mass_range)
+                         config, args.length_range, args.mass_range, args.env, args.max_steps or None)
     report["communication"] = comm
     report["communication_summary"] = summ = summarise_communication(comm, avg="ddpgavg")
     for key, v in summ.items():
@@ -164,7 +185,8 @@ def main(argv=None) -> int:
     per = None
     if args.skip != "personalised":
         per = personalised(seeds, args.clients, args.E, args.episodes, args.eval_every, args.eval_episodes,
-                           replace(config, embed_dim=args.embed_dim), args.length_range, args.mass_range)
+                           replace(config, embed_dim=args.embed_dim), args.length_range, args.mass_range,
+                           args.env, args.max_steps or None)
         report["personalised"] = per
         report["personalised_summary"] = psum = summarise_personalised(comm, per)
         for key, v in psum.items():
@@ -175,7 +197,7 @@ def main(argv=None) -> int:
     tmp = args.out / ".ddpg_figures.json.tmp"
     tmp.write_text(json.dumps(report, indent=1))
     os.replace(tmp, args.out / "ddpg_figures.json")
-    _plot(comm, per, args.out / "ddpg_figures.png")
+    _plot(comm, per, args.out / "ddpg_figures.png", args.env)
     print(f"wrote {args.out / 'ddpg_figures.json'} ({report['seconds']} s)", flush=True)
     return 0
 

@@ -18,7 +18,8 @@ weights, then the shared weights are averaged with ``fedrl.tabular.average``.
 With ``embed_dim > 0`` each client's network also gets a private environment
 embedding, concatenated to the observation and never averaged (personalised
 FedRL; zeros at the start, or N(0, ``embed_init``^2) as an embedding layer is
-initialised); ``adapt_embedding`` fits only that vector in a new environment.
+initialised); ``adapt_embedding`` fits only that vector in a new environment by the TD
+loss, ``EmbeddingSearch`` by episode returns.
 
 Weights travel as lists of numpy arrays so a Flower client can send them as is.
 """
@@ -39,6 +40,7 @@ from .tabular import average
 __all__ = [
     "DQNConfig",
     "DQNLearner",
+    "EmbeddingSearch",
     "QNet",
     "make_acrobot",
     "make_cartpole",
@@ -287,6 +289,55 @@ class DQNLearner:
         if self.config.embed_dim == 0:
             raise ValueError("adapt_embedding needs a network built with embed_dim > 0")
         return self.train_episodes(episodes, params=[self.net.embedding])
+
+
+class EmbeddingSearch:
+    """E-Update driven by return: a cross-entropy search over a learner's private embedding only.
+
+    ``adapt_embedding`` fits the embedding to the TD loss, which on a new environment can be
+    lowered by an embedding that predicts the failures the current policy meets, not by one that
+    avoids them (measured on cartpole-polarity, fedrl/README.md). The embedding has only
+    ``embed_dim`` numbers, so a derivative-free search on episode returns is affordable: every
+    ``step`` plays ``population`` greedy episodes, one per embedding drawn from N(mu, diag(sigma^2)),
+    moves mu to the mean of the ``elite`` best and sigma towards their spread (keeping
+    ``std_smoothing`` of the old sigma, floored at ``min_std``: a spread estimated from a few elites
+    collapses before the search arrives), and leaves mu in the network. One step is one update of the embedding. Works with any learner that has ``net.embedding``,
+    ``env``, ``act`` and ``rng`` (DQNLearner, fedrl.ddpg.DDPGLearner).
+    """
+
+    def __init__(self, learner, population: int = 4, elite: int = 2, std: float = 1.0, min_std: float = 0.05,
+                 std_smoothing: float = 0.7, seed: int = 0):
+        if getattr(learner.config, "embed_dim", 0) == 0:
+            raise ValueError("EmbeddingSearch needs a network built with embed_dim > 0")
+        if not 1 <= elite < population:
+            raise ValueError(f"need 1 <= elite < population, got elite={elite}, population={population}")
+        if not (std > 0 and min_std >= 0 and 0 <= std_smoothing < 1):
+            raise ValueError(f"need std > 0, min_std >= 0 and 0 <= std_smoothing < 1, got {std}, {min_std}, {std_smoothing}")
+        self.learner, self.population, self.elite, self.min_std = learner, population, elite, min_std
+        self.std_smoothing = std_smoothing
+        self.mean = learner.net.embedding.detach().numpy().astype(np.float64)
+        self.std = np.full_like(self.mean, std)
+        self.rng = np.random.default_rng(seed)
+        self.updates = 0
+
+    def _set(self, e: np.ndarray) -> None:
+        with torch.no_grad():
+            self.learner.net.embedding.copy_(torch.as_tensor(e, dtype=torch.float32))
+
+    def step(self) -> list[float]:
+        """One search iteration; returns the greedy return of each candidate (``population`` episodes)."""
+        ln = self.learner
+        candidates = self.mean + self.std * self.rng.standard_normal((self.population, self.mean.size))
+        returns = []
+        for e in candidates:
+            self._set(e)
+            returns.append(greedy_return(ln.env, ln.act, ln.rng, 1))
+        best = candidates[np.argsort(returns, kind="stable")[::-1][: self.elite]]
+        self.mean = best.mean(axis=0)
+        self.std = np.maximum(self.std_smoothing * self.std + (1 - self.std_smoothing) * best.std(axis=0), self.min_std)
+        self._set(self.mean)
+        self.updates += 1
+        return returns
 
 
 def run_dqnavg(

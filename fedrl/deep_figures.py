@@ -44,7 +44,7 @@ import numpy as np
 from scipy import stats
 import torch
 
-from .deep import ENV_NAMES, DQNConfig, DQNLearner, make_env, sample_env_params
+from .deep import ENV_NAMES, DQNConfig, DQNLearner, EmbeddingSearch, make_env, sample_env_params
 from .tabular import average
 
 __all__ = ["adaptation", "communication", "main"]
@@ -135,18 +135,24 @@ def _first_at(curve, xs, threshold):
 
 def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes: int, adapt_episodes: int, adapt_every: int,
                eval_episodes: int, config: DQNConfig, adapt_epsilon: float, new_range=None, threshold: float | None = None,
-               init: str = "mean", embed_lr: float = 0.0) -> dict:
+               init: str = "mean", embed_lr: float = 0.0, search_population: int = 0) -> dict:
     """PerDQNAvg training, then E-Update / E&N-Update / Phi-Update on new environments.
 
     With ``threshold``, also records for every new environment the number of adaptation
     episodes (and gradient updates) after which the greedy return first reaches it
     (None: not within ``adapt_episodes``). ``init``: the new environment's embedding starts at the
     clients' mean ("mean", Section 7.5) or at N(0, I) ("random", Figure 1's caption), the same draw for every mode.
+    ``search_population`` > 0 adds "E-Search": the embedding alone, moved by ``EmbeddingSearch`` (one
+    step of ``search_population`` greedy episodes per ``adapt_every`` episodes; updates = search steps).
+    Also records, per new environment, the return of the trained network with each training client's
+    embedding ("train_embedding_returns"): whether some embedding already plays it well.
     """
     if init not in ("mean", "random"):
         raise ValueError(f"init must be 'mean' or 'random', got {init!r}")
-    modes = ("E-Update", "E&N-Update", "Phi-Update")
-    out = {"personalised_local": [], "plain_local": [], "new_params": [], **{m: [] for m in modes},
+    if search_population and (search_population < 2 or adapt_every % search_population):
+        raise ValueError(f"search_population must be 0 or >= 2 and divide adapt_every={adapt_every}, got {search_population}")
+    modes = ("E-Update", "E&N-Update", "Phi-Update") + (("E-Search",) if search_population else ())
+    out = {"personalised_local": [], "plain_local": [], "new_params": [], "train_embedding_returns": [], **{m: [] for m in modes},
            **{f"{m}/per_env": [] for m in modes}, **{f"{m}/episodes_to_threshold": [] for m in modes},
            **{f"{m}/updates_to_threshold": [] for m in modes}}
     xs = list(range(0, adapt_episodes + 1, adapt_every))
@@ -161,6 +167,17 @@ def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes:
         shared = learners[0].get_weights(shared_only=True)
         mean_embedding = average([ln.net.embedding.detach().numpy() for ln in learners])
         adapt_cfg = replace(config, epsilon=adapt_epsilon, embed_lr=embed_lr)
+        probe = DQNLearner(make_env(env_name, te[0]), adapt_cfg, seed=seed * 7919 + 4999)
+        rows = []
+        for p in te:
+            env = make_env(env_name, p)
+            row = []
+            for ln in learners:
+                probe.set_weights([ln.net.embedding.detach().numpy()] + shared)
+                row.append(probe.evaluate(env, eval_episodes))
+            rows.append(row)
+        out["train_embedding_returns"].append(rows)
+        print(f"seed {seed} best training embedding on each new env: {[round(max(r), 1) for r in rows]}", flush=True)
         for mode in modes:
             curves, to_eps, to_upd = [], [], []
             for j, p in enumerate(te):
@@ -168,14 +185,19 @@ def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes:
                 start = mean_embedding if init == "mean" else \
                     np.random.default_rng([seed, 31, j]).normal(size=mean_embedding.shape).astype(np.float32)
                 ln.set_weights([start] + shared)
+                search = EmbeddingSearch(ln, search_population, search_population // 2, seed=seed * 7919 + 6000 + j) \
+                    if mode == "E-Search" else None
                 curve, updates = [ln.evaluate(episodes=eval_episodes)], [0]
                 for _ in range(adapt_episodes // adapt_every):
                     if mode == "E-Update":
                         ln.adapt_embedding(adapt_every)
                     elif mode == "E&N-Update":
                         ln.train_episodes(adapt_every)
+                    elif search is not None:
+                        for _ in range(adapt_every // search_population):
+                            search.step()
                     curve.append(ln.evaluate(episodes=eval_episodes))
-                    updates.append(ln.updates)
+                    updates.append(search.updates if search is not None else ln.updates)
                 curves.append(curve)
                 if threshold is not None:
                     hit = _first_at(curve, xs, threshold)
@@ -189,7 +211,7 @@ def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes:
             print(f"seed {seed} {mode}: {[round(x, 1) for x in out[mode][-1]]}{reached}", flush=True)
     out["adapt_episodes"] = xs
     out["threshold"] = threshold
-    out["init"], out["embed_lr"] = init, embed_lr
+    out["init"], out["embed_lr"], out["search_population"] = init, embed_lr, search_population
     return out
 
 
@@ -224,6 +246,57 @@ def summarise_communication(comm: dict, avg: str = "dqnavg") -> dict:
     return out
 
 
+ADAPT_MODES = ("E-Update", "E&N-Update", "Phi-Update", "E-Search")
+
+
+def merge_adaptation(parts: list[dict]) -> dict:
+    """One adaptation result from several runs of the same settings over other seeds (``--first-seed``)."""
+    out = dict(parts[0])
+    for key, value in parts[0].items():
+        if isinstance(value, list) and key != "adapt_episodes":
+            out[key] = [x for part in parts for x in part[key]]
+    for part in parts[1:]:
+        if part["adapt_episodes"] != out["adapt_episodes"] or part["threshold"] != out["threshold"]:
+            raise ValueError("the runs were made with different adaptation settings")
+    return out
+
+
+def summarise_adaptation(adapt: dict) -> dict:
+    """Per mode over every new environment of every seed: the mean return over the evaluations after
+    adapting starts ("auc"), the last one, and with a threshold the environments that reached it and the
+    episodes it took (not reached: counted as one chunk past the budget); paired per environment against
+    E&N-Update (wins = this mode better: higher return, fewer episodes)."""
+    xs = adapt["adapt_episodes"]
+    censored = xs[-1] + (xs[1] - xs[0] if len(xs) > 1 else 1)
+    out = {}
+    for mode in ADAPT_MODES:
+        if mode not in adapt:
+            continue
+        curves = np.array([c for seed in adapt[f"{mode}/per_env"] for c in seed], dtype=float)
+        row = {"auc": _stat(curves[:, 1:].mean(axis=1)), "last": _stat(curves[:, -1]), "envs": len(curves)}
+        if adapt.get("threshold") is not None:
+            eps = [censored if e is None else e for seed in adapt[f"{mode}/episodes_to_threshold"] for e in seed]
+            row["reached"] = sum(e is not None for seed in adapt[f"{mode}/episodes_to_threshold"] for e in seed)
+            row["episodes_to_threshold"] = _stat(eps)
+            row["_eps"] = eps
+        row["_auc"] = curves[:, 1:].mean(axis=1).tolist()
+        out[mode] = row
+    ref = out.get("E&N-Update")
+    for mode, row in out.items():
+        if ref is not None and mode != "E&N-Update":
+            row["vs_E&N-Update"] = {"auc": _paired_p(row["_auc"], ref["_auc"])}
+            if "_eps" in row:
+                row["vs_E&N-Update"]["episodes_to_threshold"] = _paired_p(ref["_eps"], row["_eps"])  # fewer is a win
+    for row in out.values():
+        row.pop("_auc"), row.pop("_eps", None)
+    return out
+
+
+def _stat(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    return {"mean": float(v.mean()), "se": float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0}
+
+
 def _mean_se(rows) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(rows, dtype=float)
     se = a.std(axis=0, ddof=1) / np.sqrt(a.shape[0]) if a.shape[0] > 1 else np.zeros(a.shape[1:])
@@ -255,7 +328,9 @@ def _plot(comm: dict, adapt: dict, path: Path, env_name: str) -> None:
         ax.set_ylabel("greedy return")
         ax.legend(fontsize=8)
     ax = axes[3]
-    for mode in ("E-Update", "E&N-Update", "Phi-Update"):
+    for mode in ("E-Update", "E&N-Update", "Phi-Update", "E-Search"):
+        if mode not in adapt:
+            continue
         m, se = _mean_se(adapt[mode])
         ax.plot(adapt["adapt_episodes"], m, marker=".", label=mode)
         ax.fill_between(adapt["adapt_episodes"], m - 1.65 * se, m + 1.65 * se, alpha=0.2)
@@ -273,6 +348,7 @@ def main(argv=None) -> int:
     p.add_argument("--env", choices=ENV_NAMES, default="cartpole",
                    help="cartpole-polarity: CartPoles whose push is reversed in every second environment")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds run are FIRST .. FIRST + SEEDS - 1 (split a run over processes)")
     p.add_argument("--clients", type=int, default=5, help="N training environments (paper: 5)")
     p.add_argument("--test-envs", type=int, default=10, help="M new-length environments (paper: 20)")
     p.add_argument("--episodes", type=int, default=96, help="training episodes per client")
@@ -294,8 +370,16 @@ def main(argv=None) -> int:
                    help="new environment's starting embedding: the clients' mean or N(0, I)")
     p.add_argument("--adapt-embed-lr", type=float, default=0.0,
                    help="Adam step size of the embedding while adapting, in E-Update and E&N-Update alike (0 = the network's)")
+    p.add_argument("--adapt-search", type=int, default=0, metavar="POPULATION",
+                   help="also adapt the embedding alone by a cross-entropy search on greedy returns (E-Search), "
+                        "POPULATION episodes per step; must divide --adapt-every (0 = off)")
     p.add_argument("--skip", choices=("none", "communication", "adaptation"), default="none")
+    p.add_argument("--summarise", type=Path, nargs="+", metavar="JSON",
+                   help="train nothing: merge the adaptation parts of these deep_figures.json files (runs split by "
+                        "--first-seed) and write OUT/adaptation_summary.json")
     args = p.parse_args(argv)
+    if args.summarise:
+        return _summarise_files(args.summarise, args.out)
     for name in ("seeds", "clients", "episodes", "E", "eval_every", "eval_episodes", "embed_dim", "adapt_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -307,10 +391,14 @@ def main(argv=None) -> int:
         p.error("--lr must be > 0")
     if args.embed_init < 0:
         p.error("--embed-init must be >= 0")
+    if args.first_seed < 0:
+        p.error("--first-seed must be >= 0")
+    if args.adapt_search and (args.adapt_search < 2 or args.adapt_every % args.adapt_search):
+        p.error(f"--adapt-search must be 0 or a population >= 2 that divides --adapt-every ({args.adapt_every})")
     if args.new_range is not None and args.env == "cartpole-polarity":
         p.error("--new-range draws one parameter; cartpole-polarity's new environments come from its own family")
     config = DQNConfig(lr=args.lr)
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "dqn": asdict(config),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
     t0 = time.perf_counter()
@@ -329,8 +417,10 @@ def main(argv=None) -> int:
     if args.skip != "adaptation":
         adapt = adaptation(args.env, seeds, args.clients, args.test_envs, args.E, args.episodes, args.adapt_episodes,
                            args.adapt_every, args.eval_episodes, replace(config, embed_dim=args.embed_dim, embed_init=args.embed_init), args.adapt_epsilon,
-                           new_range=args.new_range, threshold=args.adapt_threshold, init=args.adapt_init, embed_lr=args.adapt_embed_lr)
+                           new_range=args.new_range, threshold=args.adapt_threshold, init=args.adapt_init, embed_lr=args.adapt_embed_lr,
+                           search_population=args.adapt_search)
         report["adaptation"] = adapt
+        report["adaptation_summary"] = _print_adaptation_summary(adapt)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     tmp = args.out / ".deep_figures.json.tmp"
     tmp.write_text(json.dumps(report, indent=1))
@@ -338,6 +428,31 @@ def main(argv=None) -> int:
     if comm is not None and adapt is not None:
         _plot(comm, adapt, args.out / "deep_figures.png", args.env)
     print(f"wrote {args.out / 'deep_figures.json'} ({report['seconds']} s)", flush=True)
+    return 0
+
+
+def _print_adaptation_summary(adapt: dict) -> dict:
+    summ = summarise_adaptation(adapt)
+    for mode, row in summ.items():
+        line = f"{mode}: return after adapting starts {row['auc']['mean']:.1f}±{row['auc']['se']:.1f}, last {row['last']['mean']:.1f}"
+        if "reached" in row:
+            line += (f", reached {adapt['threshold']:g} in {row['reached']}/{row['envs']}, episodes "
+                     f"{row['episodes_to_threshold']['mean']:.1f}±{row['episodes_to_threshold']['se']:.1f}")
+        for what, d in row.get("vs_E&N-Update", {}).items():
+            line += f" | vs E&N {what}: wins {d['wins']} losses {d['losses']} p_w {d['wilcoxon_p']:.3f}"
+        print(line, flush=True)
+    return summ
+
+
+def _summarise_files(paths, out: Path) -> int:
+    parts = [json.loads(Path(p).read_text())["adaptation"] for p in paths]
+    adapt = merge_adaptation(parts)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"sources": [str(p) for p in paths], "adaptation": adapt, "adaptation_summary": _print_adaptation_summary(adapt)}
+    tmp = out / ".adaptation_summary.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, out / "adaptation_summary.json")
+    print(f"wrote {out / 'adaptation_summary.json'}", flush=True)
     return 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
@@ -29,6 +30,15 @@ from .fedagent_avg import FedAgentAvg, average_arrays, sample_clients
 log = logging.getLogger(__name__)
 
 START_OBJECTIVE = "start-objective"  # the client's d0 . V of the parameters it was sent
+
+
+def reject_private_arrays(arrays: ArrayRecord) -> None:
+    """Raise on a reply carrying a private environment embedding (Per*Avg keeps it on the client) or a non-float array."""
+    for key in arrays.keys():
+        if "embedding" in key:
+            raise ValueError(f"reply carries a private environment embedding ({key!r}); it must stay on the client")
+        if not np.issubdtype(arrays[key].numpy().dtype, np.floating):
+            raise ValueError(f"array {key!r} is not floating point")
 
 
 class FedRLAvg(FedAgentAvg):

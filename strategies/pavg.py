@@ -5,7 +5,9 @@ server averages logit tables. variant "proj" (ProjPAvg): tables are policies,
 pi(.|s) on the probability simplex; clients take projected gradient steps, and
 the server averages the tables. An average of simplex points is on the simplex,
 so the global table stays a policy as long as every reply is one: a reply whose
-rows are not probability distributions is rejected.
+rows are not probability distributions is rejected. Deep (DDPGAvg): the same round
+with actor and critic weights, each client training E episodes of DDPG; a
+personalised client's environment embedding never appears in a reply.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 
-from .fedrl_avg import FedRLAvg
+from .fedrl_avg import FedRLAvg, reject_private_arrays
 
 VARIANTS = {"soft": "softpavg", "proj": "projpavg"}
 SIMPLEX_TOL = 1e-9
@@ -32,6 +34,7 @@ class PAvg(FedRLAvg):
         super().__init__(node_of_partition, local_steps, **kwargs)
 
     def check_params(self, arrays: ArrayRecord, metrics: MetricRecord) -> None:
+        reject_private_arrays(arrays)  # deep PAvg (DDPGAvg): actor and critic weights only
         if self.variant != "proj":
             return
         for key in arrays.keys():

@@ -9,10 +9,9 @@ environment embedding to itself, so it never appears in a reply.
 
 from __future__ import annotations
 
-import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 
-from .fedrl_avg import FedRLAvg
+from .fedrl_avg import FedRLAvg, reject_private_arrays
 
 
 class QAvg(FedRLAvg):
@@ -21,8 +20,4 @@ class QAvg(FedRLAvg):
     algorithm = "qavg"
 
     def check_params(self, arrays: ArrayRecord, metrics: MetricRecord) -> None:
-        for key in arrays.keys():
-            if "embedding" in key:  # personalised DQNAvg: a private embedding must never be averaged
-                raise ValueError(f"reply carries a private environment embedding ({key!r}); it must stay on the client")
-            if not np.issubdtype(arrays[key].numpy().dtype, np.floating):
-                raise ValueError(f"array {key!r} is not floating point")
+        reject_private_arrays(arrays)

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 
-from fedrl.deep import DQNConfig, DQNLearner, make_acrobot, make_cartpole, make_env, run_dqnavg, sample_env_params  # noqa: E402
+from fedrl.deep import DQNConfig, DQNLearner, EmbeddingSearch, make_acrobot, make_cartpole, make_env, run_dqnavg, sample_env_params  # noqa: E402
 
 SMALL = DQNConfig(hidden=16, batch_size=4, replay_size=200)
 
@@ -141,6 +141,65 @@ def test_embedding_adaptation_touches_only_the_embedding():
         DQNLearner(make_cartpole(0.5), SMALL).adapt_embedding(1)
 
 
+
+class _TargetEnv:
+    """One-step task whose reward is -||action - target||^2: the best embedding is the target."""
+
+    def __init__(self, target):
+        self.target = np.asarray(target, float)
+        self.episodes = 0
+
+    def reset(self, seed=None):
+        self.episodes += 1
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), -float(((np.asarray(action) - self.target) ** 2).sum()), True, False, {}
+
+
+class _EmbeddingActs:
+    """A learner whose greedy action is its embedding, so a return measures how far the embedding is from the target."""
+
+    def __init__(self, target, start):
+        self.config = DQNConfig(embed_dim=len(start))
+        self.net = torch.nn.Module()
+        self.net.embedding = torch.nn.Parameter(torch.tensor(start, dtype=torch.float32))
+        self.env, self.rng = _TargetEnv(target), np.random.default_rng(0)
+
+    def act(self, obs, greedy=False):
+        return self.net.embedding.detach().numpy().copy()
+
+
+def test_embedding_search_climbs_the_return_and_counts_episodes():
+    target = [1.5, -2.0, 0.5]
+    ln = _EmbeddingActs(target, [0.0, 0.0, 0.0])
+    search = EmbeddingSearch(ln, population=8, elite=2, std=1.0, seed=0)
+    start_gap = np.linalg.norm(search.mean - target)
+    for _ in range(15):
+        returns = search.step()
+        assert len(returns) == 8
+    assert search.updates == 15 and ln.env.episodes == 15 * 8  # one episode per candidate
+    final = ln.net.embedding.detach().numpy()
+    np.testing.assert_allclose(final, search.mean, rtol=0, atol=1e-6)  # the network holds the search mean
+    assert np.linalg.norm(final - target) < 0.1 * start_gap
+    assert np.all(search.std >= 0.05)  # the floor keeps it searching
+
+
+def test_embedding_search_moves_only_the_embedding_of_a_dqn():
+    cfg = DQNConfig(hidden=16, batch_size=4, replay_size=200, embed_dim=2)
+    ln = DQNLearner(make_env("cartpole-polarity", -0.5), cfg, seed=3)
+    before = ln.get_weights()
+    search = EmbeddingSearch(ln, population=4, elite=2, seed=1)
+    search.step()
+    after = ln.get_weights()
+    assert not np.allclose(before[0], after[0]) and ln.updates == 0 and len(ln.buffer) == 0  # no TD learning
+    for x, y in zip(before[1:], after[1:]):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="embed_dim"):
+        EmbeddingSearch(DQNLearner(make_cartpole(0.5), SMALL))
+    with pytest.raises(ValueError, match="elite"):
+        EmbeddingSearch(ln, population=4, elite=4)
+
 @pytest.mark.slow
 def test_dqnavg_learns_cartpole():
     out = run_dqnavg("cartpole", [0.3, 0.5, 0.7], E=8, total_episodes=96, eval_episodes=5, eval_every=16, seed=0)
@@ -202,18 +261,55 @@ def test_adaptation_records_updates_to_threshold():
     for mode in ("E-Update", "E&N-Update", "Phi-Update"):
         assert out[f"{mode}/episodes_to_threshold"] == [[0, 0]] and out[f"{mode}/updates_to_threshold"] == [[0, 0]]
         assert np.shape(out[f"{mode}/per_env"]) == (1, 2, 3)
+    assert np.shape(out["train_embedding_returns"]) == (1, 2, 2)  # seeds x new envs x training clients
     out = adaptation(**kw, threshold=1e9)
     assert out["E-Update/episodes_to_threshold"] == [[None, None]] and out["init"] == "mean"
+    out = adaptation(**{**kw, "adapt_every": 2}, threshold=0.0, search_population=2)
+    assert out["E-Search/updates_to_threshold"] == [[0, 0]] and np.shape(out["E-Search/per_env"]) == (1, 2, 2)
+    with pytest.raises(ValueError, match="search_population"):
+        adaptation(**kw, search_population=2)  # does not divide adapt_every=1
     with pytest.raises(ValueError, match="init"):
         adaptation(**kw, init="zeros")
 
 
-@pytest.mark.parametrize("argv", [["--embed-init", "-1"], ["--env", "cartpole-polarity", "--new-range", "1", "2"]])
+def test_adaptation_summary_merges_seeds_and_censors_misses(tmp_path):
+    import json
+
+    from fedrl.deep_figures import main, merge_adaptation, summarise_adaptation
+
+    def part(en, search, en_eps, search_eps):
+        return {"adapt_episodes": [0, 4, 8], "threshold": 195.0, "E-Update": [[0, 0, 0]], "E&N-Update": [[0, 0, 0]],
+                "E-Update/per_env": [[[10, 10, 10]]], "E-Update/episodes_to_threshold": [[None]],
+                "E&N-Update/per_env": [[en]], "E&N-Update/episodes_to_threshold": [[en_eps]],
+                "E-Search": [[0, 0, 0]], "E-Search/per_env": [[search]], "E-Search/episodes_to_threshold": [[search_eps]]}
+
+    parts = [part([10, 100, 200], [10, 200, 200], 8, 4), part([10, 50, 60], [10, 40, 50], None, None)]
+    merged = merge_adaptation(parts)
+    assert merged["adapt_episodes"] == [0, 4, 8] and len(merged["E-Search/per_env"]) == 2
+    summ = summarise_adaptation(merged)
+    assert summ["E&N-Update"]["auc"]["mean"] == pytest.approx((150 + 55) / 2)  # points after 0 only
+    assert summ["E-Search"]["last"]["mean"] == pytest.approx(125)
+    assert summ["E-Search"]["reached"] == 1 and summ["E-Search"]["episodes_to_threshold"]["mean"] == pytest.approx((4 + 12) / 2)
+    assert summ["E-Update"]["episodes_to_threshold"]["mean"] == 12  # never reached: one chunk past the 8-episode budget
+    vs = summ["E-Search"]["vs_E&N-Update"]
+    assert (vs["auc"]["wins"], vs["auc"]["losses"]) == (1, 1) and (vs["episodes_to_threshold"]["wins"], vs["episodes_to_threshold"]["losses"]) == (1, 0)
+    with pytest.raises(ValueError, match="different adaptation settings"):
+        merge_adaptation([parts[0], {**parts[1], "threshold": 100.0}])
+    files = []
+    for i, pt in enumerate(parts):
+        files.append(tmp_path / f"{i}.json")
+        files[-1].write_text(json.dumps({"adaptation": pt}))
+    assert main(["--out", str(tmp_path / "sum"), "--summarise", *map(str, files)]) == 0
+    assert json.loads((tmp_path / "sum" / "adaptation_summary.json").read_text())["adaptation_summary"]["E-Search"]["envs"] == 2
+
+
+@pytest.mark.parametrize("argv", [["--embed-init", "-1"], ["--env", "cartpole-polarity", "--new-range", "1", "2"],
+                                  ["--adapt-every", "3", "--adapt-search", "2"], ["--adapt-search", "1"], ["--first-seed", "-1"]])
 def test_deep_figures_refuses_bad_embedding_options(argv, tmp_path, capsys):
     from fedrl.deep_figures import main
 
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
-    assert "--embed-init" in err or "--new-range" in err
+    assert any(flag in err for flag in ("--embed-init", "--new-range", "--adapt-search", "--first-seed"))
     assert not (tmp_path / "deep_figures.json").exists()

@@ -183,6 +183,8 @@ def test_a_client_that_built_another_problem_is_refused(run_identity):
         ({"strategy": "qavg", "env": "maze"}, "env='maze'"),
         ({"strategy": "fedagent-avg", "env": "random-mdp"}, "env='random-mdp'"),
         ({"strategy": "pavg", "env": "cartpole"}, "env='cartpole'"),
+        ({"strategy": "qavg", "env": "pendulum"}, "env='pendulum'"),
+        ({"strategy": "pavg", "env": "pendulum", "pavg-variant": "proj"}, "pavg-variant='proj'"),
         ({"strategy": "qavg", "env": "random-mdp", "kappa": 1.5}, "kappa=1.5"),
         ({"strategy": "pavg", "env": "random-mdp", "pavg-variant": "natural"}, "pavg-variant='natural'"),
         ({"strategy": "qavg", "env": "random-mdp", "local-updates": -1}, "local-updates=-1"),
@@ -212,12 +214,14 @@ def test_strategy_registry_and_arguments():
 # --- deep: DQNAvg / PerDQNAvg --------------------------------------------------------------------------
 
 
-def test_per_dqnavg_never_sends_the_embedding_and_averages_the_shared_layers(run_identity):
+@pytest.mark.parametrize("strategy, env, E", [("qavg", "cartpole", 1), ("pavg", "pendulum", 3)])
+def test_per_deep_avg_never_sends_the_embedding_and_averages_the_shared_layers(run_identity, strategy, env, E):
     pytest.importorskip("torch")
     from fedagent_flwr import fedrl_deep
 
-    cfg = _cfg(strategy="qavg", env="cartpole", **{"env-embedding-dim": 3, "local-updates": 1, "num-server-rounds": 2,
-                                                   "fedrl-test-envs": 1, "eval-samples-per-task": 1, "eval-every": 2})
+    # pendulum: 3 episodes of 200 steps a round, so DDPG's 1,000 warm-up steps end in round 2 and the embedding trains
+    cfg = _cfg(strategy=strategy, env=env, **{"env-embedding-dim": 3, "local-updates": E, "num-server-rounds": 2,
+                                              "fedrl-test-envs": 1, "eval-samples-per-task": 1, "eval-every": 2})
     K = 2
     problem = fedrl_deep.build_deep_problem(cfg, K)
     grid = LocalGrid(cfg, K)
@@ -254,12 +258,17 @@ def test_per_dqnavg_never_sends_the_embedding_and_averages_the_shared_layers(run
     assert np.isfinite(problem.values(result.arrays)["train_value"])
 
 
-def test_dqn_learner_state_survives_the_round_trip_through_context_state():
+@pytest.mark.parametrize("strategy, env", [("qavg", "cartpole"), ("pavg", "pendulum")])
+def test_learner_state_survives_the_round_trip_through_context_state(strategy, env):
     pytest.importorskip("torch")
+    from dataclasses import replace
+
     from fedagent_flwr import fedrl_deep
 
-    cfg = _cfg(strategy="qavg", env="cartpole", **{"env-embedding-dim": 2})
+    cfg = _cfg(strategy=strategy, env=env, **{"env-embedding-dim": 2})
     problem = fedrl_deep.build_deep_problem(cfg, 2)
+    if problem.ddpg:  # a small ring buffer that wraps before the save: 3 x 200 steps into 250 slots, next slot 100
+        problem = replace(problem, config=replace(problem.config, replay_size=250, warmup_steps=100))
     straight = problem.learner(1)
     straight.train_episodes(3)
     straight.train_episodes(2)
@@ -270,6 +279,17 @@ def test_dqn_learner_state_survives_the_round_trip_through_context_state():
     fresh = problem.learner(1)
     fedrl_deep.load_learner(fresh, state)
     fresh.train_episodes(2)
-    assert straight.updates == fresh.updates > 0 and straight.epsilon == fresh.epsilon
+    assert straight.updates == fresh.updates > 0 and getattr(straight, "epsilon", 0) == getattr(fresh, "epsilon", 0)
     for a, b in zip(straight.get_weights(), fresh.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert straight.evaluate(episodes=1) == fresh.evaluate(episodes=1)  # evaluation streams restored too
+
+
+def test_deep_env_lists_agree_with_the_config():
+    pytest.importorskip("torch")
+    from fedagent_flwr import config, fedrl_deep
+
+    assert config.FEDRL_DQN_ENVS == fedrl_deep.DQN_ENVS and config.FEDRL_DDPG_ENVS == fedrl_deep.DDPG_ENVS
+    problem = fedrl_deep.build_deep_problem(_cfg(strategy="pavg", env="pendulum", **{"max-steps": 50}), 3)
+    assert problem.name == "DDPGAvg" and len(problem.train_params) == 3 and all(len(p) == 2 for p in problem.train_params)
+    assert problem.make_env(problem.train_params[0]).spec.max_episode_steps == 50

@@ -43,3 +43,40 @@ def test_flwr_run_of_qavg_and_pavg_matches_the_engine(tmp_path, strategy, extra,
     assert summary["final"]["test_value"] == pytest.approx(ref.test_value[0], rel=1e-10)
     np.testing.assert_allclose(problem.values(np.load(run_dir / "final_params.npy"))["train_value"], ref.train_value[0], rtol=1e-10)
     assert (run_dir / "learning_curve.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # about 90 s on 2 shared cores, mostly Ray start-up
+def test_flwr_run_of_per_ddpgavg_matches_an_in_process_run(tmp_path, run_identity):
+    """strategy='pavg' on a deep env is DDPGAvg: the real app's global weights equal an in-process run's."""
+    from flwr.app import ConfigRecord
+
+    from fedagent_flwr import fedrl_deep
+    from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.fedrl_server import strategy_for
+    from test_fedrl_flower import LocalGrid
+
+    out = tmp_path / "runs"
+    cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--strategy", "pavg", "--env", "pendulum", "--num-clients", "2",
+           "--num-server-rounds", "2", "--local-updates", "4", "--env-embedding-dim", "2", "--max-steps", "150",
+           "--fedrl-test-envs", "1", "--eval-samples-per-task", "1", "--eval-every", "1", "--seed", "3",
+           "--output-dir", str(out), "--run-name", "ddpg"]
+    env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    run_dir = out / "ddpg"
+    assert (run_dir / "summary.json").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["algorithm"] == "PerDDPGAvg" and summary["failed_replies"] == {} and summary["E"] == 4
+    final = np.load(run_dir / "final_weights.npz")
+    assert "embedding" not in final.files and any(k.startswith("actor.") for k in final.files)
+
+    config = json.loads((run_dir / "config.json").read_text())
+    cfg = RunConfig.from_run_config({k: v for k, v in config.items() if k in RunConfig().to_run_config()})
+    problem = fedrl_deep.build_deep_problem(cfg, 2)
+    strategy = strategy_for(cfg, problem, {0: 100, 1: 101})
+    result = strategy.start(grid=LocalGrid(cfg, 2), initial_arrays=problem.initial_arrays(), num_rounds=2,
+                            train_config=ConfigRecord({"fingerprint": problem.fingerprint()}))
+    for key in final.files:
+        np.testing.assert_allclose(final[key], result.arrays[key].numpy(), rtol=1e-5, atol=1e-6)
+    # 4 x 150 steps a round: DDPG's 1,000 warm-up steps end in round 2, which trains, so the weights moved
+    start = problem.initial_arrays()
+    assert not all(np.allclose(final[k], start[k].numpy()) for k in final.files)
