@@ -8,6 +8,8 @@ bad value fails at once with a message naming the key and what is allowed.
 
 from __future__ import annotations
 
+import importlib.util
+
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -206,10 +208,8 @@ class RunConfig:
             need(self.env in FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS, "env", self.env,
                  " | ".join(FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS) + " with strategy='qavg' (deep QAvg is DQNAvg: discrete actions)")
         if self.env in ("hopper", "half-cheetah"):
-            try:
-                import mujoco  # noqa: F401
-            except ImportError:
-                need(False, "env", self.env, "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
+            need(importlib.util.find_spec("mujoco") is not None, "env", self.env,
+                 "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
         if self.strategy in FEDRL_STRATEGIES and self.local_updates == 0:
             need(self.fedrl_clients == "all", "fedrl-clients", self.fedrl_clients, "all when local-updates=0 (E = inf: every client trains on its own)")
         if self.env_embedding_dim:

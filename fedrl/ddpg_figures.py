@@ -23,6 +23,7 @@ never swings up, about -150 for a good one (200 steps).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -161,11 +162,8 @@ def main(argv=None) -> int:
         p.error("--length-range and --mass-range need 0 < LO <= HI")
     if args.max_steps < 0:
         p.error("--max-steps must be >= 0")
-    if args.env != "pendulum":
-        try:
-            import mujoco  # noqa: F401
-        except ImportError:
-            p.error(f"--env {args.env} needs MuJoCo: pip install -e \".[mujoco]\"")
+    if args.env != "pendulum" and importlib.util.find_spec("mujoco") is None:
+        p.error(f"--env {args.env} needs MuJoCo: pip install -e \".[mujoco]\"")
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     config = DDPGConfig()

@@ -200,6 +200,16 @@ def test_bad_qavg_pavg_configs_fail_before_work_starts(override, message):
     assert message in str(err.value) and "expected" in str(err.value)
 
 
+def test_mujoco_envs_need_mujoco_before_work_starts(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mujoco" else real(name, *a))
+    with pytest.raises(ValueError, match=r"env='hopper'.*mujoco"):
+        _cfg(strategy="pavg", env="hopper")
+    assert _cfg(strategy="pavg", env="pendulum").env == "pendulum"
+
+
 def test_strategy_registry_and_arguments():
     assert isinstance(make_strategy("qavg", node_of_partition={0: 1}, local_steps=4), QAvg)
     assert make_strategy("pavg", node_of_partition={0: 1}, local_steps=None, variant="proj").algorithm == "projpavg"
