@@ -294,15 +294,15 @@ class DQNLearner:
 class EmbeddingSearch:
     """E-Update driven by return: a cross-entropy search over a learner's private embedding only.
 
-    ``adapt_embedding`` fits the embedding to the TD loss, which on a new environment can be
-    lowered by an embedding that predicts the failures the current policy meets, not by one that
-    avoids them (measured on cartpole-polarity, fedrl/README.md). The embedding has only
-    ``embed_dim`` numbers, so a derivative-free search on episode returns is affordable: every
-    ``step`` plays ``population`` greedy episodes, one per embedding drawn from N(mu, diag(sigma^2)),
-    moves mu to the mean of the ``elite`` best and sigma towards their spread (keeping
-    ``std_smoothing`` of the old sigma, floored at ``min_std``: a spread estimated from a few elites
-    collapses before the search arrives), and leaves mu in the network. One step is one update of the embedding. Works with any learner that has ``net.embedding``,
-    ``env``, ``act`` and ``rng`` (DQNLearner, fedrl.ddpg.DDPGLearner).
+    ``adapt_embedding`` follows the TD loss, which need not lead to an embedding that plays well:
+    on cartpole-polarity it took the mean embedding away from ones that play the reversed
+    environments well (fedrl/README.md). The embedding has only ``embed_dim`` numbers, so a
+    derivative-free search on episode returns is affordable: every ``step`` plays ``population``
+    greedy episodes, one per embedding drawn from N(mu, diag(sigma^2)), moves mu to the mean of the
+    ``elite`` best and sigma towards their spread (keeping ``std_smoothing`` of the old sigma,
+    floored at ``min_std``: a spread estimated from a few elites collapses before the search
+    arrives), and leaves mu in the network. One step is one update of the embedding. Works with
+    any learner that has ``net.embedding``, ``env``, ``act`` and ``rng`` (DQNLearner, fedrl.ddpg.DDPGLearner).
     """
 
     def __init__(self, learner, population: int = 4, elite: int = 2, std: float = 1.0, min_std: float = 0.05,
