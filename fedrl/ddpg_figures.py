@@ -40,9 +40,6 @@ from .deep_figures import _mean_se, _paired_p, _train, summarise_communication
 __all__ = ["communication", "main", "personalised"]
 
 
-ENVS = CONTINUOUS_ENVS
-
-
 def learner_factory(env_name: str, max_steps: int | None = None):
     def make(param, config: DDPGConfig, seed: int) -> DDPGLearner:
         return DDPGLearner(make_continuous_env(env_name, param, max_steps), config, seed=seed)
@@ -138,7 +135,7 @@ def _plot(comm: dict, per: dict | None, path: Path, env_name: str = "pendulum") 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedrl.ddpg_figures", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--env", choices=ENVS, default="pendulum",
+    p.add_argument("--env", choices=CONTINUOUS_ENVS, default="pendulum",
                    help="pendulum: varied pole length / mass; hopper, half-cheetah: the paper's MuJoCo families")
     p.add_argument("--max-steps", type=int, default=0, help="episode cap (0 = the env's own: 200 / 1,000 / 1,000)")
     p.add_argument("--seeds", type=int, default=3)

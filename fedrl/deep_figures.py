@@ -293,8 +293,8 @@ def summarise_adaptation(adapt: dict) -> dict:
 
 
 def _stat(values) -> dict:
-    v = np.asarray(values, dtype=float)
-    return {"mean": float(v.mean()), "se": float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0}
+    mean, se = _mean_se([[x] for x in values])
+    return {"mean": float(mean[0]), "se": float(se[0])}
 
 
 def _mean_se(rows) -> tuple[np.ndarray, np.ndarray]:
