@@ -301,7 +301,8 @@ class EmbeddingSearch:
     greedy episodes, one per embedding drawn from N(mu, diag(sigma^2)), moves mu to the mean of the
     ``elite`` best and sigma towards their spread (keeping ``std_smoothing`` of the old sigma,
     floored at ``min_std``: a spread estimated from a few elites collapses before the search
-    arrives), and leaves mu in the network. One step is one update of the embedding. Works with
+    arrives), and leaves mu in the network. ``std`` is the starting sigma, one number or one per
+    dimension. One step is one update of the embedding. Works with
     any learner that has ``net.embedding``, ``env``, ``act`` and ``rng`` (DQNLearner, fedrl.ddpg.DDPGLearner).
     """
 
@@ -311,12 +312,12 @@ class EmbeddingSearch:
             raise ValueError("EmbeddingSearch needs a network built with embed_dim > 0")
         if not 1 <= elite < population:
             raise ValueError(f"need 1 <= elite < population, got elite={elite}, population={population}")
-        if not (std > 0 and min_std >= 0 and 0 <= std_smoothing < 1):
+        if not (np.all(np.asarray(std) > 0) and min_std >= 0 and 0 <= std_smoothing < 1):
             raise ValueError(f"need std > 0, min_std >= 0 and 0 <= std_smoothing < 1, got {std}, {min_std}, {std_smoothing}")
         self.learner, self.population, self.elite, self.min_std = learner, population, elite, min_std
         self.std_smoothing = std_smoothing
         self.mean = learner.net.embedding.detach().numpy().astype(np.float64)
-        self.std = np.full_like(self.mean, std)
+        self.std = np.full_like(self.mean, np.asarray(std, dtype=np.float64))
         self.rng = np.random.default_rng(seed)
         self.updates = 0
 

@@ -43,11 +43,15 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from .deep import ENV_NAMES, DQNConfig, DQNLearner, EmbeddingSearch, make_env, sample_env_params
 from .tabular import average
 
 __all__ = ["adaptation", "communication", "main"]
+
+MIN_SEARCH_STD = 0.05  # E-Search's floor on its spread (EmbeddingSearch's default)
 
 
 def _envs(env_name: str, seed: int, n_train: int, n_test: int):
@@ -135,7 +139,8 @@ def _first_at(curve, xs, threshold):
 
 def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes: int, adapt_episodes: int, adapt_every: int,
                eval_episodes: int, config: DQNConfig, adapt_epsilon: float, new_range=None, threshold: float | None = None,
-               init: str = "mean", embed_lr: float = 0.0, search_population: int = 0) -> dict:
+               init: str = "mean", embed_lr: float = 0.0, search_population: int = 0, search_std: float | str = 1.0,
+               trained_dir=None) -> dict:
     """PerDQNAvg training, then E-Update / E&N-Update / Phi-Update on new environments.
 
     With ``threshold``, also records for every new environment the number of adaptation
@@ -143,12 +148,19 @@ def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes:
     (None: not within ``adapt_episodes``). ``init``: the new environment's embedding starts at the
     clients' mean ("mean", Section 7.5) or at N(0, I) ("random", Figure 1's caption), the same draw for every mode.
     ``search_population`` > 0 adds "E-Search": the embedding alone, moved by ``EmbeddingSearch`` (one
-    step of ``search_population`` greedy episodes per ``adapt_every`` episodes; updates = search steps).
+    step of ``search_population`` greedy episodes per ``adapt_every`` episodes; updates = search steps),
+    starting with spread ``search_std``: a number, or "clients" for the per-dimension spread of the
+    training clients' embeddings around their mean (like the mean, computable from sums over clients, so
+    no single client's embedding is needed).
     Also records, per new environment, the return of the trained network with each training client's
     embedding ("train_embedding_returns"): whether some embedding already plays it well.
+    ``trained_dir``: where the trained PerDQNAvg of each seed is kept (written after training, read
+    instead of training when present), so other adaptation settings can be run on the same networks.
     """
     if init not in ("mean", "random"):
         raise ValueError(f"init must be 'mean' or 'random', got {init!r}")
+    if not (search_std == "clients" or (isinstance(search_std, (int, float)) and search_std > 0)):
+        raise ValueError(f"search_std must be a number > 0 or 'clients', got {search_std!r}")
     if search_population and (search_population < 2 or adapt_every % search_population):
         raise ValueError(f"search_population must be 0 or >= 2 and divide adapt_every={adapt_every}, got {search_population}")
     modes = ("E-Update", "E&N-Update", "Phi-Update") + (("E-Search",) if search_population else ())
@@ -159,21 +171,33 @@ def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes:
     for seed in seeds:
         tr = _envs(env_name, seed, n_train, n_new)[0]
         te = _new_params(env_name, seed, n_train, n_new, new_range)
-        hist, learners = _train(env_name, tr, E, episodes, config, seed, episodes, [], eval_episodes)
-        plain, _ = _train(env_name, tr, E, episodes, replace(config, embed_dim=0), seed, episodes, [], eval_episodes)
-        out["personalised_local"].append(hist["local"][-1])
-        out["plain_local"].append(plain["local"][-1])
+        meta = {"env": env_name, "seed": seed, "clients": n_train, "E": E, "episodes": episodes,
+                "eval_episodes": eval_episodes, "dqn": asdict(config)}
+        path = None if trained_dir is None else Path(trained_dir) / f"perdqnavg-{env_name}-seed{seed}.safetensors"
+        if path is not None and path.exists():
+            embeddings, shared, local = load_trained(path, meta)
+            print(f"seed {seed}: trained networks read from {path}", flush=True)
+        else:
+            hist, learners = _train(env_name, tr, E, episodes, config, seed, episodes, [], eval_episodes)
+            plain, _ = _train(env_name, tr, E, episodes, replace(config, embed_dim=0), seed, episodes, [], eval_episodes)
+            embeddings = np.stack([ln.net.embedding.detach().numpy() for ln in learners])
+            shared = learners[0].get_weights(shared_only=True)
+            local = {"personalised_local": hist["local"][-1], "plain_local": plain["local"][-1]}
+            if path is not None:
+                save_trained(path, meta, embeddings, shared, local)
+        out["personalised_local"].append(local["personalised_local"])
+        out["plain_local"].append(local["plain_local"])
         out["new_params"].append([float(p) for p in te])
-        shared = learners[0].get_weights(shared_only=True)
-        mean_embedding = average([ln.net.embedding.detach().numpy() for ln in learners])
+        mean_embedding = average(list(embeddings))
+        start_std = np.maximum(embeddings.std(axis=0), MIN_SEARCH_STD) if search_std == "clients" else search_std
         adapt_cfg = replace(config, epsilon=adapt_epsilon, embed_lr=embed_lr)
         probe = DQNLearner(make_env(env_name, te[0]), adapt_cfg, seed=seed * 7919 + 4999)
         rows = []
         for p in te:
             env = make_env(env_name, p)
             row = []
-            for ln in learners:
-                probe.set_weights([ln.net.embedding.detach().numpy()] + shared)
+            for e in embeddings:
+                probe.set_weights([e] + shared)
                 row.append(probe.evaluate(env, eval_episodes))
             rows.append(row)
         out["train_embedding_returns"].append(rows)
@@ -185,7 +209,8 @@ def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes:
                 start = mean_embedding if init == "mean" else \
                     np.random.default_rng([seed, 31, j]).normal(size=mean_embedding.shape).astype(np.float32)
                 ln.set_weights([start] + shared)
-                search = EmbeddingSearch(ln, search_population, search_population // 2, seed=seed * 7919 + 6000 + j) \
+                search = EmbeddingSearch(ln, search_population, search_population // 2, std=start_std,
+                                         min_std=MIN_SEARCH_STD, seed=seed * 7919 + 6000 + j) \
                     if mode == "E-Search" else None
                 curve, updates = [ln.evaluate(episodes=eval_episodes)], [0]
                 for _ in range(adapt_episodes // adapt_every):
@@ -211,8 +236,33 @@ def adaptation(env_name: str, seeds, n_train: int, n_new: int, E: int, episodes:
             print(f"seed {seed} {mode}: {[round(x, 1) for x in out[mode][-1]]}{reached}", flush=True)
     out["adapt_episodes"] = xs
     out["threshold"] = threshold
-    out["init"], out["embed_lr"], out["search_population"] = init, embed_lr, search_population
+    out["init"], out["embed_lr"], out["search_population"], out["search_std"] = init, embed_lr, search_population, search_std
     return out
+
+
+def save_trained(path: Path, meta: dict, embeddings: np.ndarray, shared: list[np.ndarray], local: dict) -> None:
+    """Write one seed's trained PerDQNAvg (client embeddings, shared layers, local returns) atomically."""
+    tensors = {"embeddings": np.ascontiguousarray(embeddings, dtype=np.float32),
+               **{f"shared.{i}": np.ascontiguousarray(w) for i, w in enumerate(shared)}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata={"settings": json.dumps(meta, sort_keys=True), "local": json.dumps(local)})
+    os.replace(tmp, path)
+
+
+def load_trained(path: Path, meta: dict) -> tuple[np.ndarray, list[np.ndarray], dict]:
+    """Read what ``save_trained`` wrote; refuse a file trained with other settings than ``meta``."""
+    with safe_open(str(path), framework="np") as f:
+        stored = json.loads(f.metadata()["settings"])
+        local = json.loads(f.metadata()["local"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    want = json.loads(json.dumps(meta, sort_keys=True))  # tuples -> lists, as stored
+    if stored != want:
+        diff = sorted(k for k in set(stored) | set(want) if stored.get(k) != want.get(k))
+        raise ValueError(f"{path} was trained with other settings ({', '.join(diff)}: {[stored.get(k) for k in diff]}, "
+                         f"this run asks for {[want.get(k) for k in diff]}); use another --trained-dir or remove the file")
+    shared = [tensors[f"shared.{i}"] for i in range(len(tensors) - 1)]
+    return tensors["embeddings"], shared, local
 
 
 def _paired_p(a, b) -> dict:
@@ -255,9 +305,15 @@ def merge_adaptation(parts: list[dict]) -> dict:
     for key, value in parts[0].items():
         if isinstance(value, list) and key != "adapt_episodes":
             out[key] = [x for part in parts for x in part[key]]
+    settings = ("adapt_episodes", "threshold", "init", "embed_lr", "search_population", "search_std")
+
+    def setting(part, key):  # files written before search_std existed searched with 1.0
+        return part.get(key, 1.0 if key == "search_std" else None)
+
     for part in parts[1:]:
-        if part["adapt_episodes"] != out["adapt_episodes"] or part["threshold"] != out["threshold"]:
-            raise ValueError("the runs were made with different adaptation settings")
+        differ = [k for k in settings if setting(part, k) != setting(out, k)]
+        if differ:
+            raise ValueError(f"the runs were made with different adaptation settings: {', '.join(differ)}")
     return out
 
 
@@ -373,6 +429,12 @@ def main(argv=None) -> int:
     p.add_argument("--adapt-search", type=int, default=0, metavar="POPULATION",
                    help="also adapt the embedding alone by a cross-entropy search on greedy returns (E-Search), "
                         "POPULATION episodes per step; must divide --adapt-every (0 = off)")
+    p.add_argument("--trained-dir", type=Path, default=None,
+                   help="keep each seed's trained PerDQNAvg here (safetensors) and reuse it when present, so "
+                        "adaptation settings can be compared on the same networks without training again")
+    p.add_argument("--adapt-search-std", default="1.0", metavar="STD|clients",
+                   help="E-Search's starting spread: a number, or 'clients' for the per-dimension spread of the "
+                        "training clients' embeddings")
     p.add_argument("--skip", choices=("none", "communication", "adaptation"), default="none")
     p.add_argument("--summarise", type=Path, nargs="+", metavar="JSON",
                    help="train nothing: merge the adaptation parts of these deep_figures.json files (runs split by "
@@ -395,6 +457,13 @@ def main(argv=None) -> int:
         p.error("--first-seed must be >= 0")
     if args.adapt_search and (args.adapt_search < 2 or args.adapt_every % args.adapt_search):
         p.error(f"--adapt-search must be 0 or a population >= 2 that divides --adapt-every ({args.adapt_every})")
+    if args.adapt_search_std != "clients":
+        try:
+            args.adapt_search_std = float(args.adapt_search_std)
+        except ValueError:
+            args.adapt_search_std = -1.0
+        if not 0 < args.adapt_search_std < float("inf"):
+            p.error("--adapt-search-std must be a number > 0 or 'clients'")
     if args.new_range is not None and args.env == "cartpole-polarity":
         p.error("--new-range draws one parameter; cartpole-polarity's new environments come from its own family")
     config = DQNConfig(lr=args.lr)
@@ -418,7 +487,8 @@ def main(argv=None) -> int:
         adapt = adaptation(args.env, seeds, args.clients, args.test_envs, args.E, args.episodes, args.adapt_episodes,
                            args.adapt_every, args.eval_episodes, replace(config, embed_dim=args.embed_dim, embed_init=args.embed_init), args.adapt_epsilon,
                            new_range=args.new_range, threshold=args.adapt_threshold, init=args.adapt_init, embed_lr=args.adapt_embed_lr,
-                           search_population=args.adapt_search)
+                           search_population=args.adapt_search, search_std=args.adapt_search_std,
+                           trained_dir=args.trained_dir)
         report["adaptation"] = adapt
         report["adaptation_summary"] = _print_adaptation_summary(adapt)
     report["seconds"] = round(time.perf_counter() - t0, 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -266,10 +266,57 @@ def test_adaptation_records_updates_to_threshold():
     assert out["E-Update/episodes_to_threshold"] == [[None, None]] and out["init"] == "mean"
     out = adaptation(**{**kw, "adapt_every": 2}, threshold=0.0, search_population=2)
     assert out["E-Search/updates_to_threshold"] == [[0, 0]] and np.shape(out["E-Search/per_env"]) == (1, 2, 2)
+    with pytest.raises(ValueError, match="search_std"):
+        adaptation(**{**kw, "adapt_every": 2}, search_population=2, search_std="wide")
     with pytest.raises(ValueError, match="search_population"):
         adaptation(**kw, search_population=2)  # does not divide adapt_every=1
     with pytest.raises(ValueError, match="init"):
         adaptation(**kw, init="zeros")
+
+
+def test_trained_networks_are_kept_reused_and_checked(tmp_path, monkeypatch):
+    import fedrl.deep_figures as df
+
+    cfg = DQNConfig(hidden=16, batch_size=4, replay_size=200, embed_dim=2, embed_init=1.0)
+    kw = dict(env_name="cartpole-polarity", seeds=[0], n_train=3, n_new=2, E=1, episodes=3, adapt_episodes=2, adapt_every=2,
+              eval_episodes=1, config=cfg, adapt_epsilon=0.1, threshold=195.0, search_population=2, trained_dir=tmp_path)
+    first = df.adaptation(**kw)
+    path = tmp_path / "perdqnavg-cartpole-polarity-seed0.safetensors"
+    meta = {"env": "cartpole-polarity", "seed": 0, "clients": 3, "E": 1, "episodes": 3, "eval_episodes": 1, "dqn": asdict(cfg)}
+    embeddings, shared, local = df.load_trained(path, meta)
+    assert embeddings.shape == (3, 2) and len(shared) == 4 and local["personalised_local"] == first["personalised_local"][0]
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again although the networks were kept")
+
+    monkeypatch.setattr(df, "_train", no_training)
+    again = df.adaptation(**kw)
+    assert again == first  # the same networks and the same adaptation draws give the same numbers
+    starts = []
+
+    class Recorded(df.EmbeddingSearch):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            starts.append(self.std.copy())
+
+    monkeypatch.setattr(df, "EmbeddingSearch", Recorded)
+    wide = df.adaptation(**kw, search_std="clients")  # the search starts with the clients' spread, floored
+    assert wide["search_std"] == "clients" and wide["E-Update/per_env"] == first["E-Update/per_env"]
+    assert len(starts) == 2
+    for std in starts:
+        np.testing.assert_allclose(std, np.maximum(embeddings.std(axis=0), df.MIN_SEARCH_STD))
+    with pytest.raises(ValueError, match="other settings.*E"):
+        df.adaptation(**{**kw, "E": 2})
+    with pytest.raises(ValueError, match="search_std"):
+        df.merge_adaptation([first, wide])
+
+
+def test_embedding_search_takes_a_spread_per_dimension():
+    ln = _EmbeddingActs([0.0, 0.0], [0.0, 0.0])
+    search = EmbeddingSearch(ln, population=4, elite=2, std=np.array([2.0, 0.1]), std_smoothing=0.5, seed=0)
+    np.testing.assert_array_equal(search.std, [2.0, 0.1])
+    with pytest.raises(ValueError, match="std"):
+        EmbeddingSearch(ln, std=np.array([1.0, 0.0]))
 
 
 def test_adaptation_summary_merges_seeds_and_censors_misses(tmp_path):
@@ -304,7 +351,8 @@ def test_adaptation_summary_merges_seeds_and_censors_misses(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--embed-init", "-1"], ["--env", "cartpole-polarity", "--new-range", "1", "2"],
-                                  ["--adapt-every", "3", "--adapt-search", "2"], ["--adapt-search", "1"], ["--first-seed", "-1"]])
+                                  ["--adapt-every", "3", "--adapt-search", "2"], ["--adapt-search", "1"], ["--first-seed", "-1"],
+                                  ["--adapt-search-std", "0"], ["--adapt-search-std", "wide"]])
 def test_deep_figures_refuses_bad_embedding_options(argv, tmp_path, capsys):
     from fedrl.deep_figures import main
 
