@@ -18,10 +18,10 @@ import time
 import torch
 
 from envs import make_env
-from fedagent_flwr.agent import load_agent
+from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.local_training import rollout_config
-from fedagent_flwr.rollout import LMPolicy, PromptEncoder, run_episodes
+
+from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, run_episodes
 
 
 def measure(fn) -> tuple[float, list]:
@@ -50,7 +50,7 @@ def main() -> None:
     tasks = [pool[i % len(pool)] for i in range(args.episodes)]
     # The default run's prompt and generation settings, all episodes in one generate call.
     run_cfg = RunConfig.from_run_config({"temperature": args.temperature, "rollout-batch-size": max(1, args.episodes)})
-    cfg = rollout_config(run_cfg)
+    cfg = run_cfg.rollout_config()
     encoder = PromptEncoder(agent.tokenizer)
     policy = LMPolicy(agent.model, agent.tokenizer, cfg)
     factory = lambda: make_env(args.env, args.max_steps)  # noqa: E731

@@ -14,30 +14,59 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from envs import available_envs, env_names, is_multi_spec
+from envs import answer_token_budget, available_envs, env_names, is_multi_spec
+from fedrl.ddpg import CONTINUOUS_ENVS
+from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
+from fedrl.mdps import TABULAR_ENVS
+from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
+from strategies.pavg import VARIANTS as PAVG_VARIANTS
 
-from .grpo import LOSS_AGGREGATIONS
-from .action_matching import ACTION_MATCHING
-from .rollout import REWARD_MODES
+from fedagent_flwr.agent.action_matching import ACTION_MATCHING
+from fedagent_flwr.agent.grpo import GRPOConfig, LOSS_AGGREGATIONS
+from fedagent_flwr.agent.lora import LoRASpec
+from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
+from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
+from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
+from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
+from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
+from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
+from fedagent_flwr.privacy.differential_privacy import DP_MODES
 
-STRATEGIES = ("fedagent-avg", "qavg", "pavg", "fedse-lora")
-# Fed-SE (strategies/fedse_lora.py, fedagent_flwr/self_evolution.py)
-FEDSE_AGGREGATIONS = ("mean", "weighted", "exact")
-FEDSE_KEEP = ("successes", "all")
-FEDSE_HISTORY = ("cumulative", "round")
-FEDSE_STEPS = ("all", "valid")
 # QAvg / PAvg (fedrl): strategies that train tabular or deep RL learners, not LLM agents, on these envs
-FEDRL_STRATEGIES = ("qavg", "pavg")
-FEDRL_TABULAR_ENVS = ("random-mdp", "windy-cliffs")
-FEDRL_DQN_ENVS = ("cartpole", "acrobot", "cartpole-polarity")  # qavg: DQNAvg (discrete actions)
-FEDRL_DDPG_ENVS = ("pendulum", "hopper", "half-cheetah")  # pavg: DDPGAvg (continuous actions)
+FEDRL_TABULAR_ENVS = TABULAR_ENVS
+FEDRL_DQN_ENVS = DISCRETE_ENVS  # qavg: DQNAvg (discrete actions)
+FEDRL_DDPG_ENVS = CONTINUOUS_ENVS  # pavg: DDPGAvg (continuous actions)
 FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
-PAVG_VARIANTS = ("soft", "proj")
 FEDRL_CLIENT_MODES = ("all", "sampled")
 DEVICES = ("auto", "cpu", "cuda")
 PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
-BASELINES = ("none", "centralized", "local")  # fedagent_flwr/assignment.py
+BASELINES = ("none", "centralized", "local")  # fedagent_flwr/methods/tasks.py
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a strategy trains and which run-wide features it supports.
+
+    The allowed `strategy` values are the keys of STRATEGIES; validation asks these traits, never a
+    name. The method registry (fedagent_flwr/methods/__init__.py) maps each name to its code.
+    """
+
+    trains: str  # "llm": a language-model agent on text envs; "fedrl": RL tables or networks on FEDRL_ENVS
+    envs: tuple[str, ...] = ()  # fedrl: the envs this strategy runs on
+    resume: bool = False  # the server's state is saved after every round (runs/resume.py)
+    dp: bool = False  # Flower's DP wrappers apply (privacy/differential_privacy.py)
+    secure_aggregation: bool = False  # SecAgg+ applies (privacy/secure_aggregation.py)
+    baselines: bool = False  # the Table 1 baselines (baseline = centralized | local) apply
+    experience_buffer: bool = False  # Fed-SE: clients train on a buffer seeded by demonstrations
+
+
+STRATEGIES = {
+    "fedagent-avg": Traits("llm", resume=True, dp=True, secure_aggregation=True, baselines=True),
+    "fedse-lora": Traits("llm", resume=True, dp=True, experience_buffer=True),
+    "qavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS),  # deep QAvg is DQNAvg: discrete actions
+    "pavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS),  # deep PAvg is DDPGAvg: continuous actions
+}
 
 
 def _key(default: Any, doc: str, allowed: str) -> Any:
@@ -99,7 +128,7 @@ class RunConfig:
     coverage_l_max: int = _key(1000, "partition=coverage: largest client size L_max", "integer >= coverage-l-avg, >= 1")
     hardness_xi: float = _key(256.0, "partition=hardness: Beta dispersion xi' of each client's successful-task count (paper: 256 low, 1 high)", "> 0")
     hardness_r: float = _key(0.0, "partition=hardness: clients per successful task; 0 = K (L/2) / |S|, so clients hold L/2 successful tasks on average", ">= 0")
-    success_labels: str = _key("", "partition=hardness: JSON of task id -> success (python -m fedagent_flwr.success_labels); absolute or ~ path", "path")
+    success_labels: str = _key("", "partition=hardness: JSON of task id -> success (python -m fedagent_flwr.experiments.success_labels); absolute or ~ path", "path")
     # --- baselines (FedAgent Table 1) ------------------------------------------------
     baseline: str = _key("none", "none = FedAgent; centralized = one learner on the union of all clients' tasks; local = client local-client alone; baselines train one learner per round for local-epochs epochs, no averaging", " | ".join(BASELINES))
     local_client: int = _key(0, "baseline=local: the partition-id that trains alone", "0 .. K-1")
@@ -111,7 +140,7 @@ class RunConfig:
     fedrl_step_size: float = _key(0.0, "qavg/pavg tabular step size: 0 = the Table 1 preset (QAvg: 2 / ((1 - gamma)(t + E)); PAvg: reference step with stall decay); > 0 = this constant step", ">= 0")
     fedrl_step_decay: float = _key(1.0, "factor on a constant fedrl-step-size when a round's objective gains < 1e-3 of it (1 = never decay)", "(0, 1]")
     fedrl_test_envs: int = _key(20, "qavg/pavg held-out environments the server also scores the global policy on", "integer >= 0")
-    fedrl_repetition: int = _key(0, "qavg/pavg tabular: the repetition of python -m fedrl.table1 this run reproduces (problem and initial table from SeedSequence([seed, repetition]))", "integer >= 0")
+    fedrl_repetition: int = _key(0, "qavg/pavg tabular: the repetition of python -m fedagent_flwr.experiments.fedrl_table1 this run reproduces (problem and initial table from SeedSequence([seed, repetition]))", "integer >= 0")
     random_mdp_reward_scale: float = _key(1.0, "random-mdp reward R ~ U(0, scale); 10 gives the paper's magnitudes (1 = reference code)", "> 0")
     independent_steps_per_round: int = _key(8, "with local-updates=0: local steps (tabular) / episodes (deep) each client takes per round between evaluations", "integer >= 1")
     env_embedding_dim: int = _key(0, "deep envs: size of each client's private environment embedding (PerDQNAvg / PerDDPGAvg); 0 = off; it never leaves the client", "integer >= 0")
@@ -132,10 +161,10 @@ class RunConfig:
     lora_target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
     # --- resilience (docs/deployment.md) --------------------------------------------------
     resume: bool = _key(False, "continue the run named run-name from its last complete round (state in <run folder>/state/, written after every round)", "true | false; true needs run-name")
-    dp_mode: str = _key("off", "central differential privacy on client updates with Flower's fixed-clipping wrappers (strategies/differential_privacy.py): the update is clipped on the server or on the client, Gaussian noise is added to the aggregate", "off | server-side | client-side; fedagent-avg, fedse-lora and the baselines")
+    dp_mode: str = _key("off", "central differential privacy on client updates with Flower's fixed-clipping wrappers (fedagent_flwr/privacy/differential_privacy.py): the update is clipped on the server or on the client, Gaussian noise is added to the aggregate", "off | server-side | client-side; fedagent-avg, fedse-lora and the baselines")
     dp_noise_multiplier: float = _key(1.0, "DP noise: standard deviation of the noise added to each aggregated coordinate = dp-noise-multiplier x dp-clipping-norm / clients-per-round", ">= 0")
     dp_clipping_norm: float = _key(1.0, "DP clipping: L2 norm above which a client's update (its weights minus the global weights) is scaled down", "> 0")
-    secure_aggregation: bool = _key(False, "SecAgg+ with Flower's own protocol (fedagent_flwr/secure_aggregation.py): the server learns only the mean of the sampled clients' weights", "true | false; true needs strategy fedagent-avg, clients-per-round >= 2, dp-mode off, resume false, baseline none")
+    secure_aggregation: bool = _key(False, "SecAgg+ with Flower's own protocol (fedagent_flwr/privacy/secure_aggregation.py): the server learns only the mean of the sampled clients' weights", "true | false; true needs strategy fedagent-avg, clients-per-round >= 2, dp-mode off, resume false, baseline none")
     secagg_shares_fraction: float = _key(1.0, "SecAgg+: shares of each client's secret key, as a fraction of the sampled clients (Flower's num_shares)", "in (0, 1]")
     secagg_threshold_fraction: float = _key(0.67, "SecAgg+: shares needed to reconstruct a key (so to tolerate drop-outs), as a fraction of the shares; at least 2 (Flower's reconstruction_threshold)", "in (0, 1]")
     secagg_clipping_range: float = _key(8.0, "SecAgg+: every weight is clipped to [-range, range] and quantized to 2**22 levels before masking", "> 0; larger than the model's largest weight")
@@ -159,6 +188,49 @@ class RunConfig:
     def to_run_config(self) -> dict[str, Any]:
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
 
+    # ----- the library configs, built from the run config in one place ---------------------------
+    def rollout_config(self, evaluation: bool = False) -> RolloutConfig:
+        """How episodes are played: training rollouts, or (evaluation=True) the server's held-out play."""
+        return RolloutConfig(
+            history_length=self.history_length,
+            invalid_penalty=self.invalid_penalty,
+            max_new_tokens=self.max_new_tokens or answer_token_budget(self.env),
+            temperature=self.eval_temperature if evaluation else self.temperature,
+            top_p=1.0 if evaluation else self.top_p,
+            batch_size=self.rollout_batch_size,
+            reward=self.reward,
+            action_matching=self.action_matching,
+        )
+
+    def grpo_config(self) -> GRPOConfig:
+        return GRPOConfig(
+            group_size=self.group_size,
+            tasks_per_epoch=self.tasks_per_epoch,
+            learning_rate=self.learning_rate,
+            clip_eps=self.clip_eps,
+            kl_beta=self.kl_beta,
+            minibatch_size=self.minibatch_size,
+            micro_batch_size=self.micro_batch_size,
+            max_grad_norm=self.max_grad_norm,
+            loss_aggregation=self.loss_aggregation,
+        )
+
+    def lora_spec(self) -> LoRASpec:
+        return LoRASpec(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=LoRASpec.parse_targets(self.lora_target_modules))
+
+    def self_evolution_config(self) -> SelfEvolutionConfig:
+        """A Fed-SE client's settings."""
+        return SelfEvolutionConfig(
+            lora=self.lora_spec(), explore_samples=self.fedse_explore_samples, keep=self.fedse_keep,
+            history=self.fedse_history, steps=self.fedse_steps, seed_demos=self.fedse_seed_demos,
+            sft_steps=self.fedse_sft_steps, sft_batch_size=self.fedse_sft_batch_size,
+            learning_rate=self.fedse_learning_rate, seed=self.seed,
+        )
+
+    @property
+    def traits(self) -> Traits:
+        return STRATEGIES[self.strategy]
+
     def validate(self) -> None:
         problems = []
 
@@ -176,6 +248,7 @@ class RunConfig:
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
         need(self.group_size >= 2, "group-size", self.group_size, "an integer >= 2 (advantages compare rollouts within a group)")
         need(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+        traits = STRATEGIES.get(self.strategy)
         if is_multi_spec(self.env):  # several text envs, e.g. 'babyai,maze' (envs/multi.py): check each name
             try:
                 env_names(self.env)
@@ -184,9 +257,9 @@ class RunConfig:
         else:
             need(self.env in available_envs() or self.env in FEDRL_ENVS, "env", self.env,
                  "one of " + ", ".join(available_envs()) + " (text envs) or " + ", ".join(FEDRL_ENVS) + " (qavg / pavg)")
-        if self.strategy in FEDRL_STRATEGIES:
-            need(self.env in FEDRL_ENVS, "env", self.env, f"one of {', '.join(FEDRL_ENVS)} with strategy={self.strategy!r} (QAvg / PAvg train RL tables or networks, not LLM agents)")
-        elif self.strategy in STRATEGIES:
+        if traits and traits.trains == "fedrl":
+            need(self.env in traits.envs, "env", self.env, f"one of {', '.join(traits.envs)} with strategy={self.strategy!r} (QAvg / PAvg train RL tables or networks, not LLM agents; deep QAvg is DQNAvg: discrete actions, deep PAvg is DDPGAvg: continuous actions)")
+        elif traits:
             need(self.env not in FEDRL_ENVS, "env", self.env, f"a text env ({', '.join(available_envs())}) with strategy={self.strategy!r}; {', '.join(FEDRL_ENVS)} need strategy qavg or pavg")
         need(0 <= self.kappa <= 1, "kappa", self.kappa, "in [0, 1]")
         need(self.local_updates >= 0, "local-updates", self.local_updates, "an integer >= 0 (0 = E = inf)")
@@ -198,19 +271,13 @@ class RunConfig:
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
         need(self.independent_steps_per_round >= 1, "independent-steps-per-round", self.independent_steps_per_round, "an integer >= 1")
         need(self.random_mdp_reward_scale > 0, "random-mdp-reward-scale", self.random_mdp_reward_scale, "> 0")
-        if self.strategy == "pavg":
-            need(self.env in FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS, "env", self.env,
-                 " | ".join(FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS) + " with strategy='pavg' (deep PAvg is DDPGAvg: continuous actions)")
-            if self.env in FEDRL_DDPG_ENVS:
-                need(self.pavg_variant == "soft", "pavg-variant", self.pavg_variant,
-                     "soft (the default) with a deep env: the simplex projection applies to policy tables only")
-        if self.strategy == "qavg":
-            need(self.env in FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS, "env", self.env,
-                 " | ".join(FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS) + " with strategy='qavg' (deep QAvg is DQNAvg: discrete actions)")
+        if self.env in FEDRL_DDPG_ENVS:
+            need(self.pavg_variant == "soft", "pavg-variant", self.pavg_variant,
+                 "soft (the default) with a deep env: the simplex projection applies to policy tables only")
         if self.env in ("hopper", "half-cheetah"):
             need(importlib.util.find_spec("mujoco") is not None, "env", self.env,
                  "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
-        if self.strategy in FEDRL_STRATEGIES and self.local_updates == 0:
+        if traits and traits.trains == "fedrl" and self.local_updates == 0:
             need(self.fedrl_clients == "all", "fedrl-clients", self.fedrl_clients, "all when local-updates=0 (E = inf: every client trains on its own)")
         if self.env_embedding_dim:
             need(self.env in FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS, "env-embedding-dim", self.env_embedding_dim,
@@ -261,27 +328,27 @@ class RunConfig:
             raise ValueError("invalid run config:\n  " + "\n  ".join(problems))
 
     def _validate_resilience(self, need) -> None:
-        """resume, differential privacy and fault-injection (resume.py, strategies/differential_privacy.py, faults.py)."""
-        from strategies.differential_privacy import DP_MODES
-
-        from .faults import FAULT_SYNTAX, FaultPlan
-
+        """resume, differential privacy and fault-injection (resume.py, fedagent_flwr/privacy/differential_privacy.py, faults.py)."""
         need(not self.resume or self.run_name != "", "resume", self.resume,
              "false, or true together with run-name set to the run folder to continue")
-        if self.resume:
-            # qavg/pavg runs (fedrl_server.py) save no state. Fed-SE clients' buffers are keyed by the
-            # strategy's run key, which the saved state restores, and a replayed round replaces its entries.
-            need(self.strategy not in FEDRL_STRATEGIES, "resume", self.resume,
-                 f"false with strategy={self.strategy!r} (resume covers fedagent-avg, fedse-lora and the baselines)")
+        traits = STRATEGIES.get(self.strategy)
+        resumable = [name for name, t in STRATEGIES.items() if t.resume]
+        if self.resume and traits:
+            # qavg/pavg runs save no state. Fed-SE clients' buffers are keyed by the strategy's run
+            # key, which the saved state restores, and a replayed round replaces its entries.
+            need(traits.resume, "resume", self.resume,
+                 f"false with strategy={self.strategy!r} (resume covers {', '.join(resumable)} and the baselines)")
         need(self.dp_mode in DP_MODES, "dp-mode", self.dp_mode, " | ".join(DP_MODES))
-        if self.dp_mode != "off":
-            need(self.strategy not in FEDRL_STRATEGIES, "dp-mode", self.dp_mode,
-                 f"off with strategy={self.strategy!r} (DP wraps the LLM strategies: fedagent-avg, fedse-lora, baselines)")
+        if self.dp_mode != "off" and traits:
+            private = [name for name, t in STRATEGIES.items() if t.dp]
+            need(traits.dp, "dp-mode", self.dp_mode,
+                 f"off with strategy={self.strategy!r} (DP wraps the LLM strategies: {', '.join(private)}, baselines)")
         need(self.dp_noise_multiplier >= 0, "dp-noise-multiplier", self.dp_noise_multiplier, ">= 0")
         need(self.dp_clipping_norm > 0, "dp-clipping-norm", self.dp_clipping_norm, "> 0")
         if self.secure_aggregation:
             for ok, key, value, allowed in (
-                (self.strategy == "fedagent-avg", "strategy", self.strategy, "fedagent-avg with secure-aggregation=true"),
+                (traits is not None and traits.secure_aggregation, "strategy", self.strategy,
+                 " | ".join(n for n, t in STRATEGIES.items() if t.secure_aggregation) + " with secure-aggregation=true"),
                 (self.clients_per_round >= 2, "clients-per-round", self.clients_per_round, ">= 2 with secure-aggregation=true (a mean of one client is that client)"),
                 (self.dp_mode == "off", "dp-mode", self.dp_mode, "off with secure-aggregation=true (not combined here)"),
                 (not self.resume, "resume", self.resume, "false with secure-aggregation=true"),
@@ -321,11 +388,14 @@ class RunConfig:
              "lora-target-modules", self.lora_target_modules, "comma-separated module names (e.g. q_proj,v_proj) or all-linear")
         need(self.fedse_buffer_dir.startswith("~") or Path(self.fedse_buffer_dir).is_absolute(), "fedse-buffer-dir",
              self.fedse_buffer_dir, "an absolute path or one starting with ~ (clients run in the SuperNode's working directory)")
-        if self.strategy == "fedse-lora":
+        if STRATEGIES.get(self.strategy, Traits("")).experience_buffer:
             need(self.fedse_explore_samples > 0 or self.fedse_seed_demos > 0, "fedse-seed-demos", self.fedse_seed_demos,
                  "> 0 when fedse-explore-samples=0 (otherwise no client has anything to train on)")
-            need(self.baseline == "none", "baseline", self.baseline,
-                 "none with strategy='fedse-lora' (Fed-SE's Local / Centralized / FedAvg baselines: python -m fedagent_flwr.fedse_protocol)")
+        traits = STRATEGIES.get(self.strategy)
+        if self.baseline != "none" and traits:
+            need(traits.baselines, "baseline", self.baseline,
+                 f"none with strategy={self.strategy!r} (the Table 1 baselines train GRPO agents: strategy "
+                 + " | ".join(n for n, t in STRATEGIES.items() if t.baselines) + "; Fed-SE's Local / Centralized / FedAvg baselines: python -m fedagent_flwr.experiments.fedse_protocol)")
 
     def _validate_partitions(self, need) -> None:
         """The partition and baseline keys; feasibility on the task pool is checked by the server (assignment.py)."""
@@ -344,15 +414,13 @@ class RunConfig:
         if self.partition == "hardness":
             labels = self.success_labels
             need(labels.startswith("~") or Path(labels).is_absolute(), "success-labels", labels,
-                 "an absolute path (or ~/...) to a file from `python -m fedagent_flwr.success_labels` when partition='hardness'")
+                 "an absolute path (or ~/...) to a file from `python -m fedagent_flwr.experiments.success_labels` when partition='hardness'")
             if labels.startswith("~") or Path(labels).is_absolute():
                 need(Path(labels).expanduser().is_file(), "success-labels", labels, "an existing file")
         need(self.baseline in BASELINES, "baseline", self.baseline, " | ".join(BASELINES))
         need(self.local_client >= 0, "local-client", self.local_client, "an integer >= 0 (a partition-id)")
         if self.num_clients and self.baseline == "local":
             need(self.local_client < self.num_clients, "local-client", self.local_client, f"< num-clients ({self.num_clients})")
-        if self.baseline != "none":
-            need(self.strategy == "fedagent-avg", "baseline", self.baseline, "none unless strategy='fedagent-avg' (the Table 1 baselines train GRPO agents)")
 
     def check_federation(self, num_nodes: int) -> int:
         """Number of clients K given the SuperNodes that answered; raises if the config does not fit."""

@@ -19,12 +19,12 @@ the ClientApp only; the server treats these replies like real failures.
 
 from __future__ import annotations
 
-import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Context, Message
 
 FAULT_KINDS = ("raise", "timeout", "malformed", "nan")
 FAULT_SYNTAX = "empty, or <kind>[+<kind>...]:partition=<k> or <kind>[+<kind>...]:prob=<q> with kinds " + " | ".join(FAULT_KINDS)
@@ -98,26 +98,17 @@ def corrupt_reply(kind: str | None, arrays: ArrayRecord) -> ArrayRecord:
     return out
 
 
-def with_fault_injection(handler):
-    """Wrap a ClientApp train handler so run-config `fault-injection` takes effect around it."""
-    from flwr.app import Context, Message
-
-    from .config import RunConfig
-
-    @functools.wraps(handler)
-    def train(msg: Message, context: Context) -> Message:
-        cfg = RunConfig.from_run_config(dict(context.run_config))
-        plan = FaultPlan.parse(cfg.fault_injection)
-        config = msg.content.config_records.get("config")
-        if plan is None or config is None or "server-round" not in config:
-            return handler(msg, context)
-        partition_id = int(context.node_config["partition-id"])
-        kind = plan.fault_for(cfg.seed, int(config["server-round"]), partition_id)
-        before_training(kind, cfg.round_timeout)
-        reply = handler(msg, context)
-        if kind in ("malformed", "nan") and not reply.has_error():
-            for name in list(reply.content.array_records):
-                reply.content[name] = corrupt_reply(kind, reply.content.array_records[name])
-        return reply
-
-    return train
+def train_with_faults(handler: Callable[[Message, Context], Message], msg: Message, context: Context,
+                      plan: FaultPlan | None, seed: int, round_timeout: float) -> Message:
+    """Run a ClientApp train handler with run-config `fault-injection` in effect (`plan` None: just the handler)."""
+    config = msg.content.config_records.get("config")
+    if plan is None or config is None or "server-round" not in config:
+        return handler(msg, context)
+    partition_id = int(context.node_config["partition-id"])
+    kind = plan.fault_for(seed, int(config["server-round"]), partition_id)
+    before_training(kind, round_timeout)
+    reply = handler(msg, context)
+    if kind in ("malformed", "nan") and not reply.has_error():
+        for name in list(reply.content.array_records):
+            reply.content[name] = corrupt_reply(kind, reply.content.array_records[name])
+    return reply

@@ -3,13 +3,13 @@
 fedrl.mdps: heterogeneous MDP families (RandomMDPs, WindyCliffs) with kappa mixing;
 fedrl.tabular: per-client local updates, averaging, exact policy evaluation and the
 client-by-client federated loop; fedrl.engine: the same loop vectorised over
-repetitions and clients; ``python -m fedrl.table1``: Table 1 and Figure 2;
+repetitions and clients; ``python -m fedagent_flwr.experiments.fedrl_table1``: Table 1 and Figure 2;
 fedrl.deep (imported on its own, needs torch and gymnasium): DQNAvg on CartPole / Acrobot;
 fedrl.ddpg (likewise): DDPGAvg on Pendulums with varied pole length / mass.
 """
 
-from .mdps import FedTask, HeterogeneousMDP, RandomMDPs, WindyCliffs, mix_kernels, stack_tasks
-from .tabular import (
+from fedrl.mdps import FedTask, HeterogeneousMDP, RandomMDPs, WindyCliffs, mix_kernels, stack_tasks
+from fedrl.tabular import (
     ALGORITHMS,
     HarmonicStepSize,
     LocalResult,

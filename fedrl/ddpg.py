@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .deep import averaging_schedule, greedy_return, load_module_weights, module_weights, run_averaging
+from fedrl.deep import averaging_schedule, greedy_return, load_module_weights, module_weights, run_averaging
 
 __all__ = [
     "CONTINUOUS_ENVS",
@@ -73,7 +73,7 @@ def make_continuous_env(name: str, param, max_episode_steps: int | None = None) 
     if name == "pendulum":
         return make_pendulum(*param, **kw)
     if name in ("hopper", "half-cheetah"):
-        from .mujoco_envs import make_half_cheetah, make_hopper
+        from fedrl.mujoco_envs import make_half_cheetah, make_hopper
 
         return (make_hopper if name == "hopper" else make_half_cheetah)(*param, **kw)
     raise ValueError(f"unknown environment {name!r}; choose one of {CONTINUOUS_ENVS}")
@@ -86,7 +86,7 @@ def sample_continuous_params(name: str, rng: np.random.Generator, n: int, length
     if name == "pendulum":
         return sample_pendulum_params(rng, n, length_range, mass_range)
     if name in ("hopper", "half-cheetah"):
-        from .mujoco_envs import sample_half_cheetah_params, sample_hopper_params
+        from fedrl.mujoco_envs import sample_half_cheetah_params, sample_hopper_params
 
         return sample_hopper_params(rng, n)[:, None] if name == "hopper" else sample_half_cheetah_params(rng, n)
     raise ValueError(f"unknown environment {name!r}; choose one of {CONTINUOUS_ENVS}")

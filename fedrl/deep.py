@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .tabular import average
+from fedrl.tabular import average
 
 __all__ = [
     "DQNConfig",

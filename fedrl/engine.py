@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .mdps import FedTask, RandomMDPs, WindyCliffs, stack_instances, stack_tasks
-from .tabular import (
+from fedrl.mdps import FedTask, RandomMDPs, WindyCliffs, stack_instances, stack_tasks
+from fedrl.tabular import (
     Algorithm,
     HarmonicStepSize,
     StallDecayStepSize,

@@ -75,6 +75,10 @@ def mix_kernels(center: np.ndarray, noise: np.ndarray, kappa: float) -> np.ndarr
     return kappa * noise + (1.0 - kappa) * center
 
 
+# The run-config names of the two tabular families (the Flower app's `env` for strategy qavg / pavg).
+TABULAR_ENVS = ("random-mdp", "windy-cliffs")
+
+
 @dataclass(frozen=True)
 class FedTask:
     """One FedRL task: shared reward, discount and d0; per-agent kernels.

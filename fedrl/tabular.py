@@ -31,7 +31,7 @@ from typing import Callable, ClassVar, NamedTuple, Sequence
 
 import numpy as np
 
-from .mdps import FedTask
+from fedrl.mdps import FedTask
 
 __all__ = [
     "ALGORITHMS",

@@ -21,7 +21,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from .communication import CommunicationLedger
+from strategies.communication import CommunicationLedger
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class FedAgentAvg(Strategy):
     def screen_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The replies that pass `collect_replies`' checks; the others are recorded as that round's failures.
 
-        For wrappers that must not see a bad reply (strategies/differential_privacy.py).
+        For wrappers that must not see a bad reply (fedagent_flwr/privacy/differential_privacy.py).
         """
         kept, failures = [], []
         for reply in replies:

@@ -13,7 +13,8 @@ across rounds and runs ``independent_steps`` local updates per round; it returns
 its parameters only so the server can score their average (the model the
 baseline reports). Nothing the server computes flows back into training.
 
-Sampling, reply checks and metric merging are FedAgentAvg's.
+Sampling, messages, reply checks and metric merging are FedAgentAvg's: this class sets its keys on
+the round's config and calls its parent, as Flower's own FedProx does.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import logging
 from collections.abc import Iterable, Mapping
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from .fedagent_avg import FedAgentAvg, average_arrays, sample_clients
+from strategies.fedagent_avg import FedAgentAvg, average_arrays, sample_clients
 
 log = logging.getLogger(__name__)
 
@@ -79,39 +80,31 @@ class FedRLAvg(FedAgentAvg):
         self._template: ArrayRecord | None = None  # keys and shapes of the model, for E = inf reply checks
 
     # ----- training ------------------------------------------------------------------------
+    def select_clients(self, server_round: int) -> list[int]:
+        """All clients (the paper), in partition order, or a seeded sample of M."""
+        return list(range(self.num_clients)) if self.sample_all else super().select_clients(server_round)
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if self._template is None:
             self._template = arrays
-        if self.sample_all:
-            chosen = list(range(self.num_clients))
-        else:
-            chosen = sample_clients(self.rng, self.num_clients, self.clients_per_round)
-        self.sampled[server_round] = chosen
         independent = self.local_steps is None
         steps = self.independent_steps if independent else self.local_steps
-        base = ConfigRecord(dict(config))
-        base["server-round"] = server_round
-        base["algorithm"] = self.algorithm
-        base["local-steps"] = steps
-        base["first-step"] = (server_round - 1) * steps  # global local-step index t of the first update
-        base["independent"] = independent
+        config = ConfigRecord(dict(config))
+        config["algorithm"] = self.algorithm
+        config["local-steps"] = steps
+        config["first-step"] = (server_round - 1) * steps  # global local-step index t of the first update
+        config["independent"] = independent
         if self.step_size is not None and not independent:
             self._state = self.step_size.next_state(self._state, self.reported)
             etas = [float(x) for x in self.step_size.step_sizes(self._state, (server_round - 1) * steps, steps, self.gamma, steps)]
             self.step_sizes[server_round] = etas
-            base["step-sizes"] = etas
+            config["step-sizes"] = etas
+        log.info("round %d: %s", server_round, f"E = inf, {steps} local updates" if independent else f"E = {steps}")
         # E = inf: only round 1 carries the (common) initial model; later rounds carry none
         outgoing = ArrayRecord() if independent and server_round > 1 else arrays
-        self._global = self._template if independent else arrays
-        log.info("round %d: clients (partition-ids) %s, %s", server_round, chosen,
-                 f"E = inf, {steps} local updates" if independent else f"E = {steps}")
-        messages = []
-        for pid in chosen:
-            cfg = ConfigRecord(dict(base))
-            cfg["partition-id"] = pid
-            messages.append(Message(content=RecordDict({"arrays": outgoing, "config": cfg}),
-                                    message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
-            self.comm.sent(server_round, outgoing)
+        messages = super().configure_train(server_round, outgoing, config, grid)
+        if independent:
+            self._global = self._template  # replies are checked against the model's keys and shapes
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -27,7 +27,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from .fedagent_avg import FedAgentAvg
+from strategies.fedagent_avg import FedAgentAvg
 
 log = logging.getLogger(__name__)
 
@@ -178,16 +178,15 @@ class FedSELoRA(FedAgentAvg):
         super().__init__(node_of_partition, clients_per_round or k, seed, min(min_replies, clients_per_round or k))
         self.aggregation = aggregation
         # Names the clients' buffer folders. Fresh for every new run; a resumed run restores it with
-        # the rest of the strategy's state (resume.py), so clients find the buffers they grew.
+        # the rest of the strategy's state (fedagent_flwr/runs/resume.py), so clients find the buffers they grew.
         self.run_key = run_key or uuid.uuid4().hex[:12]
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if not lora_pairs(arrays.keys()):
             raise ValueError("FedSE-LoRA's global model must be a LoRA adapter (keys with lora_A / lora_B)")
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        for m in messages:
-            m.content.config_records["config"][RUN_KEY] = self.run_key
-        return messages
+        config = ConfigRecord(dict(config))
+        config[RUN_KEY] = self.run_key  # the clients' buffer folders
+        return super().configure_train(server_round, arrays, config, grid)
 
     def check_params(self, arrays: ArrayRecord, metrics: MetricRecord) -> None:
         if self.aggregation == "weighted" and SUCCESS_METRIC not in metrics:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 
-from .fedrl_avg import FedRLAvg, reject_private_arrays
+from strategies.fedrl_avg import FedRLAvg, reject_private_arrays
 
 VARIANTS = {"soft": "softpavg", "proj": "projpavg"}
 SIMPLEX_TOL = 1e-9

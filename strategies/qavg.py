@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, MetricRecord
 
-from .fedrl_avg import FedRLAvg, reject_private_arrays
+from strategies.fedrl_avg import FedRLAvg, reject_private_arrays
 
 
 class QAvg(FedRLAvg):

@@ -5,14 +5,14 @@ model: FedAgentAvg with the sampling replaced by that learner and the average
 taken over its single reply (the float64 mean of one model is the model). So a
 baseline keeps FedAgent's rounds, local epochs, evaluation hook, checkpoints and
 failure handling; which tasks the learner plays is decided on the client
-(fedagent_flwr/assignment.py: the union of all partitions for Centralized).
+(fedagent_flwr/methods/tasks.py: the union of all partitions for Centralized).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .fedagent_avg import FedAgentAvg
+from strategies.fedagent_avg import FedAgentAvg
 
 
 class SingleLearner(FedAgentAvg):

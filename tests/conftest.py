@@ -7,8 +7,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from envs import make_env
-from fedagent_flwr.prompts import build_prompt, expert_completion
-from fedagent_flwr.tiny_model import train_tokenizer
+from fedagent_flwr.agent.prompts import build_prompt, expert_completion
+from fedagent_flwr.agent.tiny_model import train_tokenizer
 
 
 @pytest.fixture(scope="session")

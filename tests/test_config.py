@@ -74,9 +74,8 @@ def test_every_field_has_docs():
 
 
 def test_max_new_tokens_zero_takes_the_largest_budget_among_the_envs():
-    from fedagent_flwr.local_training import rollout_config
 
-    assert rollout_config(RunConfig()).max_new_tokens == 32  # maze
-    assert rollout_config(RunConfig(env="webshop")).max_new_tokens == 128
-    assert rollout_config(RunConfig(env="maze,alfworld")).max_new_tokens == 64
-    assert rollout_config(RunConfig(env="webshop", max_new_tokens=40)).max_new_tokens == 40
+    assert RunConfig().rollout_config().max_new_tokens == 32  # maze
+    assert RunConfig(env="webshop").rollout_config().max_new_tokens == 128
+    assert RunConfig(env="maze,alfworld").rollout_config().max_new_tokens == 64
+    assert RunConfig(env="webshop", max_new_tokens=40).rollout_config().max_new_tokens == 40

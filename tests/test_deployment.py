@@ -106,7 +106,7 @@ def test_two_rounds_on_a_loopback_superlink_with_two_supernodes(tmp_path, secure
 def test_killed_deployment_resumes_to_the_uninterrupted_weights(tmp_path):
     """Kill every process of a real deployment after round 1, start a new federation with resume=true:
     the final global weights are bit-identical to an uninterrupted run's, and so are the sampled clients."""
-    from fedagent_flwr.resume import load_state, saved_round
+    from fedagent_flwr.runs.resume import load_state, saved_round
 
     out = tmp_path / "runs"
     base = ("num-clients=3 clients-per-round=2 num-server-rounds=3 tasks-per-epoch=1 group-size=2 eval-tasks=1 "

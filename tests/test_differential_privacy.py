@@ -1,4 +1,4 @@
-"""Central DP (strategies/differential_privacy.py): clipping values, noise scale, failed replies, the client mod."""
+"""Central DP (fedagent_flwr/privacy/differential_privacy.py): clipping values, noise scale, failed replies, the client mod."""
 
 import time
 
@@ -9,7 +9,7 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from fedagent_flwr.config import RunConfig
 from strategies import FedAgentAvg
-from strategies.differential_privacy import ClientSideDP, ServerSideDP, clip_when_asked, with_differential_privacy
+from fedagent_flwr.privacy.differential_privacy import ClientSideDP, ServerSideDP, clip_when_asked, with_differential_privacy
 
 
 def _arrays(w, b):
@@ -106,10 +106,10 @@ def test_a_run_with_dp_clips_every_update_and_still_sends_only_numbers(strategy,
     """The real ServerApp and ClientApp (with its mods) in one process (tests/loopback_grid.py)."""
     import torch
 
-    from fedagent_flwr.agent import load_agent
+    from fedagent_flwr.agent.loading import load_agent
     from fedagent_flwr.server_app import run_federation
     from loopback_grid import LoopbackGrid
-    from strategies.differential_privacy import update_norm
+    from fedagent_flwr.privacy.differential_privacy import update_norm
     from test_privacy import NUM_NODES, SMALL_CONFIGS, assert_reply_is_weights_and_numbers
 
     torch.set_num_threads(1)

@@ -232,7 +232,7 @@ def test_embedding_step_size_is_its_own():
 
 
 def test_adaptation_threshold_bookkeeping_and_summary():
-    from fedrl.deep_figures import _first_at, _new_params, summarise_communication
+    from fedagent_flwr.experiments.fedrl_deep_figures import _first_at, _new_params, summarise_communication
 
     assert _first_at([10, 150, 200, 120], [0, 3, 6, 9], 195) == 6
     assert _first_at([10, 150], [0, 3], 195) is None
@@ -251,7 +251,7 @@ def test_adaptation_threshold_bookkeeping_and_summary():
 
 
 def test_adaptation_records_updates_to_threshold():
-    from fedrl.deep_figures import adaptation
+    from fedagent_flwr.experiments.fedrl_deep_figures import adaptation
 
     cfg = DQNConfig(hidden=16, batch_size=4, replay_size=200, embed_dim=2)
     kw = dict(env_name="cartpole", seeds=[0], n_train=2, n_new=2, E=1, episodes=1, adapt_episodes=2, adapt_every=1,
@@ -275,7 +275,7 @@ def test_adaptation_records_updates_to_threshold():
 
 
 def test_trained_networks_are_kept_reused_and_checked(tmp_path, monkeypatch):
-    import fedrl.deep_figures as df
+    import fedagent_flwr.experiments.fedrl_deep_figures as df
 
     cfg = DQNConfig(hidden=16, batch_size=4, replay_size=200, embed_dim=2, embed_init=1.0)
     kw = dict(env_name="cartpole-polarity", seeds=[0], n_train=3, n_new=2, E=1, episodes=3, adapt_episodes=2, adapt_every=2,
@@ -322,7 +322,7 @@ def test_embedding_search_takes_a_spread_per_dimension():
 def test_adaptation_summary_merges_seeds_and_censors_misses(tmp_path):
     import json
 
-    from fedrl.deep_figures import main, merge_adaptation, summarise_adaptation
+    from fedagent_flwr.experiments.fedrl_deep_figures import main, merge_adaptation, summarise_adaptation
 
     def part(en, search, en_eps, search_eps):
         return {"adapt_episodes": [0, 4, 8], "threshold": 195.0, "E-Update": [[0, 0, 0]], "E&N-Update": [[0, 0, 0]],
@@ -354,7 +354,7 @@ def test_adaptation_summary_merges_seeds_and_censors_misses(tmp_path):
                                   ["--adapt-every", "3", "--adapt-search", "2"], ["--adapt-search", "1"], ["--first-seed", "-1"],
                                   ["--adapt-search-std", "0"], ["--adapt-search-std", "wide"]])
 def test_deep_figures_refuses_bad_embedding_options(argv, tmp_path, capsys):
-    from fedrl.deep_figures import main
+    from fedagent_flwr.experiments.fedrl_deep_figures import main
 
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), *argv])

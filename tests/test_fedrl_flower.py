@@ -6,18 +6,28 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedagent_flwr import fedrl_client
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.fedrl_problem import build_problem
-from fedagent_flwr.fedrl_server import strategy_for
+from fedagent_flwr.methods import method_for
 from fedrl.engine import Cell, run_cells
 from fedrl.mdps import RandomMDPs, WindyCliffs
 from fedrl.tabular import project_to_simplex
-from strategies import PAvg, QAvg, make_strategy
+from strategies import PAvg, QAvg
 
 
 def _cfg(**over) -> RunConfig:
     return RunConfig.from_run_config(RunConfig().to_run_config() | over)
+
+
+def build_problem(cfg: RunConfig, num_clients: int):
+    """The problem the run's method builds on the server and on every client."""
+    return method_for(cfg).problem(num_clients)
+
+
+def strategy_for(cfg: RunConfig, problem, node_of_partition: dict[int, int]):
+    """The strategy the one server loop would start for this run config."""
+    method = method_for(cfg)
+    assert method.fingerprint(len(node_of_partition)) == problem.fingerprint()
+    return method.make_strategy(node_of_partition)
 
 
 class LocalGrid:
@@ -40,7 +50,7 @@ class LocalGrid:
         out = []
         for m in reversed(messages):
             ctx = self.contexts[m.metadata.dst_node_id]
-            out.append(fedrl_client.train(m, ctx, self.cfg, int(ctx.node_config["partition-id"]), self.K))
+            out.append(method_for(self.cfg).train(m, ctx, int(ctx.node_config["partition-id"]), self.K, load_agent=None))
         self.replies += out
         return out
 
@@ -164,14 +174,14 @@ def test_sampled_clients_use_the_seeded_fraction(run_identity):
 def test_a_client_that_built_another_problem_is_refused(run_identity):
     cfg = _cfg(strategy="qavg", env="random-mdp")
     other = _cfg(strategy="qavg", env="random-mdp", kappa=0.2)
-    assert fedrl_client.handshake_info(cfg, 0, 5)["fingerprint"] != fedrl_client.handshake_info(other, 0, 5)["fingerprint"]
+    assert method_for(cfg).client_fingerprint(0, 5, None) != method_for(other).client_fingerprint(0, 5, None)
     problem = build_problem(cfg, 5)
     strategy = strategy_for(cfg, problem, {k: 100 + k for k in range(5)})
     (msg, *_) = strategy.configure_train(1, ArrayRecord({"params": Array(problem.init_params)}),
                                          ConfigRecord({"fingerprint": problem.fingerprint()}), grid=None)
     ctx = Context(run_id=1, node_id=100, node_config={"partition-id": 0, "num-partitions": 5}, state=RecordDict(), run_config={})
     with pytest.raises(ValueError, match="fingerprint"):
-        fedrl_client.train(msg, ctx, other, 0, 5)
+        method_for(other).train(msg, ctx, 0, 5, load_agent=None)
 
 
 # --- configuration ---------------------------------------------------------------------------------------
@@ -211,8 +221,12 @@ def test_mujoco_envs_need_mujoco_before_work_starts(monkeypatch):
 
 
 def test_strategy_registry_and_arguments():
-    assert isinstance(make_strategy("qavg", node_of_partition={0: 1}, local_steps=4), QAvg)
-    assert make_strategy("pavg", node_of_partition={0: 1}, local_steps=None, variant="proj").algorithm == "projpavg"
+    nodes = {k: 100 + k for k in range(5)}
+    assert type(strategy_for(_cfg(strategy="qavg", env="random-mdp"), build_problem(_cfg(strategy="qavg", env="random-mdp"), 5), nodes)) is QAvg
+    proj = _cfg(strategy="pavg", env="random-mdp", **{"pavg-variant": "proj"})
+    strategy = strategy_for(proj, build_problem(proj, 5), nodes)
+    assert type(strategy) is PAvg and strategy.algorithm == "projpavg" == method_for(proj).algorithm()
+    assert PAvg(node_of_partition={0: 1}, local_steps=None, variant="proj").algorithm == "projpavg"
     with pytest.raises(ValueError, match="variant"):
         PAvg({0: 1}, local_steps=1, variant="natural")
     with pytest.raises(ValueError, match="E = inf"):
@@ -227,7 +241,7 @@ def test_strategy_registry_and_arguments():
 @pytest.mark.parametrize("strategy, env, E", [("qavg", "cartpole", 1), ("pavg", "pendulum", 3)])
 def test_per_deep_avg_never_sends_the_embedding_and_averages_the_shared_layers(run_identity, strategy, env, E):
     pytest.importorskip("torch")
-    from fedagent_flwr import fedrl_deep
+    from fedagent_flwr.methods.fedrl import deep as fedrl_deep
 
     # pendulum: 3 episodes of 200 steps a round, so DDPG's 1,000 warm-up steps end in round 2 and the embedding trains
     cfg = _cfg(strategy=strategy, env=env, **{"env-embedding-dim": 3, "local-updates": E, "num-server-rounds": 2,
@@ -245,7 +259,7 @@ def test_per_deep_avg_never_sends_the_embedding_and_averages_the_shared_layers(r
         embeddings.append(emb)
     assert not np.allclose(embeddings[0], embeddings[1])
     shared = [k for k in problem.learner(0).net.state_dict() if k != "embedding"]
-    outgoing = grid.replies + [Message(RecordDict({"info": fedrl_client.handshake_info(cfg, k, K)}), reply_to=grid.sent[k]) for k in range(K)]
+    outgoing = grid.replies + [Message(RecordDict({"info": ConfigRecord({"fingerprint": method_for(cfg).client_fingerprint(k, K, None)})}), reply_to=grid.sent[k]) for k in range(K)]
     for msg in outgoing:
         for record in msg.content.array_records.values():
             assert sorted(record.keys()) == sorted(shared)
@@ -273,7 +287,7 @@ def test_learner_state_survives_the_round_trip_through_context_state(strategy, e
     pytest.importorskip("torch")
     from dataclasses import replace
 
-    from fedagent_flwr import fedrl_deep
+    from fedagent_flwr.methods.fedrl import deep as fedrl_deep
 
     cfg = _cfg(strategy=strategy, env=env, **{"env-embedding-dim": 2})
     problem = fedrl_deep.build_deep_problem(cfg, 2)
@@ -297,9 +311,14 @@ def test_learner_state_survives_the_round_trip_through_context_state(strategy, e
 
 def test_deep_env_lists_agree_with_the_config():
     pytest.importorskip("torch")
-    from fedagent_flwr import config, fedrl_deep
+    from fedagent_flwr import config
+    from fedagent_flwr.methods.fedrl import deep as fedrl_deep
 
     assert config.FEDRL_DQN_ENVS == fedrl_deep.DQN_ENVS and config.FEDRL_DDPG_ENVS == fedrl_deep.DDPG_ENVS
+    # every env the config lets qavg / pavg run on is one the method can build
+    assert set(config.FEDRL_ENVS) == set(fedrl_deep.DEEP_ENVS) | set(config.FEDRL_TABULAR_ENVS)
+    for name, traits in config.STRATEGIES.items():
+        assert set(traits.envs) <= set(config.FEDRL_ENVS), name
     problem = fedrl_deep.build_deep_problem(_cfg(strategy="pavg", env="pendulum", **{"max-steps": 50}), 3)
     assert problem.name == "DDPGAvg" and len(problem.train_params) == 3 and all(len(p) == 2 for p in problem.train_params)
     assert problem.make_env(problem.train_params[0]).spec.max_episode_steps == 50

@@ -78,7 +78,7 @@ def test_samples_follow_the_paper_ranges_and_bad_sizes_are_refused():
 
 
 def test_ddpg_figures_runs_on_hoppers(tmp_path):
-    from fedrl.ddpg_figures import main
+    from fedagent_flwr.experiments.fedrl_ddpg_figures import main
 
     argv = ["--out", str(tmp_path), "--env", "hopper", "--max-steps", "20", "--seeds", "1", "--clients", "2",
             "--test-envs", "1", "--episodes", "2", "--E", "1", "--eval-every", "1", "--eval-episodes", "1"]

@@ -34,7 +34,7 @@ def test_flwr_run_of_qavg_and_pavg_matches_the_engine(tmp_path, strategy, extra,
     # the same numbers as fedrl's vectorised engine on the same seed and repetition
     config = json.loads((run_dir / "config.json").read_text())
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.fedrl_problem import build_problem
+    from test_fedrl_flower import build_problem
 
     cfg = RunConfig.from_run_config({k: v for k, v in config.items() if k in RunConfig().to_run_config()})
     problem = build_problem(cfg, 3)
@@ -50,10 +50,9 @@ def test_flwr_run_of_per_ddpgavg_matches_an_in_process_run(tmp_path, run_identit
     """strategy='pavg' on a deep env is DDPGAvg: the real app's global weights equal an in-process run's."""
     from flwr.app import ConfigRecord
 
-    from fedagent_flwr import fedrl_deep
+    from fedagent_flwr.methods.fedrl import deep as fedrl_deep
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.fedrl_server import strategy_for
-    from test_fedrl_flower import LocalGrid
+    from test_fedrl_flower import LocalGrid, strategy_for
 
     out = tmp_path / "runs"
     cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--strategy", "pavg", "--env", "pendulum", "--num-clients", "2",

@@ -391,7 +391,7 @@ def test_held_out_kernels_can_be_left_out():
 
 
 def test_table1_cli_writes_the_table_and_figure(tmp_path):
-    from fedrl.table1 import main
+    from fedagent_flwr.experiments.fedrl_table1 import main
 
     assert main(["--reps", "2", "--fig2-reps", "2", "--out", str(tmp_path), "--workers", "1"]) == 0
     md = (tmp_path / "table1.md").read_text()

@@ -12,13 +12,13 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 from envs import make_env
-from fedagent_flwr.agent import Agent
+from fedagent_flwr.agent.loading import Agent
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.experience import SEED_ROUND, ExperienceBuffer
-from fedagent_flwr.lora import LoRASpec, adapter_num_parameters, adapter_to_arrays, attached_lora, save_adapter
-from fedagent_flwr.rollout import RolloutConfig, StepRecord, Trajectory
-from fedagent_flwr.self_evolution import SelfEvolutionConfig, keep_trajectories, self_evolution_round, valid_steps_only
-from strategies import FedAgentAvg, FedSELoRA, make_strategy
+from fedagent_flwr.agent.experience import SEED_ROUND, ExperienceBuffer
+from fedagent_flwr.agent.lora import LoRASpec, adapter_num_parameters, adapter_to_arrays, attached_lora, save_adapter
+from fedagent_flwr.agent.rollout import RolloutConfig, StepRecord, Trajectory
+from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig, keep_trajectories, self_evolution_round, valid_steps_only
+from strategies import FedAgentAvg, FedSELoRA
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.fedse_lora import aggregate_adapters, clients_for_fraction, mean_of_products, refactorise
 
@@ -115,7 +115,7 @@ def _record(adapter):
 
 def test_strategy_sends_to_all_clients_aggregates_and_counts_bytes(run_identity):
     nodes = {0: 11, 1: 12, 2: 13}
-    strategy = make_strategy("fedse-lora", node_of_partition=nodes, aggregation="weighted")
+    strategy = FedSELoRA(node_of_partition=nodes, aggregation="weighted")
     assert isinstance(strategy, FedSELoRA) and strategy.clients_per_round == 3
     global_adapter = _adapter(np.zeros((2, 3)), np.zeros((4, 2)))
     msgs = list(strategy.configure_train(1, _record(global_adapter), ConfigRecord({"fingerprint": "f"}), grid=None))
@@ -237,7 +237,7 @@ def test_buffer_survives_a_new_process(tmp_path):
     buf = ExperienceBuffer(tmp_path, "fp")
     buf.seed([_traj("d0", True, 3)])
     buf.add_round(1, [_traj("r1", True, 4)])
-    code = ("import sys, json; from fedagent_flwr.experience import ExperienceBuffer; "
+    code = ("import sys, json; from fedagent_flwr.agent.experience import ExperienceBuffer; "
             "b = ExperienceBuffer(sys.argv[1], 'fp'); print(json.dumps([len(b), len(b.samples())]))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [2, 7]

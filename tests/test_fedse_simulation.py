@@ -60,7 +60,7 @@ def test_two_round_fedse_simulation_on_the_tiny_model(tmp_path):
 @pytest.mark.slow
 def test_protocol_writes_table_and_rank_sweep(tmp_path):
     """The CPU protocol end to end at its smallest: every Table 1 method, one ablation, a 2-point rank sweep."""
-    from fedagent_flwr.fedse_protocol import main
+    from fedagent_flwr.experiments.fedse_protocol import main
 
     out = tmp_path / "protocol"
     small = ["num-server-rounds=1", "num-clients=2", "tasks-per-client=1", "eval-tasks=2", "eval-samples-per-task=1",

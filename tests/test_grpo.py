@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from envs import Task
-from fedagent_flwr.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
-from fedagent_flwr.rollout import RolloutConfig, StepRecord, Trajectory
-from fedagent_flwr.tokens import collate, completion_logprobs
+from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
+from fedagent_flwr.agent.rollout import RolloutConfig, StepRecord, Trajectory
+from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
 
 def test_group_advantages_are_normalised_within_each_group():

@@ -11,10 +11,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, RecordDict
 
 from envs import make_env
-from fedagent_flwr.assignment import all_partitions, baseline_learner, learner_tasks, union_of
+from fedagent_flwr.methods.tasks import all_partitions, baseline_learner, learner_tasks, union_of
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig
-from fedagent_flwr.success_labels import label_tasks, load_labels, write_json_atomic
+from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig
+from fedagent_flwr.experiments.success_labels import label_tasks, load_labels, write_json_atomic
 from partitions import coverage_partition, hardness_partition, preference_partition, task_table
 from strategies.single_learner import SingleLearner
 
@@ -178,7 +178,7 @@ def test_label_thresholds_and_bad_arguments(maze_tokenizer):
 
 @pytest.mark.slow  # loads (or first builds) the cached tiny:maze model and plays 64 episodes
 def test_success_label_command_on_the_tiny_maze_model(tmp_path):
-    from fedagent_flwr.success_labels import main
+    from fedagent_flwr.experiments.success_labels import main
 
     out = tmp_path / "labels.json"
     payload = main(["--env", "maze", "--model", "tiny", "--out", str(out), "--samples", "2", "--seed", "3"])

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedagent_flwr.config import RunConfig
 from loopback_grid import LoopbackGrid
-from strategies import STRATEGIES
+from fedagent_flwr.config import STRATEGIES
 
 # One round, the smallest settings each strategy accepts.
 _LLM = {"num-server-rounds": 1, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 1,
@@ -67,7 +67,7 @@ def assert_reply_is_weights_and_numbers(sent: Message, reply: Message) -> None:
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_clients_send_only_weights_and_numeric_metrics(strategy, tmp_path, run_identity, monkeypatch):
-    from fedagent_flwr.agent import load_agent
+    from fedagent_flwr.agent.loading import load_agent
     from fedagent_flwr.server_app import run_federation
 
     assert strategy in SMALL_CONFIGS, f"add a small run config for strategy {strategy!r} to SMALL_CONFIGS"

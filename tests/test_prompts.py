@@ -1,7 +1,7 @@
 import pytest
 
 from envs import make_env
-from fedagent_flwr.prompts import build_prompt, expert_completion, parse_action
+from fedagent_flwr.agent.prompts import build_prompt, expert_completion, parse_action
 
 
 @pytest.mark.parametrize(

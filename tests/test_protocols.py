@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from envs import make_env
-from fedagent_flwr import protocols
-from fedagent_flwr.assignment import all_partitions
+from fedagent_flwr.experiments import protocols
+from fedagent_flwr.methods.tasks import all_partitions
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.success_labels import write_json_atomic
+from fedagent_flwr.experiments.success_labels import write_json_atomic
 
 
 def full(run) -> RunConfig:

@@ -12,8 +12,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.faults import FaultPlan, InjectedFault, corrupt_reply, with_fault_injection
-from fedagent_flwr.resume import ResumedStrategy, load_state, restore, save_state
+from fedagent_flwr.faults import FaultPlan, InjectedFault, corrupt_reply, train_with_faults
+from fedagent_flwr.runs.resume import ResumedStrategy, load_state, restore, save_state
 from strategies import FedAgentAvg
 from simulate import simulate
 from strategies.fedagent_avg import check_reply
@@ -68,12 +68,14 @@ def test_the_client_wrapper_raises_or_corrupts_only_the_chosen_partition(run_ide
         calls.append(int(msg.content.config_records["config"]["server-round"]))
         return Message(RecordDict({"arrays": _record(), "metrics": MetricRecord({"x": 1.0})}), reply_to=msg)
 
-    wrapped = with_fault_injection(handler)
-    run_config = RunConfig().to_run_config() | {"fault-injection": "raise+nan:partition=0"}
+    plan = FaultPlan.parse("raise+nan:partition=0")
+
+    def wrapped(msg, context):
+        return train_with_faults(handler, msg, context, plan, seed=0, round_timeout=60.0)
 
     def context(pid):
         return Context(run_id=1, node_id=1, node_config={"partition-id": pid, "num-partitions": 2}, state=RecordDict(),
-                       run_config=run_config)
+                       run_config={})
 
     with pytest.raises(InjectedFault):
         wrapped(_train_message(1, 0), context(0))

@@ -1,7 +1,7 @@
 from envs import make_env
-from fedagent_flwr.evaluation import summarize
-from fedagent_flwr.prompts import build_prompt
-from fedagent_flwr.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, run_episodes
+from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.prompts import build_prompt
+from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, run_episodes
 
 
 class CountingPolicy:
@@ -95,7 +95,7 @@ def test_prompts_encoded_together_equal_prompts_encoded_one_by_one(maze_tokenize
 def test_evaluation_command_plays_a_saved_model_on_held_out_tasks(tiny_lm, maze_tokenizer, tmp_path, capsys):
     import json
 
-    from fedagent_flwr.evaluation import main
+    from fedagent_flwr.experiments.evaluate import main
 
     tiny_lm.save_pretrained(tmp_path)
     maze_tokenizer.save_pretrained(tmp_path)

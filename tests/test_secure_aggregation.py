@@ -1,4 +1,4 @@
-"""SecAgg+ bridge (fedagent_flwr/secure_aggregation.py): sampling, translation both ways, and a real run.
+"""SecAgg+ bridge (fedagent_flwr/privacy/secure_aggregation.py): sampling, translation both ways, and a real run.
 
 The real runs are slow (two simulations): python -m pytest -q -m slow tests/test_secure_aggregation.py
 """
@@ -13,7 +13,7 @@ from flwr.compat.common import recorddict_compat as compat
 from safetensors.numpy import load_file
 
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.secure_aggregation import SecureFedAgentAvg, as_fit_reply, as_plain_train_message, named_arrays
+from fedagent_flwr.privacy.secure_aggregation import SecureFedAgentAvg, as_fit_reply, as_plain_train_message, named_arrays
 from simulate import simulate
 from strategies import FedAgentAvg
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, Metadata, MetricRecord, RecordDict
 
-from strategies import FedAgentAvg, average_arrays, make_strategy, sample_clients
+from strategies import FedAgentAvg, average_arrays, sample_clients
 
 
 def test_sampling_is_without_replacement_and_reproducible_by_seed():
@@ -95,10 +95,7 @@ def test_too_few_replies_keep_the_global_model(run_identity):
     assert arrays is None and metrics["replies"] == 1 and metrics["failed-replies"] == 1
 
 
-def test_strategy_registry_and_bad_arguments():
-    assert isinstance(make_strategy("fedagent-avg", node_of_partition={0: 1}, clients_per_round=1), FedAgentAvg)
-    with pytest.raises(ValueError, match="unknown strategy"):
-        make_strategy("fedprox", node_of_partition={0: 1}, clients_per_round=1)
+def test_strategy_bad_arguments():
     with pytest.raises(ValueError, match="clients_per_round"):
         FedAgentAvg({0: 1, 1: 2}, clients_per_round=3)
     with pytest.raises(ValueError, match="partition-ids"):

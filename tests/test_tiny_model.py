@@ -2,9 +2,9 @@ import json
 
 import torch
 
-from fedagent_flwr.agent import load_agent
-from fedagent_flwr.models import ModelSpec, fingerprint, load_model, load_tokenizer, resolve_model
-from fedagent_flwr.tiny_model import TinyRecipe, ensure_tiny_model, tiny_model_dir
+from fedagent_flwr.agent.loading import load_agent
+from fedagent_flwr.agent.models import ModelSpec, fingerprint, load_model, load_tokenizer, resolve_model
+from fedagent_flwr.agent.tiny_model import TinyRecipe, ensure_tiny_model, tiny_model_dir
 
 FAST = dict(env="maze", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, bc_steps=3, bc_batch_size=4)
 
@@ -51,7 +51,7 @@ def test_fingerprint_changes_with_any_weight():
 
 
 def test_model_names_resolve_to_tiny_or_hub_sources(monkeypatch, tmp_path):
-    import fedagent_flwr.models as models
+    import fedagent_flwr.agent.models as models
 
     monkeypatch.setattr(models, "ensure_tiny_model", lambda env: tmp_path / f"tiny-{env}")
     assert resolve_model("tiny", "maze") == ModelSpec(str(tmp_path / "tiny-maze"), tiny=True)

@@ -1,6 +1,6 @@
 """Figures 3-5 of Jin et al. for DDPGAvg at a CPU-feasible scale, on Pendulums with varied pole length.
 
-    python -m fedrl.ddpg_figures --out DIR [--seeds 3] [--episodes 30] [--E 5]
+    python -m fedagent_flwr.experiments.fedrl_ddpg_figures --out DIR [--seeds 3] [--episodes 30] [--E 5]
 
 ``--env pendulum`` (default: Pendulum-v1 with varied pole length, fedrl/ddpg.py) is the
 CPU-scale stand-in; ``--env hopper`` / ``half-cheetah`` are the paper's MuJoCo families
@@ -15,7 +15,7 @@ drawn lengths ("test"); "local" is each client's own model on its own pendulum.
 Figure 5 (``personalised``): PerDDPGAvg (a private embedding per client, never
 averaged) vs DDPGAvg (the communication run of the same seed), local return.
 
-The training loop, the scoring and the summaries are fedrl.deep_figures' (its
+The training loop, the scoring and the summaries are fedagent_flwr.experiments.fedrl_deep_figures' (its
 ``_train`` with a DDPG learner). Pendulum's returns: about -1200 to -1500 for a policy that
 never swings up, about -150 for a good one (200 steps).
 """
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .ddpg import CONTINUOUS_ENVS, DDPGConfig, DDPGLearner, make_continuous_env, sample_continuous_params
-from .deep_figures import _mean_se, _paired_p, _train, summarise_communication
+from fedrl.ddpg import CONTINUOUS_ENVS, DDPGConfig, DDPGLearner, make_continuous_env, sample_continuous_params
+from fedagent_flwr.experiments.fedrl_deep_figures import _mean_se, _paired_p, _train, summarise_communication
 
 __all__ = ["communication", "main", "personalised"]
 
@@ -133,7 +133,7 @@ def _plot(comm: dict, per: dict | None, path: Path, env_name: str = "pendulum") 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedrl.ddpg_figures", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.fedrl_ddpg_figures", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--env", choices=CONTINUOUS_ENVS, default="pendulum",
                    help="pendulum: varied pole length / mass; hopper, half-cheetah: the paper's MuJoCo families")

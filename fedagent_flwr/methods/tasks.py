@@ -24,10 +24,10 @@ from datasets import Dataset
 from envs import Task, make_env
 from partitions import make_partitioner, task_table
 
-from .success_labels import load_labels
+from fedagent_flwr.experiments.success_labels import load_labels
 
 if TYPE_CHECKING:
-    from .config import RunConfig
+    from fedagent_flwr.config import RunConfig
 
 CENTRALIZED_LEARNER = 0  # the partition-id whose node plays the centralized learner
 
@@ -43,7 +43,7 @@ def partition_kwargs(cfg: RunConfig) -> dict:
                 "size_avg": cfg.coverage_l_avg, "size_max": cfg.coverage_l_max}
     if cfg.partition == "hardness":
         return {"partition_size": cfg.tasks_per_client, "xi": cfg.hardness_xi, "r": cfg.hardness_r or None}
-    raise ValueError(f"partition={cfg.partition!r} has no parameter mapping in fedagent_flwr/assignment.py")
+    raise ValueError(f"partition={cfg.partition!r} has no parameter mapping in fedagent_flwr/methods/tasks.py")
 
 
 def pool_table(cfg: RunConfig, pool: list[Task]) -> Dataset:

@@ -18,9 +18,9 @@ from tqdm.auto import tqdm
 
 from envs import Task, TextEnv
 
-from .action_matching import ACTION_MATCHING, match_action
-from .prompts import build_prompt, expert_completion, parse_action
-from .sampling import sample_batch
+from fedagent_flwr.agent.action_matching import ACTION_MATCHING, match_action
+from fedagent_flwr.agent.prompts import build_prompt, expert_completion, parse_action
+from fedagent_flwr.agent.sampling import sample_batch
 
 
 @dataclass

@@ -24,12 +24,12 @@ from flwr.app import ArrayRecord
 
 from envs import Task, TextEnv
 
-from .agent import Agent
-from .evaluation import summarize
-from .experience import ExperienceBuffer
-from .lora import LoRASpec, adapter_to_arrays, attached_lora, arrays_to_adapter
-from .rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
-from .sft import SFTConfig, supervised_finetune
+from fedagent_flwr.agent.loading import Agent
+from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.experience import ExperienceBuffer
+from fedagent_flwr.agent.lora import LoRASpec, adapter_to_arrays, attached_lora, arrays_to_adapter
+from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from fedagent_flwr.agent.sft import SFTConfig, supervised_finetune
 
 KEEP_MODES = ("successes", "all")
 HISTORY_MODES = ("cumulative", "round")
@@ -145,28 +145,3 @@ def self_evolution_round(
         adapter = adapter_to_arrays(peft_model)
     metrics["seconds"] = time.time() - started
     return adapter, {k: float(v) for k, v in metrics.items()}
-
-
-def config_from_run(cfg) -> SelfEvolutionConfig:
-    """The client's settings from the validated RunConfig."""
-    from .fedse_server import lora_spec
-
-    return SelfEvolutionConfig(
-        lora=lora_spec(cfg), explore_samples=cfg.fedse_explore_samples, keep=cfg.fedse_keep, history=cfg.fedse_history,
-        steps=cfg.fedse_steps, seed_demos=cfg.fedse_seed_demos, sft_steps=cfg.fedse_sft_steps, sft_batch_size=cfg.fedse_sft_batch_size,
-        learning_rate=cfg.fedse_learning_rate, seed=cfg.seed,
-    )
-
-
-def train_fedse_client(agent: Agent, cfg, global_adapter: ArrayRecord, partition_id: int, num_partitions: int,
-                       server_round: int, run_key: str) -> tuple[ArrayRecord, dict[str, float]]:
-    """The ClientApp's Fed-SE round: this partition's tasks, its on-disk buffer, the global adapter."""
-    from envs import make_env
-
-    from .local_training import client_tasks, rollout_config, seed_everything
-
-    seed_everything(cfg.seed, server_round, partition_id)  # exploration sampling is reproducible per (round, client)
-    buffer = ExperienceBuffer(client_buffer_dir(cfg.fedse_buffer_dir, run_key, partition_id), agent.base_fingerprint)
-    tasks = client_tasks(cfg, partition_id, num_partitions)
-    return self_evolution_round(agent, config_from_run(cfg), rollout_config(cfg), lambda: make_env(cfg.env, cfg.max_steps),
-                                tasks, server_round, buffer, global_adapter)

@@ -27,7 +27,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from fedrl.ddpg import CONTINUOUS_ENVS, DDPGConfig, DDPGLearner, DDPGNets, make_continuous_env, sample_continuous_params
 from fedrl.deep import EMBEDDING, ENV_NAMES, DQNConfig, DQNLearner, QNet, make_env, sample_env_params
 
-from .config import RunConfig
+from fedagent_flwr.config import RunConfig
 
 DQN_ENVS = ENV_NAMES  # discrete actions: strategy 'qavg' (DQNAvg)
 DDPG_ENVS = CONTINUOUS_ENVS  # continuous actions: strategy 'pavg' (DDPGAvg)
@@ -203,11 +203,10 @@ def load_learner(ln: DQNLearner | DDPGLearner, state: RecordDict) -> None:
 # ----- ClientApp ------------------------------------------------------------------------------------------
 
 
-def handshake_info(cfg: RunConfig, partition_id: int, num_partitions: int) -> ConfigRecord:
+def client_fingerprint(cfg: RunConfig, partition_id: int, num_partitions: int) -> str:
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    return ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions,
-                         "fingerprint": _problem(cfg, num_partitions).fingerprint()})
+    return _problem(cfg, num_partitions).fingerprint()
 
 
 def train(msg: Message, context: Context, cfg: RunConfig, partition_id: int, num_partitions: int) -> Message:

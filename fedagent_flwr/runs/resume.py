@@ -116,7 +116,7 @@ def load_state(run_dir: Path, config: dict[str, Any]) -> ServerState:
         raise ValueError(f"resume=true but {run_dir} holds no saved state (expected {run_dir / STATE_DIR}); "
                          "start the run without resume, or set run-name to the run to continue")
     saved = json.loads((folder / "config.json").read_text())
-    from .config import RunConfig
+    from fedagent_flwr.config import RunConfig
 
     defaults = RunConfig().to_run_config()
     changed = sorted(k for k in set(saved) | set(config)

@@ -33,9 +33,9 @@ import torch
 
 from envs import Task, TextEnv
 
-from .evaluation import summarize
-from .rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
-from .tokens import collate, completion_logprobs
+from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")

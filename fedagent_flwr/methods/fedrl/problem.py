@@ -2,7 +2,7 @@
 
 Nothing about the problem travels: the server and each ClientApp rebuild it from
 the run config (seed, repetition, kappa, env) and the number of partitions K.
-The draw is the one ``python -m fedrl.table1`` / ``fedrl.engine.run_cells`` makes
+The draw is the one ``python -m fedagent_flwr.experiments.fedrl_table1`` / ``fedrl.engine.run_cells`` makes
 for repetition ``fedrl-repetition`` (``SeedSequence([seed, repetition])``), so a
 Flower run and the vectorised engine compute the same numbers on the same seed.
 Client k trains on kernel ``task.train[k]`` (P_k^kappa; with the reference
@@ -18,22 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedrl.engine import rep_rngs
-from fedrl.mdps import FedTask, RandomMDPs, WindyCliffs
-from fedrl.table1 import PRESETS
+from fedrl.mdps import TABULAR_ENVS, FedTask, RandomMDPs, WindyCliffs
+from fedrl.presets import PRESETS
 from fedrl.tabular import Algorithm, HarmonicStepSize, StallDecayStepSize, evaluate, get_algorithm
 
-from .config import RunConfig
-
-TABULAR_ENVS = ("random-mdp", "windy-cliffs")
+from fedagent_flwr.config import RunConfig
 
 
-def algorithm_name(cfg: RunConfig) -> str:
-    """fedrl.tabular's algorithm key: qavg, softpavg or projpavg."""
-    if cfg.strategy == "qavg":
-        return "qavg"
-    if cfg.strategy == "pavg":
-        return "softpavg" if cfg.pavg_variant == "soft" else "projpavg"
-    raise ValueError(f"strategy={cfg.strategy!r} is not a QAvg / PAvg strategy")
 
 
 def family(cfg: RunConfig, num_clients: int) -> RandomMDPs | WindyCliffs:
@@ -51,12 +42,12 @@ def local_steps(cfg: RunConfig) -> int | None:
     return cfg.local_updates or None
 
 
-def step_rule(cfg: RunConfig, num_clients: int) -> HarmonicStepSize | StallDecayStepSize:
-    """The run's step-size rule: fedrl.table1's "fast" preset for this env and algorithm, or a constant step."""
+def step_rule(cfg: RunConfig, num_clients: int, algorithm: str) -> HarmonicStepSize | StallDecayStepSize:
+    """The run's step-size rule: fedagent_flwr.experiments.fedrl_table1's "fast" preset for this env and algorithm, or a constant step."""
     if cfg.fedrl_step_size > 0:
         return StallDecayStepSize(cfg.fedrl_step_size, cfg.fedrl_step_decay)
     fam = family(cfg, num_clients)
-    rule = PRESETS["fast"][(fam.name, algorithm_name(cfg))].step_size
+    rule = PRESETS["fast"][(fam.name, algorithm)].step_size
     scale = cfg.random_mdp_reward_scale if cfg.env == "random-mdp" else 1.0
     if isinstance(rule, StallDecayStepSize) and scale != 1.0:
         # policy gradients scale with the reward; table1 divides the step the same way
@@ -98,11 +89,14 @@ class TabularProblem:
         return out
 
 
-def build_problem(cfg: RunConfig, num_clients: int) -> TabularProblem:
-    """The problem of repetition ``cfg.fedrl_repetition``, drawn exactly as fedrl.engine.run_cells draws it."""
+def build_problem(cfg: RunConfig, num_clients: int, algorithm: str) -> TabularProblem:
+    """The problem of repetition ``cfg.fedrl_repetition``, drawn exactly as fedrl.engine.run_cells draws it.
+
+    `algorithm`: fedrl.tabular's key (qavg, softpavg or projpavg), which the run's method names.
+    """
     fam = family(cfg, num_clients)
-    algo = get_algorithm(algorithm_name(cfg))
+    algo = get_algorithm(algorithm)
     prob_rng, init_rng = rep_rngs(cfg.seed, cfg.fedrl_repetition)
     task = fam.sample(prob_rng).task(cfg.kappa)
     init = algo.init_from_uniform(init_rng.uniform(size=task.reward.shape))
-    return TabularProblem(task, algo, init, local_steps(cfg), step_rule(cfg, num_clients))
+    return TabularProblem(task, algo, init, local_steps(cfg), step_rule(cfg, num_clients, algorithm))

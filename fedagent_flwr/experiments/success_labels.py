@@ -1,7 +1,7 @@
 """Success labels of a task pool: did a checkpoint solve each task? (input of HardnessPartition)
 
-    python -m fedagent_flwr.success_labels --env maze --model tiny --out labels.json
-    python -m fedagent_flwr.success_labels --env maze --model runs/x/checkpoints/round-0008 --samples 4 --out labels.json
+    python -m fedagent_flwr.experiments.success_labels --env maze --model tiny --out labels.json
+    python -m fedagent_flwr.experiments.success_labels --env maze --model runs/x/checkpoints/round-0008 --samples 4 --out labels.json
 
 Every task of the split is played `--samples` times with the batched rollout
 engine (the same prompts, parsing and horizon as training); a task is labelled
@@ -24,8 +24,8 @@ import torch
 
 from envs import Task, answer_token_budget, available_envs, make_env
 
-from .agent import load_agent
-from .rollout import LMPolicy, Policy, PromptEncoder, RolloutConfig, run_episodes
+from fedagent_flwr.agent.loading import load_agent
+from fedagent_flwr.agent.rollout import LMPolicy, Policy, PromptEncoder, RolloutConfig, run_episodes
 
 SPLITS = ("train", "test", "all")
 
@@ -68,7 +68,7 @@ def load_labels(path: str | Path, env: str, tasks: list[Task]) -> list[bool]:
     """The success label of each of `tasks` (in order) from a file this module wrote; raises on a mismatch."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ValueError(f"success-labels={str(path)!r}: no such file (write one with `python -m fedagent_flwr.success_labels`)")
+        raise ValueError(f"success-labels={str(path)!r}: no such file (write one with `python -m fedagent_flwr.experiments.success_labels`)")
     try:
         data = json.loads(path.read_text())
         labels = data["labels"]

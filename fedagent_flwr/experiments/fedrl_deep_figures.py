@@ -1,6 +1,6 @@
 """Figures 3-6 of Jin et al. (deep and personalised FedRL) at a CPU-feasible scale, on CartPole / Acrobot.
 
-    python -m fedrl.deep_figures --out DIR [--env cartpole] [--seeds 3] [--episodes 96] [--E 8]
+    python -m fedagent_flwr.experiments.fedrl_deep_figures --out DIR [--env cartpole] [--seeds 3] [--episodes 96] [--E 8]
 
 Figures 3/4 (``communication``): DQNAvg (E local episodes, then average) vs its
 E = inf variant (clients never communicate; the reported model is the average of
@@ -46,8 +46,8 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from .deep import ENV_NAMES, DQNConfig, DQNLearner, EmbeddingSearch, make_env, sample_env_params
-from .tabular import average
+from fedrl.deep import ENV_NAMES, DQNConfig, DQNLearner, EmbeddingSearch, make_env, sample_env_params
+from fedrl.tabular import average
 
 __all__ = ["adaptation", "communication", "main"]
 
@@ -68,7 +68,7 @@ def _train(env_name: str, train_params, E: int | None, total_episodes: int, conf
     """DQNAvg (finite E) or independent clients (E None), scored every ``eval_every`` episodes.
 
     ``make_learner(param, config, seed)`` builds another kind of learner with the same interface
-    (fedrl.ddpg_figures: DDPG on Pendulums); default: a DQN on ``make_env(env_name, param)``.
+    (fedagent_flwr.experiments.fedrl_ddpg_figures: DDPG on Pendulums); default: a DQN on ``make_env(env_name, param)``.
     """
     if make_learner is None:
         def make_learner(p, cfg, s):
@@ -280,7 +280,7 @@ def summarise_communication(comm: dict, avg: str = "dqnavg") -> dict:
     """Per seed and mean ± SE of the final greedy return and of its mean over all evaluations (area under the
     learning curve, "auc") and over the second half of the evaluations ("last_half"), for DQNAvg, the E = inf averaged network and the Baseline; paired tests DQNAvg - other.
 
-    ``avg`` names the averaging run in ``comm`` and in the output ("ddpgavg" in fedrl.ddpg_figures)."""
+    ``avg`` names the averaging run in ``comm`` and in the output ("ddpgavg" in fedagent_flwr.experiments.fedrl_ddpg_figures)."""
     runs = {avg: (avg, "global_"), "e_inf": ("independent", "global_"), "baseline": ("independent", "baseline_")}
     out = {}
     for where in ("train", "test"):
@@ -399,7 +399,7 @@ def _plot(comm: dict, adapt: dict, path: Path, env_name: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedrl.deep_figures", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.fedrl_deep_figures", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--env", choices=ENV_NAMES, default="cartpole",
                    help="cartpole-polarity: CartPoles whose push is reversed in every second environment")

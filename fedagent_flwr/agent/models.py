@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from envs import available_envs, is_multi_spec
 from envs.multi import normalize_spec
 
-from .tiny_model import ensure_tiny_model
+from fedagent_flwr.agent.tiny_model import ensure_tiny_model
 
 
 @dataclass(frozen=True)

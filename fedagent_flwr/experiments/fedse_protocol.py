@@ -1,7 +1,7 @@
 """Fed-SE's Table 1, ablations (Figure 4) and LoRA rank sweep (Figure 6) at CPU scale.
 
-    python -m fedagent_flwr.fedse_protocol --out /tmp/fedse-protocol            # CPU preset (tiny model, maze)
-    python -m fedagent_flwr.fedse_protocol --out DIR --set num-server-rounds=20 --set model=...  # other settings
+    python -m fedagent_flwr.experiments.fedse_protocol --out /tmp/fedse-protocol            # CPU preset (tiny model, maze)
+    python -m fedagent_flwr.experiments.fedse_protocol --out DIR --set num-server-rounds=20 --set model=...  # other settings
 
 Every method runs in this process, with the same client and aggregation code the
 Flower app runs (self_evolution.self_evolution_round, strategies.fedse_lora.
@@ -44,14 +44,15 @@ from envs.multi import per_env_spread
 from strategies.communication import payload_bytes
 from strategies.fedse_lora import aggregate_adapters
 
-from .agent import load_agent
-from .config import RunConfig
-from .evaluation import GlobalEvaluator
-from .experience import ExperienceBuffer
-from .lora import adapter_to_arrays, arrays_to_adapter, attached_lora
-from .local_training import client_tasks, rollout_config, seed_everything
-from .reporting import atomic_write_text
-from .self_evolution import config_from_run, self_evolution_round
+from fedagent_flwr.agent.loading import load_agent
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.agent.evaluation import GlobalEvaluator
+from fedagent_flwr.agent.experience import ExperienceBuffer
+from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.seeding import seed_everything
+from fedagent_flwr.methods.tasks import learner_tasks
+from fedagent_flwr.runs.reporting import atomic_write_text
+from fedagent_flwr.agent.self_evolution import self_evolution_round
 
 # CPU preset: 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
 CPU_PRESET = {
@@ -75,11 +76,11 @@ RANKS = (2, 4, 16)  # plus the preset's rank 8, which is fed-se itself
 
 def _evaluate(agent, cfg: RunConfig, adapter, server_round: int) -> dict[str, float]:
     tasks = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), cfg.eval_tasks)  # per env with a spec
-    spec = config_from_run(cfg).lora
+    spec = cfg.self_evolution_config().lora
     with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
         evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), tasks,
-                                    rollout_config(cfg, evaluation=True), cfg.eval_samples_per_task, cfg.seed)
+                                    cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed)
         return evaluator.evaluate(server_round)
 
 
@@ -91,12 +92,12 @@ def run_method(method: str, cfg: RunConfig, out: Path) -> list[dict]:
     """Run one method; returns its per-round rows (also written to <out>/<method>/metrics.jsonl)."""
     agent = load_agent(cfg.model, cfg.env, cfg.device)
     k = cfg.num_clients
-    se = config_from_run(cfg)
-    rollout = rollout_config(cfg)
+    se = cfg.self_evolution_config()
+    rollout = cfg.rollout_config()
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)  # noqa: E731
     buffers_root = out / method / "buffers"
     shutil.rmtree(buffers_root, ignore_errors=True)
-    tasks = [client_tasks(cfg, p, k) for p in range(k)]
+    tasks = [learner_tasks(cfg, p, k) for p in range(k)]
     buffers = [ExperienceBuffer(buffers_root / f"partition-{p}", agent.base_fingerprint) for p in range(k)]
     with attached_lora(agent.model, se.lora, seed=cfg.seed) as peft_model:
         initial = adapter_to_arrays(peft_model)

@@ -1,6 +1,6 @@
 """Table 1 and Figure 2 of Jin et al. (FedRL with environment heterogeneity), tabular part.
 
-    python -m fedrl.table1 --reps 16000 --out DIR [--fig2-reps 2000] [--grid] [--workers 2]
+    python -m fedagent_flwr.experiments.fedrl_table1 --reps 16000 --out DIR [--fig2-reps 2000] [--grid] [--workers 2]
 
 Table 1: value on the centre kernel P_0 (mean +- standard error over the
 repetitions) of QAvg (E = 4), SoftPAvg (E = 4) and ProjPAvg (E = 32) for
@@ -41,14 +41,14 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .engine import Cell, CellResult, run_cells
-from .mdps import RandomMDPs, WindyCliffs
-from .tabular import HarmonicStepSize, StallDecayStepSize
+from fedrl.engine import Cell, CellResult, run_cells
+from fedrl.mdps import RandomMDPs, WindyCliffs
+from fedrl.presets import PRESETS, Setting
+from fedrl.tabular import HarmonicStepSize, StallDecayStepSize
 
 KAPPAS = (0.0, 0.2, 0.4, 0.6, 0.8)
 E_SWEEP = (1, 2, 4, 8, 16, 32, None)
@@ -57,34 +57,6 @@ NAMES = {"qavg": "QAvg", "softpavg": "SoftPAvg", "projpavg": "ProjPAvg"}
 TABLE1_E = {"qavg": 4, "softpavg": 4, "projpavg": 32}
 FIG2_CHECKPOINTS = (4, 8, 16, 32, 64, 128, 256, 512)
 
-
-@dataclass(frozen=True)
-class Setting:
-    total_steps: int
-    step_size: HarmonicStepSize | StallDecayStepSize
-
-
-# (family, algorithm) -> (total local steps, step-size rule) per preset. The stall-decay
-# learning rates and decay factors are the reference code's (tabular/heter_*.py).
-PRESETS: dict[str, dict[tuple[str, str], Setting]] = {
-    "fast": {
-        ("RandomMDPs", "qavg"): Setting(128, HarmonicStepSize()),
-        ("RandomMDPs", "softpavg"): Setting(64, StallDecayStepSize(0.05, 0.9)),
-        ("RandomMDPs", "projpavg"): Setting(128, StallDecayStepSize(0.05, 0.9)),
-        ("WindyCliffs", "qavg"): Setting(64, HarmonicStepSize()),
-        ("WindyCliffs", "softpavg"): Setting(16, StallDecayStepSize(0.1, 0.4)),
-        # one round of E = 32: the reference's reported ProjPAvg value is the model after 32 of its 64 steps
-        ("WindyCliffs", "projpavg"): Setting(32, StallDecayStepSize(0.01, 0.5)),
-    },
-    "reference": {
-        ("RandomMDPs", "qavg"): Setting(128, HarmonicStepSize()),
-        ("RandomMDPs", "softpavg"): Setting(512, StallDecayStepSize(0.05, 0.9)),
-        ("RandomMDPs", "projpavg"): Setting(960, StallDecayStepSize(0.01, 0.9)),
-        ("WindyCliffs", "qavg"): Setting(640, HarmonicStepSize()),
-        ("WindyCliffs", "softpavg"): Setting(192, StallDecayStepSize(0.1, 0.4)),
-        ("WindyCliffs", "projpavg"): Setting(64, StallDecayStepSize(0.01, 0.5)),
-    },
-}
 
 # Figure 2 (WindyCliffs, all agents theta ~ U(0, 1)); reference tabular/*_windy_cliff.py step sizes.
 FIG2 = {
@@ -241,7 +213,7 @@ def plot_fig2(results: list[CellResult], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedrl.table1", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.fedrl_table1", description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=16000, help="repetitions per Table 1 cell (paper: 16,000)")
     p.add_argument("--fig2-reps", type=int, default=2000, help="repetitions per Figure 2 cell (0 skips Figure 2)")
     p.add_argument("--grid", action="store_true", help="also run the full kappa x E grid on both families (--grid-reps each)")
@@ -264,7 +236,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     fams = families(args.random_reward_scale, args.random_gamma)
     report: dict = {
-        "command": " ".join([os.path.basename(sys.executable), "-m", "fedrl.table1"] + (argv if argv is not None else sys.argv[1:])),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "fedagent_flwr.experiments.fedrl_table1"] + (argv if argv is not None else sys.argv[1:])),
         "preset": args.preset,
         "reps": args.reps,
         "seed": args.seed,

@@ -1,4 +1,4 @@
-"""ClientApp side of QAvg / PAvg (deep envs are handed to fedrl_deep): client k runs fedrl's local update on its own kernel P_k^kappa.
+"""ClientApp side of tabular QAvg / PAvg (deep envs: deep.py): client k runs fedrl's local update on its own kernel P_k^kappa.
 
 The client rebuilds the run's problem from the run config (see fedrl_problem) and
 takes kernel ``task.train[partition-id]``; only the parameter table and numeric
@@ -18,28 +18,23 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 
 from fedrl.tabular import evaluate
 
-from . import fedrl_deep
-from .config import RunConfig
-from .fedrl_deep import DEEP_ENVS
-from .fedrl_problem import TabularProblem, build_problem
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.fedrl.problem import TabularProblem, build_problem
 
 STATE_ARRAYS = "fedrl-local"  # context.state keys of the E = inf client's own table and rule state
 STATE_CONFIG = "fedrl-history"
 
 
 @lru_cache(maxsize=4)
-def _problem(cfg: RunConfig, num_clients: int) -> TabularProblem:
-    return build_problem(cfg, num_clients)
+def _problem(cfg: RunConfig, num_clients: int, algorithm: str) -> TabularProblem:
+    return build_problem(cfg, num_clients, algorithm)
 
 
-def handshake_info(cfg: RunConfig, partition_id: int, num_partitions: int) -> ConfigRecord:
-    """partition-id and the problem's fingerprint, so the server can tell a node built another problem."""
-    if cfg.env in DEEP_ENVS:
-        return fedrl_deep.handshake_info(cfg, partition_id, num_partitions)
+def client_fingerprint(cfg: RunConfig, algorithm: str, partition_id: int, num_partitions: int) -> str:
+    """The problem's fingerprint, so the server can tell a node built another problem."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    fingerprint = _problem(cfg, num_partitions).fingerprint()
-    return ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions, "fingerprint": fingerprint})
+    return _problem(cfg, num_partitions, algorithm).fingerprint()
 
 
 def _own_value(problem: TabularProblem, params: np.ndarray, partition_id: int) -> float:
@@ -48,17 +43,15 @@ def _own_value(problem: TabularProblem, params: np.ndarray, partition_id: int) -
     return float(evaluate(policy, t.train[partition_id][None], t.reward, t.gamma, t.d0) - t.value_offset)
 
 
-def train(msg: Message, context: Context, cfg: RunConfig, partition_id: int, num_partitions: int) -> Message:
+def train(msg: Message, context: Context, cfg: RunConfig, algorithm: str, partition_id: int, num_partitions: int) -> Message:
     """One round of local updates; returns the client's table and metrics."""
-    if cfg.env in DEEP_ENVS:
-        return fedrl_deep.train(msg, context, cfg, partition_id, num_partitions)
     config = msg.content.config_records["config"]
-    problem = _problem(cfg, num_partitions)
+    problem = _problem(cfg, num_partitions, algorithm)
     t = problem.task
     if config.get("fingerprint") != problem.fingerprint():
         raise ValueError("this node built a different QAvg / PAvg problem than the server (fingerprint mismatch)")
-    if str(config["algorithm"]) != _algorithm_key(problem):
-        raise ValueError(f"server runs {config['algorithm']!r} but this client's config gives {_algorithm_key(problem)!r}")
+    if str(config["algorithm"]) != algorithm:
+        raise ValueError(f"server runs {config['algorithm']!r} but this client's config gives {algorithm!r}")
     P = t.train[partition_id]
     update = problem.algorithm.local_update
     report = problem.report_objective
@@ -89,10 +82,6 @@ def train(msg: Message, context: Context, cfg: RunConfig, partition_id: int, num
     metrics["local-value"] = _own_value(problem, params, partition_id)
     content = RecordDict({"arrays": ArrayRecord({"params": Array(np.ascontiguousarray(params))}), "metrics": MetricRecord(metrics)})
     return Message(content, reply_to=msg)
-
-
-def _algorithm_key(problem: TabularProblem) -> str:
-    return {"QAvg": "qavg", "SoftPAvg": "softpavg", "ProjPAvg": "projpavg"}[problem.algorithm.name]
 
 
 def _incoming(msg: Message) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .tokens import collate, completion_logprobs
+from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
 
 @dataclass

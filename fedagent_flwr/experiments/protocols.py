@@ -1,9 +1,9 @@
 """FedAgentGym's experiment protocols as commands (FedAgent paper §5 Table 1, §6 Figure 3, §7 Figure 4).
 
-    python -m fedagent_flwr.protocols table1 --preset cpu --seeds 0 1 2 --out /tmp/t1
-    python -m fedagent_flwr.protocols decentralized --preset cpu --seeds 0 --out /tmp/dec
-    python -m fedagent_flwr.protocols heterogeneity --preset cpu --seeds 0 --out /tmp/het
-    python -m fedagent_flwr.protocols table1 --preset paper --dry-run --out /data/t1   # print the runs
+    python -m fedagent_flwr.experiments.protocols table1 --preset cpu --seeds 0 1 2 --out /tmp/t1
+    python -m fedagent_flwr.experiments.protocols decentralized --preset cpu --seeds 0 --out /tmp/dec
+    python -m fedagent_flwr.experiments.protocols heterogeneity --preset cpu --seeds 0 --out /tmp/het
+    python -m fedagent_flwr.experiments.protocols table1 --preset paper --dry-run --out /data/t1   # print the runs
 
 Every configuration is one real federated run of this app (`run_simulation.py`
 -> `flwr run`), in OUT/runs/<name>/; a run whose summary.json exists is reused,
@@ -19,7 +19,7 @@ so an interrupted protocol continues where it stopped. Then:
 - heterogeneity: preference omega, coverage xi, hardness xi' at the paper's low
   and high values -> OUT/heterogeneity.png, .md, .json. Hardness needs success
   labels: given with --success-labels, or made first from the base model with
-  `python -m fedagent_flwr.success_labels` into OUT/success_labels.json.
+  `python -m fedagent_flwr.experiments.success_labels` into OUT/success_labels.json.
 
 Presets: `cpu` runs the tiny Maze model at toy scale on a CPU (numbers from it
 say nothing about the paper's setting); `paper` is the paper's scale (100
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import RunConfig
-from .success_labels import write_json_atomic
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.experiments.success_labels import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -314,7 +314,7 @@ def ensure_labels(out: Path, base: dict, given: str | None, dry_run: bool) -> st
     path = out / "success_labels.json"
     if path.exists() or dry_run:
         return str(path)
-    args = [sys.executable, "-m", "fedagent_flwr.success_labels", "--env", base["env"], "--model", base["model"],
+    args = [sys.executable, "-m", "fedagent_flwr.experiments.success_labels", "--env", base["env"], "--model", base["model"],
             "--out", str(path), "--samples", "4", "--history-length", str(base.get("history-length", 0)),
             "--max-new-tokens", str(base.get("max-new-tokens", 32)), "--seed", "0"]
     print("[protocol] success labels: " + " ".join(args), flush=True)

@@ -1,0 +1,48 @@
+"""`python -m fedagent_flwr.experiments.evaluate`: a model's held-out play, as the server's evaluation does it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+import torch
+
+from envs import answer_token_budget, make_env
+from envs.multi import per_env_spread
+
+from fedagent_flwr.agent.action_matching import ACTION_MATCHING
+from fedagent_flwr.agent.evaluation import evaluate
+from fedagent_flwr.agent.loading import load_agent
+from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, RolloutConfig
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m fedagent_flwr.experiments.evaluate`: a model's held-out play, as the server's evaluation does it."""
+    p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.evaluate", description=main.__doc__)
+    p.add_argument("--model", default="tiny", help="'tiny', a Hugging Face name or a local folder (e.g. a run's checkpoint)")
+    p.add_argument("--env", default="maze")
+    p.add_argument("--tasks", type=int, default=0, help="evenly spaced held-out tasks per environment; 0 = all")
+    p.add_argument("--samples-per-task", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--action-matching", choices=ACTION_MATCHING, default="exact")
+    p.add_argument("--history-length", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.tasks < 0 or args.samples_per_task < 1 or args.temperature < 0 or args.history_length < 0:
+        p.error("--tasks must be >= 0, --samples-per-task >= 1, --temperature and --history-length >= 0")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    agent = load_agent(args.model, args.env, "cpu")
+    tasks = per_env_spread(make_env(args.env).tasks_of_split("test"), args.tasks)
+    config = RolloutConfig(history_length=args.history_length, max_new_tokens=answer_token_budget(args.env),
+                           temperature=args.temperature, action_matching=args.action_matching)
+    metrics = evaluate(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
+                       PromptEncoder(agent.tokenizer), config, args.samples_per_task)
+    print(json.dumps({k: round(v, 4) for k, v in metrics.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""The one server loop, for every method: meet the clients, keep the run folder, run the strategy, report.
+
+    wait for the SuperNodes -> handshake (partition-ids, fingerprints) -> check the federation
+    -> run folder and config.json -> strategy (DP-wrapped if asked; resumed if asked)
+    -> Flower's Strategy.start() with an evaluate_fn that logs, evaluates, checkpoints and saves state
+    -> summary.json from the Result
+
+A method (fedagent_flwr/methods/) supplies only what differs: what the clients must share, the
+strategy, the initial arrays, how the global model is evaluated and what the summary holds.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods import method_for
+from fedagent_flwr.privacy.differential_privacy import with_differential_privacy
+from fedagent_flwr.privacy.secure_aggregation import SecureFedAgentAvg, run_secure_rounds
+from fedagent_flwr.runs.resume import load_state, restore, resumable, save_state
+
+
+def run_federation(grid: Grid, cfg: RunConfig, context: Context | None = None) -> dict[str, Any]:
+    """Run a whole federated job; returns (and writes) its summary."""
+    method = method_for(cfg)
+    started = time.time()
+    method.prepare()
+    nodes = wait_for_nodes(grid, cfg.num_clients)
+    fingerprint = method.fingerprint(cfg.num_clients or len(nodes))
+    node_of_partition = handshake(grid, nodes, fingerprint, cfg.round_timeout)
+    num_clients = cfg.check_federation(len(node_of_partition))
+    method.check_federation(num_clients)
+
+    run_name = cfg.run_name or f"{cfg.env.replace(',', '+')}-{method.run_label()}-{datetime.now():%Y%m%d-%H%M%S}"
+    reporter = method.reporter(cfg.output_path / run_name)
+    reporter.write_config(cfg.to_run_config() | {"resolved-num-clients": num_clients} | method.config_facts())
+    method.announce(reporter.run_dir, num_clients)
+
+    strategy = method.make_strategy(node_of_partition)
+    initial_arrays = method.initial_arrays()
+    # The server's full state is saved after every round; resume=true continues from it (runs/resume.py).
+    state_config = cfg.to_run_config() | {"resolved-num-clients": num_clients}
+    history: dict[int, dict[str, float]] = {}  # evaluations before a resume; the Result holds the rest
+    done = 0
+    if cfg.resume:
+        saved = load_state(reporter.run_dir, state_config)
+        if saved.server_round >= cfg.num_server_rounds:
+            raise ValueError(f"resume=true: {reporter.run_dir} already completed round {saved.server_round} of "
+                             f"num-server-rounds={cfg.num_server_rounds}; raise num-server-rounds to train further")
+        restore(saved, strategy)
+        reporter.rows, history, initial_arrays, done = saved.rows, saved.history, saved.arrays, saved.server_round
+        print(f"[fedagent] resuming {reporter.run_dir} after round {done}", flush=True)
+
+    def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
+        row: dict[str, float] = {"round": server_round, **method.row_facts(server_round),
+                                 "elapsed_seconds": round(time.time() - started, 1)}
+        for key, value in (strategy.last_train_metrics(server_round) or {}).items():
+            row[f"train/{key}"] = value
+        metrics = None
+        if method.evaluation_due(server_round):
+            metrics = method.evaluate(server_round, arrays)
+            row.update({f"eval/{k}": v for k, v in metrics.items()})
+            method.after_evaluation(reporter, server_round, metrics)
+        reporter.log(row)
+        method.after_round(reporter, server_round, arrays)
+        if cfg.traits.resume:
+            save_state(reporter.run_dir, state_config, server_round, arrays, strategy, reporter.rows, evaluations(reporter.rows))
+        return MetricRecord(metrics) if metrics else None
+
+    train_config = ConfigRecord({"fingerprint": fingerprint})
+    if cfg.secure_aggregation:  # Flower's SecAgg+ runs in its legacy workflow, which returns no Result
+        if context is None:
+            raise ValueError("secure-aggregation=true needs the ServerApp's Context (Flower's legacy workflow)")
+        run_secure_rounds(grid, context, SecureFedAgentAvg(strategy, initial_arrays, train_config, evaluate_fn),
+                          cfg.num_server_rounds, cfg.round_timeout, cfg.secagg_shares_fraction,
+                          cfg.secagg_threshold_fraction, cfg.secagg_clipping_range)
+        history = evaluations(reporter.rows)
+    else:
+        # The DP wrapper screens, clips and noises the replies; `strategy` keeps the bookkeeping read below.
+        private = with_differential_privacy(strategy, cfg.dp_mode, cfg.dp_noise_multiplier, cfg.dp_clipping_norm,
+                                            strategy.clients_per_round)
+        result = resumable(private, done).start(grid=grid, initial_arrays=initial_arrays, num_rounds=cfg.num_server_rounds,
+                                                timeout=cfg.round_timeout, train_config=train_config, evaluate_fn=evaluate_fn)
+        # A resumed strategy counts its rounds from 1 again: shift them back to the run's rounds.
+        history |= {r + done: dict(m) for r, m in result.evaluate_metrics_serverapp.items()}
+    summary = {
+        "run_dir": str(reporter.run_dir),
+        "rounds": cfg.num_server_rounds,
+        "clients": num_clients,
+        "sampled_clients": {str(r): p for r, p in strategy.sampled.items()},
+        "failed_replies": {str(r): f for r, f in strategy.failures.items() if f},
+        **method.summary(history, strategy),
+        "seconds": round(time.time() - started, 1),
+    }
+    reporter.write_summary(summary)
+    method.report(reporter, history, strategy, summary)
+    return summary
+
+
+def evaluations(rows: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """round -> the metrics of that round's evaluation, read back from the logged rows."""
+    return {int(r["round"]): {k[len("eval/"):]: v for k, v in r.items() if k.startswith("eval/")}
+            for r in rows if any(k.startswith("eval/") for k in r)}
+
+
+def wait_for_nodes(grid: Grid, expected: int, timeout: float = 120.0) -> list[int]:
+    """Node ids once `expected` nodes (or, with expected=0, a stable set) have connected."""
+    deadline, last, stable_since = time.time() + timeout, None, time.time()
+    while time.time() < deadline:
+        nodes = sorted(grid.get_node_ids())
+        if nodes and expected and len(nodes) >= expected:
+            return nodes
+        if nodes != last:
+            last, stable_since = nodes, time.time()
+        elif nodes and not expected and time.time() - stable_since >= 3.0:
+            return nodes
+        time.sleep(0.5)
+    raise RuntimeError(f"only {len(last or [])} SuperNode(s) connected within {timeout:.0f} s (expected {expected or 'at least 1'})")
+
+
+def handshake(grid: Grid, nodes: list[int], fingerprint: str, timeout: float) -> dict[int, int]:
+    """Ask every node its partition-id and fingerprint; map partition-id -> node id.
+
+    A node whose base weights (or RL problem) differ from the server's would silently train
+    something else (and, with adapters, aggregate nonsense): stop before round 1.
+    """
+    messages = [
+        Message(content=RecordDict({"config": ConfigRecord({"fingerprint": fingerprint})}),
+                message_type=MessageType.QUERY, dst_node_id=n)
+        for n in nodes
+    ]
+    node_of_partition: dict[int, int] = {}
+    problems = []
+    answered = set()
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
+        answered.add(node)
+        if reply.has_error():
+            problems.append(f"node {node} failed the handshake: {reply.error.reason}")
+            continue
+        info = reply.content.config_records["info"]
+        pid = int(info["partition-id"])
+        if info["fingerprint"] != fingerprint:
+            problems.append(
+                f"node {node} (partition {pid}) holds different base weights (fingerprint {str(info['fingerprint'])[:12]} "
+                f"vs the server's {fingerprint[:12]}); every node must load the same model files"
+            )
+        if pid in node_of_partition:
+            problems.append(f"partition-id {pid} is claimed by nodes {node_of_partition[pid]} and {node}")
+        node_of_partition[pid] = node
+    silent = sorted(set(nodes) - answered)
+    if silent:
+        problems.append(f"node(s) {silent} did not answer the handshake within {timeout:.0f} s")
+    if problems:
+        raise RuntimeError("client handshake failed:\n  " + "\n  ".join(problems))
+    expected = list(range(len(node_of_partition)))
+    if sorted(node_of_partition) != expected:
+        raise RuntimeError(f"partition-ids must be 0..{len(node_of_partition) - 1}, got {sorted(node_of_partition)}")
+    return node_of_partition

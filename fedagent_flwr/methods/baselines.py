@@ -1,0 +1,25 @@
+"""FedAgent's Table 1 baselines: Centralized and Local(k), as methods (run-config `baseline`).
+
+One learner trains every round and its weights become the global model (strategies/single_learner.py),
+so a baseline keeps FedAgent's rounds, local epochs, evaluation, checkpoints and failure handling.
+Which tasks the learner plays is decided on the client (methods/tasks.py): the union of all K
+partitions for Centralized, partition local-client's own for Local(k).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from flwr.serverapp.strategy import Strategy
+
+from strategies.single_learner import SingleLearner
+
+from fedagent_flwr.methods.fedagent import FedAgent
+from fedagent_flwr.methods.tasks import baseline_learner
+
+
+class Baseline(FedAgent):
+    """FedAgent's client work and evaluation; the strategy trains one fixed learner per round."""
+
+    def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
+        return SingleLearner(node_of_partition, learner=baseline_learner(self.cfg), seed=self.cfg.seed)

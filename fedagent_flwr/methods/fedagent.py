@@ -1,0 +1,150 @@
+"""FedAgent (the FedAgentGym paper, Algorithm 1): GRPO agents averaged by FedAgentAvg.
+
+Server: the base model's weights are the global model; each round FedAgentAvg samples M of the
+K clients by partition-id and replaces the weights by the plain mean of the local models that
+come back; the server evaluates the global model on held-out tasks. Client: `train_locally`,
+tau epochs of GRPO on the client's own partition, with no Flower in sight (testable on its
+own). The client's tasks and trajectories never leave it - only the updated weights and
+numeric metrics do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Strategy
+
+from envs import Task, env_names, is_multi_spec, make_env
+from envs.multi import per_env_spread
+from strategies import FedAgentAvg
+
+from fedagent_flwr.agent.evaluation import GlobalEvaluator
+from fedagent_flwr.agent.grpo import GRPOTrainer
+from fedagent_flwr.agent.loading import Agent, load_agent
+from fedagent_flwr.agent.multi_env import environment_table, format_row
+from fedagent_flwr.agent.seeding import seed_everything
+from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.base import AgentLoader, Method
+from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
+from fedagent_flwr.privacy.differential_privacy import update_norm
+from fedagent_flwr.runs.reporting import RunReporter
+
+
+def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int) -> dict[str, float]:
+    """tau epochs of GRPO from the weights currently in `agent.model`; returns round metrics."""
+    if not tasks:
+        raise ValueError(f"client {partition_id} has no training tasks")
+    started = time.time()
+    rng = seed_everything(cfg.seed, server_round, partition_id)
+    trainer = GRPOTrainer(agent.model, agent.tokenizer, cfg.grpo_config(), cfg.rollout_config())
+    env_factory = lambda: make_env(cfg.env, cfg.max_steps)  # noqa: E731
+    epochs = [trainer.train_epoch(env_factory, tasks, rng) for _ in range(cfg.local_epochs)]
+    # Rates are averaged over epochs, counts summed.
+    summed = {"episodes", "tokens", "generated_tokens", "optimizer_steps", "train_samples", "rollout_seconds"}
+    metrics = {}
+    for key in sorted({k for e in epochs for k in e}):
+        values = [e[key] for e in epochs if key in e]  # a category may be absent from an epoch
+        metrics[key] = float(sum(values)) if key in summed else float(np.mean(values))
+    metrics["seconds"] = time.time() - started
+    return metrics
+
+
+class LanguageAgentMethod(Method):
+    """What every method that trains a language-model agent shares: the base model, held-out evaluation."""
+
+    def prepare(self) -> None:
+        cfg = self.cfg
+        self.agent = load_agent(cfg.model, cfg.env, cfg.device)  # builds a tiny model first if needed
+        env = make_env(cfg.env, cfg.max_steps)
+        eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval_tasks)  # a multi-env spec: eval-tasks per env
+        self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
+                                         eval_tasks, cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed)
+
+    def fingerprint(self, num_clients: int) -> str:
+        return self.agent.base_fingerprint
+
+    def check_federation(self, num_clients: int) -> None:
+        all_partitions(self.cfg, num_clients)  # an infeasible partition (or bad success labels) stops the run before round 1
+
+    def run_label(self) -> str:
+        return self.cfg.strategy
+
+    def config_facts(self) -> dict[str, Any]:
+        return {"model-source": self.agent.spec.source}
+
+    def load_global(self, arrays: ArrayRecord) -> None:
+        arrays_to_model(self.agent.model, arrays)
+
+    def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
+        self.load_global(arrays)
+        return self.evaluator.evaluate(server_round)
+
+    def checkpoint(self, reporter: RunReporter, server_round: int) -> None:
+        reporter.checkpoint(server_round, self.agent.model, self.agent.tokenizer)
+
+    def after_evaluation(self, reporter: RunReporter, server_round: int, metrics: dict[str, float]) -> None:
+        self.checkpoint(reporter, server_round)
+        print(f"[fedagent] round {server_round}: held-out success {metrics['success_rate']:.3f} "
+              f"({int(metrics['episodes'])} episodes)", flush=True)
+        if is_multi_spec(self.cfg.env):
+            print(f"[fedagent] round {server_round} per environment: {format_row(metrics, env_names(self.cfg.env))}", flush=True)
+
+    def summary(self, history: dict[int, dict[str, float]], strategy: Strategy) -> dict[str, Any]:
+        cfg, final = self.cfg, max(history)
+        out = {
+            "initial_success_rate": history[0]["success_rate"],
+            "final_success_rate": history[final]["success_rate"],
+            "initial": history[0],
+            "final": history[final],
+            "clients_per_round": cfg.clients_per_round,
+            "model": cfg.model,
+            "model_source": self.agent.spec.source,
+            "env": cfg.env,
+        }
+        if is_multi_spec(cfg.env):
+            out.update(environment_table(history[0], history[final], env_names(cfg.env)))
+        return out
+
+    def report(self, reporter: RunReporter, history: dict[int, dict[str, float]], strategy: Strategy,
+               summary: dict[str, Any]) -> None:
+        final = max(history)
+        if is_multi_spec(self.cfg.env):
+            order = env_names(self.cfg.env)
+            for label, r in (("before round 1", 0), (f"after round {final}", final)):
+                print(f"[fedagent] held-out success per environment, {label}: {format_row(history[r], order)}", flush=True)
+        if "mean_score" in history[final]:  # environments with a task score of their own (WebShop)
+            print(f"[fedagent] held-out task score: before round 1 {history[0].get('mean_score', float('nan')):.3f} -> "
+                  f"after round {final} {history[final]['mean_score']:.3f}", flush=True)
+        print(f"[fedagent] held-out success: before round 1 {summary['initial_success_rate']:.3f} -> "
+              f"after round {final} {summary['final_success_rate']:.3f}; summary: {reporter.run_dir / 'summary.json'}",
+              flush=True)
+
+    def client_fingerprint(self, partition_id: int, num_partitions: int, load_agent: AgentLoader) -> str:
+        return load_agent().base_fingerprint
+
+
+class FedAgent(LanguageAgentMethod):
+    """FedAgentAvg on the full weights, clients training with GRPO."""
+
+    def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
+        cfg = self.cfg
+        return FedAgentAvg(node_of_partition, clients_per_round=cfg.clients_per_round, seed=cfg.seed, min_replies=cfg.min_replies)
+
+    def initial_arrays(self) -> ArrayRecord:
+        return model_to_arrays(self.agent.model)
+
+    def train(self, msg: Message, context: Context, partition_id: int, num_partitions: int,
+              load_agent: AgentLoader) -> Message:
+        agent = load_agent()
+        sent = msg.content.array_records["arrays"]
+        arrays_to_model(agent.model, sent)
+        tasks = learner_tasks(self.cfg, partition_id, num_partitions)
+        metrics = train_locally(agent, self.cfg, tasks, int(msg.content.config_records["config"]["server-round"]), partition_id)
+        trained = model_to_arrays(agent.model)
+        metrics["update_norm"] = update_norm(trained, sent)  # what a DP clipping norm is compared with
+        return Message(RecordDict({"arrays": trained, "metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -1,0 +1,1 @@
+"""QAvg / PAvg in the Flower app: the problem both sides build, the clients' local updates, the method."""

@@ -1,0 +1,34 @@
+"""The method registry: every allowed strategy has a method, and a run config picks the right one."""
+
+import pytest
+
+from fedagent_flwr.config import STRATEGIES, RunConfig
+from fedagent_flwr.methods import METHODS, method_for
+from fedagent_flwr.methods.baselines import Baseline
+from fedagent_flwr.methods.fedagent import FedAgent
+from fedagent_flwr.methods.fedrl.method import PAvgMethod, QAvgMethod
+from fedagent_flwr.methods.fedse import FedSE
+
+
+def test_every_allowed_strategy_has_a_method_and_no_other():
+    assert set(METHODS) == set(STRATEGIES)
+
+
+@pytest.mark.parametrize("overrides, method", [
+    ({}, FedAgent),
+    ({"baseline": "centralized"}, Baseline),
+    ({"baseline": "local", "local_client": 1}, Baseline),
+    ({"strategy": "fedse-lora"}, FedSE),
+    ({"strategy": "qavg", "env": "random-mdp"}, QAvgMethod),
+    ({"strategy": "pavg", "env": "windy-cliffs"}, PAvgMethod),
+])
+def test_a_run_config_picks_its_method(overrides, method):
+    assert type(method_for(RunConfig(**overrides))) is method
+
+
+def test_validation_reads_traits_not_names():
+    """A strategy without the `baselines` trait refuses a baseline, whatever it is called."""
+    with pytest.raises(ValueError, match="baseline='local'"):
+        RunConfig.from_run_config(RunConfig().to_run_config() | {"strategy": "fedse-lora", "baseline": "local"})
+    with pytest.raises(ValueError, match="resume"):
+        RunConfig.from_run_config(RunConfig().to_run_config() | {"strategy": "qavg", "env": "random-mdp", "resume": True, "run-name": "x"})
