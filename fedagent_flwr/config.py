@@ -1,15 +1,22 @@
 """The run configuration: every run-config key, its default, its range, and validation.
 
 Flower passes the run config as a flat dict with kebab-case keys (defaults in
-pyproject.toml's [tool.flwr.app.config], overrides from `--run-config`). This
-module turns it into a typed, validated `RunConfig` before any work starts, so a
-bad value fails at once with a message naming the key and what is allowed.
+pyproject.toml's [tool.flwr.app.config], overrides from `--run-config`, a string or a
+TOML file such as configs/fedagent-cpu.toml). This module turns it into a typed,
+validated `RunConfig` before any work starts, so a bad value fails at once with a
+message naming the key and what is allowed. The keys are grouped in sections (one
+dataclass per concern, each checking its own fields, as TRL's configs do); the rules
+that tie sections together are in `RunConfig.check_across`, and the library configs
+(GRPOConfig, RolloutConfig, SelfEvolutionConfig, LoRASpec) are built from the run config
+here and nowhere else. After adding or changing a key run `python -m fedagent_flwr.config`,
+which rewrites pyproject's table and the README's key table.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -69,13 +76,20 @@ STRATEGIES = {
 }
 
 
+Need = Callable[[bool, str, Any, str], None]  # need(ok, key, value, allowed): records a problem when not ok
+
+
 def _key(default: Any, doc: str, allowed: str) -> Any:
     return field(default=default, metadata={"doc": doc, "allowed": allowed})
 
 
+# ----- the run config, one section per concern; each section checks its own fields -----------------
+
+
 @dataclass(frozen=True)
-class RunConfig:
-    # --- federation ---------------------------------------------------------------
+class FederationConfig:
+    """Rounds, clients and the strategy that aggregates them."""
+
     num_server_rounds: int = _key(8, "communication rounds T", "integer >= 1")
     strategy: str = _key("fedagent-avg", "server strategy", " | ".join(STRATEGIES))
     num_clients: int = _key(0, "clients K (partitions); 0 = one per SuperNode", "0, or the number of SuperNodes")
@@ -83,15 +97,62 @@ class RunConfig:
     min_replies: int = _key(1, "fewest successful replies that still update the model", "1 .. M")
     round_timeout: float = _key(3600.0, "seconds to wait for a round's replies", "> 0")
     seed: int = _key(0, "seed of client sampling, task sampling, rollouts and partitions", "integer")
-    # --- environment and data -----------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        for name in ("num_server_rounds", "clients_per_round", "min_replies"):
+            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
+        need(self.num_clients >= 0, "num-clients", self.num_clients, "an integer >= 0")
+        need(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+        need(self.round_timeout > 0, "round-timeout", self.round_timeout, "> 0 seconds")
+        if self.num_clients:
+            need(self.clients_per_round <= self.num_clients, "clients-per-round", self.clients_per_round, f"<= num-clients ({self.num_clients})")
+        need(self.min_replies <= self.clients_per_round, "min-replies", self.min_replies, f"<= clients-per-round ({self.clients_per_round})")
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    """The environment(s) the agents play and how their training tasks are split among clients."""
+
     env: str = _key("maze", "text environment, or several separated by commas (e.g. babyai,webshop,textcraft,maze,wordle)", "a registered env name, or a comma-separated list of them")
     max_steps: int = _key(0, "episode horizon; 0 = the env's default", "integer >= 0")
     partition: str = _key("uniform", "how the train split is divided among clients; by-environment = client k owns env k of the env list (Fed-SE)", " | ".join(PARTITION_MODES))
     tasks_per_client: int = _key(8, "tasks in each client's partition (overlap across clients allowed)", "1 .. train-split size")
-    # --- model --------------------------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        need(self.tasks_per_client >= 1, "tasks-per-client", self.tasks_per_client, "an integer >= 1")
+        need(self.max_steps >= 0, "max-steps", self.max_steps, "an integer >= 0")
+        if is_multi_spec(self.env):  # several text envs, e.g. 'babyai,maze' (envs/multi.py): check each name
+            try:
+                env_names(self.env)
+            except ValueError as err:
+                need(False, "env", self.env, str(err))
+        else:
+            need(self.env in available_envs() or self.env in FEDRL_ENVS, "env", self.env,
+                 "one of " + ", ".join(available_envs()) + " (text envs) or " + ", ".join(FEDRL_ENVS) + " (qavg / pavg)")
+        if self.env in ("hopper", "half-cheetah"):
+            need(importlib.util.find_spec("mujoco") is not None, "env", self.env,
+                 "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
+        need(self.partition in PARTITION_MODES, "partition", self.partition, " | ".join(PARTITION_MODES))
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The language model every client starts from, and where it runs."""
+
     model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list)", "string")
     device: str = _key("auto", "where clients and the server run the model", " | ".join(DEVICES))
-    # --- agent and rollouts -------------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
+        need(self.model.strip() != "", "model", self.model, "a HF model name or path, or tiny / tiny:<env>")
+        if self.model.startswith("tiny:"):
+            try:
+                env_names(self.model[5:])
+            except ValueError:
+                need(False, "model", self.model, "tiny:<env> or tiny:<env>,<env>,... with env one of " + ", ".join(available_envs()))
+
+@dataclass(frozen=True)
+class RolloutSection:
+    """How the agent plays an episode: prompt history, generation, reward (agent/rollout.py)."""
+
     history_length: int = _key(0, "past (observation, action) pairs shown in the prompt (FedAgent reference: 2)", "integer >= 0")
     max_new_tokens: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0")
     temperature: float = _key(1.0, "sampling temperature of training rollouts", "> 0")
@@ -100,7 +161,21 @@ class RunConfig:
     action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest")
     invalid_penalty: float = _key(0.1, "subtracted from a trajectory's reward per invalid action", ">= 0")
     rollout_batch_size: int = _key(64, "episodes per generate call", "integer >= 1")
-    # --- GRPO ---------------------------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        for name in ("max_new_tokens", "history_length"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
+        need(self.rollout_batch_size >= 1, "rollout-batch-size", self.rollout_batch_size, "an integer >= 1")
+        need(self.temperature > 0, "temperature", self.temperature, "> 0 (GRPO needs sampled rollouts)")
+        need(0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
+        need(self.reward in REWARD_MODES, "reward", self.reward, " | ".join(REWARD_MODES))
+        need(self.action_matching in ACTION_MATCHING, "action-matching", self.action_matching, " | ".join(ACTION_MATCHING))
+        need(self.invalid_penalty >= 0, "invalid-penalty", self.invalid_penalty, ">= 0")
+
+@dataclass(frozen=True)
+class GRPOSection:
+    """A client's local GRPO epochs (agent/grpo.py)."""
+
     local_epochs: int = _key(1, "local GRPO epochs tau per round", "integer >= 1")
     tasks_per_epoch: int = _key(4, "tasks sampled with replacement per epoch (paper: 64)", "integer >= 1")
     group_size: int = _key(8, "rollouts G per task; advantages are normalised within the group", "integer >= 2")
@@ -111,14 +186,47 @@ class RunConfig:
     micro_batch_size: int = _key(64, "agent steps per forward/backward pass", "integer >= 1")
     max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0")
     loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean")
-    # --- evaluation and outputs ---------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        for name in ("local_epochs", "tasks_per_epoch", "minibatch_size", "micro_batch_size"):
+            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
+        need(self.group_size >= 2, "group-size", self.group_size, "an integer >= 2 (advantages compare rollouts within a group)")
+        need(self.learning_rate > 0, "learning-rate", self.learning_rate, "> 0")
+        need(0 < self.clip_eps < 1, "clip-eps", self.clip_eps, "in (0, 1)")
+        need(self.kl_beta >= 0, "kl-beta", self.kl_beta, ">= 0")
+        need(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "> 0")
+        need(self.loss_aggregation in LOSS_AGGREGATIONS, "loss-aggregation", self.loss_aggregation, " | ".join(LOSS_AGGREGATIONS))
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """The server's held-out evaluation and the run folder it writes."""
+
     eval_every: int = _key(2, "evaluate the global model every this many rounds (and before round 1 and at the end)", "integer >= 1")
     eval_tasks: int = _key(0, "held-out (test-split) tasks evaluated, evenly spaced over the pool (per env when env lists several); 0 = all", "integer >= 0")
     eval_samples_per_task: int = _key(16, "episodes per evaluated task", "integer >= 1")
     eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", ">= 0")
     output_dir: str = _key("~/fedagent-flwr/runs", "where run folders are written; must be absolute or start with ~", "path")
     run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>", "string without /")
-    # --- partitions (FedAgentGym heterogeneity; docs/heterogeneity.md) ---------------
+
+    def check(self, need: Need) -> None:
+        for name in ("eval_every", "eval_samples_per_task"):
+            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
+        need(self.eval_tasks >= 0, "eval-tasks", self.eval_tasks, "an integer >= 0")
+        need(self.eval_temperature >= 0, "eval-temperature", self.eval_temperature, ">= 0")
+        need("/" not in self.run_name, "run-name", self.run_name, "a folder name without '/'")
+        need(
+            self.output_dir.startswith("~") or Path(self.output_dir).is_absolute(),
+            "output-dir",
+            self.output_dir,
+            "an absolute path or one starting with ~ (the ServerApp runs in the SuperLink's working "
+            "directory, so a relative path would land somewhere unexpected; run_simulation.py resolves "
+            "relative paths for you)",
+        )
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """The parameters of each partitioner (FedAgentGym heterogeneity; docs/heterogeneity.md)."""
+
     preference_omega: float = _key(0.1, "partition=preference: spread omega of the client category mixes (paper: 0.1 low, 0.9 high heterogeneity)", ">= 0 (gaussian); (0, 1) (dirichlet)")
     preference_mix: str = _key("gaussian", "partition=preference: gaussian = noise on category logits (Algorithm 2), dirichlet = Dirichlet draw (reference code)", " | ".join(PREFERENCE_MIXES))
     coverage_xi: float = _key(256.0, "partition=coverage: Beta dispersion xi of client sizes (paper: 256 low, 1 high heterogeneity)", "> 0")
@@ -129,10 +237,42 @@ class RunConfig:
     hardness_xi: float = _key(256.0, "partition=hardness: Beta dispersion xi' of each client's successful-task count (paper: 256 low, 1 high)", "> 0")
     hardness_r: float = _key(0.0, "partition=hardness: clients per successful task; 0 = K (L/2) / |S|, so clients hold L/2 successful tasks on average", ">= 0")
     success_labels: str = _key("", "partition=hardness: JSON of task id -> success (python -m fedagent_flwr.experiments.success_labels); absolute or ~ path", "path")
-    # --- baselines (FedAgent Table 1) ------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        need(self.preference_mix in PREFERENCE_MIXES, "preference-mix", self.preference_mix, " | ".join(PREFERENCE_MIXES))
+        if self.preference_mix == "dirichlet":
+            need(0 < self.preference_omega < 1, "preference-omega", self.preference_omega, "in (0, 1) with preference-mix='dirichlet'")
+        else:
+            need(self.preference_omega >= 0, "preference-omega", self.preference_omega, ">= 0 (the noise scale)")
+        need(self.coverage_xi > 0, "coverage-xi", self.coverage_xi, "> 0")
+        need(self.coverage_r > 0, "coverage-r", self.coverage_r, "> 0")
+        need(self.coverage_l_max >= 1, "coverage-l-max", self.coverage_l_max, "an integer >= 1")
+        need(0 <= self.coverage_l_min <= self.coverage_l_avg <= self.coverage_l_max, "coverage-l-min/avg/max",
+             (self.coverage_l_min, self.coverage_l_avg, self.coverage_l_max), "0 <= coverage-l-min <= coverage-l-avg <= coverage-l-max")
+        need(self.hardness_xi > 0, "hardness-xi", self.hardness_xi, "> 0")
+        need(self.hardness_r >= 0, "hardness-r", self.hardness_r, ">= 0 (0 = derived from the labels)")
+        if self.partition == "hardness":
+            labels = self.success_labels
+            need(labels.startswith("~") or Path(labels).is_absolute(), "success-labels", labels,
+                 "an absolute path (or ~/...) to a file from `python -m fedagent_flwr.experiments.success_labels` when partition='hardness'")
+            if labels.startswith("~") or Path(labels).is_absolute():
+                need(Path(labels).expanduser().is_file(), "success-labels", labels, "an existing file")
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """FedAgent's Table 1 baselines (methods/baselines.py)."""
+
     baseline: str = _key("none", "none = FedAgent; centralized = one learner on the union of all clients' tasks; local = client local-client alone; baselines train one learner per round for local-epochs epochs, no averaging", " | ".join(BASELINES))
     local_client: int = _key(0, "baseline=local: the partition-id that trains alone", "0 .. K-1")
-    # --- QAvg / PAvg --------------------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        need(self.baseline in BASELINES, "baseline", self.baseline, " | ".join(BASELINES))
+        need(self.local_client >= 0, "local-client", self.local_client, "an integer >= 0 (a partition-id)")
+
+@dataclass(frozen=True)
+class FedRLConfig:
+    """QAvg / PAvg (methods/fedrl/)."""
+
     kappa: float = _key(0.4, "qavg/pavg tabular heterogeneity: client k's kernel is kappa P_k + (1 - kappa) P_0", "[0, 1]")
     local_updates: int = _key(4, "qavg/pavg local updates E per round (tabular: steps, deep: episodes); 0 = E = inf, clients never communicate (independent baseline)", "integer >= 0")
     pavg_variant: str = _key("soft", "PAvg parametrisation: soft = softmax logits (SoftPAvg), proj = tables projected onto the simplex (ProjPAvg)", " | ".join(PAVG_VARIANTS))
@@ -144,7 +284,23 @@ class RunConfig:
     random_mdp_reward_scale: float = _key(1.0, "random-mdp reward R ~ U(0, scale); 10 gives the paper's magnitudes (1 = reference code)", "> 0")
     independent_steps_per_round: int = _key(8, "with local-updates=0: local steps (tabular) / episodes (deep) each client takes per round between evaluations", "integer >= 1")
     env_embedding_dim: int = _key(0, "deep envs: size of each client's private environment embedding (PerDQNAvg / PerDDPGAvg); 0 = off; it never leaves the client", "integer >= 0")
-    # --- Fed-SE (strategy fedse-lora; docs/fedse.md) --------------------------------------
+
+    def check(self, need: Need) -> None:
+        need(0 <= self.kappa <= 1, "kappa", self.kappa, "in [0, 1]")
+        need(self.local_updates >= 0, "local-updates", self.local_updates, "an integer >= 0 (0 = E = inf)")
+        need(self.pavg_variant in PAVG_VARIANTS, "pavg-variant", self.pavg_variant, " | ".join(PAVG_VARIANTS))
+        need(self.fedrl_clients in FEDRL_CLIENT_MODES, "fedrl-clients", self.fedrl_clients, " | ".join(FEDRL_CLIENT_MODES))
+        need(self.fedrl_step_size >= 0, "fedrl-step-size", self.fedrl_step_size, ">= 0 (0 = the Table 1 preset)")
+        need(0 < self.fedrl_step_decay <= 1, "fedrl-step-decay", self.fedrl_step_decay, "in (0, 1]")
+        for name in ("fedrl_test_envs", "fedrl_repetition", "env_embedding_dim"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
+        need(self.independent_steps_per_round >= 1, "independent-steps-per-round", self.independent_steps_per_round, "an integer >= 1")
+        need(self.random_mdp_reward_scale > 0, "random-mdp-reward-scale", self.random_mdp_reward_scale, "> 0")
+
+@dataclass(frozen=True)
+class FedSEConfig:
+    """Fed-SE and its LoRA adapter (methods/fedse.py, agent/self_evolution.py)."""
+
     fedse_aggregation: str = _key("mean", "fedse-lora server: mean = unweighted average of LoRA A and B (eq. 8), weighted = by each client's successes this round, exact = mean of B.A re-factorised to rank r by SVD", " | ".join(FEDSE_AGGREGATIONS))
     fedse_client_fraction: float = _key(1.0, "fedse-lora: fraction of the K clients sampled each round (1 = all, the paper); clients-per-round is not used", "(0, 1]")
     fedse_explore_samples: int = _key(2, "fedse-lora: exploration episodes per client task per round; 0 = no exploration (FedAvg on the static demonstrations)", "integer >= 0")
@@ -159,7 +315,29 @@ class RunConfig:
     lora_rank: int = _key(8, "fedse-lora: LoRA rank r", "integer >= 1")
     lora_alpha: float = _key(16.0, "fedse-lora: LoRA alpha (scaling alpha / r)", "> 0")
     lora_target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
-    # --- resilience (docs/deployment.md) --------------------------------------------------
+
+    def check(self, need: Need) -> None:
+        need(self.fedse_aggregation in FEDSE_AGGREGATIONS, "fedse-aggregation", self.fedse_aggregation, " | ".join(FEDSE_AGGREGATIONS))
+        need(0 < self.fedse_client_fraction <= 1, "fedse-client-fraction", self.fedse_client_fraction, "in (0, 1]")
+        need(self.fedse_keep in FEDSE_KEEP, "fedse-keep", self.fedse_keep, " | ".join(FEDSE_KEEP))
+        need(self.fedse_history in FEDSE_HISTORY, "fedse-history", self.fedse_history, " | ".join(FEDSE_HISTORY))
+        need(self.fedse_steps in FEDSE_STEPS, "fedse-steps", self.fedse_steps, " | ".join(FEDSE_STEPS))
+        for name in ("fedse_explore_samples", "fedse_seed_demos"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
+        for name in ("fedse_sft_steps", "fedse_sft_batch_size", "lora_rank"):
+            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
+        need(self.fedse_learning_rate > 0, "fedse-learning-rate", self.fedse_learning_rate, "> 0")
+        need(self.lora_alpha > 0, "lora-alpha", self.lora_alpha, "> 0")
+        targets = [t.strip() for t in self.lora_target_modules.split(",")]
+        need(self.lora_target_modules.strip() == "all-linear" or (all(targets) and all(" " not in t for t in targets)),
+             "lora-target-modules", self.lora_target_modules, "comma-separated module names (e.g. q_proj,v_proj) or all-linear")
+        need(self.fedse_buffer_dir.startswith("~") or Path(self.fedse_buffer_dir).is_absolute(), "fedse-buffer-dir",
+             self.fedse_buffer_dir, "an absolute path or one starting with ~ (clients run in the SuperNode's working directory)")
+
+@dataclass(frozen=True)
+class ResilienceConfig:
+    """Resume, privacy and fault injection (runs/resume.py, privacy/, faults.py; docs/deployment.md)."""
+
     resume: bool = _key(False, "continue the run named run-name from its last complete round (state in <run folder>/state/, written after every round)", "true | false; true needs run-name")
     dp_mode: str = _key("off", "central differential privacy on client updates with Flower's fixed-clipping wrappers (fedagent_flwr/privacy/differential_privacy.py): the update is clipped on the server or on the client, Gaussian noise is added to the aggregate", "off | server-side | client-side; fedagent-avg, fedse-lora and the baselines")
     dp_noise_multiplier: float = _key(1.0, "DP noise: standard deviation of the noise added to each aggregated coordinate = dp-noise-multiplier x dp-clipping-norm / clients-per-round", ">= 0")
@@ -169,6 +347,49 @@ class RunConfig:
     secagg_threshold_fraction: float = _key(0.67, "SecAgg+: shares needed to reconstruct a key (so to tolerate drop-outs), as a fraction of the shares; at least 2 (Flower's reconstruction_threshold)", "in (0, 1]")
     secagg_clipping_range: float = _key(8.0, "SecAgg+: every weight is clipped to [-range, range] and quantized to 2**22 levels before masking", "> 0; larger than the model's largest weight")
     fault_injection: str = _key("", "make chosen clients fail on purpose (fedagent_flwr/faults.py), e.g. raise+malformed+nan:partition=0 or timeout:prob=0.5; empty = off", "empty, or <kinds>:partition=<k> or <kinds>:prob=<q>; kinds raise, timeout, malformed, nan joined by +")
+
+    def check(self, need: Need) -> None:
+        need(self.dp_mode in DP_MODES, "dp-mode", self.dp_mode, " | ".join(DP_MODES))
+        need(self.dp_noise_multiplier >= 0, "dp-noise-multiplier", self.dp_noise_multiplier, ">= 0")
+        need(self.dp_clipping_norm > 0, "dp-clipping-norm", self.dp_clipping_norm, "> 0")
+        for name in ("secagg_shares_fraction", "secagg_threshold_fraction"):
+            need(0 < getattr(self, name) <= 1, name.replace("_", "-"), getattr(self, name), "in (0, 1]")
+        need(self.secagg_clipping_range > 0, "secagg-clipping-range", self.secagg_clipping_range, "> 0")
+        try:
+            FaultPlan.parse(self.fault_injection)
+        except ValueError:
+            need(False, "fault-injection", self.fault_injection, FAULT_SYNTAX)
+
+
+# Listed last to first: a dataclass takes its bases' fields from the last base on, so the run
+# config's keys keep the order of the sections above (pyproject's table and the README's follow it).
+SECTIONS = (FederationConfig, EnvironmentConfig, ModelConfig, RolloutSection, GRPOSection, EvaluationConfig,
+            PartitionConfig, BaselineConfig, FedRLConfig, FedSEConfig, ResilienceConfig)
+
+
+@dataclass(frozen=True)
+class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, PartitionConfig, EvaluationConfig,
+                GRPOSection, RolloutSection, ModelConfig, EnvironmentConfig, FederationConfig):
+    """Every run-config key, grouped by section; a RunConfig that exists is a valid one.
+
+    Flower passes the run config as a flat dict of kebab-case keys; `from_run_config` turns it into
+    this typed object, each section checks its own fields, and `check_across` holds every rule
+    that ties sections together. Any problem raises one ValueError naming each key, its value and
+    what is allowed, before any work starts.
+    """
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+
+        def need(ok: bool, key: str, value: Any, allowed: str) -> None:
+            if not ok:
+                problems.append(f"{key}={value!r} is not allowed: expected {allowed}")
+
+        for section in SECTIONS:
+            section.check(self, need)
+        self.check_across(need)
+        if problems:
+            raise ValueError("invalid run config:\n  " + "\n  ".join(problems))
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> RunConfig:
@@ -181,9 +402,7 @@ class RunConfig:
         for key, raw in run_config.items():
             f = known[key]
             values[f.name] = _coerce(key, raw, type(f.default))
-        cfg = cls(**values)
-        cfg.validate()
-        return cfg
+        return cls(**values)
 
     def to_run_config(self) -> dict[str, Any]:
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
@@ -231,120 +450,52 @@ class RunConfig:
     def traits(self) -> Traits:
         return STRATEGIES[self.strategy]
 
-    def validate(self) -> None:
-        problems = []
-
-        def need(ok: bool, key: str, value: Any, allowed: str) -> None:
-            if not ok:
-                problems.append(f"{key}={value!r} is not allowed: expected {allowed}")
-
-        for name in (
-            "num_server_rounds", "clients_per_round", "min_replies", "tasks_per_client",
-            "rollout_batch_size", "local_epochs", "tasks_per_epoch", "minibatch_size", "micro_batch_size",
-            "eval_every", "eval_samples_per_task",
-        ):
-            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
-        for name in ("num_clients", "max_steps", "max_new_tokens", "history_length", "eval_tasks"):
-            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
-        need(self.group_size >= 2, "group-size", self.group_size, "an integer >= 2 (advantages compare rollouts within a group)")
-        need(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
+    def check_across(self, need: Need) -> None:
+        """The rules that tie sections together: what the strategy supports, and keys that limit each other."""
         traits = STRATEGIES.get(self.strategy)
-        if is_multi_spec(self.env):  # several text envs, e.g. 'babyai,maze' (envs/multi.py): check each name
-            try:
-                env_names(self.env)
-            except ValueError as err:
-                problems.append(f"env={self.env!r} is not allowed: {err}")
-        else:
-            need(self.env in available_envs() or self.env in FEDRL_ENVS, "env", self.env,
-                 "one of " + ", ".join(available_envs()) + " (text envs) or " + ", ".join(FEDRL_ENVS) + " (qavg / pavg)")
         if traits and traits.trains == "fedrl":
             need(self.env in traits.envs, "env", self.env, f"one of {', '.join(traits.envs)} with strategy={self.strategy!r} (QAvg / PAvg train RL tables or networks, not LLM agents; deep QAvg is DQNAvg: discrete actions, deep PAvg is DDPGAvg: continuous actions)")
+            if self.local_updates == 0:
+                need(self.fedrl_clients == "all", "fedrl-clients", self.fedrl_clients, "all when local-updates=0 (E = inf: every client trains on its own)")
         elif traits:
             need(self.env not in FEDRL_ENVS, "env", self.env, f"a text env ({', '.join(available_envs())}) with strategy={self.strategy!r}; {', '.join(FEDRL_ENVS)} need strategy qavg or pavg")
-        need(0 <= self.kappa <= 1, "kappa", self.kappa, "in [0, 1]")
-        need(self.local_updates >= 0, "local-updates", self.local_updates, "an integer >= 0 (0 = E = inf)")
-        need(self.pavg_variant in PAVG_VARIANTS, "pavg-variant", self.pavg_variant, " | ".join(PAVG_VARIANTS))
-        need(self.fedrl_clients in FEDRL_CLIENT_MODES, "fedrl-clients", self.fedrl_clients, " | ".join(FEDRL_CLIENT_MODES))
-        need(self.fedrl_step_size >= 0, "fedrl-step-size", self.fedrl_step_size, ">= 0 (0 = the Table 1 preset)")
-        need(0 < self.fedrl_step_decay <= 1, "fedrl-step-decay", self.fedrl_step_decay, "in (0, 1]")
-        for name in ("fedrl_test_envs", "fedrl_repetition", "env_embedding_dim"):
-            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
-        need(self.independent_steps_per_round >= 1, "independent-steps-per-round", self.independent_steps_per_round, "an integer >= 1")
-        need(self.random_mdp_reward_scale > 0, "random-mdp-reward-scale", self.random_mdp_reward_scale, "> 0")
         if self.env in FEDRL_DDPG_ENVS:
             need(self.pavg_variant == "soft", "pavg-variant", self.pavg_variant,
                  "soft (the default) with a deep env: the simplex projection applies to policy tables only")
-        if self.env in ("hopper", "half-cheetah"):
-            need(importlib.util.find_spec("mujoco") is not None, "env", self.env,
-                 "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
-        if traits and traits.trains == "fedrl" and self.local_updates == 0:
-            need(self.fedrl_clients == "all", "fedrl-clients", self.fedrl_clients, "all when local-updates=0 (E = inf: every client trains on its own)")
         if self.env_embedding_dim:
             need(self.env in FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS, "env-embedding-dim", self.env_embedding_dim,
                  "0 unless env is one of " + ", ".join(FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS) + " (PerDQNAvg / PerDDPGAvg)")
-        need(self.partition in PARTITION_MODES, "partition", self.partition, " | ".join(PARTITION_MODES))
         if self.partition == "by-environment" and self.num_clients:
             try:
                 count = len(env_names(self.env))
             except ValueError:
-                count = 0  # a bad env is reported above
+                count = 0  # a bad env is reported by its section
             need(not count or self.num_clients == count, "num-clients", self.num_clients,
                  f"{count} (one client per environment of env={self.env!r}) or 0 with partition='by-environment'")
-        self._validate_partitions(need)
-        self._validate_fedse(need)
-        self._validate_resilience(need)
-        need(self.reward in REWARD_MODES, "reward", self.reward, " | ".join(REWARD_MODES))
-        need(self.action_matching in ACTION_MATCHING, "action-matching", self.action_matching, " | ".join(ACTION_MATCHING))
-        need(self.loss_aggregation in LOSS_AGGREGATIONS, "loss-aggregation", self.loss_aggregation, " | ".join(LOSS_AGGREGATIONS))
-        need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
-        need(self.temperature > 0, "temperature", self.temperature, "> 0 (GRPO needs sampled rollouts)")
-        need(0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
-        need(self.eval_temperature >= 0, "eval-temperature", self.eval_temperature, ">= 0")
-        need(self.invalid_penalty >= 0, "invalid-penalty", self.invalid_penalty, ">= 0")
-        need(self.learning_rate > 0, "learning-rate", self.learning_rate, "> 0")
-        need(0 < self.clip_eps < 1, "clip-eps", self.clip_eps, "in (0, 1)")
-        need(self.kl_beta >= 0, "kl-beta", self.kl_beta, ">= 0")
-        need(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "> 0")
-        need(self.round_timeout > 0, "round-timeout", self.round_timeout, "> 0 seconds")
-        need(self.model.strip() != "", "model", self.model, "a HF model name or path, or tiny / tiny:<env>")
-        if self.model.startswith("tiny:"):
-            try:
-                env_names(self.model[5:])
-            except ValueError:
-                need(False, "model", self.model, "tiny:<env> or tiny:<env>,<env>,... with env one of " + ", ".join(available_envs()))
-        need("/" not in self.run_name, "run-name", self.run_name, "a folder name without '/'")
-        need(
-            self.output_dir.startswith("~") or Path(self.output_dir).is_absolute(),
-            "output-dir",
-            self.output_dir,
-            "an absolute path or one starting with ~ (the ServerApp runs in the SuperLink's working "
-            "directory, so a relative path would land somewhere unexpected; run_simulation.py resolves "
-            "relative paths for you)",
-        )
-        if self.num_clients:
-            need(self.clients_per_round <= self.num_clients, "clients-per-round", self.clients_per_round, f"<= num-clients ({self.num_clients})")
-        need(self.min_replies <= self.clients_per_round, "min-replies", self.min_replies, f"<= clients-per-round ({self.clients_per_round})")
-        if problems:
-            raise ValueError("invalid run config:\n  " + "\n  ".join(problems))
+        if self.num_clients and self.baseline == "local":
+            need(self.local_client < self.num_clients, "local-client", self.local_client, f"< num-clients ({self.num_clients})")
+        if traits and traits.experience_buffer:
+            need(self.fedse_explore_samples > 0 or self.fedse_seed_demos > 0, "fedse-seed-demos", self.fedse_seed_demos,
+                 "> 0 when fedse-explore-samples=0 (otherwise no client has anything to train on)")
+        if self.baseline != "none" and traits:
+            need(traits.baselines, "baseline", self.baseline,
+                 f"none with strategy={self.strategy!r} (the Table 1 baselines train GRPO agents: strategy "
+                 + " | ".join(n for n, t in STRATEGIES.items() if t.baselines) + "; Fed-SE's Local / Centralized / FedAvg baselines: python -m fedagent_flwr.experiments.fedse_protocol)")
+        self._check_resilience_across(need, traits)
 
-    def _validate_resilience(self, need) -> None:
-        """resume, differential privacy and fault-injection (resume.py, fedagent_flwr/privacy/differential_privacy.py, faults.py)."""
+    def _check_resilience_across(self, need: Need, traits: Traits | None) -> None:
         need(not self.resume or self.run_name != "", "resume", self.resume,
              "false, or true together with run-name set to the run folder to continue")
-        traits = STRATEGIES.get(self.strategy)
-        resumable = [name for name, t in STRATEGIES.items() if t.resume]
         if self.resume and traits:
             # qavg/pavg runs save no state. Fed-SE clients' buffers are keyed by the strategy's run
             # key, which the saved state restores, and a replayed round replaces its entries.
+            resumable = [name for name, t in STRATEGIES.items() if t.resume]
             need(traits.resume, "resume", self.resume,
                  f"false with strategy={self.strategy!r} (resume covers {', '.join(resumable)} and the baselines)")
-        need(self.dp_mode in DP_MODES, "dp-mode", self.dp_mode, " | ".join(DP_MODES))
         if self.dp_mode != "off" and traits:
             private = [name for name, t in STRATEGIES.items() if t.dp]
             need(traits.dp, "dp-mode", self.dp_mode,
                  f"off with strategy={self.strategy!r} (DP wraps the LLM strategies: {', '.join(private)}, baselines)")
-        need(self.dp_noise_multiplier >= 0, "dp-noise-multiplier", self.dp_noise_multiplier, ">= 0")
-        need(self.dp_clipping_norm > 0, "dp-clipping-norm", self.dp_clipping_norm, "> 0")
         if self.secure_aggregation:
             for ok, key, value, allowed in (
                 (traits is not None and traits.secure_aggregation, "strategy", self.strategy,
@@ -355,72 +506,16 @@ class RunConfig:
                 (self.baseline == "none", "baseline", self.baseline, "none with secure-aggregation=true"),
             ):
                 need(ok, key, value, allowed)
-        for name in ("secagg_shares_fraction", "secagg_threshold_fraction"):
-            need(0 < getattr(self, name) <= 1, name.replace("_", "-"), getattr(self, name), "in (0, 1]")
-        need(self.secagg_clipping_range > 0, "secagg-clipping-range", self.secagg_clipping_range, "> 0")
         try:
             plan = FaultPlan.parse(self.fault_injection)
         except ValueError:
-            plan = None
-            need(False, "fault-injection", self.fault_injection, FAULT_SYNTAX)
+            plan = None  # reported by its section
         if plan is not None and plan.partition is not None and self.num_clients:
             need(plan.partition < self.num_clients, "fault-injection", self.fault_injection,
                  f"a partition-id below num-clients ({self.num_clients})")
         if plan is not None and "timeout" in plan.kinds:
             need(self.round_timeout <= 600, "round-timeout", self.round_timeout,
                  "<= 600 s with a timeout fault (the failing client sleeps round-timeout + 30 s)")
-
-    def _validate_fedse(self, need) -> None:
-        """The Fed-SE keys (strategy fedse-lora)."""
-        need(self.fedse_aggregation in FEDSE_AGGREGATIONS, "fedse-aggregation", self.fedse_aggregation, " | ".join(FEDSE_AGGREGATIONS))
-        need(0 < self.fedse_client_fraction <= 1, "fedse-client-fraction", self.fedse_client_fraction, "in (0, 1]")
-        need(self.fedse_keep in FEDSE_KEEP, "fedse-keep", self.fedse_keep, " | ".join(FEDSE_KEEP))
-        need(self.fedse_history in FEDSE_HISTORY, "fedse-history", self.fedse_history, " | ".join(FEDSE_HISTORY))
-        need(self.fedse_steps in FEDSE_STEPS, "fedse-steps", self.fedse_steps, " | ".join(FEDSE_STEPS))
-        for name in ("fedse_explore_samples", "fedse_seed_demos"):
-            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
-        for name in ("fedse_sft_steps", "fedse_sft_batch_size", "lora_rank"):
-            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
-        need(self.fedse_learning_rate > 0, "fedse-learning-rate", self.fedse_learning_rate, "> 0")
-        need(self.lora_alpha > 0, "lora-alpha", self.lora_alpha, "> 0")
-        targets = [t.strip() for t in self.lora_target_modules.split(",")]
-        need(self.lora_target_modules.strip() == "all-linear" or (all(targets) and all(" " not in t for t in targets)),
-             "lora-target-modules", self.lora_target_modules, "comma-separated module names (e.g. q_proj,v_proj) or all-linear")
-        need(self.fedse_buffer_dir.startswith("~") or Path(self.fedse_buffer_dir).is_absolute(), "fedse-buffer-dir",
-             self.fedse_buffer_dir, "an absolute path or one starting with ~ (clients run in the SuperNode's working directory)")
-        if STRATEGIES.get(self.strategy, Traits("")).experience_buffer:
-            need(self.fedse_explore_samples > 0 or self.fedse_seed_demos > 0, "fedse-seed-demos", self.fedse_seed_demos,
-                 "> 0 when fedse-explore-samples=0 (otherwise no client has anything to train on)")
-        traits = STRATEGIES.get(self.strategy)
-        if self.baseline != "none" and traits:
-            need(traits.baselines, "baseline", self.baseline,
-                 f"none with strategy={self.strategy!r} (the Table 1 baselines train GRPO agents: strategy "
-                 + " | ".join(n for n, t in STRATEGIES.items() if t.baselines) + "; Fed-SE's Local / Centralized / FedAvg baselines: python -m fedagent_flwr.experiments.fedse_protocol)")
-
-    def _validate_partitions(self, need) -> None:
-        """The partition and baseline keys; feasibility on the task pool is checked by the server (assignment.py)."""
-        need(self.preference_mix in PREFERENCE_MIXES, "preference-mix", self.preference_mix, " | ".join(PREFERENCE_MIXES))
-        if self.preference_mix == "dirichlet":
-            need(0 < self.preference_omega < 1, "preference-omega", self.preference_omega, "in (0, 1) with preference-mix='dirichlet'")
-        else:
-            need(self.preference_omega >= 0, "preference-omega", self.preference_omega, ">= 0 (the noise scale)")
-        need(self.coverage_xi > 0, "coverage-xi", self.coverage_xi, "> 0")
-        need(self.coverage_r > 0, "coverage-r", self.coverage_r, "> 0")
-        need(self.coverage_l_max >= 1, "coverage-l-max", self.coverage_l_max, "an integer >= 1")
-        need(0 <= self.coverage_l_min <= self.coverage_l_avg <= self.coverage_l_max, "coverage-l-min/avg/max",
-             (self.coverage_l_min, self.coverage_l_avg, self.coverage_l_max), "0 <= coverage-l-min <= coverage-l-avg <= coverage-l-max")
-        need(self.hardness_xi > 0, "hardness-xi", self.hardness_xi, "> 0")
-        need(self.hardness_r >= 0, "hardness-r", self.hardness_r, ">= 0 (0 = derived from the labels)")
-        if self.partition == "hardness":
-            labels = self.success_labels
-            need(labels.startswith("~") or Path(labels).is_absolute(), "success-labels", labels,
-                 "an absolute path (or ~/...) to a file from `python -m fedagent_flwr.experiments.success_labels` when partition='hardness'")
-            if labels.startswith("~") or Path(labels).is_absolute():
-                need(Path(labels).expanduser().is_file(), "success-labels", labels, "an existing file")
-        need(self.baseline in BASELINES, "baseline", self.baseline, " | ".join(BASELINES))
-        need(self.local_client >= 0, "local-client", self.local_client, "an integer >= 0 (a partition-id)")
-        if self.num_clients and self.baseline == "local":
-            need(self.local_client < self.num_clients, "local-client", self.local_client, f"< num-clients ({self.num_clients})")
 
     def check_federation(self, num_nodes: int) -> int:
         """Number of clients K given the SuperNodes that answered; raises if the config does not fit."""
@@ -478,7 +573,11 @@ def docs_table() -> str:
     return "\n".join(rows)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """One value as TOML, for pyproject's table and for `flwr run --run-config "k=v ..."` alike.
+
+    Strings are TOML basic strings ("...", with escapes), which Flower's key=value parser reads.
+    """
     if isinstance(value, bool):  # TOML spells them lower-case
         return "true" if value else "false"
     if isinstance(value, str):
@@ -498,7 +597,7 @@ def sync_files(root: Path) -> None:
     if not sep:
         raise ValueError(f"{pyproject} has no [tool.flwr.app.config] table")
     rest = tail.split("\n[", 1)  # the table ends where the next one starts
-    body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in RunConfig().to_run_config().items())
+    body = "".join(f"{k} = {toml_value(v)}\n" for k, v in RunConfig().to_run_config().items())
     pyproject.write_text(head + sep + body + ("\n[" + rest[1] if len(rest) > 1 else ""))
 
     readme = root / "README.md"

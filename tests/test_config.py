@@ -79,3 +79,32 @@ def test_max_new_tokens_zero_takes_the_largest_budget_among_the_envs():
     assert RunConfig(env="webshop").rollout_config().max_new_tokens == 128
     assert RunConfig(env="maze,alfworld").rollout_config().max_new_tokens == 64
     assert RunConfig(env="webshop", max_new_tokens=40).rollout_config().max_new_tokens == 40
+
+
+@pytest.mark.parametrize("preset", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_preset_file_is_a_valid_run_config(preset):
+    """configs/*.toml are what `flwr run . --run-config FILE` reads: every key known, every value allowed."""
+    from flwr.common.config import parse_config_args
+
+    from fedagent_flwr.simulation import read_run_config_file
+
+    values = read_run_config_file(str(preset))
+    assert values == parse_config_args([str(preset)])  # the same keys and values Flower reads
+    RunConfig.from_run_config(RunConfig().to_run_config() | values)
+
+
+def test_simulation_reads_a_preset_file_and_flags_override_it(tmp_path, capsys):
+    from fedagent_flwr.simulation import main
+
+    preset = tmp_path / "p.toml"
+    preset.write_text('env = "maze"\nnum-server-rounds = 3\nrun-name = "it\'s"\n')
+    assert main(["--run-config", str(preset), "--num-server-rounds", "5", "--dry-run"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "num-server-rounds=5" in line and "num-server-rounds=3" not in line and "env=" in line
+    from flwr.common.config import parse_config_args
+    run_config = line.split("--run-config ", 1)[1]
+    import shlex
+    assert parse_config_args([shlex.split(run_config)[0]])["run-name"] == "it's"  # quotes survive the trip to flwr
+    (tmp_path / "bad.toml").write_text("no-such-key = 1\n")
+    with pytest.raises(SystemExit, match="no-such-key"):
+        main(["--run-config", str(tmp_path / "bad.toml"), "--dry-run"])

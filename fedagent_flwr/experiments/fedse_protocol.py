@@ -52,15 +52,11 @@ from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attac
 from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.runs.reporting import atomic_write_text
+from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR, read_run_config_file
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 
-# CPU preset: 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
-CPU_PRESET = {
-    "env": "maze", "model": "tiny", "num-clients": 3, "tasks-per-client": 4, "num-server-rounds": 4, "seed": 0,
-    "fedse-explore-samples": 2, "fedse-seed-demos": 4, "fedse-sft-steps": 10, "fedse-sft-batch-size": 16,
-    "fedse-learning-rate": 1e-3, "lora-rank": 8, "lora-alpha": 16.0, "eval-samples-per-task": 4, "eval-every": 2,
-    "device": "cpu",
-}
+# CPU preset (configs/fedse-cpu.toml): 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
+CPU_PRESET = read_run_config_file(str(APP_DIR / "configs" / "fedse-cpu.toml"))
 METHODS = {
     "fed-se": {},
     "fedavg-static": {"fedse-explore-samples": 0},

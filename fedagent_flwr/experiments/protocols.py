@@ -5,7 +5,7 @@
     python -m fedagent_flwr.experiments.protocols heterogeneity --preset cpu --seeds 0 --out /tmp/het
     python -m fedagent_flwr.experiments.protocols table1 --preset paper --dry-run --out /data/t1   # print the runs
 
-Every configuration is one real federated run of this app (`run_simulation.py`
+Every configuration is one real federated run of this app (`python -m fedagent_flwr.simulation`
 -> `flwr run`), in OUT/runs/<name>/; a run whose summary.json exists is reused,
 so an interrupted protocol continues where it stopped. Then:
 
@@ -21,7 +21,7 @@ so an interrupted protocol continues where it stopped. Then:
   labels: given with --success-labels, or made first from the base model with
   `python -m fedagent_flwr.experiments.success_labels` into OUT/success_labels.json.
 
-Presets: `cpu` runs the tiny Maze model at toy scale on a CPU (numbers from it
+Presets (configs/fedagent-<preset>.toml): `cpu` runs the tiny Maze model at toy scale on a CPU (numbers from it
 say nothing about the paper's setting); `paper` is the paper's scale (100
 clients, 70 rounds of 3 epochs, Qwen2.5-1.5B-Instruct) for GPU machines.
 `--set key=value` overrides any run-config key of every run.
@@ -44,27 +44,24 @@ import numpy as np
 
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.experiments.success_labels import write_json_atomic
+from fedagent_flwr.simulation import read_run_config_file
 
-ROOT = Path(__file__).resolve().parents[1]
+APP_DIR = Path(__file__).resolve().parents[2]  # the project folder (pyproject.toml, configs/) of a checkout
 
-# Shared run config of each preset. The cpu preset is scaled so a run takes a few
-# minutes on 2 cores: Maze has 16 training start positions, so 4 clients of 4 tasks.
-PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": {
-        "env": "maze", "model": "tiny", "num-clients": 4, "clients-per-round": 2, "local-epochs": 1,
-        "num-server-rounds": 3, "tasks-per-client": 4, "tasks-per-epoch": 4, "group-size": 8,
-        "eval-samples-per-task": 4, "eval-every": 3,
-    },
-    # §5: 100 clients x 100 tasks (overlap allowed), 2 clients/round, 3 epochs/round, 70 rounds,
-    # 64 tasks per epoch; reference runs: group 8, temperature 0.4, KL 0.01, lr 1e-6, history 2, 50 steps on ALFWorld.
-    "paper": {
-        "env": "alfworld", "model": "Qwen/Qwen2.5-1.5B-Instruct", "num-clients": 100, "clients-per-round": 2,
-        "local-epochs": 3, "num-server-rounds": 70, "tasks-per-client": 100, "tasks-per-epoch": 64, "group-size": 8,
-        "learning-rate": 1e-6, "kl-beta": 0.01, "temperature": 0.4, "history-length": 2, "max-steps": 50,
-        "max-new-tokens": 512, "eval-every": 5, "eval-samples-per-task": 1, "rollout-batch-size": 128,
-        "micro-batch-size": 8, "minibatch-size": 64,
-    },
-}
+
+
+def load_presets(app: Path) -> dict[str, dict[str, Any]]:
+    """The shared run config of each preset: configs/fedagent-<preset>.toml of the app folder."""
+    folder = app / "configs"
+    presets = {f.stem.removeprefix("fedagent-"): read_run_config_file(str(f)) for f in sorted(folder.glob("fedagent-*.toml"))}
+    if not presets:
+        raise FileNotFoundError(f"no configs/fedagent-*.toml presets in {app}; pass --app <the project folder>")
+    return presets
+
+
+# The cpu preset (configs/fedagent-cpu.toml) is scaled so a run takes a few minutes on 2 cores:
+# Maze has 16 training start positions, so 4 clients of 4 tasks.
+PRESETS = load_presets(APP_DIR)
 LOCAL_CLIENTS = {"cpu": (1, 3), "paper": (21, 42, 84)}
 # §6 / Figure 3. The cpu values keep the paper's ratios where the 16-task pool allows.
 DECENTRALIZED = {
@@ -140,7 +137,7 @@ def heterogeneity_runs(preset: str, seeds: list[int], base: dict, labels: str) -
 
 
 def run_args(run: Run, out: Path, num_cpus: int, num_gpus: float) -> list[str]:
-    args = [sys.executable, str(ROOT / "run_simulation.py")]
+    args = [sys.executable, "-m", "fedagent_flwr.simulation", "--app", str(APP_DIR)]
     for key, value in run.config.items():
         args += [f"--{key}", str(value)]
     args += ["--output-dir", str(out / "runs"), "--run-name", run.name,
@@ -318,7 +315,7 @@ def ensure_labels(out: Path, base: dict, given: str | None, dry_run: bool) -> st
             "--out", str(path), "--samples", "4", "--history-length", str(base.get("history-length", 0)),
             "--max-new-tokens", str(base.get("max-new-tokens", 32)), "--seed", "0"]
     print("[protocol] success labels: " + " ".join(args), flush=True)
-    subprocess.run(args, check=True, cwd=ROOT)
+    subprocess.run(args, check=True, cwd=APP_DIR)
     return str(path)
 
 

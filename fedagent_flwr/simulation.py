@@ -1,0 +1,163 @@
+"""Run the Flower app in simulation from the command line (`python run_simulation.py` or `python -m fedagent_flwr.simulation`).
+
+Every run-config key is a flag (`--clients-per-round 3` sets `clients-per-round`),
+`--num-clients` also sets the number of simulated SuperNodes, and
+`--num-cpus-per-client` / `--num-gpus-per-client` become Ray's client resources.
+Under the hood this is `flwr run <app> --run-config ... --federation-config ...`,
+so a run started here is the same app a deployment runs. A local SuperLink that
+this command had to start is stopped again at the end.
+
+    python run_simulation.py --strategy fedagent-avg --env maze --num-clients 4 --clients-per-round 2
+    python run_simulation.py --run-config configs/fedagent-cpu.toml --seed 1
+
+`--app DIR` names the app folder (the one with pyproject.toml) when this runs from an installed
+package rather than a checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+from fedagent_flwr.config import RunConfig, toml_value
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]  # the checkout this package sits in (editable install)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = type(f.default)
+        parser.add_argument(flag, type=_bool if kind is bool else kind, default=None, help=f"{f.metadata['doc']} (default {f.default!r}; {f.metadata['allowed']})")
+    parser.add_argument("--run-config", dest="run_config_file", default=None, metavar="FILE",
+                        help="a TOML file of run-config keys (e.g. configs/fedagent-cpu.toml); flags given here override it")
+    sim = parser.add_argument_group("simulation resources")
+    sim.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this checkout)")
+    sim.add_argument("--num-cpus-per-client", type=int, default=1, help="Ray CPUs per client (integer >= 1; default 1)")
+    sim.add_argument("--num-gpus-per-client", type=float, default=0.0, help="Ray GPUs per client, fractions allowed (default 0)")
+    sim.add_argument("--keep-superlink", action="store_true", help="leave the local SuperLink running after the run")
+    sim.add_argument("--dry-run", action="store_true", help="print the flwr command and exit")
+    return parser
+
+
+def _bool(text: str) -> bool:
+    """argparse's type=bool would read 'false' as True."""
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = read_run_config_file(args.run_config_file) if args.run_config_file else {}
+    for f in fields(RunConfig):
+        value = getattr(args, f.name)
+        if value is not None:
+            overrides[f.name.replace("_", "-")] = value
+    if "output-dir" in overrides and not overrides["output-dir"].startswith("~"):
+        overrides["output-dir"] = str(Path(overrides["output-dir"]).resolve())  # relative to where you run this
+    if overrides.get("success-labels") and not overrides["success-labels"].startswith("~"):
+        overrides["success-labels"] = str(Path(overrides["success-labels"]).resolve())  # likewise
+    RunConfig.from_run_config(RunConfig().to_run_config() | overrides)  # fail here, before Ray starts
+    if args.num_cpus_per_client < 1:
+        sys.exit("--num-cpus-per-client must be an integer >= 1")
+    if args.num_gpus_per_client < 0:
+        sys.exit("--num-gpus-per-client must be >= 0")
+    if args.num_gpus_per_client > 0:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit(f"--num-gpus-per-client={args.num_gpus_per_client} but no CUDA GPU is visible on this machine")
+    if str(overrides.get("device", "")).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():  # else every client fails at its first message, after Ray started
+            sys.exit(f"--device={overrides['device']} but no CUDA GPU is visible on this machine; use --device cpu or auto")
+
+    num_nodes = overrides.get("num-clients") or 2
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
+    federation = (f"num-supernodes={num_nodes} client-resources-num-cpus={args.num_cpus_per_client} "
+                  f"client-resources-num-gpus={args.num_gpus_per_client}")
+    cmd = ["flwr", "run", str(args.app.resolve()), "--stream", "--federation-config", federation]
+    if run_config:
+        cmd += ["--run-config", run_config]
+    print("$ " + shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+
+    env = os.environ.copy()
+    env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")  # else flwr reinstalls deps (GBs of torch)
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    before = superlink_pids()
+    try:
+        # `flwr run --stream` exits 0 even when the ServerApp failed; its last words name summary.json.
+        summary = None
+        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                if "; summary: " in line:
+                    summary = Path(line.rsplit("; summary: ", 1)[1].strip())
+        if proc.returncode != 0:
+            return proc.returncode
+        if summary is None or not summary.exists():
+            print("the run ended without writing summary.json; the ServerApp failed (see its log above)",
+                  file=sys.stderr, flush=True)
+            return 1
+        return 0
+    finally:
+        if not args.keep_superlink:
+            for pid in superlink_pids() - before:
+                os.kill(pid, signal.SIGTERM)
+
+
+def superlink_pids() -> set[int]:
+    """PIDs of running flower-superlink processes on this run's port (Linux /proc; empty elsewhere).
+
+    Only the port `flwr run` uses here (FLWR_LOCAL_SUPERLINK_HTTP_API_PORT, default 39091) counts,
+    so a run on its own port never stops the SuperLink of another run on another port.
+    """
+    port = f"--port {os.environ.get('FLWR_LOCAL_SUPERLINK_HTTP_API_PORT', '39091')} ".encode()
+    pids = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"flower-superlink" in cmdline and port in cmdline + b" ":
+            pids.add(int(proc.name))
+    return pids
+
+
+def read_run_config_file(path: str) -> dict:
+    """Run-config keys from a TOML file (nested tables become dotted keys, as `flwr run --run-config FILE` reads them)."""
+    with open(Path(path).expanduser(), "rb") as f:
+        table = tomllib.load(f)
+    flat: dict = {}
+
+    def walk(prefix: str, node: dict) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            else:
+                flat[prefix + key] = value
+
+    walk("", table)
+    known = RunConfig().to_run_config()
+    unknown = sorted(set(flat) - set(known))
+    if unknown:
+        raise SystemExit(f"--run-config {path}: unknown run-config key(s) {unknown}")
+    return flat
+
+
+if __name__ == "__main__":
+    sys.exit(main())
