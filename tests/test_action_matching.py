@@ -62,8 +62,8 @@ def test_matched_steps_play_on_but_stay_invalid_and_penalised():
     tasks = make_env("webshop").tasks_of_split("test")[:6]
     factory = lambda: make_env("webshop")  # noqa: E731
     matched = run_episodes(TextPolicy(drop_last_id_char), factory, tasks, NoEncoder(),
-                           RolloutConfig(action_matching="closest", invalid_penalty=0.1))
-    exact = run_episodes(TextPolicy(drop_last_id_char), factory, tasks, NoEncoder(), RolloutConfig(invalid_penalty=0.1))
+                           RolloutConfig(history_length=2, action_matching="closest", invalid_penalty=0.1))
+    exact = run_episodes(TextPolicy(drop_last_id_char), factory, tasks, NoEncoder(), RolloutConfig(history_length=2, invalid_penalty=0.1))
     for m, e in zip(matched, exact):
         typos = [s for s in m.steps if not s.valid]
         assert m.won and len(typos) >= 1  # every episode clicks at least one product id
@@ -81,7 +81,7 @@ def test_webshop_score_is_reported_and_can_be_the_reward():
         return "click[buy now]" if env.session.page == "item" else action
 
     trajs = run_episodes(TextPolicy(buy_first_result), lambda: make_env("webshop"), tasks, NoEncoder(),
-                         RolloutConfig(reward="score", invalid_penalty=0.0))
+                         RolloutConfig(history_length=2, reward="score", invalid_penalty=0.0))
     scores = [t.score for t in trajs]
     assert all(s is not None and 0.0 <= s <= 1.0 for s in scores)
     assert any(0.0 < s < 1.0 for s in scores)  # partial credit: WebShop's dense signal
@@ -95,5 +95,5 @@ def test_webshop_score_is_reported_and_can_be_the_reward():
         assert m[f"mean_score/{category}"] == pytest.approx(sum(group) / len(group))
     # Environments without a task score report none, and "score" falls back to the success reward.
     maze = run_episodes(TextPolicy(lambda env, a: a), lambda: make_env("maze"), make_env("maze").tasks()[:2], NoEncoder(),
-                        RolloutConfig(reward="score"))
+                        RolloutConfig(history_length=2, reward="score"))
     assert all(t.score is None and t.reward == 10.0 for t in maze) and "mean_score" not in summarize(maze)

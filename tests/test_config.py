@@ -108,3 +108,20 @@ def test_simulation_reads_a_preset_file_and_flags_override_it(tmp_path, capsys):
     (tmp_path / "bad.toml").write_text("no-such-key = 1\n")
     with pytest.raises(SystemExit, match="no-such-key"):
         main(["--run-config", str(tmp_path / "bad.toml"), "--dry-run"])
+
+
+def test_library_configs_are_built_from_the_run_config_alone():
+    """GRPOConfig has no defaults to disagree with the run config; RolloutConfig's history comes from it too."""
+    import dataclasses
+
+    from fedagent_flwr.agent.grpo import GRPOConfig
+    from fedagent_flwr.agent.rollout import RolloutConfig
+
+    run = RunConfig(learning_rate=3e-6, tasks_per_epoch=16, minibatch_size=32, micro_batch_size=8, history_length=2)
+    grpo = run.grpo_config()
+    assert (grpo.learning_rate, grpo.tasks_per_epoch, grpo.minibatch_size, grpo.micro_batch_size) == (3e-6, 16, 32, 8)
+    settable = [f.name for f in dataclasses.fields(GRPOConfig) if f.name != "adv_eps"]
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(GRPOConfig) if f.name in settable)
+    assert run.rollout_config().history_length == 2 and RunConfig().rollout_config().history_length == 0
+    with pytest.raises(TypeError):
+        RolloutConfig()  # no silent history length of its own

@@ -1,11 +1,14 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from envs import Task
-from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
+from fedagent_flwr.agent.grpo import GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
 from fedagent_flwr.agent.rollout import RolloutConfig, StepRecord, Trajectory
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.config import RunConfig
 
 
 def test_group_advantages_are_normalised_within_each_group():
@@ -94,7 +97,7 @@ def test_update_raises_the_likelihood_of_better_than_average_completions(tiny_lm
         Trajectory(task=Task("t", "c", "train"), steps=[StepRecord(prompt, c, "", "", 0.0, True)], reward=r)
         for c, r in [(good, 10.0), (bad, 0.0)]
     ]
-    trainer = GRPOTrainer(tiny_lm, tok, GRPOConfig(learning_rate=1e-2, kl_beta=0.0), RolloutConfig())
+    trainer = GRPOTrainer(tiny_lm, tok, replace(RunConfig().grpo_config(), learning_rate=1e-2, kl_beta=0.0), RolloutConfig(history_length=2))
     samples = trajectories_to_samples(trajs, [0, 0], 1e-6)
 
     def seq_logprob(completion):

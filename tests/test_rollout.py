@@ -20,7 +20,7 @@ def test_all_live_episodes_advance_together_and_finished_ones_drop_out(maze_toke
     env = make_env("maze")
     tasks = env.tasks()
     policy = CountingPolicy(ExpertPolicy(maze_tokenizer))
-    trajs = run_episodes(policy, lambda: make_env("maze"), tasks, PromptEncoder(maze_tokenizer), RolloutConfig())
+    trajs = run_episodes(policy, lambda: make_env("maze"), tasks, PromptEncoder(maze_tokenizer), RolloutConfig(history_length=2))
     lengths = sorted(len(t.steps) for t in trajs)
     # one call per step of the longest episode, each serving the episodes still running
     assert len(policy.batch_sizes) == lengths[-1]
@@ -33,7 +33,7 @@ def test_batched_generation_equals_one_episode_at_a_time(tiny_lm, maze_tokenizer
     """Left padding must not change what the model writes: greedy batched == greedy alone."""
     env = make_env("maze")
     tasks = env.tasks()[:6]
-    cfg = RolloutConfig(temperature=0.0, max_new_tokens=12)
+    cfg = RolloutConfig(history_length=2, temperature=0.0, max_new_tokens=12)
     encoder = PromptEncoder(maze_tokenizer)
     policy = LMPolicy(tiny_lm, maze_tokenizer, cfg)
     batched = run_episodes(policy, lambda: make_env("maze", max_steps=3), tasks, encoder, cfg)
@@ -44,7 +44,7 @@ def test_batched_generation_equals_one_episode_at_a_time(tiny_lm, maze_tokenizer
 
 def test_invalid_actions_are_penalised_and_counted(tiny_lm, maze_tokenizer):
     # A random model writes no valid action: every step is penalised.
-    cfg = RolloutConfig(temperature=0.0, max_new_tokens=8, invalid_penalty=0.1)
+    cfg = RolloutConfig(history_length=2, temperature=0.0, max_new_tokens=8, invalid_penalty=0.1)
     env = make_env("maze", max_steps=4)
     trajs = run_episodes(LMPolicy(tiny_lm, maze_tokenizer, cfg), lambda: make_env("maze", max_steps=4),
                          env.tasks()[:2], PromptEncoder(maze_tokenizer), cfg)
@@ -57,7 +57,7 @@ def test_invalid_actions_are_penalised_and_counted(tiny_lm, maze_tokenizer):
 def test_a_noisy_expert_takes_random_admissible_moves_at_its_rate_and_repeats_by_seed(maze_tokenizer):
     env = make_env("maze")
     tasks = [t for t in env.tasks() for _ in range(4)]
-    encoder, cfg = PromptEncoder(maze_tokenizer), RolloutConfig()
+    encoder, cfg = PromptEncoder(maze_tokenizer), RolloutConfig(history_length=2)
 
     def play(epsilon, seed):
         trajs = run_episodes(ExpertPolicy(maze_tokenizer, epsilon=epsilon, seed=seed), lambda: make_env("maze"), tasks, encoder, cfg)

@@ -43,19 +43,21 @@ LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
 
 @dataclass
 class GRPOConfig:
-    group_size: int = 8  # G rollouts per task
-    tasks_per_epoch: int = 64  # tasks sampled with replacement per epoch
-    learning_rate: float = 1e-6
-    clip_eps: float = 0.2
-    kl_beta: float = 0.01  # weight of the KL to the reference (round-start) policy; 0 disables it
-    minibatch_size: int = 256  # agent steps per optimizer step
-    micro_batch_size: int = 32  # agent steps per forward/backward (gradient accumulation)
-    max_grad_norm: float = 1.0
-    adv_eps: float = 1e-6
+    """GRPO's settings. No defaults of its own: the run config (config.RunConfig.grpo_config) is their one source."""
+
+    group_size: int  # G rollouts per task
+    tasks_per_epoch: int  # tasks sampled with replacement per epoch
+    learning_rate: float
+    clip_eps: float
+    kl_beta: float  # weight of the KL to the reference (round-start) policy; 0 disables it
+    minibatch_size: int  # agent steps per optimizer step
+    micro_batch_size: int  # agent steps per forward/backward (gradient accumulation)
+    max_grad_norm: float
     # "token-mean": every generated token weighs the same (verl's default), so long
     # failed episodes dominate; "trajectory-mean": every trajectory weighs the same,
     # its tokens averaged (as if the episode were one sequence).
-    loss_aggregation: str = "trajectory-mean"
+    loss_aggregation: str
+    adv_eps: float = 1e-6
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6) -> np.ndarray:

@@ -70,7 +70,9 @@ REWARD_MODES = ("success", "env", "score")
 
 @dataclass
 class RolloutConfig:
-    history_length: int = 2
+    # past (observation, action) pairs in the prompt; no default, so that no caller silently differs
+    # from the run config's (config.RunConfig.rollout_config builds this for every run)
+    history_length: int
     invalid_penalty: float = 0.1
     max_new_tokens: int = 48
     temperature: float = 1.0
