@@ -2,34 +2,9 @@
 
 from __future__ import annotations
 
-from .alfworld import AlfWorldEnv  # imports alfworld only when an env is constructed
 from .base import SPLITS, Task, TextEnv, normalize_action
-from .babyai import BabyAIEnv
-from .maze import MazeEnv
 from .multi import MultiEnv, env_names, is_multi_spec, task_env
-from .textcraft import TextCraftEnv
-from .webshop import WebShopEnv
-from .wordle import WordleEnv
-
-ENVIRONMENTS: dict[str, type[TextEnv]] = {
-    MazeEnv.name: MazeEnv,
-    BabyAIEnv.name: BabyAIEnv,
-    TextCraftEnv.name: TextCraftEnv,
-    WordleEnv.name: WordleEnv,
-    WebShopEnv.name: WebShopEnv,
-    AlfWorldEnv.name: AlfWorldEnv,
-}
-
-
-def available_envs() -> list[str]:
-    return sorted(ENVIRONMENTS)
-
-
-def env_class(name: str) -> type[TextEnv]:
-    try:
-        return ENVIRONMENTS[name]
-    except KeyError:
-        raise ValueError(f"unknown env {name!r}; available: {', '.join(available_envs())}") from None
+from .registry import ENVIRONMENTS, available_envs, env_class
 
 
 def answer_token_budget(spec: str) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .base import SPLITS, Task, TextEnv
+from .registry import available_envs, env_class
 
 ENV_KEY = "env"
 TASK_KEY = "task"
@@ -27,8 +28,6 @@ TASK_KEY = "task"
 
 def env_names(spec: str) -> list[str]:
     """The environment names of a spec, in order; raises ValueError naming a bad entry."""
-    from . import available_envs  # late: envs/__init__ imports this module
-
     names = [part.strip() for part in str(spec).split(",")]
     known = available_envs()
     for name in names:
@@ -128,9 +127,7 @@ class MultiEnv(TextEnv):
         if name not in self.names:
             raise ValueError(f"environment {name!r} is not part of the spec {self.spec!r}")
         if name not in self._envs:
-            from . import make_env
-
-            self._envs[name] = make_env(name, self._max_steps)
+            self._envs[name] = env_class(name)(max_steps=self._max_steps)
         return self._envs[name]
 
     # ----- the task pool ---------------------------------------------------------------

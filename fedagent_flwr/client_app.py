@@ -18,7 +18,12 @@ from fedagent_flwr.config import RunConfig
 from fedagent_flwr.faults import FaultPlan, train_with_faults
 from fedagent_flwr.methods import Method, method_for
 from fedagent_flwr.privacy.differential_privacy import clip_when_asked
-from fedagent_flwr.privacy.secure_aggregation import as_fit_reply, as_plain_train_message, is_secure_fit, secure_aggregation_mod
+from fedagent_flwr.privacy.secure_aggregation import (
+    as_fit_reply,
+    as_plain_train_message,
+    is_secure_fit,
+    secure_aggregation_mod,
+)
 
 # Both mods act only on the messages meant for them: SecAgg+ protocol messages, and train
 # messages whose config carries a DP clipping norm.

@@ -15,21 +15,14 @@ which rewrites pyproject's table and the README's key table.
 from __future__ import annotations
 
 import importlib.util
-
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from envs import answer_token_budget, available_envs, env_names, is_multi_spec
-from fedrl.ddpg import CONTINUOUS_ENVS
-from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
-from fedrl.mdps import TABULAR_ENVS
-from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
-from strategies.pavg import VARIANTS as PAVG_VARIANTS
-
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.grpo import GRPOConfig, LOSS_AGGREGATIONS
+from fedagent_flwr.agent.grpo import LOSS_AGGREGATIONS, GRPOConfig
 from fedagent_flwr.agent.lora import LoRASpec
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
@@ -38,6 +31,11 @@ from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
 from fedagent_flwr.privacy.differential_privacy import DP_MODES
+from fedrl.ddpg import CONTINUOUS_ENVS
+from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
+from fedrl.mdps import TABULAR_ENVS
+from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
+from strategies.pavg import VARIANTS as PAVG_VARIANTS
 
 # QAvg / PAvg (fedrl): strategies that train tabular or deep RL learners, not LLM agents, on these envs
 FEDRL_TABULAR_ENVS = TABULAR_ENVS

@@ -15,13 +15,23 @@ import time
 from datetime import datetime
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods import method_for
 from fedagent_flwr.privacy.differential_privacy import with_differential_privacy
-from fedagent_flwr.privacy.secure_aggregation import SecureFedAgentAvg, run_secure_rounds
+from fedagent_flwr.privacy.secure_aggregation import (
+    SecureFedAgentAvg,
+    run_secure_rounds,
+)
 from fedagent_flwr.runs.resume import load_state, restore, resumable, save_state
 
 

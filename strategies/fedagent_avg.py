@@ -17,7 +17,15 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 

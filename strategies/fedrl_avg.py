@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from strategies.fedagent_avg import FedAgentAvg, average_arrays, sample_clients
+from strategies.fedagent_avg import FedAgentAvg, average_arrays
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,15 @@ from collections.abc import Callable, Sequence
 import torch
 
 from envs import Task, TextEnv
-
 from fedagent_flwr.agent.multi_env import per_env_summary
-
-from fedagent_flwr.agent.rollout import LMPolicy, Policy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from fedagent_flwr.agent.rollout import (
+    LMPolicy,
+    Policy,
+    PromptEncoder,
+    RolloutConfig,
+    Trajectory,
+    run_episodes,
+)
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedagent_flwr.runs.reporting import atomic_write_text
 from fedagent_flwr.agent.rollout import Trajectory
+from fedagent_flwr.atomic import atomic_write_text
 
 FORMAT_VERSION = 1
 SEED_ROUND = -1

@@ -32,11 +32,15 @@ import numpy as np
 import torch
 
 from envs import Task, TextEnv
-
 from fedagent_flwr.agent.evaluation import summarize
-from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from fedagent_flwr.agent.rollout import (
+    LMPolicy,
+    PromptEncoder,
+    RolloutConfig,
+    Trajectory,
+    run_episodes,
+)
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
-
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
 

@@ -13,7 +13,14 @@ from functools import lru_cache
 
 import torch
 
-from fedagent_flwr.agent.models import ModelSpec, fingerprint, load_model, load_tokenizer, pick_device, resolve_model
+from fedagent_flwr.agent.models import (
+    ModelSpec,
+    fingerprint,
+    load_model,
+    load_tokenizer,
+    pick_device,
+    resolve_model,
+)
 
 
 @dataclass

@@ -18,7 +18,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from envs import available_envs, is_multi_spec
 from envs.multi import normalize_spec
-
 from fedagent_flwr.agent.tiny_model import ensure_tiny_model
 
 

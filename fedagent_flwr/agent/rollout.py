@@ -17,7 +17,6 @@ import torch
 from tqdm.auto import tqdm
 
 from envs import Task, TextEnv
-
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING, match_action
 from fedagent_flwr.agent.prompts import build_prompt, expert_completion, parse_action
 from fedagent_flwr.agent.sampling import sample_batch

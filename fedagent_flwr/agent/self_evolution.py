@@ -23,12 +23,23 @@ from pathlib import Path
 from flwr.app import ArrayRecord
 
 from envs import Task, TextEnv
-
-from fedagent_flwr.agent.loading import Agent
 from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.experience import ExperienceBuffer
-from fedagent_flwr.agent.lora import LoRASpec, adapter_to_arrays, attached_lora, arrays_to_adapter
-from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from fedagent_flwr.agent.loading import Agent
+from fedagent_flwr.agent.lora import (
+    LoRASpec,
+    adapter_to_arrays,
+    arrays_to_adapter,
+    attached_lora,
+)
+from fedagent_flwr.agent.rollout import (
+    ExpertPolicy,
+    LMPolicy,
+    PromptEncoder,
+    RolloutConfig,
+    Trajectory,
+    run_episodes,
+)
 from fedagent_flwr.agent.sft import SFTConfig, supervised_finetune
 
 KEEP_MODES = ("successes", "all")

@@ -26,9 +26,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from envs import is_multi_spec, make_env
 from envs.multi import normalize_spec, per_env_sample
-
 from fedagent_flwr.agent.prompts import expert_completion
-from fedagent_flwr.agent.rollout import ExpertPolicy, PromptEncoder, RolloutConfig, run_episodes
+from fedagent_flwr.agent.rollout import (
+    ExpertPolicy,
+    PromptEncoder,
+    RolloutConfig,
+    run_episodes,
+)
 from fedagent_flwr.agent.sft import SFTConfig, supervised_finetune
 
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]

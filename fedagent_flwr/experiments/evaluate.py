@@ -10,7 +10,6 @@ import torch
 
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
-
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.evaluation import evaluate
 from fedagent_flwr.agent.loading import load_agent

@@ -34,8 +34,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrl.ddpg import CONTINUOUS_ENVS, DDPGConfig, DDPGLearner, make_continuous_env, sample_continuous_params
-from fedagent_flwr.experiments.fedrl_deep_figures import _mean_se, _paired_p, _train, summarise_communication
+from fedagent_flwr.experiments.fedrl_deep_figures import (
+    _mean_se,
+    _paired_p,
+    _train,
+    summarise_communication,
+)
+from fedrl.ddpg import (
+    CONTINUOUS_ENVS,
+    DDPGConfig,
+    DDPGLearner,
+    make_continuous_env,
+    sample_continuous_params,
+)
 
 __all__ = ["communication", "main", "personalised"]
 

@@ -41,12 +41,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
+from scipy import stats
 
-from fedrl.deep import ENV_NAMES, DQNConfig, DQNLearner, EmbeddingSearch, make_env, sample_env_params
+from fedrl.deep import (
+    ENV_NAMES,
+    DQNConfig,
+    DQNLearner,
+    EmbeddingSearch,
+    make_env,
+    sample_env_params,
+)
 from fedrl.tabular import average
 
 __all__ = ["adaptation", "communication", "main"]

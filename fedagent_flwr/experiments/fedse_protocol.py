@@ -41,19 +41,19 @@ from flwr.app import Array, ArrayRecord
 
 from envs import make_env
 from envs.multi import per_env_spread
-from strategies.communication import payload_bytes
-from strategies.fedse_lora import aggregate_adapters
-
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.config import RunConfig
 from fedagent_flwr.agent.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.experience import ExperienceBuffer
+from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.seeding import seed_everything
-from fedagent_flwr.methods.tasks import learner_tasks
-from fedagent_flwr.runs.reporting import atomic_write_text
-from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR, read_run_config_file
 from fedagent_flwr.agent.self_evolution import self_evolution_round
+from fedagent_flwr.atomic import atomic_write_text
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.tasks import learner_tasks
+from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR
+from fedagent_flwr.simulation import read_run_config_file
+from strategies.communication import payload_bytes
+from strategies.fedse_lora import aggregate_adapters
 
 # CPU preset (configs/fedse-cpu.toml): 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
 CPU_PRESET = read_run_config_file(str(APP_DIR / "configs" / "fedse-cpu.toml"))

@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from fedagent_flwr.atomic import write_json_atomic
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.experiments.success_labels import write_json_atomic
 from fedagent_flwr.simulation import read_run_config_file
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the project folder (pyproject.toml, configs/) of a checkout

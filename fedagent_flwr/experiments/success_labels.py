@@ -13,19 +13,21 @@ per-task success rates and how they were made, and is written atomically.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from envs import Task, answer_token_budget, available_envs, make_env
-
 from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.rollout import LMPolicy, Policy, PromptEncoder, RolloutConfig, run_episodes
+from fedagent_flwr.agent.rollout import (
+    LMPolicy,
+    Policy,
+    PromptEncoder,
+    RolloutConfig,
+    run_episodes,
+)
+from fedagent_flwr.atomic import write_json_atomic
 
 SPLITS = ("train", "test", "all")
 
@@ -49,40 +51,6 @@ def label_tasks(policy: Policy, encoder: PromptEncoder, env_name: str, tasks: li
         wins[traj.task.id].append(bool(traj.won))
     rates = {t.id: sum(wins[t.id]) / len(wins[t.id]) for t in tasks}
     return {i: r >= threshold for i, r in rates.items()}, rates
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_labels(path: str | Path, env: str, tasks: list[Task]) -> list[bool]:
-    """The success label of each of `tasks` (in order) from a file this module wrote; raises on a mismatch."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ValueError(f"success-labels={str(path)!r}: no such file (write one with `python -m fedagent_flwr.experiments.success_labels`)")
-    try:
-        data = json.loads(path.read_text())
-        labels = data["labels"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"success-labels={str(path)!r} is not a success-label file ({exc})") from None
-    if data.get("env") != env:
-        raise ValueError(f"success-labels={str(path)!r} labels env {data.get('env')!r}, but the run's env is {env!r}")
-    missing = [t.id for t in tasks if t.id not in labels]
-    if missing:
-        raise ValueError(f"success-labels={str(path)!r} has no label for {len(missing)} task(s), e.g. {missing[:3]}")
-    bad = [t.id for t in tasks if not isinstance(labels[t.id], bool)]
-    if bad:
-        raise ValueError(f"success-labels={str(path)!r}: labels must be true/false, e.g. task {bad[0]!r} has {labels[bad[0]]!r}")
-    return [labels[t.id] for t in tasks]
 
 
 def build_parser() -> argparse.ArgumentParser:

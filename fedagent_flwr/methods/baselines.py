@@ -12,10 +12,9 @@ from collections.abc import Mapping
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies.single_learner import SingleLearner
-
 from fedagent_flwr.methods.fedagent import FedAgent
 from fedagent_flwr.methods.tasks import baseline_learner
+from strategies.single_learner import SingleLearner
 
 
 class Baseline(FedAgent):

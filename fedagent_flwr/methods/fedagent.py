@@ -20,8 +20,6 @@ from flwr.serverapp.strategy import Strategy
 
 from envs import Task, env_names, is_multi_spec, make_env
 from envs.multi import per_env_spread
-from strategies import FedAgentAvg
-
 from fedagent_flwr.agent.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.grpo import GRPOTrainer
 from fedagent_flwr.agent.loading import Agent, load_agent
@@ -33,6 +31,7 @@ from fedagent_flwr.methods.base import AgentLoader, Method
 from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
 from fedagent_flwr.privacy.differential_privacy import update_norm
 from fedagent_flwr.runs.reporting import RunReporter
+from strategies import FedAgentAvg
 
 
 def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int) -> dict[str, float]:

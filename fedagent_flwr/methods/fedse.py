@@ -18,16 +18,21 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
 from envs import make_env
-from strategies.fedse_lora import RUN_KEY, FedSELoRA, clients_for_fraction
-
 from fedagent_flwr.agent.experience import ExperienceBuffer
-from fedagent_flwr.agent.lora import adapter_num_parameters, adapter_to_arrays, arrays_to_adapter, attached_lora, save_adapter
+from fedagent_flwr.agent.lora import (
+    adapter_num_parameters,
+    adapter_to_arrays,
+    arrays_to_adapter,
+    attached_lora,
+    save_adapter,
+)
 from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import client_buffer_dir, self_evolution_round
 from fedagent_flwr.methods.base import AgentLoader
 from fedagent_flwr.methods.fedagent import LanguageAgentMethod
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.runs.reporting import RunReporter
+from strategies.fedse_lora import RUN_KEY, FedSELoRA, clients_for_fraction
 
 
 class FedSE(LanguageAgentMethod):

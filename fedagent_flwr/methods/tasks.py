@@ -17,17 +17,12 @@ learner and takes its weights as they come back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from datasets import Dataset
 
 from envs import Task, make_env
+from fedagent_flwr.config import RunConfig
 from partitions import make_partitioner, task_table
-
-from fedagent_flwr.experiments.success_labels import load_labels
-
-if TYPE_CHECKING:
-    from fedagent_flwr.config import RunConfig
+from partitions.labels import load_labels
 
 CENTRALIZED_LEARNER = 0  # the partition-id whose node plays the centralized learner
 

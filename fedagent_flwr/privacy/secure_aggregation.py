@@ -26,9 +26,25 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+)
 from flwr.client.mod import secaggplus_mod
-from flwr.common import Code, FitIns, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (
+    Code,
+    FitIns,
+    FitRes,
+    Parameters,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import ServerConfig

@@ -40,6 +40,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedagent_flwr.config import RunConfig
+
 STATE_DIR = "state"
 # Keys that may change when a run is resumed; any other difference is an error.
 RESUMABLE_CHANGES = ("num-server-rounds", "resume", "round-timeout", "fault-injection")
@@ -116,8 +118,6 @@ def load_state(run_dir: Path, config: dict[str, Any]) -> ServerState:
         raise ValueError(f"resume=true but {run_dir} holds no saved state (expected {run_dir / STATE_DIR}); "
                          "start the run without resume, or set run-name to the run to continue")
     saved = json.loads((folder / "config.json").read_text())
-    from fedagent_flwr.config import RunConfig
-
     defaults = RunConfig().to_run_config()
     changed = sorted(k for k in set(saved) | set(config)
                      if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k)

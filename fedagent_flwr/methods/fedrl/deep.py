@@ -22,12 +22,34 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-
-from fedrl.ddpg import CONTINUOUS_ENVS, DDPGConfig, DDPGLearner, DDPGNets, make_continuous_env, sample_continuous_params
-from fedrl.deep import EMBEDDING, ENV_NAMES, DQNConfig, DQNLearner, QNet, make_env, sample_env_params
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 
 from fedagent_flwr.config import RunConfig
+from fedrl.ddpg import (
+    CONTINUOUS_ENVS,
+    DDPGConfig,
+    DDPGLearner,
+    DDPGNets,
+    make_continuous_env,
+    sample_continuous_params,
+)
+from fedrl.deep import (
+    EMBEDDING,
+    ENV_NAMES,
+    DQNConfig,
+    DQNLearner,
+    QNet,
+    make_env,
+    sample_env_params,
+)
 
 DQN_ENVS = ENV_NAMES  # discrete actions: strategy 'qavg' (DQNAvg)
 DDPG_ENVS = CONTINUOUS_ENVS  # continuous actions: strategy 'pavg' (DDPGAvg)

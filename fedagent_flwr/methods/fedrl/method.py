@@ -5,7 +5,7 @@ handshake that every node built it too, runs the QAvg or PAvg strategy, and afte
 every round scores the global policy exactly on the centre kernel P_0, on the K
 training kernels (the FedRL objective) and on the held-out kernels. It writes the
 run folder the LLM path writes (config.json, metrics.jsonl / .csv, summary.json,
-learning_curve.png) plus the final table. Deep envs (DQNAvg / DDPGAvg, fedrl_deep) are
+learning_curve.png) plus the final table. Deep envs (DQNAvg / DDPGAvg, deep.py) are
 scored with greedy episodes on the training and held-out environments every eval-every rounds.
 Clients: tabular.py (the local update on the client's own kernel) and deep.py (DQN / DDPG).
 """
@@ -28,15 +28,16 @@ import numpy as np  # noqa: E402
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.serverapp.strategy import Strategy
 
-from strategies import PAvg, QAvg
-from strategies.pavg import VARIANTS as PAVG_ALGORITHMS  # pavg-variant -> fedrl.tabular's algorithm key
-
+from fedagent_flwr.atomic import atomic_write_text
 from fedagent_flwr.methods.base import AgentLoader, Method
 from fedagent_flwr.methods.fedrl import deep, tabular
 from fedagent_flwr.methods.fedrl.deep import DEEP_ENVS, DeepProblem, build_deep_problem
 from fedagent_flwr.methods.fedrl.problem import TabularProblem, build_problem
-from fedagent_flwr.runs.reporting import RunReporter, atomic_write_text
-
+from fedagent_flwr.runs.reporting import RunReporter
+from strategies import PAvg, QAvg
+from strategies.pavg import (
+    VARIANTS as PAVG_ALGORITHMS,  # pavg-variant -> fedrl.tabular's algorithm key
+)
 
 
 class FedRLReporter(RunReporter):

@@ -17,14 +17,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedagent_flwr.config import RunConfig
 from fedrl.engine import rep_rngs
 from fedrl.mdps import TABULAR_ENVS, FedTask, RandomMDPs, WindyCliffs
 from fedrl.presets import PRESETS
-from fedrl.tabular import Algorithm, HarmonicStepSize, StallDecayStepSize, evaluate, get_algorithm
-
-from fedagent_flwr.config import RunConfig
-
-
+from fedrl.tabular import (
+    Algorithm,
+    HarmonicStepSize,
+    StallDecayStepSize,
+    evaluate,
+    get_algorithm,
+)
 
 
 def family(cfg: RunConfig, num_clients: int) -> RandomMDPs | WindyCliffs:

@@ -1,6 +1,6 @@
 """ClientApp side of tabular QAvg / PAvg (deep envs: deep.py): client k runs fedrl's local update on its own kernel P_k^kappa.
 
-The client rebuilds the run's problem from the run config (see fedrl_problem) and
+The client rebuilds the run's problem from the run config (see problem.py) and
 takes kernel ``task.train[partition-id]``; only the parameter table and numeric
 metrics leave it. Finite E: the server sends the global table and the round's E
 step sizes, the client runs ``<algo>_local_update`` once and returns the new table
@@ -14,12 +14,19 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-
-from fedrl.tabular import evaluate
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.fedrl.problem import TabularProblem, build_problem
+from fedrl.tabular import evaluate
 
 STATE_ARRAYS = "fedrl-local"  # context.state keys of the E = inf client's own table and rule state
 STATE_CONFIG = "fedrl-history"

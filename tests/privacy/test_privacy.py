@@ -68,7 +68,7 @@ def assert_reply_is_weights_and_numbers(sent: Message, reply: Message) -> None:
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_clients_send_only_weights_and_numeric_metrics(strategy, tmp_path, run_identity, monkeypatch):
     from fedagent_flwr.agent.loading import load_agent
-    from fedagent_flwr.server_app import run_federation
+    from fedagent_flwr.federation import run_federation
 
     assert strategy in SMALL_CONFIGS, f"add a small run config for strategy {strategy!r} to SMALL_CONFIGS"
     torch.set_num_threads(1)

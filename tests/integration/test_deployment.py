@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 
 from fedagent_flwr.deployment import LocalFederation, make_node_key, make_tls_certificates
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tls_certificates_chain_to_the_ca_and_name_the_loopback_host(tmp_path):

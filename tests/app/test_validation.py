@@ -10,7 +10,7 @@ import torch
 
 from fedagent_flwr.config import RunConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NO_GPU = not torch.cuda.is_available()
 
 
@@ -99,7 +99,7 @@ def test_the_base_model_is_loaded_once_per_process_and_reused_across_rounds(tmp_
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedagent_flwr.agent import loading as agent_module
-    from fedagent_flwr.server_app import run_federation
+    from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
 
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)

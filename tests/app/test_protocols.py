@@ -12,7 +12,7 @@ from envs import make_env
 from fedagent_flwr.experiments import protocols
 from fedagent_flwr.methods.tasks import all_partitions
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.experiments.success_labels import write_json_atomic
+from fedagent_flwr.atomic import write_json_atomic
 
 
 def full(run) -> RunConfig:

@@ -107,7 +107,7 @@ def test_a_run_with_dp_clips_every_update_and_still_sends_only_numbers(strategy,
     import torch
 
     from fedagent_flwr.agent.loading import load_agent
-    from fedagent_flwr.server_app import run_federation
+    from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
     from fedagent_flwr.privacy.differential_privacy import update_norm
     from test_privacy import NUM_NODES, SMALL_CONFIGS, assert_reply_is_weights_and_numbers

@@ -22,7 +22,7 @@ from strategies import FedAgentAvg, FedSELoRA
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.fedse_lora import aggregate_adapters, clients_for_fraction, mean_of_products, refactorise
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY_A = "base_model.model.layers.0.q_proj.lora_A.weight"
 KEY_B = "base_model.model.layers.0.q_proj.lora_B.weight"
 

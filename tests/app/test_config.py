@@ -6,7 +6,7 @@ import pytest
 
 from fedagent_flwr.config import RunConfig, docs_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pyproject_defaults_equal_the_dataclass_defaults():

@@ -14,7 +14,9 @@ from envs import make_env
 from fedagent_flwr.methods.tasks import all_partitions, baseline_learner, learner_tasks, union_of
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig
-from fedagent_flwr.experiments.success_labels import label_tasks, load_labels, write_json_atomic
+from fedagent_flwr.experiments.success_labels import label_tasks
+from fedagent_flwr.atomic import write_json_atomic
+from partitions.labels import load_labels
 from partitions import coverage_partition, hardness_partition, preference_partition, task_table
 from strategies.single_learner import SingleLearner
 

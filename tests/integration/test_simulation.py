@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_two_round_simulation_on_the_tiny_model(tmp_path):

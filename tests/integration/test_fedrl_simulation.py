@@ -12,7 +12,7 @@ import pytest
 from fedrl.engine import Cell, run_cells
 from fedrl.mdps import RandomMDPs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # about 60-90 s each on 2 shared cores, almost all of it Ray start-up
@@ -34,7 +34,7 @@ def test_flwr_run_of_qavg_and_pavg_matches_the_engine(tmp_path, strategy, extra,
     # the same numbers as fedrl's vectorised engine on the same seed and repetition
     config = json.loads((run_dir / "config.json").read_text())
     from fedagent_flwr.config import RunConfig
-    from test_fedrl_flower import build_problem
+    from fedrl_grid import build_problem
 
     cfg = RunConfig.from_run_config({k: v for k, v in config.items() if k in RunConfig().to_run_config()})
     problem = build_problem(cfg, 3)
@@ -52,7 +52,7 @@ def test_flwr_run_of_per_ddpgavg_matches_an_in_process_run(tmp_path, run_identit
 
     from fedagent_flwr.methods.fedrl import deep as fedrl_deep
     from fedagent_flwr.config import RunConfig
-    from test_fedrl_flower import LocalGrid, strategy_for
+    from fedrl_grid import LocalGrid, strategy_for
 
     out = tmp_path / "runs"
     cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--strategy", "pavg", "--env", "pendulum", "--num-clients", "2",

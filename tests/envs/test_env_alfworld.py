@@ -16,7 +16,7 @@ import pytest
 
 from envs import available_envs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _require_alfworld() -> None:

@@ -1,0 +1,57 @@
+"""The layering the project keeps: every module imports only the layers below it (and its own package).
+
+apps -> federation -> methods -> runs -> config -> agent / privacy / faults -> atomic; experiments on top;
+envs, partitions, fedrl and strategies never import the app. A function-level import counts too,
+so one cannot be used to dodge a circle.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# rank of each part of fedagent_flwr: a module may import parts of a lower rank, or its own part
+RANKS = {"atomic": 0, "agent": 1, "faults": 1, "privacy": 1, "config": 2, "runs": 3, "methods": 4, "federation": 5,
+         "server_app": 6, "client_app": 6, "simulation": 6, "deployment": 6, "experiments": 7}
+LIBRARIES = ("envs", "partitions", "fedrl", "strategies")
+
+
+def _imports(path: Path) -> set[str]:
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            out |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return out
+
+
+def _part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "fedagent_flwr" and len(parts) > 1 and parts[1] in RANKS else None
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "fedagent_flwr").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_app_modules_import_only_lower_layers(path):
+    own = _part(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    if own is None:  # fedagent_flwr/__init__.py
+        return
+    upward = sorted(m for m in _imports(path) if (p := _part(m)) and p != own and RANKS[p] >= RANKS[own])
+    assert not upward, f"{path.relative_to(ROOT)} ({own}, rank {RANKS[own]}) imports {upward}"
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_libraries_never_import_the_app(library):
+    for path in sorted((ROOT / library).rglob("*.py")):
+        assert not [m for m in _imports(path) if m.split(".")[0] == "fedagent_flwr"], path
+
+
+def test_the_app_package_keeps_a_short_top_level():
+    top = sorted(p.name for p in (ROOT / "fedagent_flwr").glob("*.py"))
+    assert len(top) <= 10, top
