@@ -55,3 +55,11 @@ def test_libraries_never_import_the_app(library):
 def test_the_app_package_keeps_a_short_top_level():
     top = sorted(p.name for p in (ROOT / "fedagent_flwr").glob("*.py"))
     assert len(top) <= 10, top
+
+
+def test_every_package_folder_is_a_regular_package():
+    """A folder without __init__.py imports in a checkout but is left out of a built wheel."""
+    for library in ("fedagent_flwr",) + LIBRARIES:
+        for folder in [ROOT / library, *(p for p in (ROOT / library).rglob("*") if p.is_dir())]:
+            if any(folder.glob("*.py")):
+                assert (folder / "__init__.py").exists(), folder.relative_to(ROOT)

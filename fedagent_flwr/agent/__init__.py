@@ -1,0 +1,1 @@
+"""The agent's Flower-free core: models, prompts, rollouts, GRPO, SFT, LoRA, Fed-SE's round, evaluation."""
