@@ -20,10 +20,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from envs import answer_token_budget, available_envs, env_names, is_multi_spec
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.grpo import LOSS_AGGREGATIONS, GRPOConfig
 from fedagent_flwr.agent.lora import LoRASpec
+from fedagent_flwr.agent.precision import PRECISIONS, resolve_precision
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
 from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
@@ -137,9 +140,11 @@ class ModelConfig:
 
     model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list)", "string")
     device: str = _key("auto", "where clients and the server run the model", " | ".join(DEVICES))
+    precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6); auto = bf16-mixed on CUDA, fp32 on CPU", " | ".join(PRECISIONS))
 
     def check(self, need: Need) -> None:
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
+        need(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
         need(self.model.strip() != "", "model", self.model, "a HF model name or path, or tiny / tiny:<env>")
         if self.model.startswith("tiny:"):
             try:
@@ -430,6 +435,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             micro_batch_size=self.micro_batch_size,
             max_grad_norm=self.max_grad_norm,
             loss_aggregation=self.loss_aggregation,
+            precision=self.resolved_precision(),
         )
 
     def lora_spec(self) -> LoRASpec:
@@ -441,8 +447,13 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             lora=self.lora_spec(), explore_samples=self.fedse_explore_samples, keep=self.fedse_keep,
             history=self.fedse_history, steps=self.fedse_steps, seed_demos=self.fedse_seed_demos,
             sft_steps=self.fedse_sft_steps, sft_batch_size=self.fedse_sft_batch_size,
-            learning_rate=self.fedse_learning_rate, seed=self.seed,
+            learning_rate=self.fedse_learning_rate, seed=self.seed, precision=self.resolved_precision(),
         )
+
+    def resolved_precision(self) -> str:
+        """fp32 or bf16-mixed: `precision` with auto decided by the device this process runs the model on."""
+        on_cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
+        return resolve_precision(self.precision, on_cuda)
 
     @property
     def traits(self) -> Traits:

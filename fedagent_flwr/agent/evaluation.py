@@ -10,6 +10,7 @@ import torch
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent.multi_env import per_env_summary
+from fedagent_flwr.agent.precision import autocast, model_device
 from fedagent_flwr.agent.rollout import (
     LMPolicy,
     Policy,
@@ -76,7 +77,7 @@ class GlobalEvaluator:
     """
 
     def __init__(self, model, tokenizer, env_factory: Callable[[], TextEnv], tasks: Sequence[Task],
-                 config: RolloutConfig, samples_per_task: int, seed: int) -> None:
+                 config: RolloutConfig, samples_per_task: int, seed: int, precision: str = "fp32") -> None:
         if not tasks:
             raise ValueError("no held-out tasks to evaluate on")
         self.policy = LMPolicy(model, tokenizer, config)
@@ -86,10 +87,12 @@ class GlobalEvaluator:
         self.config = config
         self.samples_per_task = samples_per_task
         self.seed = seed
+        self.precision = precision  # resolved: fp32 or bf16-mixed (agent/precision.py)
+        self.device = model_device(model)
 
     def evaluate(self, server_round: int) -> dict[str, float]:
         started = time.time()
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), autocast(self.precision, self.device):
             torch.manual_seed(self.seed + 1_000_003)
             metrics = evaluate(self.policy, self.env_factory, self.tasks, self.encoder, self.config,
                                self.samples_per_task, progress=f"eval round {server_round}")

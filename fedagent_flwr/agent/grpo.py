@@ -33,6 +33,7 @@ import torch
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.precision import autocast, model_device
 from fedagent_flwr.agent.rollout import (
     LMPolicy,
     PromptEncoder,
@@ -61,6 +62,9 @@ class GRPOConfig:
     # failed episodes dominate; "trajectory-mean": every trajectory weighs the same,
     # its tokens averaged (as if the episode were one sequence).
     loss_aggregation: str
+    # "fp32", or "bf16-mixed": fp32 weights and optimizer states, forward passes under bf16 autocast
+    # (agent/precision.py says why a pure-bf16 model does not train at lr 1e-6)
+    precision: str
     adv_eps: float = 1e-6
 
 
@@ -155,6 +159,7 @@ class GRPOTrainer:
         self.rollout = rollout
         self.encoder = PromptEncoder(tokenizer)
         self.policy = LMPolicy(model, tokenizer, rollout)
+        self.device = model_device(model)
         # A fresh optimizer each round: the local iterate starts from the broadcast model.
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
         # The KL anchor is the policy the round started from (the broadcast global model).
@@ -170,7 +175,8 @@ class GRPOTrainer:
         chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
         episodes = [t for t in chosen for _ in range(cfg.group_size)]
         group_ids = [i for i in range(len(chosen)) for _ in range(cfg.group_size)]
-        trajectories = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
+        with autocast(cfg.precision, self.device):
+            trajectories = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
         rollout_seconds = time.time() - started
         samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation)
         update_stats = self.update(samples, rng)
@@ -188,7 +194,8 @@ class GRPOTrainer:
         out = []
         for chunk in _chunks(samples, self.config.micro_batch_size):
             batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
-            logprobs, mask = completion_logprobs(model, batch, self.rollout.temperature)
+            with autocast(self.config.precision, self.device):
+                logprobs, mask = completion_logprobs(model, batch, self.rollout.temperature)
             out.extend(lp[m].cpu() for lp, m in zip(logprobs, mask))
         return out
 
@@ -215,12 +222,13 @@ class GRPOTrainer:
             for micro in _chunks(mb, cfg.micro_batch_size):
                 chunk = [samples[i] for i in micro]
                 batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
-                logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature)
-                old_lp = logprobs.detach() if old is None else _scatter_like(mask, [old[i] for i in micro])
-                ref_lp = _scatter_like(mask, [ref[i] for i in micro]) if ref is not None else None
-                adv = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=logprobs.device)
-                weights = torch.tensor([s.weight for s in chunk], dtype=torch.float32, device=logprobs.device)
-                loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
+                with autocast(cfg.precision, self.device):  # backward runs outside autocast, as PyTorch advises
+                    logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature)
+                    old_lp = logprobs.detach() if old is None else _scatter_like(mask, [old[i] for i in micro])
+                    ref_lp = _scatter_like(mask, [ref[i] for i in micro]) if ref is not None else None
+                    adv = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=logprobs.device)
+                    weights = torch.tensor([s.weight for s in chunk], dtype=torch.float32, device=logprobs.device)
+                    loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
                 loss.backward()
                 n_tokens = float(mask.sum())
                 sums["loss"] += float(loss.detach())  # micro-batch shares add up to the minibatch loss

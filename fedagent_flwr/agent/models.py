@@ -76,8 +76,9 @@ def load_tokenizer(spec: ModelSpec):
 
 
 def load_model(spec: ModelSpec, device: torch.device):
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=False)
+    # fp32 weights on every device: training runs bf16 through autocast when asked (agent/precision.py),
+    # since bf16 weights cannot take AdamW's steps at lr 1e-6.
+    model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=torch.float32, trust_remote_code=False)
     return model.to(device)
 
 

@@ -32,6 +32,7 @@ from fedagent_flwr.agent.lora import (
     arrays_to_adapter,
     attached_lora,
 )
+from fedagent_flwr.agent.precision import autocast, model_device
 from fedagent_flwr.agent.rollout import (
     ExpertPolicy,
     LMPolicy,
@@ -59,6 +60,7 @@ class SelfEvolutionConfig:
     sft_batch_size: int = 16
     learning_rate: float = 1e-3
     seed: int = 0
+    precision: str = "fp32"  # resolved: fp32 or bf16-mixed (agent/precision.py)
 
     def __post_init__(self) -> None:
         if self.keep not in KEEP_MODES:
@@ -133,8 +135,9 @@ def self_evolution_round(
         new_successes = 0
         if config.explore_samples:
             episodes = [t for t in tasks for _ in range(config.explore_samples)]
-            explored = run_episodes(LMPolicy(peft_model, agent.tokenizer, rollout), env_factory, episodes,
-                                    PromptEncoder(agent.tokenizer), rollout)
+            with autocast(config.precision, model_device(peft_model)):
+                explored = run_episodes(LMPolicy(peft_model, agent.tokenizer, rollout), env_factory, episodes,
+                                        PromptEncoder(agent.tokenizer), rollout)
             metrics.update(summarize(explored))
             new_successes = sum(t.won for t in explored)
             kept = keep_trajectories(explored, config.keep)
@@ -148,7 +151,7 @@ def self_evolution_round(
         if samples and config.sft_steps:
             pad_id = agent.tokenizer.pad_token_id
             sft = SFTConfig(steps=config.sft_steps, batch_size=config.sft_batch_size, learning_rate=config.learning_rate,
-                            seed=config.seed * 1_000_003 + server_round)
+                            seed=config.seed * 1_000_003 + server_round, precision=config.precision)
             losses = supervised_finetune(peft_model, samples, pad_id, sft)
             metrics["loss"] = losses[-1]
             metrics["fedse/loss-first"] = losses[0]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedagent_flwr.agent.precision import autocast, model_device
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
 
@@ -26,6 +27,7 @@ class SFTConfig:
     # Batches of similar length (as transformers' group_by_length): with prompts of very
     # different lengths (WebShop pages next to Maze lines) random batches are mostly padding.
     group_by_length: bool = False
+    precision: str = "fp32"  # or "bf16-mixed": fp32 weights, forward under bf16 autocast (agent/precision.py)
 
 
 def supervised_finetune(
@@ -38,6 +40,7 @@ def supervised_finetune(
     if not samples:
         raise ValueError("supervised_finetune needs at least one sample")
     rng = np.random.default_rng(config.seed)
+    device = model_device(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     model.train()
     losses = []
@@ -48,8 +51,9 @@ def supervised_finetune(
         else:
             idx = rng.choice(len(samples), size=min(config.batch_size, len(samples)), replace=False)
         batch = collate([samples[i] for i in idx], pad_id)
-        logprobs, mask = completion_logprobs(model, batch)
-        loss = -(logprobs.sum() / mask.sum().clamp(min=1))
+        with autocast(config.precision, device):
+            logprobs, mask = completion_logprobs(model, batch)
+            loss = -(logprobs.sum() / mask.sum().clamp(min=1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)

@@ -76,7 +76,8 @@ def _evaluate(agent, cfg: RunConfig, adapter, server_round: int) -> dict[str, fl
     with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
         evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), tasks,
-                                    cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed)
+                                    cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed,
+                                    precision=cfg.resolved_precision())
         return evaluator.evaluate(server_round)
 
 

@@ -62,7 +62,8 @@ class LanguageAgentMethod(Method):
         env = make_env(cfg.env, cfg.max_steps)
         eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval_tasks)  # a multi-env spec: eval-tasks per env
         self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
-                                         eval_tasks, cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed)
+                                         eval_tasks, cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed,
+                                         precision=cfg.resolved_precision())
 
     def fingerprint(self, num_clients: int) -> str:
         return self.agent.base_fingerprint

@@ -63,3 +63,11 @@ def test_every_package_folder_is_a_regular_package():
         for folder in [ROOT / library, *(p for p in (ROOT / library).rglob("*") if p.is_dir())]:
             if any(folder.glob("*.py")):
                 assert (folder / "__init__.py").exists(), folder.relative_to(ROOT)
+
+
+def test_no_test_folder_shadows_a_package():
+    """tests/ is on sys.path under pytest; a folder there named like a top-level package would be imported
+    in its place (as an empty namespace package) whenever the project itself is not on sys.path."""
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert not folders & packages, folders & packages
