@@ -24,7 +24,7 @@ import torch
 
 from envs import answer_token_budget, available_envs, env_names, is_multi_spec
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.grpo import LOSS_AGGREGATIONS, GRPOConfig
+from fedagent_flwr.agent.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, GRPOConfig
 from fedagent_flwr.agent.lora import LoRASpec
 from fedagent_flwr.agent.precision import PRECISIONS, resolve_precision
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
@@ -39,6 +39,7 @@ from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
 from fedrl.mdps import TABULAR_ENVS
 from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
 from strategies.pavg import VARIANTS as PAVG_VARIANTS
+from strategies.transfer import TRANSFER_DTYPES
 
 # QAvg / PAvg (fedrl): strategies that train tabular or deep RL learners, not LLM agents, on these envs
 FEDRL_TABULAR_ENVS = TABULAR_ENVS
@@ -49,6 +50,7 @@ FEDRL_CLIENT_MODES = ("all", "sampled")
 DEVICES = ("auto", "cpu", "cuda")
 PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
+FINETUNING = ("full", "lora")  # what a GRPO client trains (methods/fedagent.py)
 BASELINES = ("none", "centralized", "local")  # fedagent_flwr/methods/tasks.py
 
 
@@ -67,10 +69,11 @@ class Traits:
     secure_aggregation: bool = False  # SecAgg+ applies (privacy/secure_aggregation.py)
     baselines: bool = False  # the Table 1 baselines (baseline = centralized | local) apply
     experience_buffer: bool = False  # Fed-SE: clients train on a buffer seeded by demonstrations
+    grpo: bool = False  # clients train with GRPO (finetuning, kl-reference apply)
 
 
 STRATEGIES = {
-    "fedagent-avg": Traits("llm", resume=True, dp=True, secure_aggregation=True, baselines=True),
+    "fedagent-avg": Traits("llm", resume=True, dp=True, secure_aggregation=True, baselines=True, grpo=True),
     "fedse-lora": Traits("llm", resume=True, dp=True, experience_buffer=True),
     "qavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS),  # deep QAvg is DQNAvg: discrete actions
     "pavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS),  # deep PAvg is DDPGAvg: continuous actions
@@ -98,6 +101,7 @@ class FederationConfig:
     min_replies: int = _key(1, "fewest successful replies that still update the model", "1 .. M")
     round_timeout: float = _key(3600.0, "seconds to wait for a round's replies", "> 0")
     seed: int = _key(0, "seed of client sampling, task sampling, rollouts and partitions", "integer")
+    transfer_dtype: str = _key("fp32", "dtype the weights travel in between server and clients: fp32, or bf16 (half the bytes; the server still averages in fp32); tied weights travel once either way", " | ".join(TRANSFER_DTYPES) + "; bf16 with the LLM strategies, dp-mode off and secure-aggregation false")
 
     def check(self, need: Need) -> None:
         for name in ("num_server_rounds", "clients_per_round", "min_replies"):
@@ -105,6 +109,7 @@ class FederationConfig:
         need(self.num_clients >= 0, "num-clients", self.num_clients, "an integer >= 0")
         need(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
         need(self.round_timeout > 0, "round-timeout", self.round_timeout, "> 0 seconds")
+        need(self.transfer_dtype in TRANSFER_DTYPES, "transfer-dtype", self.transfer_dtype, " | ".join(TRANSFER_DTYPES))
         if self.num_clients:
             need(self.clients_per_round <= self.num_clients, "clients-per-round", self.clients_per_round, f"<= num-clients ({self.num_clients})")
         need(self.min_replies <= self.clients_per_round, "min-replies", self.min_replies, f"<= clients-per-round ({self.clients_per_round})")
@@ -188,6 +193,8 @@ class GRPOSection:
     minibatch_size: int = _key(64, "agent steps per optimizer step", "integer >= 1")
     micro_batch_size: int = _key(64, "agent steps per forward/backward pass", "integer >= 1")
     max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0")
+    finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", " | ".join(FINETUNING))
+    kl_reference: str = _key("round-start", "the policy the KL term is taken against: round-start = the weights (or adapter) the round started from; base = the base model (with lora: the adapter switched off, no second copy of the model)", " | ".join(KL_REFERENCES) + "; base needs finetuning=lora")
     loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean")
 
     def check(self, need: Need) -> None:
@@ -199,6 +206,11 @@ class GRPOSection:
         need(self.kl_beta >= 0, "kl-beta", self.kl_beta, ">= 0")
         need(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "> 0")
         need(self.loss_aggregation in LOSS_AGGREGATIONS, "loss-aggregation", self.loss_aggregation, " | ".join(LOSS_AGGREGATIONS))
+        need(self.finetuning in FINETUNING, "finetuning", self.finetuning, " | ".join(FINETUNING))
+        need(self.kl_reference in KL_REFERENCES, "kl-reference", self.kl_reference, " | ".join(KL_REFERENCES))
+        if self.kl_reference == "base":
+            # a full model's base would be a second frozen copy kept across rounds: not built (yet)
+            need(self.finetuning == "lora", "kl-reference", self.kl_reference, "round-start unless finetuning='lora'")
 
 @dataclass(frozen=True)
 class EvaluationConfig:
@@ -315,9 +327,9 @@ class FedSEConfig:
     fedse_sft_batch_size: int = _key(16, "fedse-lora: agent steps per fine-tuning batch", "integer >= 1")
     fedse_learning_rate: float = _key(1e-3, "fedse-lora: AdamW learning rate of the LoRA fine-tuning", "> 0")
     fedse_buffer_dir: str = _key("~/.cache/fedagent-flwr/fedse-buffers", "fedse-lora: where each client keeps its buffer (<dir>/run-<run id>/partition-<k>/); absolute or ~ path", "path")
-    lora_rank: int = _key(8, "fedse-lora: LoRA rank r", "integer >= 1")
-    lora_alpha: float = _key(16.0, "fedse-lora: LoRA alpha (scaling alpha / r)", "> 0")
-    lora_target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
+    lora_rank: int = _key(8, "fedse-lora, and fedagent-avg with finetuning=lora: LoRA rank r", "integer >= 1")
+    lora_alpha: float = _key(16.0, "fedse-lora, and fedagent-avg with finetuning=lora: LoRA alpha (scaling alpha / r)", "> 0")
+    lora_target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora, and fedagent-avg with finetuning=lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
 
     def check(self, need: Need) -> None:
         need(self.fedse_aggregation in FEDSE_AGGREGATIONS, "fedse-aggregation", self.fedse_aggregation, " | ".join(FEDSE_AGGREGATIONS))
@@ -435,6 +447,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             micro_batch_size=self.micro_batch_size,
             max_grad_norm=self.max_grad_norm,
             loss_aggregation=self.loss_aggregation,
+            kl_reference=self.kl_reference,
             precision=self.resolved_precision(),
         )
 
@@ -490,6 +503,16 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             need(traits.baselines, "baseline", self.baseline,
                  f"none with strategy={self.strategy!r} (the Table 1 baselines train GRPO agents: strategy "
                  + " | ".join(n for n, t in STRATEGIES.items() if t.baselines) + "; Fed-SE's Local / Centralized / FedAvg baselines: python -m fedagent_flwr.experiments.fedse_protocol)")
+        if self.finetuning != "full" and traits:
+            need(traits.grpo, "finetuning", self.finetuning,
+                 "full unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo)
+                 + "); fedse-lora always trains a LoRA adapter")
+            need(not self.secure_aggregation, "finetuning", self.finetuning, "full with secure-aggregation=true")
+        if self.transfer_dtype != "fp32":
+            # DP clips and SecAgg+ masks the weights as they travel; QAvg / PAvg tables are small and exact
+            need(bool(traits) and traits.trains == "llm" and self.dp_mode == "off" and not self.secure_aggregation,
+                 "transfer-dtype", self.transfer_dtype, "fp32 unless the strategy trains a language model and dp-mode='off' "
+                 "and secure-aggregation=false")
         self._check_resilience_across(need, traits)
 
     def _check_resilience_across(self, need: Need, traits: Traits | None) -> None:

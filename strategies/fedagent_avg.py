@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from strategies.communication import CommunicationLedger
+from strategies.transfer import TRANSFER_DTYPES, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ def average_arrays(records: Sequence[ArrayRecord]) -> ArrayRecord:
     return out
 
 
-def check_reply(reply: Message, expected: ArrayRecord) -> ArrayRecord:
-    """The reply's arrays if they match the global model's keys and shapes; raises otherwise."""
+def check_reply(reply: Message, expected: ArrayRecord, transfer_dtype: str = "fp32") -> ArrayRecord:
+    """The reply's arrays (decoded from `transfer_dtype`) if they match the global model's keys and shapes; raises otherwise."""
     if reply.has_error():
         raise ValueError(f"client error: {reply.error.reason}")
     content = reply.content
@@ -72,6 +73,7 @@ def check_reply(reply: Message, expected: ArrayRecord) -> ArrayRecord:
     arrays = content.array_records["arrays"]
     if set(arrays.keys()) != set(expected.keys()):
         raise ValueError("reply's array keys differ from the global model's")
+    arrays = decode(arrays, transfer_dtype, expected)
     for key in expected.keys():
         got, want = arrays[key], expected[key]
         if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
@@ -91,7 +93,11 @@ class FedAgentAvg(Strategy):
         clients_per_round: int,
         seed: int = 0,
         min_replies: int = 1,
+        transfer_dtype: str = "fp32",
     ) -> None:
+        if transfer_dtype not in TRANSFER_DTYPES:
+            raise ValueError(f"transfer_dtype must be one of {TRANSFER_DTYPES}, got {transfer_dtype!r}")
+        self.transfer_dtype = transfer_dtype  # what weights travel in; the global model stays as it is
         self.node_of_partition = dict(node_of_partition)
         self.num_clients = len(self.node_of_partition)
         if sorted(self.node_of_partition) != list(range(self.num_clients)):
@@ -116,14 +122,15 @@ class FedAgentAvg(Strategy):
         self.sampled[server_round] = chosen
         self._global = arrays
         log.info("round %d: clients (partition-ids) %s", server_round, chosen)
+        outgoing = encode(arrays, self.transfer_dtype)
         messages = []
         for pid in chosen:
             cfg = ConfigRecord(dict(config))
             cfg["server-round"] = server_round
             cfg["partition-id"] = pid
-            content = RecordDict({"arrays": arrays, "config": cfg})
+            content = RecordDict({"arrays": outgoing, "config": cfg})
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
-            self.comm.sent(server_round, arrays)
+            self.comm.sent(server_round, outgoing)
         return messages
 
     def select_clients(self, server_round: int) -> list[int]:
@@ -156,7 +163,7 @@ class FedAgentAvg(Strategy):
         return kept
 
     def _checked(self, reply: Message) -> tuple[ArrayRecord, MetricRecord]:
-        arrays = check_reply(reply, self._global)
+        arrays = check_reply(reply, self._global, self.transfer_dtype)
         m = reply.content.metric_records.get("metrics", MetricRecord())
         self.check_params(arrays, m)
         return arrays, m
@@ -183,7 +190,7 @@ class FedAgentAvg(Strategy):
                 continue
             good.append(arrays)
             metrics.append(m)
-            self.comm.received(server_round, arrays)
+            self.comm.received(server_round, reply.content.array_records["arrays"])  # the bytes as they travelled
         missing = self.clients_per_round - len(replies) - answered
         if missing > 0:
             failures.append(f"{missing} client(s) did not reply in time")

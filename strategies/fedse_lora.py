@@ -171,11 +171,12 @@ class FedSELoRA(FedAgentAvg):
         min_replies: int = 1,
         aggregation: str = "mean",
         run_key: str | None = None,
+        transfer_dtype: str = "fp32",
     ) -> None:
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"fedse-aggregation={aggregation!r} is not allowed: expected one of {', '.join(AGGREGATIONS)}")
         k = len(node_of_partition)
-        super().__init__(node_of_partition, clients_per_round or k, seed, min(min_replies, clients_per_round or k))
+        super().__init__(node_of_partition, clients_per_round or k, seed, min(min_replies, clients_per_round or k), transfer_dtype)
         self.aggregation = aggregation
         # Names the clients' buffer folders. Fresh for every new run; a resumed run restores it with
         # the rest of the strategy's state (fedagent_flwr/runs/resume.py), so clients find the buffers they grew.

@@ -16,8 +16,8 @@ from strategies.fedagent_avg import FedAgentAvg
 
 
 class SingleLearner(FedAgentAvg):
-    def __init__(self, node_of_partition: Mapping[int, int], learner: int, seed: int = 0) -> None:
-        super().__init__(node_of_partition, clients_per_round=1, seed=seed, min_replies=1)
+    def __init__(self, node_of_partition: Mapping[int, int], learner: int, seed: int = 0, transfer_dtype: str = "fp32") -> None:
+        super().__init__(node_of_partition, clients_per_round=1, seed=seed, min_replies=1, transfer_dtype=transfer_dtype)
         if not 0 <= learner < self.num_clients:
             raise ValueError(f"the learner's partition-id must be in [0, {self.num_clients}), got {learner}")
         self.learner = learner

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent.evaluation import summarize
@@ -44,6 +45,7 @@ from fedagent_flwr.agent.rollout import (
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
+KL_REFERENCES = ("round-start", "base")
 
 
 @dataclass
@@ -62,6 +64,9 @@ class GRPOConfig:
     # failed episodes dominate; "trajectory-mean": every trajectory weighs the same,
     # its tokens averaged (as if the episode were one sequence).
     loss_aggregation: str
+    # The KL anchor: "round-start" = the weights (or adapter) the round started from; "base" = the base
+    # model, for a LoRA model the adapter switched off (no second copy of the model in memory).
+    kl_reference: str
     # "fp32", or "bf16-mixed": fp32 weights and optimizer states, forward passes under bf16 autocast
     # (agent/precision.py says why a pure-bf16 model does not train at lr 1e-6)
     precision: str
@@ -160,14 +165,40 @@ class GRPOTrainer:
         self.encoder = PromptEncoder(tokenizer)
         self.policy = LMPolicy(model, tokenizer, rollout)
         self.device = model_device(model)
-        # A fresh optimizer each round: the local iterate starts from the broadcast model.
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
-        # The KL anchor is the policy the round started from (the broadcast global model).
-        self.reference = None
+        # A fresh optimizer each round: the local iterate starts from the broadcast model. Only trainable
+        # tensors are optimized (all of them, or a LoRA adapter's).
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,
+                                           weight_decay=0.0)
+        self.reference = None  # a frozen copy of the round-start model (full fine-tuning)
+        self.reference_adapter = None  # the round-start adapter's tensors (LoRA): swapped in to score
         if config.kl_beta > 0:
-            self.reference = copy.deepcopy(model).eval()
-            for p in self.reference.parameters():
-                p.requires_grad_(False)
+            if config.kl_reference not in KL_REFERENCES:
+                raise ValueError(f"kl_reference must be one of {KL_REFERENCES}, got {config.kl_reference!r}")
+            if isinstance(model, PeftModel):
+                if config.kl_reference == "round-start":
+                    self.reference_adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+            elif config.kl_reference == "base":
+                raise ValueError("kl_reference='base' needs a LoRA model (the base is the adapter switched off)")
+            else:
+                self.reference = copy.deepcopy(model).eval()
+                for p in self.reference.parameters():
+                    p.requires_grad_(False)
+
+    def _reference_logprobs(self, samples: Sequence[StepSample]) -> list[torch.Tensor] | None:
+        """Completion log-probs under the KL anchor, or None when the KL term is off."""
+        if self.config.kl_beta <= 0:
+            return None
+        if self.reference is not None:
+            return self._logprobs(self.reference, samples)
+        if self.reference_adapter is None:  # base: the LoRA model with its adapter switched off
+            with self.model.disable_adapter():
+                return self._logprobs(self.model, samples)
+        current = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        set_peft_model_state_dict(self.model, self.reference_adapter)
+        try:
+            return self._logprobs(self.model, samples)
+        finally:
+            set_peft_model_state_dict(self.model, current)
 
     def train_epoch(self, env_factory: Callable[[], TextEnv], tasks: Sequence[Task], rng: np.random.Generator, progress: bool | str = False) -> dict[str, float]:
         cfg = self.config
@@ -209,7 +240,7 @@ class GRPOTrainer:
         # "old" log-probs are the current ones (detached): skip a forward pass.
         single = len(samples) <= cfg.minibatch_size
         old = None if single else self._logprobs(self.model, samples)
-        ref = self._logprobs(self.reference, samples) if self.reference is not None else None
+        ref = self._reference_logprobs(samples)
         order = rng.permutation(len(samples))
         total_tokens = 0
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
@@ -235,7 +266,8 @@ class GRPOTrainer:
                 sums["kl"] += stats["kl"] * n_tokens
                 sums["clip_frac"] += stats["clip_frac"] * n_tokens
                 total_tokens += int(n_tokens)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+            trainable = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)))
             self.optimizer.step()
             steps += 1
         result = {"loss": sums["loss"] / max(1, steps), "kl": sums["kl"] / max(1, total_tokens),

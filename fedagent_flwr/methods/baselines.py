@@ -21,4 +21,5 @@ class Baseline(FedAgent):
     """FedAgent's client work and evaluation; the strategy trains one fixed learner per round."""
 
     def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
-        return SingleLearner(node_of_partition, learner=baseline_learner(self.cfg), seed=self.cfg.seed)
+        return SingleLearner(node_of_partition, learner=baseline_learner(self.cfg), seed=self.cfg.seed,
+                             transfer_dtype=self.cfg.transfer_dtype)

@@ -10,11 +10,13 @@ numeric metrics do.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
@@ -23,6 +25,13 @@ from envs.multi import per_env_spread
 from fedagent_flwr.agent.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.grpo import GRPOTrainer
 from fedagent_flwr.agent.loading import Agent, load_agent
+from fedagent_flwr.agent.lora import (
+    adapter_num_parameters,
+    adapter_to_arrays,
+    arrays_to_adapter,
+    attached_lora,
+    save_adapter,
+)
 from fedagent_flwr.agent.multi_env import environment_table, format_row
 from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
@@ -32,15 +41,18 @@ from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
 from fedagent_flwr.privacy.differential_privacy import update_norm
 from fedagent_flwr.runs.reporting import RunReporter
 from strategies import FedAgentAvg
+from strategies.transfer import decode, encode
 
 
-def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int) -> dict[str, float]:
-    """tau epochs of GRPO from the weights currently in `agent.model`; returns round metrics."""
+def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int,
+                  model: torch.nn.Module | None = None) -> dict[str, float]:
+    """tau epochs of GRPO from the weights currently in `model` (default `agent.model`; a LoRA-wrapped
+    base trains its adapter only); returns round metrics."""
     if not tasks:
         raise ValueError(f"client {partition_id} has no training tasks")
     started = time.time()
     rng = seed_everything(cfg.seed, server_round, partition_id)
-    trainer = GRPOTrainer(agent.model, agent.tokenizer, cfg.grpo_config(), cfg.rollout_config())
+    trainer = GRPOTrainer(model if model is not None else agent.model, agent.tokenizer, cfg.grpo_config(), cfg.rollout_config())
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)  # noqa: E731
     epochs = [trainer.train_epoch(env_factory, tasks, rng) for _ in range(cfg.local_epochs)]
     # Rates are averaged over epochs, counts summed.
@@ -54,7 +66,13 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
 
 
 class LanguageAgentMethod(Method):
-    """What every method that trains a language-model agent shares: the base model, held-out evaluation."""
+    """What every method that trains a language-model agent shares: the base model, the global model
+    (its full weights, or a LoRA adapter on the frozen base), held-out evaluation and checkpoints."""
+
+    def trains_adapter(self) -> bool:
+        """Whether the global model is a LoRA adapter (the server injects it into its copy of the base once,
+        so the evaluation generates with base + global adapter) rather than the full weights."""
+        return self.cfg.finetuning == "lora"
 
     def prepare(self) -> None:
         cfg = self.cfg
@@ -64,6 +82,14 @@ class LanguageAgentMethod(Method):
         self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
                                          eval_tasks, cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed,
                                          precision=cfg.resolved_precision())
+        self._stack = contextlib.ExitStack()
+        self.peft_model = None
+        if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model
+            self.peft_model = self._stack.enter_context(attached_lora(self.agent.model, cfg.lora_spec(), seed=cfg.seed))
+
+    def close(self) -> None:
+        """Restore the plain base model in this process."""
+        self._stack.close()
 
     def fingerprint(self, num_clients: int) -> str:
         return self.agent.base_fingerprint
@@ -75,17 +101,29 @@ class LanguageAgentMethod(Method):
         return self.cfg.strategy
 
     def config_facts(self) -> dict[str, Any]:
-        return {"model-source": self.agent.spec.source}
+        facts: dict[str, Any] = {"model-source": self.agent.spec.source}
+        if self.peft_model is not None:
+            facts["adapter-parameters"] = adapter_num_parameters(self.peft_model)
+        return facts
+
+    def initial_arrays(self) -> ArrayRecord:
+        return adapter_to_arrays(self.peft_model) if self.peft_model is not None else model_to_arrays(self.agent.model)
 
     def load_global(self, arrays: ArrayRecord) -> None:
-        arrays_to_model(self.agent.model, arrays)
+        if self.peft_model is not None:
+            arrays_to_adapter(self.peft_model, arrays)
+        else:
+            arrays_to_model(self.agent.model, arrays)
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         self.load_global(arrays)
         return self.evaluator.evaluate(server_round)
 
     def checkpoint(self, reporter: RunReporter, server_round: int) -> None:
-        reporter.checkpoint(server_round, self.agent.model, self.agent.tokenizer)
+        if self.peft_model is not None:  # a PEFT adapter folder
+            save_adapter(self.peft_model, reporter.run_dir / "checkpoints" / f"round-{server_round:04d}", self.agent.tokenizer)
+        else:
+            reporter.checkpoint(server_round, self.agent.model, self.agent.tokenizer)
 
     def after_evaluation(self, reporter: RunReporter, server_round: int, metrics: dict[str, float]) -> None:
         self.checkpoint(reporter, server_round)
@@ -129,22 +167,27 @@ class LanguageAgentMethod(Method):
 
 
 class FedAgent(LanguageAgentMethod):
-    """FedAgentAvg on the full weights, clients training with GRPO."""
+    """FedAgentAvg on the full weights or on a LoRA adapter, clients training with GRPO."""
 
     def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
         cfg = self.cfg
-        return FedAgentAvg(node_of_partition, clients_per_round=cfg.clients_per_round, seed=cfg.seed, min_replies=cfg.min_replies)
-
-    def initial_arrays(self) -> ArrayRecord:
-        return model_to_arrays(self.agent.model)
+        return FedAgentAvg(node_of_partition, clients_per_round=cfg.clients_per_round, seed=cfg.seed, min_replies=cfg.min_replies,
+                           transfer_dtype=cfg.transfer_dtype)
 
     def train(self, msg: Message, context: Context, partition_id: int, num_partitions: int,
               load_agent: AgentLoader) -> Message:
-        agent = load_agent()
-        sent = msg.content.array_records["arrays"]
-        arrays_to_model(agent.model, sent)
-        tasks = learner_tasks(self.cfg, partition_id, num_partitions)
-        metrics = train_locally(agent, self.cfg, tasks, int(msg.content.config_records["config"]["server-round"]), partition_id)
-        trained = model_to_arrays(agent.model)
+        cfg, agent = self.cfg, load_agent()
+        sent = decode(msg.content.array_records["arrays"], cfg.transfer_dtype)
+        tasks = learner_tasks(cfg, partition_id, num_partitions)
+        server_round = int(msg.content.config_records["config"]["server-round"])
+        if self.trains_adapter():
+            with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
+                arrays_to_adapter(peft_model, sent)
+                metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=peft_model)
+                trained = adapter_to_arrays(peft_model)
+        else:
+            arrays_to_model(agent.model, sent)
+            metrics = train_locally(agent, cfg, tasks, server_round, partition_id)
+            trained = model_to_arrays(agent.model)
         metrics["update_norm"] = update_norm(trained, sent)  # what a DP clipping norm is compared with
-        return Message(RecordDict({"arrays": trained, "metrics": MetricRecord(metrics)}), reply_to=msg)
+        return Message(RecordDict({"arrays": encode(trained, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
