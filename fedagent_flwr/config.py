@@ -26,6 +26,7 @@ from envs import answer_token_budget, available_envs, env_names, is_multi_spec
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, GRPOConfig
 from fedagent_flwr.agent.lora import LoRASpec
+from fedagent_flwr.agent.memory import MemoryPlan, ModelShape, client_plan, server_plan
 from fedagent_flwr.agent.precision import PRECISIONS, resolve_precision
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
@@ -145,11 +146,15 @@ class ModelConfig:
 
     model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list)", "string")
     device: str = _key("auto", "where clients and the server run the model", " | ".join(DEVICES))
+    client_memory_gb: float = _key(0.0, "memory (GiB) of the GPU or GPU share each client trains in; the memory plan (docs/gpu.md) is checked against it before round 1; 0 = not checked", ">= 0")
+    server_memory_gb: float = _key(0.0, "memory (GiB) the ServerApp evaluates in; checked like client-memory-gb; 0 = not checked", ">= 0")
     precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6); auto = bf16-mixed on CUDA, fp32 on CPU", " | ".join(PRECISIONS))
 
     def check(self, need: Need) -> None:
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
         need(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
+        for name in ("client_memory_gb", "server_memory_gb"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), ">= 0 (0 = not checked)")
         need(self.model.strip() != "", "model", self.model, "a HF model name or path, or tiny / tiny:<env>")
         if self.model.startswith("tiny:"):
             try:
@@ -462,6 +467,18 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             sft_steps=self.fedse_sft_steps, sft_batch_size=self.fedse_sft_batch_size,
             learning_rate=self.fedse_learning_rate, seed=self.seed, precision=self.resolved_precision(),
         )
+
+    def memory_plans(self, shape: ModelShape, context_tokens: int) -> tuple[MemoryPlan, MemoryPlan]:
+        """(each client's, the server's) memory plan for a model of this shape (agent/memory.py)."""
+        lora = dict(finetuning=self.finetuning, lora_rank=self.lora_rank, lora_targets=self.lora_spec().target_modules,
+                    precision=self.resolved_precision())
+        if self.traits.experience_buffer:  # Fed-SE trains a LoRA adapter by SFT: no KL reference
+            lora["finetuning"] = "lora"
+        client = client_plan(shape, **lora, kl_beta=self.kl_beta if self.traits.grpo else 0.0, kl_reference=self.kl_reference,
+                             micro_batch_size=self.micro_batch_size if self.traits.grpo else self.fedse_sft_batch_size,
+                             rollout_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
+        server = server_plan(shape, **lora, eval_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
+        return client, server
 
     def resolved_precision(self) -> str:
         """fp32 or bf16-mixed: `precision` with auto decided by the device this process runs the model on."""

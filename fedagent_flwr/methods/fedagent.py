@@ -32,9 +32,13 @@ from fedagent_flwr.agent.lora import (
     attached_lora,
     save_adapter,
 )
+from fedagent_flwr.agent.memory import GB, ModelShape
 from fedagent_flwr.agent.multi_env import environment_table, format_row
+from fedagent_flwr.agent.prompts import build_prompt
+from fedagent_flwr.agent.rollout import PromptEncoder
 from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
+from fedagent_flwr.atomic import write_json_atomic
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader, Method
 from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
@@ -65,6 +69,30 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     return metrics
 
 
+KNOBS = ("finetuning='lora' with a small lora-rank, micro-batch-size, rollout-batch-size, kl-reference='base' "
+         "(with lora), precision, num-gpus-per-client (a larger GPU share) and client-memory-gb / server-memory-gb")
+
+
+def check_memory(plans, client_gb: float, server_gb: float) -> None:
+    """Raise before round 1 when a plan exceeds the memory it is given (0 GiB = not checked)."""
+    problems = [f"{plan.who} needs about {plan.total / GB:.1f} GiB but {key}={gb:g}"
+                for plan, gb, key in zip(plans, (client_gb, server_gb), ("client-memory-gb", "server-memory-gb"))
+                if gb and plan.total > gb * GB]
+    if problems:
+        raise ValueError("the memory plan does not fit: " + "; ".join(problems) + "\n"
+                         + "\n".join(plan.table() for plan in plans) + f"\nknobs: {KNOBS}")
+
+
+def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int:
+    """An estimate of the longest context of the run's episodes, for the memory plan: the longest first-step
+    prompt over up to 16 held-out tasks, once more for every step of history shown, plus the generated tokens."""
+    encoder, lengths = PromptEncoder(tokenizer), []
+    for task in list(tasks)[:16]:
+        observation, _ = env.reset(task)
+        lengths.append(len(encoder(build_prompt(env, observation, [], 0))))
+    return max(lengths, default=0) * (1 + cfg.history_length) + cfg.rollout_config().max_new_tokens
+
+
 class LanguageAgentMethod(Method):
     """What every method that trains a language-model agent shares: the base model, the global model
     (its full weights, or a LoRA adapter on the frozen base), held-out evaluation and checkpoints."""
@@ -82,6 +110,8 @@ class LanguageAgentMethod(Method):
         self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
                                          eval_tasks, cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed,
                                          precision=cfg.resolved_precision())
+        shape = ModelShape.of(self.agent.model.config)
+        self.memory = cfg.memory_plans(shape, context_tokens(cfg, self.agent.tokenizer, env, eval_tasks))
         self._stack = contextlib.ExitStack()
         self.peft_model = None
         if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model
@@ -96,18 +126,25 @@ class LanguageAgentMethod(Method):
 
     def check_federation(self, num_clients: int) -> None:
         all_partitions(self.cfg, num_clients)  # an infeasible partition (or bad success labels) stops the run before round 1
+        check_memory(self.memory, self.cfg.client_memory_gb, self.cfg.server_memory_gb)
 
     def run_label(self) -> str:
         return self.cfg.strategy
 
     def config_facts(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"model-source": self.agent.spec.source}
+        facts: dict[str, Any] = {"model-source": self.agent.spec.source,
+                                 "memory-plan-client-bytes": self.memory[0].total, "memory-plan-server-bytes": self.memory[1].total}
         if self.peft_model is not None:
             facts["adapter-parameters"] = adapter_num_parameters(self.peft_model)
         return facts
 
     def initial_arrays(self) -> ArrayRecord:
         return adapter_to_arrays(self.peft_model) if self.peft_model is not None else model_to_arrays(self.agent.model)
+
+    def announce(self, run_dir, num_clients: int) -> None:
+        super().announce(run_dir, num_clients)
+        write_json_atomic(run_dir / "memory_plan.json", {plan.who: plan.as_dict() for plan in self.memory})
+        print("[fedagent] memory plan (an estimate, docs/gpu.md):\n" + "\n".join(plan.table() for plan in self.memory), flush=True)
 
     def load_global(self, arrays: ArrayRecord) -> None:
         if self.peft_model is not None:

@@ -1,0 +1,135 @@
+"""A memory plan: how many bytes a GRPO client and the evaluating server need, from the model's shape and
+the run's settings, computed before round 1 without loading any weights.
+
+Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or the LoRA adapter's A):
+- weights: P x 4 (fp32 master weights, whatever the precision: agent/precision.py);
+- autocast copies: P x 2 under bf16-mixed (autocast keeps a bf16 copy of every weight it casts);
+- gradients: T x 4; AdamW moments: 2 x T x 4;
+- KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4; round-start with LoRA =
+  the round-start adapter, A x 4; base with LoRA = nothing (the adapter switched off);
+- KV cache of a rollout batch: 2 x layers x kv-heads x head-dim x S x rollout-batch-size x a, with S the
+  context (prompt + generated tokens) and a = 2 bytes under bf16-mixed, 4 in fp32;
+- generation logits: rollout-batch-size x vocab x 4 (the last position, in fp32);
+- training logits: 2 x micro-batch x S x vocab x 4 (fp32 logits and their log-softmax over the sequence);
+- activations kept for backward: layers x micro-batch x S x (8 H + 2 kv-heads x head-dim + 4 I) x a, counting
+  per token and layer the norm inputs and outputs, q / k / v, attention and MLP outputs and the MLP's
+  gate, up, activation and down inputs (H hidden size, I intermediate size).
+It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+GB = 1024**3
+
+# The papers' models, from their published config.json files (facts, for configs written offline).
+SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                       intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+}
+
+
+def shape_config(name: str) -> PretrainedConfig:
+    """A Qwen2 config of one of SHAPES (random-init shape only; no weights)."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+    return AutoConfig.for_model("qwen2", **SHAPES[name])
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    parameters: int  # distinct (a tied matrix once)
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    linear_shapes: tuple[tuple[str, int, int], ...]  # (module name, in, out) of every nn.Linear but the head
+
+    @classmethod
+    def of(cls, config: PretrainedConfig) -> ModelShape:
+        """Count on the meta device: exact for any architecture transformers builds, no memory used."""
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        linears = tuple((name, m.in_features, m.out_features) for name, m in model.named_modules()
+                        if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head"))
+        heads = config.num_attention_heads
+        return cls(parameters=sum(p.numel() for p in model.parameters()), layers=config.num_hidden_layers,
+                   hidden=config.hidden_size, intermediate=config.intermediate_size,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   vocab=config.vocab_size, linear_shapes=linears)
+
+    def lora_parameters(self, rank: int, targets: tuple[str, ...] | str) -> int:
+        """r x (in + out) for every targeted linear layer (PEFT's all-linear leaves the head out)."""
+        return sum(rank * (i + o) for name, i, o in self.linear_shapes
+                   if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    who: str
+    rows: tuple[tuple[str, int], ...]
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.rows)
+
+    def table(self) -> str:
+        lines = [f"{self.who}:"] + [f"  {name:<34} {b / GB:9.2f} GiB" for name, b in self.rows]
+        return "\n".join(lines + [f"  {'total':<34} {self.total / GB:9.2f} GiB"])
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.rows) | {"total": self.total}
+
+
+def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str, kl_beta: float,
+                kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int) -> MemoryPlan:
+    a = 2 if precision == "bf16-mixed" else 4
+    P = shape.parameters
+    adapter = shape.lora_parameters(lora_rank, lora_targets) if finetuning == "lora" else 0
+    T = adapter if finetuning == "lora" else P
+    if kl_beta <= 0 or (finetuning == "lora" and kl_reference == "base"):
+        reference = 0
+    else:
+        reference = adapter * 4 if finetuning == "lora" else P * 4
+    S = context_tokens
+    rows = [
+        ("weights (fp32)", P * 4),
+        ("adapter (fp32)", adapter * 4),
+        ("autocast bf16 weight copies", P * 2 if precision == "bf16-mixed" else 0),
+        ("gradients", T * 4),
+        ("AdamW moments", 2 * T * 4),
+        ("KL reference", reference),
+        ("KV cache of a rollout batch", 2 * shape.layers * shape.kv_heads * shape.head_dim * S * rollout_batch_size * a),
+        ("generation logits", rollout_batch_size * shape.vocab * 4),
+        ("training logits", 2 * micro_batch_size * S * shape.vocab * 4),
+        ("activations of a micro-batch", shape.layers * micro_batch_size * S
+         * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * a),
+    ]
+    return MemoryPlan("each client", tuple(rows))
+
+
+def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str,
+                eval_batch_size: int, context_tokens: int) -> MemoryPlan:
+    a = 2 if precision == "bf16-mixed" else 4
+    adapter = shape.lora_parameters(lora_rank, lora_targets) if finetuning == "lora" else 0
+    rows = [
+        ("weights (fp32)", shape.parameters * 4),
+        ("adapter (fp32)", adapter * 4),
+        ("autocast bf16 weight copies", shape.parameters * 2 if precision == "bf16-mixed" else 0),
+        ("KV cache of an evaluation batch", 2 * shape.layers * shape.kv_heads * shape.head_dim * context_tokens * eval_batch_size * a),
+        ("generation logits", eval_batch_size * shape.vocab * 4),
+    ]
+    return MemoryPlan("the server (evaluation)", tuple(rows))

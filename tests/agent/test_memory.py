@@ -1,0 +1,67 @@
+"""The memory plan: parameter counts of the papers' shapes, its arithmetic by hand, and a run it stops before round 1."""
+
+import pytest
+from flwr.app import MessageType
+from transformers import AutoConfig
+
+from fedagent_flwr.agent.memory import GB, ModelShape, client_plan, server_plan, shape_config
+from fedagent_flwr.config import RunConfig
+
+
+def test_the_papers_shapes_have_their_published_sizes():
+    millions = {n: round(ModelShape.of(shape_config(n)).parameters / 1e6) for n in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")}
+    assert millions == {"qwen2.5-0.5b": 494, "qwen2.5-1.5b": 1544, "qwen2.5-3b": 3086, "qwen2.5-7b": 7616}
+
+
+def test_the_plan_adds_up_as_computed_by_hand():
+    config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                  intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
+    shape = ModelShape.of(config)
+    # embedding 32 x 8; per layer q 8x8+8, k 8x4+4, v 8x4+4, o 8x8, gate/up 8x16, down 16x8, two norms of 8; final norm 8
+    assert shape.parameters == 256 + 2 * (72 + 36 + 36 + 64 + 3 * 128 + 16) + 8 == 1480
+    assert shape.lora_parameters(2, ("q_proj", "v_proj")) == 2 * (2 * (8 + 8) + 2 * (8 + 4)) == 112
+    full = client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="bf16-mixed",
+                       kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5, context_tokens=10)
+    rows = full.as_dict()
+    assert rows["weights (fp32)"] == 1480 * 4 and rows["autocast bf16 weight copies"] == 1480 * 2
+    assert rows["gradients"] == 1480 * 4 and rows["AdamW moments"] == 1480 * 8 and rows["KL reference"] == 1480 * 4
+    assert rows["KV cache of a rollout batch"] == 2 * 2 * 1 * 4 * 10 * 5 * 2  # k and v, layers, kv heads, head dim, tokens, batch, bf16
+    assert rows["generation logits"] == 5 * 32 * 4 and rows["training logits"] == 2 * 3 * 10 * 32 * 4
+    assert rows["activations of a micro-batch"] == 2 * 3 * 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2
+    assert full.total == sum(v for k, v in rows.items() if k != "total")
+    lora = client_plan(shape, finetuning="lora", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="fp32",
+                       kl_beta=0.01, kl_reference="base", micro_batch_size=3, rollout_batch_size=5, context_tokens=10).as_dict()
+    assert lora["gradients"] == 112 * 4 and lora["AdamW moments"] == 112 * 8 and lora["KL reference"] == 0
+    assert lora["autocast bf16 weight copies"] == 0 and lora["KV cache of a rollout batch"] == 2 * 2 * 4 * 10 * 5 * 4
+    server = server_plan(shape, finetuning="lora", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="fp32",
+                         eval_batch_size=5, context_tokens=10).as_dict()
+    assert server["total"] == 1480 * 4 + 112 * 4 + 2 * 2 * 4 * 10 * 5 * 4 + 5 * 32 * 4
+
+
+def test_the_command_prints_the_plans_of_the_papers_models(capsys):
+    from fedagent_flwr.experiments.memory_plan import main
+
+    main(["--shape", "qwen2.5-7b"])
+    full = capsys.readouterr().out
+    main(["--shape", "qwen2.5-7b", "--set", "finetuning=lora", "--set", "kl-reference=base", "--set", "micro-batch-size=1",
+          "--set", "rollout-batch-size=8", "--context-tokens", "1024"])
+    lora = capsys.readouterr().out
+    assert "7,615,616,512 parameters" in full and "AdamW moments" in full and "fits a 80 GiB GPU per client: no" in full
+    assert "fits a 80 GiB GPU per client: yes" in lora  # LoRA, no reference copy, small batches
+
+
+def test_a_run_whose_plan_does_not_fit_stops_before_round_1(tmp_path, run_identity):
+    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.federation import run_federation
+    from loopback_grid import LoopbackGrid
+
+    run_config = RunConfig().to_run_config() | {"num-clients": 2, "output-dir": str(tmp_path), "run-name": "oom",
+                                                "client-memory-gb": 0.001}
+    grid = LoopbackGrid(run_config, 2)
+    try:
+        with pytest.raises(ValueError, match=r"each client needs about .* GiB but client-memory-gb=0.001.*\n(.*\n)*knobs: finetuning='lora'"):
+            run_federation(grid, RunConfig.from_run_config(run_config))
+    finally:
+        load_agent.cache_clear()
+    assert all(sent.metadata.message_type == MessageType.QUERY for sent, _ in grid.exchanges)  # no round started
+    assert GB == 1024**3
