@@ -23,6 +23,7 @@ reference model), so the loss is written here (about 40 lines).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +68,7 @@ class GRPOConfig:
     # The KL anchor: "round-start" = the weights (or adapter) the round started from; "base" = the base
     # model, for a LoRA model the adapter switched off (no second copy of the model in memory).
     kl_reference: str
+    gradient_checkpointing: bool  # recompute layer activations in backward (transformers' checkpointing)
     # "fp32", or "bf16-mixed": fp32 weights and optimizer states, forward passes under bf16 autocast
     # (agent/precision.py says why a pure-bf16 model does not train at lr 1e-6)
     precision: str
@@ -232,10 +234,32 @@ class GRPOTrainer:
 
     def update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
         """One pass of clipped policy-gradient updates over the samples, in shuffled minibatches."""
-        cfg = self.config
         if not samples:  # every group was uniform: nothing to learn from this batch
             return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
         self.model.eval()  # dropout off: old and new log-probs must come from the same function
+        with self._checkpointing():
+            return self._update(samples, rng)
+
+    @contextlib.contextmanager
+    def _checkpointing(self):
+        """transformers checkpoints only in training mode; the models trained here have no dropout to switch on
+        (a model with dropout is refused), so training mode changes nothing else."""
+        if not self.config.gradient_checkpointing:
+            yield
+            return
+        dropout = [getattr(self.model.config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout", "dropout")]
+        if any(dropout):
+            raise ValueError(f"gradient-checkpointing needs a model without dropout (config dropout {dropout})")
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train()
+        try:
+            yield
+        finally:
+            self.model.gradient_checkpointing_disable()
+            self.model.eval()
+
+    def _update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
+        cfg = self.config
         # With a single minibatch the policy has not moved before the update, so the
         # "old" log-probs are the current ones (detached): skip a forward pass.
         single = len(samples) <= cfg.minibatch_size

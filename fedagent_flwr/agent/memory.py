@@ -13,7 +13,8 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
 - training logits: 2 x micro-batch x S x vocab x 4 (fp32 logits and their log-softmax over the sequence);
 - activations kept for backward: layers x micro-batch x S x (8 H + 2 kv-heads x head-dim + 4 I) x a, counting
   per token and layer the norm inputs and outputs, q / k / v, attention and MLP outputs and the MLP's
-  gate, up, activation and down inputs (H hidden size, I intermediate size).
+  gate, up, activation and down inputs (H hidden size, I intermediate size); with gradient checkpointing,
+  each layer's input (layers x micro-batch x S x H x a) plus one layer's full set, recomputed in backward.
 It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
 """
 
@@ -95,7 +96,8 @@ class MemoryPlan:
 
 
 def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str, kl_beta: float,
-                kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int) -> MemoryPlan:
+                kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
+                gradient_checkpointing: bool = False) -> MemoryPlan:
     a = 2 if precision == "bf16-mixed" else 4
     P = shape.parameters
     adapter = shape.lora_parameters(lora_rank, lora_targets) if finetuning == "lora" else 0
@@ -105,6 +107,11 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     else:
         reference = adapter * 4 if finetuning == "lora" else P * 4
     S = context_tokens
+    per_layer = micro_batch_size * S * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * a
+    if gradient_checkpointing:
+        activations = shape.layers * micro_batch_size * S * shape.hidden * a + per_layer
+    else:
+        activations = shape.layers * per_layer
     rows = [
         ("weights (fp32)", P * 4),
         ("adapter (fp32)", adapter * 4),
@@ -115,8 +122,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         ("KV cache of a rollout batch", 2 * shape.layers * shape.kv_heads * shape.head_dim * S * rollout_batch_size * a),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
         ("training logits", 2 * micro_batch_size * S * shape.vocab * 4),
-        ("activations of a micro-batch", shape.layers * micro_batch_size * S
-         * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * a),
+        ("activations of a micro-batch", activations),
     ]
     return MemoryPlan("each client", tuple(rows))
 

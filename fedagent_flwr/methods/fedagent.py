@@ -69,7 +69,7 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     return metrics
 
 
-KNOBS = ("finetuning='lora' with a small lora-rank, micro-batch-size, rollout-batch-size, kl-reference='base' "
+KNOBS = ("finetuning='lora' with a small lora-rank, gradient-checkpointing=true, micro-batch-size, rollout-batch-size, kl-reference='base' "
          "(with lora), precision, num-gpus-per-client (a larger GPU share) and client-memory-gb / server-memory-gb")
 
 

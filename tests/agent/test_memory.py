@@ -29,6 +29,11 @@ def test_the_plan_adds_up_as_computed_by_hand():
     assert rows["generation logits"] == 5 * 32 * 4 and rows["training logits"] == 2 * 3 * 10 * 32 * 4
     assert rows["activations of a micro-batch"] == 2 * 3 * 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2
     assert full.total == sum(v for k, v in rows.items() if k != "total")
+    checkpointed = client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="bf16-mixed",
+                               kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
+                               context_tokens=10, gradient_checkpointing=True).as_dict()
+    # each layer's input kept, one layer's full set recomputed at a time
+    assert checkpointed["activations of a micro-batch"] == 2 * 3 * 10 * 8 * 2 + 3 * 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2
     lora = client_plan(shape, finetuning="lora", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="fp32",
                        kl_beta=0.01, kl_reference="base", micro_batch_size=3, rollout_batch_size=5, context_tokens=10).as_dict()
     assert lora["gradients"] == 112 * 4 and lora["AdamW moments"] == 112 * 8 and lora["KL reference"] == 0

@@ -85,3 +85,37 @@ def test_precision_auto_is_mixed_on_cuda_and_fp32_on_cpu():
     assert RunConfig(precision="bf16-mixed").self_evolution_config().precision == "bf16-mixed"
     with pytest.raises(ValueError, match="precision='fp16'"):
         RunConfig(precision="fp16")
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, lora):
+    """Recomputing activations in backward changes memory, not the result (full model and LoRA adapter)."""
+    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+
+    saved = {False: 0, True: 0}  # bytes autograd keeps for backward
+
+    def pack(checkpointing):
+        def hook(tensor):
+            saved[checkpointing] += tensor.numel() * tensor.element_size()
+            return tensor
+        return hook
+
+    def trained(checkpointing):
+        model = copy.deepcopy(tiny_lm)
+        cfg = RunConfig(learning_rate=1e-3, kl_beta=0.1, minibatch_size=4, micro_batch_size=2,
+                        gradient_checkpointing=checkpointing).grpo_config()
+        samples = [StepSample(p, c, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c) in enumerate(_pairs(maze_tokenizer, 8))]
+        with torch.autograd.graph.saved_tensors_hooks(pack(checkpointing), lambda t: t):
+            if not lora:
+                GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+                return model.state_dict()
+            with attached_lora(model, LoRASpec(rank=2), seed=1) as peft_model:
+                GRPOTrainer(peft_model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+                return {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
+
+    plain, checkpointed = trained(False), trained(True)
+    assert saved[True] < 0.8 * saved[False]  # the layers' activations were not kept: checkpointing was on
+    assert plain.keys() == checkpointed.keys()
+    for key in plain:
+        torch.testing.assert_close(checkpointed[key], plain[key], rtol=1e-5, atol=1e-6)
+    assert not tiny_lm.is_gradient_checkpointing and not tiny_lm.training  # the model is left as it was
