@@ -616,6 +616,22 @@ def _coerce(key: str, raw: Any, kind: type) -> Any:
     raise ValueError(f"run-config {key}={raw!r} has type {type(raw).__name__}; expected {kind.__name__}")
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Run-config values from KEY=VALUE texts (the experiment commands' --set), each typed as its key's default."""
+    known = RunConfig().to_run_config()
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--set {item!r}: expected key=value with a run-config key (e.g. learning-rate=1e-5)")
+        kind = type(known[key])
+        try:
+            out[key] = kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes")
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {key} takes a {kind.__name__}") from None
+    return out
+
+
 def docs_table() -> str:
     """The README's run-config table, generated from the dataclass so the two never drift."""
     rows = ["| key | default | allowed | meaning |", "| --- | --- | --- | --- |"]

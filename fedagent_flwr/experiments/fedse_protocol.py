@@ -48,7 +48,7 @@ from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attac
 from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 from fedagent_flwr.atomic import atomic_write_text
-from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config import RunConfig, parse_overrides
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR
 from fedagent_flwr.simulation import read_run_config_file
@@ -199,20 +199,15 @@ def write_tables(out: Path, results: dict[str, list[dict]], ranks: dict[int, lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key of the preset (JSON values)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key of the preset")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument("--ranks", default=",".join(map(str, RANKS)), help="LoRA ranks of the sweep besides the preset's ('' = none)")
     parser.add_argument("--tables-only", action="store_true", help="rewrite the tables from the metrics.jsonl files already in --out")
     args = parser.parse_args(argv)
-    overrides = dict(CPU_PRESET)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    try:
+        overrides = dict(CPU_PRESET) | parse_overrides(args.set)
+    except ValueError as err:
+        parser.error(str(err))
     base = RunConfig.from_run_config(RunConfig().to_run_config() | overrides | {"strategy": "fedse-lora"})
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))

@@ -11,28 +11,22 @@ itself computes the same plan from its own model and prompts before round 1 (doc
 from __future__ import annotations
 
 import argparse
-import json
 
 from fedagent_flwr.agent.memory import GB, SHAPES, ModelShape, shape_config
-from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config import RunConfig, parse_overrides
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.memory_plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config key (JSON value or text)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config key")
     p.add_argument("--context-tokens", type=int, default=2048, help="prompt + generated tokens of the longest step (default 2048)")
     args = p.parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as err:
+        p.error(str(err))
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | {"precision": "bf16-mixed"} | overrides)
     shape = ModelShape.of(shape_config(args.shape))
     print(f"{args.shape}: {shape.parameters:,} parameters; finetuning={cfg.finetuning}, precision={cfg.resolved_precision()}, "

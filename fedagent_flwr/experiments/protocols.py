@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from fedagent_flwr.atomic import write_json_atomic
-from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config import RunConfig, parse_overrides
 from fedagent_flwr.simulation import read_run_config_file
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the project folder (pyproject.toml, configs/) of a checkout
@@ -291,18 +291,10 @@ def curves_report(out: Path, runs: list[Run], stem: str, title: str) -> dict:
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
-    known = RunConfig().to_run_config()
-    out = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in known:
-            raise SystemExit(f"--set {item!r}: expected key=value with a run-config key (e.g. learning-rate=1e-5)")
-        kind = type(known[key])
-        try:
-            out[key] = kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes")
-        except ValueError:
-            raise SystemExit(f"--set {item!r}: {key} takes a {kind.__name__}") from None
-    return out
+    try:
+        return parse_overrides(items)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def ensure_labels(out: Path, base: dict, given: str | None, dry_run: bool) -> str:
