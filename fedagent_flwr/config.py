@@ -9,7 +9,7 @@ dataclass per concern, each checking its own fields, as TRL's configs do); the r
 that tie sections together are in `RunConfig.check_across`, and the library configs
 (GRPOConfig, RolloutConfig, SelfEvolutionConfig, LoRASpec) are built from the run config
 here and nowhere else. After adding or changing a key run `python -m fedagent_flwr.config`,
-which rewrites pyproject's table and the README's key table.
+which rewrites pyproject's table and the key table in docs/run-config.md.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ class ResilienceConfig:
 
 
 # Listed last to first: a dataclass takes its bases' fields from the last base on, so the run
-# config's keys keep the order of the sections above (pyproject's table and the README's follow it).
+# config's keys keep the order of the sections above (pyproject's table and docs/run-config.md follow it).
 SECTIONS = (FederationConfig, EnvironmentConfig, ModelConfig, RolloutSection, GRPOSection, EvaluationConfig,
             PartitionConfig, BaselineConfig, FedRLConfig, FedSEConfig, ResilienceConfig)
 
@@ -633,7 +633,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def docs_table() -> str:
-    """The README's run-config table, generated from the dataclass so the two never drift."""
+    """The run-config table of docs/run-config.md, generated from the dataclass so the two never drift."""
     rows = ["| key | default | allowed | meaning |", "| --- | --- | --- | --- |"]
     for f in fields(RunConfig):
         default = f.default if f.default != "" else '""'
@@ -654,7 +654,7 @@ def toml_value(value: Any) -> str:
 
 
 def sync_files(root: Path) -> None:
-    """Rewrite pyproject's [tool.flwr.app.config] and README's key table from the dataclass.
+    """Rewrite pyproject's [tool.flwr.app.config] and the key table of docs/run-config.md from the dataclass.
 
     Run `python -m fedagent_flwr.config` after adding or changing a key; the
     tests fail while either file is stale.
@@ -668,13 +668,13 @@ def sync_files(root: Path) -> None:
     body = "".join(f"{k} = {toml_value(v)}\n" for k, v in RunConfig().to_run_config().items())
     pyproject.write_text(head + sep + body + ("\n[" + rest[1] if len(rest) > 1 else ""))
 
-    readme = root / "README.md"
-    lines = readme.read_text().split("\n")
+    table_doc = root / "docs" / "run-config.md"
+    lines = table_doc.read_text().split("\n")
     start = lines.index("| key | default | allowed | meaning |")
     end = start
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    readme.write_text("\n".join(lines[:start] + docs_table().split("\n") + lines[end:]))
+    table_doc.write_text("\n".join(lines[:start] + docs_table().split("\n") + lines[end:]))
 
 
 if __name__ == "__main__":
