@@ -26,7 +26,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods import method_for
+from fedagent_flwr.methods import Method, method_for
 from fedagent_flwr.privacy.differential_privacy import with_differential_privacy
 from fedagent_flwr.privacy.secure_aggregation import (
     SecureFedAgentAvg,
@@ -40,6 +40,13 @@ def run_federation(grid: Grid, cfg: RunConfig, context: Context | None = None) -
     method = method_for(cfg)
     started = time.time()
     method.prepare()
+    try:
+        return _run(grid, cfg, context, method, started)
+    finally:
+        method.close()
+
+
+def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, started: float) -> dict[str, Any]:
     nodes = wait_for_nodes(grid, cfg.num_clients)
     fingerprint = method.fingerprint(cfg.num_clients or len(nodes))
     node_of_partition = handshake(grid, nodes, fingerprint, cfg.round_timeout)

@@ -26,9 +26,7 @@ AgentLoader = Callable[[], Agent]
 
 
 class Method:
-    """Base class: a subclass sets `label` and fills the hooks it needs; every hook has one caller."""
-
-    label = ""  # names run folders: <env>-<label>-<timestamp>
+    """Base class: a subclass fills the hooks it needs; every hook has one caller."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -45,7 +43,8 @@ class Method:
         """Raise before round 1 if this federation cannot run the method (e.g. an infeasible partition)."""
 
     def run_label(self) -> str:
-        return self.label
+        """Names run folders: <env>-<label>-<timestamp>."""
+        return self.cfg.strategy
 
     def config_facts(self) -> dict[str, Any]:
         """Resolved facts written to config.json beside the run config."""
@@ -88,6 +87,9 @@ class Method:
     def report(self, reporter: RunReporter, history: dict[int, dict[str, float]], strategy: Strategy,
                summary: dict[str, Any]) -> None:
         """The closing lines on the console (and any file beside summary.json)."""
+
+    def close(self) -> None:
+        """Give back what `prepare` took (the server loop calls it however the run ends)."""
 
     # ----- client side ---------------------------------------------------------------------------
     def client_fingerprint(self, partition_id: int, num_partitions: int, load_agent: AgentLoader) -> str:

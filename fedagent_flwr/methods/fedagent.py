@@ -128,9 +128,6 @@ class LanguageAgentMethod(Method):
         all_partitions(self.cfg, num_clients)  # an infeasible partition (or bad success labels) stops the run before round 1
         check_memory(self.memory, self.cfg.client_memory_gb, self.cfg.server_memory_gb)
 
-    def run_label(self) -> str:
-        return self.cfg.strategy
-
     def config_facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"model-source": self.agent.spec.source,
                                  "memory-plan-client-bytes": self.memory[0].total, "memory-plan-server-bytes": self.memory[1].total}
