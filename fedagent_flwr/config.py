@@ -472,15 +472,15 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
 
     def memory_plans(self, shape: ModelShape, context_tokens: int) -> tuple[MemoryPlan, MemoryPlan]:
         """(each client's, the server's) memory plan for a model of this shape (agent/memory.py)."""
-        lora = dict(finetuning=self.finetuning, lora_rank=self.lora_rank, lora_targets=self.lora_spec().target_modules,
+        common = dict(finetuning=self.finetuning, lora_rank=self.lora_rank, lora_targets=self.lora_spec().target_modules,
                     precision=self.resolved_precision())
         if self.traits.experience_buffer:  # Fed-SE trains a LoRA adapter by SFT: no KL reference
-            lora["finetuning"] = "lora"
-        client = client_plan(shape, **lora, kl_beta=self.kl_beta if self.traits.grpo else 0.0, kl_reference=self.kl_reference,
+            common["finetuning"] = "lora"
+        client = client_plan(shape, **common, kl_beta=self.kl_beta if self.traits.grpo else 0.0, kl_reference=self.kl_reference,
                              gradient_checkpointing=self.gradient_checkpointing and self.traits.grpo,
                              micro_batch_size=self.micro_batch_size if self.traits.grpo else self.fedse_sft_batch_size,
                              rollout_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
-        server = server_plan(shape, **lora, eval_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
+        server = server_plan(shape, **common, eval_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
         return client, server
 
     def resolved_precision(self) -> str:

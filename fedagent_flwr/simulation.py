@@ -22,9 +22,10 @@ import shlex
 import signal
 import subprocess
 import sys
-import tomllib
 from dataclasses import fields
 from pathlib import Path
+
+from flwr.common.config import parse_config_args
 
 from fedagent_flwr.config import RunConfig, toml_value
 
@@ -139,21 +140,9 @@ def superlink_pids() -> set[int]:
 
 
 def read_run_config_file(path: str) -> dict:
-    """Run-config keys from a TOML file (nested tables become dotted keys, as `flwr run --run-config FILE` reads them)."""
-    with open(Path(path).expanduser(), "rb") as f:
-        table = tomllib.load(f)
-    flat: dict = {}
-
-    def walk(prefix: str, node: dict) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(f"{prefix}{key}.", value)
-            else:
-                flat[prefix + key] = value
-
-    walk("", table)
-    known = RunConfig().to_run_config()
-    unknown = sorted(set(flat) - set(known))
+    """Run-config keys from a TOML file, read by Flower's own parser (as `flwr run --run-config FILE` reads it)."""
+    flat = parse_config_args([str(Path(path).expanduser())])
+    unknown = sorted(set(flat) - set(RunConfig().to_run_config()))
     if unknown:
         raise SystemExit(f"--run-config {path}: unknown run-config key(s) {unknown}")
     return flat
