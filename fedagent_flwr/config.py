@@ -145,13 +145,16 @@ class ModelConfig:
     """The language model every client starts from, and where it runs."""
 
     model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list)", "string")
-    device: str = _key("auto", "where clients and the server run the model", " | ".join(DEVICES))
+    device: str = _key("auto", "where clients run the model (and the server, unless server-device says otherwise)", " | ".join(DEVICES) + " | cuda:N")
+    server_device: str = _key("same", "where the ServerApp evaluates: same = as device; cpu leaves a GPU the clients share to them", "same | " + " | ".join(DEVICES) + " | cuda:N")
     client_memory_gb: float = _key(0.0, "memory (GiB) of the GPU or GPU share each client trains in; the memory plan (docs/gpu.md) is checked against it before round 1; 0 = not checked", ">= 0")
     server_memory_gb: float = _key(0.0, "memory (GiB) the ServerApp evaluates in; checked like client-memory-gb; 0 = not checked", ">= 0")
     precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6); auto = bf16-mixed on CUDA, fp32 on CPU", " | ".join(PRECISIONS))
 
     def check(self, need: Need) -> None:
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
+        need(self.server_device in ("same", *DEVICES) or self.server_device.startswith("cuda:"), "server-device",
+             self.server_device, "same | " + " | ".join(DEVICES) + " | cuda:N")
         need(self.precision in PRECISIONS, "precision", self.precision, " | ".join(PRECISIONS))
         for name in ("client_memory_gb", "server_memory_gb"):
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), ">= 0 (0 = not checked)")
@@ -480,12 +483,17 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                              gradient_checkpointing=self.gradient_checkpointing and self.traits.grpo,
                              micro_batch_size=self.micro_batch_size if self.traits.grpo else self.fedse_sft_batch_size,
                              rollout_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
-        server = server_plan(shape, **common, eval_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
+        server = server_plan(shape, **(common | {"precision": self.resolved_precision(self.evaluation_device())}), eval_batch_size=self.rollout_batch_size, context_tokens=context_tokens)
         return client, server
 
-    def resolved_precision(self) -> str:
-        """fp32 or bf16-mixed: `precision` with auto decided by the device this process runs the model on."""
-        on_cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
+    def evaluation_device(self) -> str:
+        """Where the ServerApp runs its copy of the model: server-device, or `device` when that is 'same'."""
+        return self.device if self.server_device == "same" else self.server_device
+
+    def resolved_precision(self, device: str | None = None) -> str:
+        """fp32 or bf16-mixed: `precision` with auto decided by the device the model runs on (default: `device`)."""
+        device = device or self.device
+        on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         return resolve_precision(self.precision, on_cuda)
 
     @property

@@ -34,10 +34,22 @@ def _shared_prefix(prompts: Sequence[Sequence[int]]) -> list[int]:
     return first[:max(n, 0)]
 
 
+def _forward_parameters(model) -> set[str]:
+    """The keywords the transformers model's forward takes (a PEFT wrapper's forward only passes them on)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return set(inspect.signature(base.forward).parameters)
+
+
 def _last_logits_only(model) -> dict:
     # Prefill needs the next-token logits of the last position only; the LM head over every
     # prompt token is a sizeable share of a small model's prefill.
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
+
+
+def _cache_name(model) -> str:
+    """The KV cache's keyword and output field: transformers 5.24 renamed `past_key_values` to `cache` and
+    drops the old name in 5.40; earlier 5.x releases know only the old one."""
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
 
 
 def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -66,6 +78,7 @@ def sample_batch(
 ) -> list[list[int]]:
     """Completion token ids per prompt, each ending at its first stop token (kept) or at the cap."""
     device = next(model.parameters()).device
+    cache_name = _cache_name(model)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     # Identical prompts are common (a GRPO group's first step; episodes of a Markov task that
     # reach the same state): prefill each distinct prompt once and give every row a copy of its
@@ -78,7 +91,7 @@ def sample_batch(
     if len(prefix) >= MIN_SHARED_PREFIX:
         # Every episode's prompt opens with the same instructions: compute their keys and
         # values once and share them across the batch instead of once per row.
-        cache = model(input_ids=torch.as_tensor([prefix], device=device), use_cache=True, **_last_logits_only(model)).past_key_values
+        cache = model(input_ids=torch.as_tensor([prefix], device=device), use_cache=True, **_last_logits_only(model))[cache_name]
         cache.batch_repeat_interleave(len(prompts))
     else:
         prefix = []
@@ -95,9 +108,9 @@ def sample_batch(
     input_ids, mask = input_ids.to(device), mask.to(device)
     positions = ((mask.cumsum(dim=-1) - 1).clamp(min=0))[:, len(prefix):]
 
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                **_last_logits_only(model))
-    cache, logits = out.past_key_values, out.logits[:, -1, :]
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                **{cache_name: cache}, **_last_logits_only(model))
+    cache, logits = out[cache_name], out.logits[:, -1, :]
     next_position = positions[:, -1] + 1
     if len(prompts) < n_rows:
         expand = torch.as_tensor(source, dtype=torch.long, device=device)
@@ -120,7 +133,7 @@ def sample_batch(
             rows, tokens, mask, next_position = rows[keep], tokens[keep], mask[keep], next_position[keep]
         mask = torch.cat([mask, mask.new_ones((mask.size(0), 1))], dim=1)
         out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
-                    past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1, :]
+                    use_cache=True, **{cache_name: cache})
+        cache, logits = out[cache_name], out.logits[:, -1, :]
         next_position = next_position + 1
     return completions

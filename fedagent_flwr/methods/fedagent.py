@@ -70,7 +70,8 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
 
 
 KNOBS = ("finetuning='lora' with a small lora-rank, gradient-checkpointing=true, micro-batch-size, rollout-batch-size, kl-reference='base' "
-         "(with lora), precision, num-gpus-per-client (a larger GPU share) and client-memory-gb / server-memory-gb")
+         "(with lora), precision, num-gpus-per-client (a larger GPU share), server-device (e.g. cpu, to keep the server off the "
+         "clients' GPU) and client-memory-gb / server-memory-gb")
 
 
 def check_memory(plans, client_gb: float, server_gb: float) -> None:
@@ -104,12 +105,12 @@ class LanguageAgentMethod(Method):
 
     def prepare(self) -> None:
         cfg = self.cfg
-        self.agent = load_agent(cfg.model, cfg.env, cfg.device)  # builds a tiny model first if needed
+        self.agent = load_agent(cfg.model, cfg.env, cfg.evaluation_device())  # builds a tiny model first if needed
         env = make_env(cfg.env, cfg.max_steps)
         eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval_tasks)  # a multi-env spec: eval-tasks per env
         self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
                                          eval_tasks, cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed,
-                                         precision=cfg.resolved_precision())
+                                         precision=cfg.resolved_precision(cfg.evaluation_device()))
         shape = ModelShape.of(self.agent.model.config)
         self.memory = cfg.memory_plans(shape, context_tokens(cfg, self.agent.tokenizer, env, eval_tasks))
         self._stack = contextlib.ExitStack()

@@ -85,3 +85,20 @@ def test_identical_prompts_are_prefilled_once_yet_sampled_independently(tiny_lm,
     torch.manual_seed(0)
     sampled = sample_batch(tiny_lm, [a] * 16, pad, stop, max_new_tokens=8, temperature=1.0)
     assert len({tuple(ids) for ids in sampled}) > 1
+
+
+def test_sampling_uses_the_cache_keyword_transformers_keeps(tiny_lm, maze_tokenizer):
+    """transformers 5.24 deprecates `past_key_values` (removed in 5.40): the sampler, bare or under a LoRA
+    wrapper, must pass the KV cache by the name the installed model's forward declares, with no FutureWarning."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    prompts = [maze_tokenizer(t)["input_ids"] for t in ("Reach the goal at 1, 2", "Reach the goal at 3, 4")]
+    wrapped = get_peft_model(tiny_lm, LoraConfig(r=2, target_modules=["q_proj"]))
+    for model in (tiny_lm, wrapped):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            got = sample_batch(model, prompts, maze_tokenizer.pad_token_id, [], max_new_tokens=4, temperature=0.0)
+        assert [len(ids) for ids in got] == [4, 4]
+    wrapped.unload()

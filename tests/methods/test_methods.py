@@ -32,3 +32,20 @@ def test_validation_reads_traits_not_names():
         RunConfig.from_run_config(RunConfig().to_run_config() | {"strategy": "fedse-lora", "baseline": "local"})
     with pytest.raises(ValueError, match="resume"):
         RunConfig.from_run_config(RunConfig().to_run_config() | {"strategy": "qavg", "env": "random-mdp", "resume": True, "run-name": "x"})
+
+
+def test_server_device_puts_the_servers_model_apart_from_the_clients():
+    """device='cuda' for the clients with server-device='cpu': the ServerApp loads and evaluates on the CPU (this
+    machine has no GPU, so a server that followed `device` would fail to load), in fp32, and its memory plan
+    counts no bf16 autocast copies while the clients' (bf16-mixed on CUDA) does."""
+    method = method_for(RunConfig(device="cuda", server_device="cpu", eval_tasks=2))
+    method.prepare()
+    try:
+        assert method.agent.device.type == "cpu"
+        assert method.evaluator.precision == "fp32"
+        client, server = (plan.as_dict() for plan in method.memory)
+        assert client["autocast bf16 weight copies"] > 0 and server["autocast bf16 weight copies"] == 0
+    finally:
+        method.close()
+    with pytest.raises(ValueError, match="server-device"):
+        RunConfig(server_device="gpu")
