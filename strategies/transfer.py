@@ -3,26 +3,61 @@
 numpy (and so Flower's Array) has no bfloat16, so a bf16 tensor travels as the uint16 of its bits.
 Both ends read `transfer-dtype` from the run config: the sender encodes, the receiver decodes before
 anything else looks at the arrays. Rounding to bf16 is round-to-nearest-even, as torch rounds.
+
+`numpy_array` and `array_view` convert between numpy and Flower's Array (.npy bytes) with one copy of the
+data and none: Flower's own `Array(ndarray)` and `Array.numpy()` copy every tensor twice each way (through a
+BytesIO and np.load), which for a 0.5B-parameter model in fp32 cost 6 s and 14 s a message on this 2-core
+machine, mostly the page faults of freshly allocated gigabytes, and doubled the peak memory of every
+process that holds a model's worth of arrays.
 """
 
 from __future__ import annotations
 
+import io
+import math
+
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord
 
 TRANSFER_DTYPES = ("fp32", "bf16")
 
 
+def numpy_array(values: np.ndarray) -> Array:
+    """A Flower Array (.npy bytes, as Array(ndarray) makes) built with one copy of the data instead of two."""
+    values = np.require(values, requirements="C")  # (ascontiguousarray would make a 0-d array 1-d)
+    header, fields = io.BytesIO(), np.lib.format.header_data_from_array_1_0(values)
+    try:
+        np.lib.format.write_array_header_1_0(header, fields)  # what np.save writes for any tensor here
+    except ValueError:  # a header over 64 KiB (a shape of thousands of dimensions)
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, fields)
+    data = b"".join((header.getvalue(), memoryview(values.reshape(-1)).cast("B") if values.size else b""))
+    return Array(dtype=str(values.dtype), shape=tuple(int(n) for n in values.shape), stype="numpy.ndarray", data=data)
+
+
+def array_view(array: Array) -> np.ndarray:
+    """A read-only numpy view of an Array's .npy bytes: the header parsed, the data not copied."""
+    stream = io.BytesIO(array.data[:65536])  # a .npy header is at most 64 KiB
+    version = np.lib.format.read_magic(stream)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran_order, dtype = read_header(stream)
+    if fortran_order or dtype.hasobject:  # never written here; Flower's own reader handles it
+        return array.numpy()
+    return np.frombuffer(array.data, dtype=dtype, count=math.prod(shape), offset=stream.tell()).reshape(shape)
+
+
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float -> the uint16 bits of the nearest bf16 (ties to even)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    return ((bits + rounding) >> 16).astype(np.uint16)
+    """float -> the uint16 bits of the nearest bf16 (ties to even: torch's own rounding, on all cores; a numpy
+    version of the same arithmetic took 8 s for a 0.5B-parameter model here, torch about 1 s)."""
+    x = torch.from_numpy(np.require(values, dtype=np.float32, requirements=["C", "W"]))
+    return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
 def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
     """The uint16 bits of bf16 numbers -> those numbers as float32 (exact)."""
-    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    b = torch.from_numpy(np.require(bits, dtype=np.uint16, requirements=["C", "W"]).view(np.int16))
+    return b.view(torch.bfloat16).float().numpy()
 
 
 def encode(arrays: ArrayRecord, dtype: str) -> ArrayRecord:
@@ -33,8 +68,8 @@ def encode(arrays: ArrayRecord, dtype: str) -> ArrayRecord:
         raise ValueError(f"transfer-dtype={dtype!r} is not allowed: expected {' | '.join(TRANSFER_DTYPES)}")
     out = ArrayRecord()
     for key in arrays.keys():
-        a = arrays[key].numpy()
-        out[key] = Array(to_bf16_bits(a) if a.dtype.kind == "f" else np.ascontiguousarray(a))
+        a = array_view(arrays[key])
+        out[key] = numpy_array(to_bf16_bits(a)) if a.dtype.kind == "f" else arrays[key]
     return out
 
 
@@ -48,14 +83,15 @@ def decode(arrays: ArrayRecord, dtype: str, template: ArrayRecord | None = None)
         return arrays
     out = ArrayRecord()
     for key in arrays.keys():
-        a = arrays[key].numpy()
+        a = array_view(arrays[key])
         if template is None:
             want = np.dtype(np.float32) if a.dtype == np.uint16 else None
         else:
-            want = template[key].numpy().dtype if key in template else None
+            want = np.dtype(template[key].dtype) if key in template else None
         if want is not None and want.kind == "f":
             if a.dtype != np.uint16:
                 raise ValueError(f"array {key!r} has dtype {a.dtype}; with transfer-dtype=bf16 it must be bf16 bits (uint16)")
-            a = from_bf16_bits(a).astype(want)
-        out[key] = Array(np.ascontiguousarray(a))
+            out[key] = numpy_array(from_bf16_bits(a).astype(want, copy=False))
+        else:
+            out[key] = arrays[key]  # as it came: nothing to convert, nothing to copy
     return out

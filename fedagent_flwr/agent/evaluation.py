@@ -89,12 +89,15 @@ class GlobalEvaluator:
         self.seed = seed
         self.precision = precision  # resolved: fp32 or bf16-mixed (agent/precision.py)
         self.device = model_device(model)
+        self.last_trajectories: list[Trajectory] = []  # the latest evaluation's episodes (for transcripts)
 
     def evaluate(self, server_round: int) -> dict[str, float]:
         started = time.time()
+        episodes = [t for t in self.tasks for _ in range(self.samples_per_task)]
         with torch.random.fork_rng(devices=[]), autocast(self.precision, self.device):
             torch.manual_seed(self.seed + 1_000_003)
-            metrics = evaluate(self.policy, self.env_factory, self.tasks, self.encoder, self.config,
-                               self.samples_per_task, progress=f"eval round {server_round}")
+            self.last_trajectories = run_episodes(self.policy, self.env_factory, episodes, self.encoder, self.config,
+                                                  progress=f"eval round {server_round}")
+        metrics = summarize(self.last_trajectories)
         metrics["seconds"] = time.time() - started
         return metrics

@@ -1,18 +1,28 @@
 """The agent a process works with: model, tokenizer and base-weight fingerprint.
 
-Loading is cached per process (a Ray worker in simulation, a SuperNode's
-ClientApp process in deployment), so rounds reuse the loaded model instead of
-reloading it for every message. Every round overwrites the weights with the
-global ones, so reuse never leaks one round's local weights into the next.
+Loading is cached per process (a Ray worker in simulation), so rounds reuse the loaded model instead of
+reloading it for every message. Every round overwrites the weights with the global ones, so reuse never leaks
+one round's local weights into the next. In deployment Flower (1.42) starts a fresh ClientApp process for
+every message, whichever isolation mode the SuperNode runs (`flwr-clientapp` takes one token, runs one
+message and exits), so nothing stays in memory between rounds there: the base fingerprint of a local model
+folder is kept on disk instead, keyed by its weight files' names, sizes and modification times, which saves
+hashing every weight again for every message (3.4 s for a 0.5B model on 2 cores).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import sys
+import time
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
+from fedagent_flwr.agent.model_cache import default_cache_root
 from fedagent_flwr.agent.models import (
     ModelSpec,
     fingerprint,
@@ -36,6 +46,32 @@ class Agent:
 def load_agent(model_name: str, env: str, device: str) -> Agent:
     spec = resolve_model(model_name, env)
     dev = pick_device(device)
+    started = time.perf_counter()
     model = load_model(spec, dev)
     tokenizer = load_tokenizer(spec)
-    return Agent(model=model, tokenizer=tokenizer, spec=spec, device=dev, base_fingerprint=fingerprint(model))
+    agent = Agent(model=model, tokenizer=tokenizer, spec=spec, device=dev, base_fingerprint=base_fingerprint(spec.source, model))
+    # Once per process: in a deployment's logs, one line per ClientApp message shows the model reloaded
+    # (stderr: commands that print JSON on stdout stay parseable).
+    print(f"[fedagent] loaded {model_name} on {dev} in {time.perf_counter() - started:.1f} s (process {os.getpid()})", file=sys.stderr, flush=True)
+    return agent
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".json")
+
+
+def base_fingerprint(source: str, model: torch.nn.Module) -> str:
+    """fingerprint(model) of weights just loaded from `source`, remembered on disk for a local folder."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return fingerprint(model)
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    key = hashlib.sha256(json.dumps([str(folder.resolve()), files]).encode()).hexdigest()[:32]
+    memo = default_cache_root() / "fingerprints" / f"{key}.txt"
+    if memo.is_file():
+        return memo.read_text().strip()
+    value = fingerprint(model)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+    tmp.write_text(value)
+    os.replace(tmp, memo)
+    return value

@@ -3,7 +3,9 @@
 `model` in the run config is either a Hugging Face model name or local path
 (AutoModelForCausalLM + its tokenizer and chat template; bf16 on GPU, fp32 on
 CPU; remote code is never trusted) or `tiny` / `tiny:<env>` for a tiny model
-built offline for that environment (see tiny_model.py).
+built offline for that environment (see tiny_model.py), or `shape:<name>` for a
+random-init model of a published shape (see shaped_model.py), or a `.gguf` file or
+`smollm2-135m-instruct` (see gguf_models.py).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from envs import available_envs, is_multi_spec
 from envs.multi import normalize_spec
+from fedagent_flwr.agent.gguf_models import ensure_plain_folder, is_gguf_model
+from fedagent_flwr.agent.shaped_model import PREFIX as SHAPE_PREFIX
+from fedagent_flwr.agent.shaped_model import ensure_shaped_model
 from fedagent_flwr.agent.tiny_model import ensure_tiny_model
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    source: str  # HF name or local path; for tiny models the cached folder
-    tiny: bool
+    source: str  # HF name or local path; for models built here the cached folder
+    built_here: bool  # a tiny or shaped model from the cache: its tokenizer loads as saved
 
 
 def resolve_model(name: str, env: str) -> ModelSpec:
@@ -38,8 +43,12 @@ def resolve_model(name: str, env: str) -> ModelSpec:
                 raise ValueError(f"model {name!r}: {err}") from None
         elif tiny_env not in available_envs():
             raise ValueError(f"model {name!r}: no environment {tiny_env!r}; available: {', '.join(available_envs())}")
-        return ModelSpec(str(ensure_tiny_model(tiny_env)), tiny=True)
-    return ModelSpec(name, tiny=False)
+        return ModelSpec(str(ensure_tiny_model(tiny_env)), built_here=True)
+    if name.startswith(SHAPE_PREFIX):  # a published shape with random weights (shaped_model.py)
+        return ModelSpec(str(ensure_shaped_model(name, normalize_spec(env) if is_multi_spec(env) else env)), built_here=True)
+    if is_gguf_model(name):  # a .gguf file or a packaged model's short name: converted once to a plain folder
+        return ModelSpec(str(ensure_plain_folder(name)), built_here=False)
+    return ModelSpec(name, built_here=False)
 
 
 def pick_device(device: str) -> torch.device:
@@ -64,7 +73,7 @@ def _saved_as_generic_tokenizer(source: str) -> bool:
 def load_tokenizer(spec: ModelSpec):
     # A checkpoint of a tiny model (or any folder saved with a generic tokenizer) must not
     # go through AutoTokenizer either: it would pick the model type's class, as below.
-    if spec.tiny or _saved_as_generic_tokenizer(spec.source):
+    if spec.built_here or _saved_as_generic_tokenizer(spec.source):
         # A qwen2 folder would reload our tokenizer as Qwen2Tokenizer, whose
         # pre-tokenizer gives different ids: load the fast tokenizer file as saved.
         tok = PreTrainedTokenizerFast.from_pretrained(spec.source, padding_side="left")

@@ -30,6 +30,8 @@ class StepRecord:
     action: str
     reward: float
     valid: bool  # well-formed and admissible
+    observation: str = ""  # what the agent saw before this step (for transcripts)
+    prompt: str = ""  # the user message the step answered (demonstrations for supervised warm starts)
 
 
 @dataclass
@@ -227,7 +229,7 @@ def run_episodes(
             obs, reward, terminated, truncated, info = e.env.step(action)
             valid = parsed.well_formed and info["valid"] and as_written
             traj = e.trajectory
-            traj.steps.append(StepRecord(e.prompt_ids, ids, text, action, reward, valid))
+            traj.steps.append(StepRecord(e.prompt_ids, ids, text, action, reward, valid, e.observation, e.prompt))
             traj.env_return += reward
             traj.penalty += 0.0 if valid else config.invalid_penalty
             e.history.append((e.observation, action))

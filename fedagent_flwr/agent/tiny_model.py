@@ -10,12 +10,8 @@ clients never build it twice, and published by an atomic rename.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from envs import is_multi_spec, make_env
 from envs.multi import normalize_spec, per_env_sample
+from fedagent_flwr.agent.model_cache import build_once, default_cache_root
 from fedagent_flwr.agent.prompts import expert_completion
 from fedagent_flwr.agent.rollout import (
     ExpertPolicy,
@@ -113,10 +110,6 @@ def default_recipe(env: str) -> TinyRecipe:
     return TinyRecipe(env=normalize_spec(env), **MULTI_ENV_PRESET)
 
 
-def default_cache_root() -> Path:
-    return Path(os.environ.get("FEDAGENT_CACHE", Path.home() / ".cache" / "fedagent-flwr")).expanduser().resolve()
-
-
 def tiny_model_dir(recipe: TinyRecipe, cache_root: Path | None = None) -> Path:
     return (cache_root or default_cache_root()) / f"tiny-{recipe.env.replace(',', '+')}-{recipe.digest()}"
 
@@ -124,23 +117,7 @@ def tiny_model_dir(recipe: TinyRecipe, cache_root: Path | None = None) -> Path:
 def ensure_tiny_model(env_name: str, cache_root: Path | None = None, recipe: TinyRecipe | None = None) -> Path:
     """Path of the cached tiny model for `env_name`, building it first if needed."""
     recipe = recipe or default_recipe(env_name)
-    target = tiny_model_dir(recipe, cache_root)
-    if (target / "recipe.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
-        try:
-            if not (target / "recipe.json").exists():
-                tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-                try:
-                    build_tiny_model(recipe, tmp)
-                    os.replace(tmp, target)
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return target
+    return build_once(tiny_model_dir(recipe, cache_root), lambda folder: build_tiny_model(recipe, folder))
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:

@@ -5,12 +5,19 @@ names in `state_dict()`; they travel once, under the first name, and the receive
 from its own model's structure, so a tied model costs its parameter count and no more. bf16 has no
 numpy dtype, so bf16 tensors travel as float32 (strategies/transfer.py can halve that on the wire) and
 are cast back to the model's dtype on load.
+
+Each tensor is copied once on the way out (into the .npy bytes Flower sends) and once on the way in (from
+those bytes into the model's parameter): see strategies/transfer.py for why not Flower's own conversions.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from flwr.app import ArrayRecord
+
+from strategies.transfer import array_view, numpy_array
 
 
 def tied_names(model: torch.nn.Module) -> dict[str, str]:
@@ -30,24 +37,29 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
 
 def model_to_arrays(model: torch.nn.Module) -> ArrayRecord:
     tied = tied_names(model)
-    state = {}
+    record = ArrayRecord()
     for name, tensor in model.state_dict().items():
         if name in tied:
             continue
         t = tensor.detach().to("cpu")
-        state[name] = t.float() if t.dtype == torch.bfloat16 else t
-    return ArrayRecord(state)
+        record[name] = numpy_array((t.float() if t.dtype == torch.bfloat16 else t).numpy())
+    return record
 
 
+@torch.no_grad()
 def arrays_to_model(model: torch.nn.Module, arrays: ArrayRecord) -> None:
     """Load arrays into the model in place; keys (less tied duplicates) and shapes must match exactly."""
-    incoming = arrays.to_torch_state_dict()
-    current = model.state_dict()
-    for name, source in tied_names(model).items():
-        if name not in incoming and source in incoming:
-            incoming[name] = incoming[source]
-    missing, unexpected = sorted(set(current) - set(incoming)), sorted(set(incoming) - set(current))
+    current = model.state_dict()  # tensors sharing storage with the parameters and buffers
+    tied = tied_names(model)
+    expected = set(current) - set(tied)
+    missing, unexpected = sorted(expected - set(arrays.keys())), sorted(set(arrays.keys()) - expected)
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    state = {k: v.to(dtype=current[k].dtype) for k, v in incoming.items()}
-    model.load_state_dict(state, strict=True)
+    for name in arrays.keys():
+        values = array_view(arrays[name])
+        if tuple(values.shape) != tuple(current[name].shape):
+            raise ValueError(f"weights do not fit the model: {name} has shape {tuple(values.shape)}, "
+                             f"the model's is {tuple(current[name].shape)}")
+        with warnings.catch_warnings():  # a view of the message's bytes: read, never written
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            current[name].copy_(torch.from_numpy(values))  # casts to the model's dtype; tied names share it

@@ -5,15 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.evaluation import evaluate
+from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, RolloutConfig
+from fedagent_flwr.agent.precision import autocast, resolve_precision
+from fedagent_flwr.agent.rollout import (
+    LMPolicy,
+    PromptEncoder,
+    RolloutConfig,
+    run_episodes,
+)
+from fedagent_flwr.agent.transcripts import write_transcripts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,17 +36,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--history-length", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible; bf16 autocast there)")
+    p.add_argument("--transcripts", type=Path, help="write sampled episodes as text to this file")
+    p.add_argument("--transcript-episodes", type=int, default=4, help="how many episodes --transcripts writes")
     args = p.parse_args(argv)
     if args.tasks < 0 or args.samples_per_task < 1 or args.temperature < 0 or args.history_length < 0:
         p.error("--tasks must be >= 0, --samples-per-task >= 1, --temperature and --history-length >= 0")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    agent = load_agent(args.model, args.env, "cpu")
+    try:
+        agent = load_agent(args.model, args.env, args.device)
+    except ValueError as err:
+        p.error(str(err))
     tasks = per_env_spread(make_env(args.env).tasks_of_split("test"), args.tasks)
     config = RolloutConfig(history_length=args.history_length, max_new_tokens=answer_token_budget(args.env),
                            temperature=args.temperature, action_matching=args.action_matching)
-    metrics = evaluate(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
-                       PromptEncoder(agent.tokenizer), config, args.samples_per_task)
+    episodes = [t for t in tasks for _ in range(args.samples_per_task)]
+    with autocast(resolve_precision("auto", agent.device.type == "cuda"), agent.device):
+        trajectories = run_episodes(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), episodes,
+                                    PromptEncoder(agent.tokenizer), config)
+    metrics = summarize(trajectories)
+    if args.transcripts:
+        write_transcripts(args.transcripts, trajectories, args.transcript_episodes,
+                          header=f"held-out episodes of {args.model} on {args.env} (temperature {args.temperature:g})")
     print(json.dumps({k: round(v, 4) for k, v in metrics.items()}, indent=1))
     return 0
 

@@ -37,6 +37,7 @@ from fedagent_flwr.agent.multi_env import environment_table, format_row
 from fedagent_flwr.agent.prompts import build_prompt
 from fedagent_flwr.agent.rollout import PromptEncoder
 from fedagent_flwr.agent.seeding import seed_everything
+from fedagent_flwr.agent.transcripts import short_example, write_transcripts
 from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.atomic import write_json_atomic
 from fedagent_flwr.config import RunConfig
@@ -164,6 +165,13 @@ class LanguageAgentMethod(Method):
         self.checkpoint(reporter, server_round)
         print(f"[fedagent] round {server_round}: held-out success {metrics['success_rate']:.3f} "
               f"({int(metrics['episodes'])} episodes)", flush=True)
+        if self.cfg.eval_transcripts and self.evaluator.last_trajectories:
+            path = write_transcripts(reporter.run_dir / "episodes" / f"round-{server_round:04d}.txt",
+                                     self.evaluator.last_trajectories, self.cfg.eval_transcripts,
+                                     header=f"held-out episodes after round {server_round} (model {self.cfg.model}, "
+                                            f"eval-temperature {self.cfg.eval_temperature:g})")
+            print(f"[fedagent] round {server_round} example: {short_example(self.evaluator.last_trajectories)} "
+                  f"(more: {path})", flush=True)
         if is_multi_spec(self.cfg.env):
             print(f"[fedagent] round {server_round} per environment: {format_row(metrics, env_names(self.cfg.env))}", flush=True)
 

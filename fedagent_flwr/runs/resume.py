@@ -41,6 +41,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedagent_flwr.config import RunConfig
+from strategies.transfer import array_view
 
 STATE_DIR = "state"
 # Keys that may change when a run is resumed; any other difference is an error.
@@ -88,7 +89,7 @@ def save_state(run_dir: Path, config: dict[str, Any], server_round: int, arrays:
     """Replace `<run_dir>/state` by the state after `server_round`, atomically."""
     final = run_dir / STATE_DIR
     tmp = Path(tempfile.mkdtemp(prefix=".state-", dir=run_dir))
-    np.savez(tmp / "arrays.npz", **{k: arrays[k].numpy() for k in arrays.keys()})
+    np.savez(tmp / "arrays.npz", **{k: array_view(arrays[k]) for k in arrays.keys()})  # views: no second copy in memory
     payload = {"server_round": server_round, "strategy": strategy_state(strategy), "rows": rows, "history": history,
                "rng": _rng_states()}
     with open(tmp / "server.pkl", "wb") as f:

@@ -21,7 +21,7 @@ def test_tiny_model_is_built_once_into_a_loadable_hf_folder(tmp_path):
     assert ensure_tiny_model("maze", tmp_path, recipe) == path  # cached: not rebuilt
     assert (path / "model.safetensors").stat().st_mtime == mtime
 
-    spec = ModelSpec(str(path), tiny=True)
+    spec = ModelSpec(str(path), built_here=True)
     tok = load_tokenizer(spec)
     text = "<think>next: move up</think><action>move up</action>"
     assert tok.decode(tok(text)["input_ids"]) == text  # the saved tokenizer reloads with the same ids
@@ -54,9 +54,9 @@ def test_model_names_resolve_to_tiny_or_hub_sources(monkeypatch, tmp_path):
     import fedagent_flwr.agent.models as models
 
     monkeypatch.setattr(models, "ensure_tiny_model", lambda env: tmp_path / f"tiny-{env}")
-    assert resolve_model("tiny", "maze") == ModelSpec(str(tmp_path / "tiny-maze"), tiny=True)
-    assert resolve_model("tiny:wordle", "maze") == ModelSpec(str(tmp_path / "tiny-wordle"), tiny=True)
-    assert resolve_model("Qwen/Qwen2.5-1.5B-Instruct", "maze") == ModelSpec("Qwen/Qwen2.5-1.5B-Instruct", tiny=False)
+    assert resolve_model("tiny", "maze") == ModelSpec(str(tmp_path / "tiny-maze"), built_here=True)
+    assert resolve_model("tiny:wordle", "maze") == ModelSpec(str(tmp_path / "tiny-wordle"), built_here=True)
+    assert resolve_model("Qwen/Qwen2.5-1.5B-Instruct", "maze") == ModelSpec("Qwen/Qwen2.5-1.5B-Instruct", built_here=False)
     try:
         resolve_model("tiny:chess", "maze")
     except ValueError as err:

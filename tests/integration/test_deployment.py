@@ -139,3 +139,77 @@ def test_killed_deployment_resumes_to_the_uninterrupted_weights(tmp_path):
         assert full.arrays[key].numpy().tobytes() == part.arrays[key].numpy().tobytes(), key
     a, b = (json.loads((out / r / "summary.json").read_text()) for r in ("full", "part"))
     assert a["sampled_clients"] == b["sampled_clients"]
+
+
+class _TreeMemory:
+    """Peak resident memory of a set of process trees, sampled every 0.2 s in a thread: the largest sum over all
+    of them at one instant, and the largest single process."""
+
+    def __init__(self, roots):
+        import threading
+
+        self.roots, self.total, self.single, self._stop = roots, 0, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import psutil
+
+        while not self._stop.wait(0.2):
+            rss = []
+            for pid in self.roots:
+                try:
+                    root = psutil.Process(pid)
+                    for p in [root, *root.children(recursive=True)]:
+                        rss.append(p.memory_info().rss)
+                except psutil.Error:
+                    continue
+            self.total, self.single = max(self.total, sum(rss)), max([self.single, *rss])
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.deployment
+def test_a_qwen2_5_0_5b_shaped_model_crosses_real_supernodes(tmp_path):
+    """The whole 494M-parameter model (trained in full: every tensor in every message) goes to a client and
+    back over a loopback SuperLink for two rounds. K = 2 nodes and M = 1 client a round with one-step episodes
+    keep the CPU work small; what is measured is transfer, (de)serialization and the model (re)loads. Flower 1.42
+    starts a fresh ClientApp process per message, so the model is loaded once per message: the log says so.
+    In bf16 (0.99 GB a message): in fp32 the ServerApp, the SuperLink, a SuperNode and its ClientApp together held
+    more than this 24 GiB machine has, and the kernel killed the ServerApp in round 2."""
+    from fedagent_flwr.agent.shaped_model import ensure_shaped_model
+
+    ensure_shaped_model("shape:qwen2.5-0.5b", "maze")  # built once per machine (~20 s), outside the timed run
+    out = tmp_path / "runs"
+    run_config = ("model='shape:qwen2.5-0.5b' transfer-dtype='bf16' num-clients=2 clients-per-round=1 num-server-rounds=2 tasks-per-epoch=1 "
+                  "group-size=2 max-steps=1 max-new-tokens=2 rollout-batch-size=2 eval-tasks=1 eval-samples-per-task=1 "
+                  f"eval-every=1 seed=1 output-dir='{out}' run-name='big'")
+    with LocalFederation(tmp_path / "fed") as fed:
+        fed.start_superlink()
+        nodes = [fed.start_supernode(k, 2) for k in range(2)]
+        with _TreeMemory([p.popen.pid for p in fed.processes]) as memory:
+            started = time.time()
+            try:
+                fed.run_app(run_config, timeout=1500)
+            except Exception as err:
+                pytest.fail(f"{err}\n" + "\n".join(f"--- {p.name}\n{p.tail()}" for p in fed.processes))
+            wall = time.time() - started
+        loads = sum(n.tail(10**7).count("[fedagent] loaded shape:qwen2.5-0.5b") for n in nodes)
+
+    rows = [json.loads(line) for line in (out / "big" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["train/replies"] == 1.0 for r in rows[1:])
+    parameters = 494_032_768  # Qwen2.5-0.5B's distinct parameters (tied embedding once)
+    assert all(r["train/comm/bytes-sent-per-client"] == 2 * parameters for r in rows[1:])  # every tensor, tied head once
+    rounds = [rows[r]["elapsed_seconds"] - rows[r - 1]["elapsed_seconds"] - rows[r]["eval/seconds"] for r in (1, 2)]
+    overhead = [w - rows[r]["train/seconds"] for w, r in zip(rounds, (1, 2))]
+    print(f"\n[0.5b deployment] run {wall:.0f} s; round wall {', '.join(f'{w:.1f}' for w in rounds)} s; "
+          f"of which outside local training (transfer, (de)serialization, process start, model load) "
+          f"{', '.join(f'{o:.1f}' for o in overhead)} s; model loads in ClientApps: {loads} "
+          f"(a handshake per node + 2 train messages); peak RSS of all processes {memory.total / 2**30:.1f} GiB, "
+          f"largest process {memory.single / 2**30:.1f} GiB")
+    assert loads == 4  # one per message: Flower 1.42 runs each ClientApp message in a new process

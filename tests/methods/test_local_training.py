@@ -18,7 +18,7 @@ def test_client_tasks_are_its_partition_of_the_training_split():
 
 def test_a_local_round_reports_metrics_and_learns_nothing_from_uniform_groups(tiny_lm, maze_tokenizer):
     torch.set_num_threads(1)
-    agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", tiny=True), torch.device("cpu"), fingerprint(tiny_lm))
+    agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), fingerprint(tiny_lm))
     cfg = RunConfig.from_run_config({"tasks-per-epoch": 2, "group-size": 2, "local-epochs": 2, "max-steps": 3,
                                      "max-new-tokens": 8, "learning-rate": 1e-2, "invalid-penalty": 0.5})
     before = {k: v.clone() for k, v in tiny_lm.state_dict().items()}

@@ -235,7 +235,7 @@ def test_tiny_recipe_for_a_spec_is_keyed_by_its_env_list(tmp_path):
     assert meta["recipe"]["env"] == "babyai,maze,wordle" and meta["bc_samples"] > 0
     from fedagent_flwr.agent.models import ModelSpec, load_tokenizer
 
-    tok = load_tokenizer(ModelSpec(str(path), tiny=True))
+    tok = load_tokenizer(ModelSpec(str(path), built_here=True))
     for action in ("go forward", "move up", "crane"):
         text = f"<think>next: {action}</think><action>{action}</action>"
         assert tok.decode(tok(text)["input_ids"]) == text
