@@ -24,11 +24,18 @@ import torch
 
 from envs import answer_token_budget, available_envs, env_names, is_multi_spec
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
+from fedagent_flwr.agent.gguf_models import INSTALL, gguf_file, is_gguf_model
 from fedagent_flwr.agent.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, GRPOConfig
 from fedagent_flwr.agent.lora import LoRASpec
-from fedagent_flwr.agent.gguf_models import INSTALL, gguf_file, is_gguf_model
-from fedagent_flwr.agent.memory import SHAPES, MemoryPlan, ModelShape, client_plan, server_plan
+from fedagent_flwr.agent.memory import (
+    SHAPES,
+    MemoryPlan,
+    ModelShape,
+    client_plan,
+    server_plan,
+)
 from fedagent_flwr.agent.precision import PRECISIONS, resolve_precision
+from fedagent_flwr.agent.prompts import ANSWER_PARSING
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
 from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
@@ -183,6 +190,7 @@ class RolloutSection:
     top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]")
     reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score")
     action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest")
+    answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block (reference); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write)", " | ".join(ANSWER_PARSING))
     invalid_penalty: float = _key(0.1, "subtracted from a trajectory's reward per invalid action", ">= 0")
     rollout_batch_size: int = _key(64, "episodes per generate call", "integer >= 1")
 
@@ -194,6 +202,7 @@ class RolloutSection:
         need(0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
         need(self.reward in REWARD_MODES, "reward", self.reward, " | ".join(REWARD_MODES))
         need(self.action_matching in ACTION_MATCHING, "action-matching", self.action_matching, " | ".join(ACTION_MATCHING))
+        need(self.answer_parsing in ANSWER_PARSING, "answer-parsing", self.answer_parsing, " | ".join(ANSWER_PARSING))
         need(self.invalid_penalty >= 0, "invalid-penalty", self.invalid_penalty, ">= 0")
 
 @dataclass(frozen=True)
@@ -453,6 +462,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             batch_size=self.rollout_batch_size,
             reward=self.reward,
             action_matching=self.action_matching,
+            answer_parsing=self.answer_parsing,
         )
 
     def grpo_config(self) -> GRPOConfig:

@@ -15,7 +15,7 @@ llama.cpp, not to read its file; a pyproject extra cannot say `--no-deps`, so th
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
+import importlib.util
 import json
 from pathlib import Path
 
@@ -37,10 +37,11 @@ def gguf_file(name: str) -> Path:
     """The GGUF file a run-config `model` names; ValueError naming the fix when it is not there."""
     if name in PACKAGED:
         package, file = PACKAGED[name]
-        try:
-            path = Path(str(importlib.resources.files(package).joinpath(file)))
-        except ModuleNotFoundError:
-            raise ValueError(f"model={name!r} needs the package {package!r}: {INSTALL}") from None
+        # find_spec locates the package without importing it: its __init__ imports `llm`, which --no-deps leaves out
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"model={name!r} needs the package {package!r}: {INSTALL}")
+        path = Path(list(spec.submodule_search_locations)[0]) / file
     else:
         path = Path(name).expanduser()
     if not path.is_file():

@@ -71,12 +71,36 @@ class ParsedAction:
     well_formed: bool  # exactly one <think> block and one <action> block
 
 
-def parse_action(completion: str) -> ParsedAction:
+ANSWER_PARSING = ("strict", "lenient")
+_FENCE_RE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
+
+
+def _lenient_action(completion: str) -> ParsedAction | None:
+    """What real chat models write instead of the exact format, read for what it means: the whole answer in a
+    code fence, one <action> block without a <think> block, an action wrapped in quotes or backticks. None when
+    the text has no single action block even then."""
+    text = _FENCE_RE.sub(lambda m: m.group(1), str(completion))
+    actions = _ACTION_RE.findall(text)
+    if len(actions) != 1:
+        return None
+    action = actions[0].strip().strip("`'\"").strip()
+    return ParsedAction(action, bool(action) and len(_THINK_RE.findall(text)) <= 1)
+
+
+def parse_action(completion: str, parsing: str = "strict") -> ParsedAction:
     """Extract the action from a model completion; never raises.
 
     Malformed text is still turned into the best-guess action (the environment then
     judges admissibility) but is flagged so the invalid-action penalty applies.
+    `parsing="strict"` is the FedAgent reference's reading (exactly one <think> and one <action> block);
+    "lenient" also accepts the variants of `_lenient_action`.
     """
+    if parsing == "lenient":
+        lenient = _lenient_action(completion)
+        if lenient is not None:
+            return lenient
+    elif parsing != "strict":
+        raise ValueError(f"answer parsing must be one of {ANSWER_PARSING}, got {parsing!r}")
     text = str(completion)
     actions = _ACTION_RE.findall(text)
     if len(actions) == 1:

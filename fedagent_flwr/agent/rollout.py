@@ -86,6 +86,7 @@ class RolloutConfig:
     reward: str = "success"
     success_reward: float = 10.0
     action_matching: str = "exact"  # see action_matching.py
+    answer_parsing: str = "strict"  # see prompts.parse_action
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_MODES:
@@ -224,7 +225,7 @@ def run_episodes(
         completions = policy.act(live)
         still_live = []
         for e, (ids, text) in zip(live, completions):
-            parsed = parse_action(text)
+            parsed = parse_action(text, config.answer_parsing)
             action, as_written = match_action(e.env, parsed.action, config.action_matching)
             obs, reward, terminated, truncated, info = e.env.step(action)
             valid = parsed.well_formed and info["valid"] and as_written

@@ -55,6 +55,7 @@ class WarmStartConfig:
     expert_epsilon: float = 0.0  # share of random admissible actions in the demonstrations
     history_length: int = 0  # must match the runs that will use the folder (run-config history-length)
     eval_tasks: int = 9  # held-out tasks played greedily before and after; 0 = no evaluation
+    gradient_checkpointing: bool = False  # TRL turns it on by default; a 135M model on CPU runs ~3x faster without
     device: str = "auto"
     seed: int = 0
 
@@ -129,7 +130,7 @@ def warm_start(cfg: WarmStartConfig) -> dict:
                      learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                      logging_steps=1, save_strategy="no", report_to="none", seed=cfg.seed, completion_only_loss=True,
                      bf16=agent.device.type == "cuda", use_cpu=agent.device.type == "cpu", dataloader_num_workers=0,
-                     disable_tqdm=True)
+                     disable_tqdm=True, gradient_checkpointing=cfg.gradient_checkpointing)
     trainer = SFTTrainer(model=agent.model, args=args, train_dataset=Dataset.from_list(rows),
                          processing_class=agent.tokenizer, peft_config=peft_config)
     started = time.perf_counter()
@@ -160,7 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--env", default="maze")
     p.add_argument("--out", required=True, help="the checkpoint folder to write (must not exist or be empty)")
     for name, value in asdict(defaults).items():
-        if name not in ("model", "env", "out"):
+        if name in ("model", "env", "out"):
+            continue
+        if isinstance(value, bool):
+            p.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=value)
+        else:
             p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     cfg = WarmStartConfig(**vars(p.parse_args(argv)))
     try:

@@ -57,3 +57,17 @@ def test_prompt_shows_task_recent_history_observation_and_actions():
     # Without history the prompt depends on the state alone, not on how many steps led there.
     assert no_history == build_prompt(env, obs, [], history_length=0)
     assert "step" not in no_history.lower()
+
+
+def test_lenient_parsing_reads_what_chat_models_write_and_strict_stays_the_reference():
+    from fedagent_flwr.agent.prompts import ParsedAction, parse_action
+
+    for text in ("<action>move up</action>",  # no <think>
+                 "Sure! <think>ok</think><action>`move up`</action>",  # the action quoted
+                 "```xml\n<action>'move up'</action>\n```"):  # fenced and quoted, no <think>
+        assert parse_action(text, "lenient") == ParsedAction("move up", True), text
+        strict = parse_action(text, "strict")
+        assert not (strict.well_formed and strict.action == "move up"), text  # the reference takes none of them as is
+    assert not parse_action("<action>a</action><action>b</action>", "lenient").well_formed  # two answers: still invalid
+    assert not parse_action("I would go up", "lenient").well_formed  # prose: still invalid
+    assert parse_action("<think>x</think><action>go</action>", "strict") == ParsedAction("go", True)
