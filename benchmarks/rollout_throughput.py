@@ -1,10 +1,13 @@
 #!/usr/bin/env python
-"""Rollout engine throughput: all episodes batched vs one episode at a time.
+"""Rollout engine throughput: all episodes batched vs one episode at a time vs transformers' `generate`.
 
 Same model, same tasks, same sampling settings, measured side by side in one run:
-the batched engine advances every live episode with one generate call per step;
-the baseline plays each episode alone (one generate call per step of that
-episode, KV cache on in both). Reports environment steps per second and the ratio.
+the batched engine advances every live episode with one sampler call per step;
+the sequential baseline plays each episode alone (one call per step of that episode,
+KV cache on in both); the `generate` baseline plays the same batch with transformers'
+`model.generate` in place of the project's sampler (agent/sampling.py says why it exists:
+this measures whether it earns its place). Reports environment steps and generated tokens
+per second and the ratios.
 
     python benchmarks/rollout_throughput.py --model tiny:maze --episodes 64 --threads 2
 """
@@ -22,6 +25,32 @@ from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.config import RunConfig
 
 from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, run_episodes
+
+
+class GeneratePolicy(LMPolicy):
+    """LMPolicy with transformers' `generate` (left padding, the same stop tokens, temperature and cap)."""
+
+    def _generate(self, prompts):
+        cfg, pad = self.config, self.pad_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        device = next(self.model.parameters()).device
+        sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0} if cfg.temperature > 0 else {"do_sample": False}
+        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=cfg.max_new_tokens,
+                                  eos_token_id=self.stop_ids, pad_token_id=pad, **sampling)
+        rows = []
+        for row in out[:, width:].tolist():
+            kept = []
+            for tok in row:
+                kept.append(tok)
+                if tok in self.stop_ids:
+                    break
+            rows.append(kept)
+        return [(r, self.tokenizer.decode(r, skip_special_tokens=True)) for r in rows]
 
 
 def measure(fn) -> tuple[float, list]:
@@ -60,6 +89,11 @@ def main() -> None:
     t_batched, batched = measure(lambda: run_episodes(policy, factory, tasks, encoder, cfg))
     torch.manual_seed(args.seed)
     t_single, single = measure(lambda: [run_episodes(policy, factory, [t], encoder, cfg)[0] for t in tasks])
+    torch.manual_seed(args.seed)
+    t_generate, generated = measure(lambda: run_episodes(GeneratePolicy(agent.model, agent.tokenizer, cfg), factory, tasks, encoder, cfg))
+
+    def tokens(trajectories):
+        return sum(len(s.completion_ids) for t in trajectories for s in t.steps)
 
     steps_b = sum(len(t.steps) for t in batched)
     steps_s = sum(len(t.steps) for t in single)
@@ -75,6 +109,13 @@ def main() -> None:
         "sequential_seconds": round(t_single, 2),
         "sequential_steps_per_s": round(steps_s / t_single, 1),
         "speedup": round((steps_b / t_batched) / (steps_s / t_single), 2),
+        "batched_tokens_per_s": round(tokens(batched) / t_batched, 1),
+        "sequential_tokens_per_s": round(tokens(single) / t_single, 1),
+        "generate_env_steps": sum(len(t.steps) for t in generated),
+        "generate_seconds": round(t_generate, 2),
+        "generate_tokens_per_s": round(tokens(generated) / t_generate, 1),
+        "tokens_per_s_vs_generate": round((tokens(batched) / t_batched) / (tokens(generated) / t_generate), 2),
+        "generate_success": sum(t.won for t in generated) / len(generated),
         "batched_success": sum(t.won for t in batched) / len(batched),
         "sequential_success": sum(t.won for t in single) / len(single),
     }

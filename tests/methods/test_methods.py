@@ -49,3 +49,12 @@ def test_server_device_puts_the_servers_model_apart_from_the_clients():
         method.close()
     with pytest.raises(ValueError, match="server-device"):
         RunConfig(server_device="gpu")
+
+
+@pytest.mark.parametrize("model, allowed", [
+    ("/nowhere/model.gguf", "a GGUF file that exists"),
+    ("shape:qwen9", "shape:<name> with name one of qwen2.5-0.5b"),
+])
+def test_a_model_that_cannot_be_had_is_refused_before_any_work(model, allowed):
+    with pytest.raises(ValueError, match=f"model='{model}' is not allowed: expected {allowed}"):
+        RunConfig(model=model)
