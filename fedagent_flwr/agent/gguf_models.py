@@ -80,4 +80,4 @@ def ensure_plain_folder(name: str, cache_root: Path | None = None) -> Path:
         (folder / MARKER).write_text(json.dumps({"gguf": path.name, "sha256": digest, "from": name,
                                                  "parameters": sum(p.numel() for p in plain.parameters())}, indent=2))
 
-    return build_once(target, convert)
+    return build_once(target, convert, what=f"a plain copy of {path.name}")

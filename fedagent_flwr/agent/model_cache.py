@@ -9,7 +9,9 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,8 +22,11 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("FEDAGENT_CACHE", Path.home() / ".cache" / "fedagent-flwr")).expanduser().resolve()
 
 
-def build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """`target`, after `build(folder)` filled it (which must write MARKER last) unless another process did."""
+def build_once(target: Path, build: Callable[[Path], None], what: str = "a model") -> Path:
+    """`target`, after `build(folder)` filled it (which must write MARKER last) unless another process did.
+
+    A build can take from seconds to an hour (WebShop's tiny model: about an hour on 2 cores), so it says
+    on stderr when it starts and how long it took: a first run must not look hung."""
     if (target / MARKER).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -30,9 +35,12 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
         try:
             if not (target / MARKER).exists():
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+                started = time.time()
+                print(f"[fedagent] building {what} into {target} (once; later runs reuse it) ...", file=sys.stderr, flush=True)
                 try:
                     build(tmp)
                     os.replace(tmp, target)
+                    print(f"[fedagent] built {what} in {time.time() - started:.0f} s", file=sys.stderr, flush=True)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
         finally:

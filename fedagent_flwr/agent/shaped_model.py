@@ -69,4 +69,4 @@ def ensure_shaped_model(name: str, env: str, cache_root: Path | None = None) -> 
         (folder / MARKER).write_text(json.dumps({"shape": shape, "env": env, "seed": SEED, "version": RECIPE_VERSION,
                                                  "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
 
-    return build_once(target, build)
+    return build_once(target, build, what=f"a random-init {shape}-shaped model for {env}")

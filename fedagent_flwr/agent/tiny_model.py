@@ -117,7 +117,8 @@ def tiny_model_dir(recipe: TinyRecipe, cache_root: Path | None = None) -> Path:
 def ensure_tiny_model(env_name: str, cache_root: Path | None = None, recipe: TinyRecipe | None = None) -> Path:
     """Path of the cached tiny model for `env_name`, building it first if needed."""
     recipe = recipe or default_recipe(env_name)
-    return build_once(tiny_model_dir(recipe, cache_root), lambda folder: build_tiny_model(recipe, folder))
+    return build_once(tiny_model_dir(recipe, cache_root), lambda folder: build_tiny_model(recipe, folder),
+                      what=f"the tiny model for {recipe.env}")
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
