@@ -11,8 +11,8 @@ What is forced, and why: a random-init model never emits its end-of-turn token a
 action, so every completion runs to `max-new-tokens` (the WebShop answer budget: a plausible length, and the
 worst case) and every episode to `max-steps`. All its rewards tie, so GRPO would drop every group; the
 benchmark gives each step sample a random advantage instead, so the update runs on every step (what a round
-with informative groups costs). The tokenizer is a small BPE trained on WebShop text in a few seconds; ids
-the model samples outside it decode to nothing, which is why the random model's actions are empty.
+with informative groups costs). The model and its small BPE tokenizer are built as `model="shape:<name>"` builds
+them (agent/shaped_model.py); ids the model samples outside the tokenizer decode to nothing.
 
 Phases: rollout (batched generation + environment steps), log-probs (the no-grad passes: old-policy
 log-probs when there is more than one minibatch, and the KL reference's), update (forward/backward/AdamW, less
@@ -37,17 +37,19 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from envs import make_env
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
 from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
-from fedagent_flwr.agent.memory import GB, SHAPES, ModelShape
+from fedagent_flwr.agent.memory import GB, ModelShape
 from fedagent_flwr.agent.models import pick_device
 from fedagent_flwr.agent.precision import autocast
-from fedagent_flwr.agent.prompts import build_prompt
 from fedagent_flwr.agent.rollout import run_episodes
-from fedagent_flwr.agent.tiny_model import train_tokenizer
+from fedagent_flwr.agent.shaped_model import (
+    environment_tokenizer,
+    random_model,
+    shaped_config,
+)
 from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig, parse_overrides
 from fedagent_flwr.methods.fedagent import context_tokens
@@ -64,22 +66,11 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             tie_word_embeddings=True)
 
 
-def webshop_tokenizer(env, tasks: int = 64, vocab_size: int = 2000):
-    """A byte-level BPE over the environment's prompts and expert actions (the same recipe as the tiny models')."""
-    texts = []
-    for task in env.tasks_of_split("train")[:tasks]:
-        observation, _ = env.reset(task)
-        texts += [build_prompt(env, observation, [], 0), env.expert_action()]
-    return train_tokenizer(texts, vocab_size)
-
-
-def build_model(shape: str, tokenizer, device: torch.device):
-    fields = dict(TINY, vocab_size=len(tokenizer)) if SHAPE_NAMES[shape] is None else SHAPES[SHAPE_NAMES[shape]]
-    config = AutoConfig.for_model("qwen2", **fields, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                  bos_token_id=None, max_position_embeddings=32768)
-    with torch.device(device):  # initialised where it runs: a 7B model never passes through host memory
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return model.eval()
+def build_model(shape: str, tokenizer, device: torch.device, seed: int):
+    """The shape's Qwen2 model with random weights, initialised on `device` (shaped_model.py, as `model=shape:...`)."""
+    name = SHAPE_NAMES[shape]
+    config = shaped_config(name, tokenizer) if name else shaped_config("", tokenizer, **TINY, vocab_size=len(tokenizer))
+    return random_model(config, device, seed)
 
 
 class PeakMemory:
@@ -116,10 +107,9 @@ def timed_method(obj, name: str, clock: dict[str, float]) -> None:
 
 
 def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int) -> dict:
-    torch.manual_seed(seed)
     env = make_env(cfg.env, cfg.max_steps)
-    tokenizer = webshop_tokenizer(env)
-    model = build_model(shape, tokenizer, device)
+    tokenizer = environment_tokenizer(cfg.env)
+    model = build_model(shape, tokenizer, device, seed)
     shape_facts = ModelShape.of(model.config)
     eval_tasks = env.tasks_of_split("test")[:16]
     client_plan, _ = cfg.memory_plans(shape_facts, context_tokens(cfg, tokenizer, env, eval_tasks))

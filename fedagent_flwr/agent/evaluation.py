@@ -63,10 +63,23 @@ def evaluate(
     progress: bool | str = False,
 ) -> dict[str, float]:
     """Play every task `samples_per_task` times and summarize."""
+    return summarize(play(policy, env_factory, tasks, encoder, config, samples_per_task, progress))
+
+
+def play(
+    policy: Policy,
+    env_factory: Callable[[], TextEnv],
+    tasks: Sequence[Task],
+    encoder: PromptEncoder,
+    config: RolloutConfig,
+    samples_per_task: int = 1,
+    progress: bool | str = False,
+) -> list[Trajectory]:
+    """The episodes of every task played `samples_per_task` times (kept, e.g. for transcripts)."""
     if samples_per_task <= 0:
         raise ValueError(f"samples_per_task must be positive, got {samples_per_task}")
     episodes = [t for t in tasks for _ in range(samples_per_task)]
-    return summarize(run_episodes(policy, env_factory, episodes, encoder, config, progress=progress))
+    return run_episodes(policy, env_factory, episodes, encoder, config, progress=progress)
 
 
 class GlobalEvaluator:
@@ -93,11 +106,10 @@ class GlobalEvaluator:
 
     def evaluate(self, server_round: int) -> dict[str, float]:
         started = time.time()
-        episodes = [t for t in self.tasks for _ in range(self.samples_per_task)]
         with torch.random.fork_rng(devices=[]), autocast(self.precision, self.device):
             torch.manual_seed(self.seed + 1_000_003)
-            self.last_trajectories = run_episodes(self.policy, self.env_factory, episodes, self.encoder, self.config,
-                                                  progress=f"eval round {server_round}")
+            self.last_trajectories = play(self.policy, self.env_factory, self.tasks, self.encoder, self.config,
+                                          self.samples_per_task, progress=f"eval round {server_round}")
         metrics = summarize(self.last_trajectories)
         metrics["seconds"] = time.time() - started
         return metrics

@@ -12,14 +12,13 @@ import torch
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.evaluation import play, summarize
 from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.agent.precision import autocast, resolve_precision
 from fedagent_flwr.agent.rollout import (
     LMPolicy,
     PromptEncoder,
     RolloutConfig,
-    run_episodes,
 )
 from fedagent_flwr.agent.transcripts import write_transcripts
 
@@ -51,10 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks = per_env_spread(make_env(args.env).tasks_of_split("test"), args.tasks)
     config = RolloutConfig(history_length=args.history_length, max_new_tokens=answer_token_budget(args.env),
                            temperature=args.temperature, action_matching=args.action_matching)
-    episodes = [t for t in tasks for _ in range(args.samples_per_task)]
     with autocast(resolve_precision("auto", agent.device.type == "cuda"), agent.device):
-        trajectories = run_episodes(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), episodes,
-                                    PromptEncoder(agent.tokenizer), config)
+        trajectories = play(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
+                            PromptEncoder(agent.tokenizer), config, args.samples_per_task)
     metrics = summarize(trajectories)
     if args.transcripts:
         write_transcripts(args.transcripts, trajectories, args.transcript_episodes,
