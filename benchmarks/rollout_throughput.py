@@ -22,9 +22,8 @@ import torch
 
 from envs import make_env
 from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.config import RunConfig
-
 from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, run_episodes
+from fedagent_flwr.config import RunConfig
 
 
 class GeneratePolicy(LMPolicy):
@@ -64,6 +63,9 @@ def main() -> None:
     parser.add_argument("--model", default="tiny:maze")
     parser.add_argument("--env", default="maze")
     parser.add_argument("--episodes", type=int, default=64, help="episodes per mode")
+    parser.add_argument("--group-size", type=int, default=1,
+                        help="episodes per task, as GRPO's groups (G identical first prompts); 1 = every episode a new task")
+    parser.add_argument("--skip-sequential", action="store_true", help="leave out the one-episode-at-a-time mode (slow)")
     parser.add_argument("--max-steps", type=int, default=0, help="episode horizon; 0 = env default")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -76,19 +78,23 @@ def main() -> None:
     agent = load_agent(args.model, args.env, args.device)
     env = make_env(args.env, args.max_steps)
     pool = env.tasks()
-    tasks = [pool[i % len(pool)] for i in range(args.episodes)]
+    if args.group_size < 1 or args.episodes % args.group_size:
+        parser.error(f"--group-size={args.group_size} is not allowed: expected a divisor of --episodes={args.episodes}")
+    tasks = [pool[i % len(pool)] for i in range(args.episodes // args.group_size) for _ in range(args.group_size)]
     # The default run's prompt and generation settings, all episodes in one generate call.
     run_cfg = RunConfig.from_run_config({"temperature": args.temperature, "rollout-batch-size": max(1, args.episodes)})
     cfg = run_cfg.rollout_config()
     encoder = PromptEncoder(agent.tokenizer)
     policy = LMPolicy(agent.model, agent.tokenizer, cfg)
-    factory = lambda: make_env(args.env, args.max_steps)  # noqa: E731
+    factory = lambda: make_env(args.env, args.max_steps)
 
     run_episodes(policy, factory, tasks[:2], encoder, cfg)  # warm-up (allocator, kernels)
     torch.manual_seed(args.seed)
     t_batched, batched = measure(lambda: run_episodes(policy, factory, tasks, encoder, cfg))
-    torch.manual_seed(args.seed)
-    t_single, single = measure(lambda: [run_episodes(policy, factory, [t], encoder, cfg)[0] for t in tasks])
+    t_single, single = None, []
+    if not args.skip_sequential:
+        torch.manual_seed(args.seed)
+        t_single, single = measure(lambda: [run_episodes(policy, factory, [t], encoder, cfg)[0] for t in tasks])
     torch.manual_seed(args.seed)
     t_generate, generated = measure(lambda: run_episodes(GeneratePolicy(agent.model, agent.tokenizer, cfg), factory, tasks, encoder, cfg))
 
@@ -96,29 +102,35 @@ def main() -> None:
         return sum(len(s.completion_ids) for t in trajectories for s in t.steps)
 
     steps_b = sum(len(t.steps) for t in batched)
-    steps_s = sum(len(t.steps) for t in single)
     result = {
         "model": args.model,
         "device": str(agent.device),
         "threads": args.threads,
         "episodes": args.episodes,
+        "group_size": args.group_size,
         "batched_env_steps": steps_b,
         "batched_seconds": round(t_batched, 2),
         "batched_steps_per_s": round(steps_b / t_batched, 1),
-        "sequential_env_steps": steps_s,
-        "sequential_seconds": round(t_single, 2),
-        "sequential_steps_per_s": round(steps_s / t_single, 1),
-        "speedup": round((steps_b / t_batched) / (steps_s / t_single), 2),
         "batched_tokens_per_s": round(tokens(batched) / t_batched, 1),
-        "sequential_tokens_per_s": round(tokens(single) / t_single, 1),
+        "batched_success": sum(t.won for t in batched) / len(batched),
+    }
+    if t_single is not None:
+        steps_s = sum(len(t.steps) for t in single)
+        result.update({
+            "sequential_env_steps": steps_s,
+            "sequential_seconds": round(t_single, 2),
+            "sequential_steps_per_s": round(steps_s / t_single, 1),
+            "speedup": round((steps_b / t_batched) / (steps_s / t_single), 2),
+            "sequential_tokens_per_s": round(tokens(single) / t_single, 1),
+            "sequential_success": sum(t.won for t in single) / len(single),
+        })
+    result.update({
         "generate_env_steps": sum(len(t.steps) for t in generated),
         "generate_seconds": round(t_generate, 2),
         "generate_tokens_per_s": round(tokens(generated) / t_generate, 1),
         "tokens_per_s_vs_generate": round((tokens(batched) / t_batched) / (tokens(generated) / t_generate), 2),
         "generate_success": sum(t.won for t in generated) / len(generated),
-        "batched_success": sum(t.won for t in batched) / len(batched),
-        "sequential_success": sum(t.won for t in single) / len(single),
-    }
+    })
     if args.json:
         print(json.dumps(result))
     else:

@@ -17,6 +17,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # the rename must not reach the disk before the bytes do
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

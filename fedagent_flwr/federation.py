@@ -1,7 +1,8 @@
 """The one server loop, for every method: meet the clients, keep the run folder, run the strategy, report.
 
-    wait for the SuperNodes -> handshake (partition-ids, fingerprints) -> check the federation
-    -> run folder and config.json -> strategy (DP-wrapped if asked; resumed if asked)
+    claim the run folder (and check a resumed run's saved state) -> load what the server needs
+    -> wait for the SuperNodes -> handshake (partition-ids, fingerprints) -> check the federation
+    -> config.json -> strategy (DP-wrapped if asked; resumed if asked)
     -> Flower's Strategy.start() with an evaluate_fn that logs, evaluates, checkpoints and saves state
     -> summary.json from the Result
 
@@ -12,7 +13,7 @@ strategy, the initial arrays, how the global model is evaluated and what the sum
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from flwr.app import (
@@ -32,43 +33,58 @@ from fedagent_flwr.privacy.secure_aggregation import (
     SecureFedAgentAvg,
     run_secure_rounds,
 )
-from fedagent_flwr.runs.resume import load_state, restore, resumable, save_state
+from fedagent_flwr.runs.resume import (
+    ServerState,
+    check_resumable_config,
+    read_state,
+    restore,
+    resumable,
+    save_state,
+)
+from fedagent_flwr.runs.run_folder import claim_run_folder
 
 
 def run_federation(grid: Grid, cfg: RunConfig, context: Context | None = None) -> dict[str, Any]:
     """Run a whole federated job; returns (and writes) its summary."""
     method = method_for(cfg)
     started = time.time()
+    # Before any model is loaded: the run folder (never another run's), and a resumed run's state and config.
+    run_dir = claim_run_folder(cfg.output_path, cfg.run_name, cfg.resume, f"{cfg.env.replace(',', '+')}-{method.run_label()}")
+    saved, saved_config = None, {}
+    if cfg.resume:
+        saved, saved_config = read_state(run_dir)
+        check_resumable_config(saved_config, cfg.to_run_config(), ignore=("resolved-num-clients",))
+        if saved.server_round >= cfg.num_server_rounds:
+            raise ValueError(f"resume=true: {run_dir} already completed round {saved.server_round} of "
+                             f"num-server-rounds={cfg.num_server_rounds}; raise num-server-rounds to train further")
     method.prepare()
     try:
-        return _run(grid, cfg, context, method, started)
+        return _run(grid, cfg, context, method, started, run_dir, saved, saved_config)
     finally:
         method.close()
 
 
-def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, started: float) -> dict[str, Any]:
+def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, started: float, run_dir: Path,
+         saved: ServerState | None, saved_config: dict[str, Any]) -> dict[str, Any]:
     nodes = wait_for_nodes(grid, cfg.num_clients)
     fingerprint = method.fingerprint(cfg.num_clients or len(nodes))
     node_of_partition = handshake(grid, nodes, fingerprint, cfg.round_timeout)
     num_clients = cfg.check_federation(len(node_of_partition))
     method.check_federation(num_clients)
+    state_config = cfg.to_run_config() | {"resolved-num-clients": num_clients}
+    if saved is not None:
+        check_resumable_config(saved_config, state_config)  # now with the federation's size
 
-    run_name = cfg.run_name or f"{cfg.env.replace(',', '+')}-{method.run_label()}-{datetime.now():%Y%m%d-%H%M%S}"
-    reporter = method.reporter(cfg.output_path / run_name)
-    reporter.write_config(cfg.to_run_config() | {"resolved-num-clients": num_clients} | method.config_facts())
+    reporter = method.reporter(run_dir)
+    reporter.write_config(state_config | method.config_facts())  # a resume only gets here once accepted
     method.announce(reporter.run_dir, num_clients)
 
     strategy = method.make_strategy(node_of_partition)
     initial_arrays = method.initial_arrays()
     # The server's full state is saved after every round; resume=true continues from it (runs/resume.py).
-    state_config = cfg.to_run_config() | {"resolved-num-clients": num_clients}
     history: dict[int, dict[str, float]] = {}  # evaluations before a resume; the Result holds the rest
     done = 0
-    if cfg.resume:
-        saved = load_state(reporter.run_dir, state_config)
-        if saved.server_round >= cfg.num_server_rounds:
-            raise ValueError(f"resume=true: {reporter.run_dir} already completed round {saved.server_round} of "
-                             f"num-server-rounds={cfg.num_server_rounds}; raise num-server-rounds to train further")
+    if saved is not None:
         restore(saved, strategy)
         reporter.rows, history, initial_arrays, done = saved.rows, saved.history, saved.arrays, saved.server_round
         print(f"[fedagent] resuming {reporter.run_dir} after round {done}", flush=True)

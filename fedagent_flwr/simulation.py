@@ -28,6 +28,7 @@ from pathlib import Path
 from flwr.common.config import parse_config_args
 
 from fedagent_flwr.config import RunConfig, toml_value
+from fedagent_flwr.runs.run_folder import check_run_folder
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]  # the checkout this package sits in (editable install)
 
@@ -69,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides["output-dir"] = str(Path(overrides["output-dir"]).resolve())  # relative to where you run this
     if overrides.get("success-labels") and not overrides["success-labels"].startswith("~"):
         overrides["success-labels"] = str(Path(overrides["success-labels"]).resolve())  # likewise
-    RunConfig.from_run_config(RunConfig().to_run_config() | overrides)  # fail here, before Ray starts
+    try:  # fail here, in one line, before Ray starts
+        cfg = RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
+        check_run_folder(cfg.output_path, cfg.run_name, cfg.resume)
+    except ValueError as err:
+        print(f"run_simulation.py: {err}", file=sys.stderr, flush=True)
+        return 2
     if args.num_cpus_per_client < 1:
         sys.exit("--num-cpus-per-client must be an integer >= 1")
     if args.num_gpus_per_client < 0:

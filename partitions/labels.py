@@ -21,6 +21,9 @@ def load_labels(path: str | Path, env: str, tasks: Sequence) -> list[bool]:
         labels = data["labels"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"success-labels={str(path)!r} is not a success-label file ({exc})") from None
+    if not isinstance(labels, dict):
+        raise ValueError(f"success-labels={str(path)!r} is not a success-label file (\"labels\" must map task ids to "
+                         f"true/false, found a {type(labels).__name__})")
     if data.get("env") != env:
         raise ValueError(f"success-labels={str(path)!r} labels env {data.get('env')!r}, but the run's env is {env!r}")
     missing = [t.id for t in tasks if t.id not in labels]

@@ -250,12 +250,17 @@ class GRPOTrainer:
         dropout = [getattr(self.model.config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout", "dropout")]
         if any(dropout):
             raise ValueError(f"gradient-checkpointing needs a model without dropout (config dropout {dropout})")
-        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5.24 renamed gradient checkpointing to activation checkpointing (the old names go in v6).
+        if hasattr(self.model, "activation_checkpointing_enable"):
+            enable, disable, kwargs = "activation_checkpointing_enable", "activation_checkpointing_disable", "activation_checkpointing_kwargs"
+        else:
+            enable, disable, kwargs = "gradient_checkpointing_enable", "gradient_checkpointing_disable", "gradient_checkpointing_kwargs"
+        getattr(self.model, enable)(**{kwargs: {"use_reentrant": False}})
         self.model.train()
         try:
             yield
         finally:
-            self.model.gradient_checkpointing_disable()
+            getattr(self.model, disable)()
             self.model.eval()
 
     def _update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:

@@ -1,12 +1,15 @@
 """The cache of models built here (tiny models, random-init models of a published shape): one folder per
 recipe under `$FEDAGENT_CACHE` (default ~/.cache/fedagent-flwr), built once under a file lock so that
 concurrent clients never build it twice, and published by an atomic rename so that a half-built folder is
-never seen. A folder counts as built when its marker file (written last) exists.
+never seen. A folder counts as built when its marker file exists and its files match the sizes and SHA-256
+sums recorded in checksums.json when it was built; a truncated, overwritten or partial folder is built again.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -15,7 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedagent_flwr.atomic import atomic_write_text
+
 MARKER = "recipe.json"
+CHECKSUMS = "checksums.json"  # written by build_once after the build: size, mtime and SHA-256 of every file
 
 
 def default_cache_root() -> Path:
@@ -26,19 +32,23 @@ def build_once(target: Path, build: Callable[[Path], None], what: str = "a model
     """`target`, after `build(folder)` filled it (which must write MARKER last) unless another process did.
 
     A build can take from seconds to an hour (WebShop's tiny model: about an hour on 2 cores), so it says
-    on stderr when it starts and how long it took: a first run must not look hung."""
-    if (target / MARKER).exists():
+    on stderr when it starts and how long it took: a first run must not look hung. A folder whose files no
+    longer match their checksums, or a partial folder, is removed and built again, never loaded."""
+    if _usable(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
         try:
-            if not (target / MARKER).exists():
+            if not _usable(target, report=True):
+                if target.exists():
+                    shutil.rmtree(target)
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
                 started = time.time()
                 print(f"[fedagent] building {what} into {target} (once; later runs reuse it) ...", file=sys.stderr, flush=True)
                 try:
                     build(tmp)
+                    write_checksums(tmp)
                     os.replace(tmp, target)
                     print(f"[fedagent] built {what} in {time.time() - started:.0f} s", file=sys.stderr, flush=True)
                 finally:
@@ -46,3 +56,59 @@ def build_once(target: Path, build: Callable[[Path], None], what: str = "a model
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return target
+
+
+def _usable(target: Path, report: bool = False) -> bool:
+    if not (target / MARKER).exists():
+        if report and target.exists():
+            print(f"[fedagent] {target} is a partial build (no {MARKER}); building it again", file=sys.stderr, flush=True)
+        return False
+    if not (target / CHECKSUMS).exists():  # built before checksums were kept: trusted then, recorded now
+        write_checksums(target)
+        return True
+    problem = damage(target)
+    if problem and report:
+        print(f"[fedagent] {problem}; building {target} again", file=sys.stderr, flush=True)
+    return problem is None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+
+
+def write_checksums(folder: Path) -> None:
+    """Record each file's size, modification time and SHA-256 in CHECKSUMS."""
+    table = {}
+    for path in _files(folder):
+        st = path.stat()
+        table[path.relative_to(folder).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path)}
+    atomic_write_text(folder / CHECKSUMS, json.dumps(table, indent=1, sort_keys=True))
+
+
+def damage(folder: Path) -> str | None:
+    """What is wrong with a built folder, naming the file, or None. A file whose size and modification time are as
+    recorded is taken as intact (re-hashing gigabytes of weights at every load would cost more than a load);
+    any other is hashed."""
+    try:
+        table = json.loads((folder / CHECKSUMS).read_text())
+    except (OSError, ValueError) as err:
+        return f"{folder / CHECKSUMS} is unreadable ({type(err).__name__})"
+    for name, want in table.items():
+        path = folder / name
+        try:
+            st = path.stat()
+        except OSError:
+            return f"{path} is missing"
+        if st.st_size != want["size"]:
+            return f"{path} has {st.st_size} bytes, {want['size']} were written"
+        if st.st_mtime_ns != want["mtime_ns"] and _sha256(path) != want["sha256"]:
+            return f"{path} was changed after it was built (SHA-256 differs)"
+    return None

@@ -41,7 +41,7 @@ from fedagent_flwr.agent.rollout import (
     Trajectory,
     run_episodes,
 )
-from fedagent_flwr.agent.sft import SFTConfig, supervised_finetune
+from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
 
 KEEP_MODES = ("successes", "all")
 HISTORY_MODES = ("cumulative", "round")
@@ -149,10 +149,9 @@ def self_evolution_round(
         metrics.update({f"fedse/{k}": v for k, v in buffer.stats().items()})
         samples = buffer.samples()
         if samples and config.sft_steps:
-            pad_id = agent.tokenizer.pad_token_id
-            sft = SFTConfig(steps=config.sft_steps, batch_size=config.sft_batch_size, learning_rate=config.learning_rate,
+            sft = SupervisedConfig(steps=config.sft_steps, batch_size=config.sft_batch_size, learning_rate=config.learning_rate,
                             seed=config.seed * 1_000_003 + server_round, precision=config.precision)
-            losses = supervised_finetune(peft_model, samples, pad_id, sft)
+            losses = supervised_finetune(peft_model, samples, agent.tokenizer, sft)
             metrics["loss"] = losses[-1]
             metrics["fedse/loss-first"] = losses[0]
         metrics["fedse/train-samples"] = float(len(samples))

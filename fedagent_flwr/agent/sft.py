@@ -1,80 +1,111 @@
-"""Supervised fine-tuning on agent steps: negative log-likelihood of the completion tokens.
+"""Supervised fine-tuning on agent steps, with TRL's `SFTTrainer`.
 
-Used to warm-start tiny models by behaviour cloning the environment's scripted
-expert (a random tiny model never emits a valid action, so RL alone learns nothing).
+Two parts of the project train with supervision, and both go through TRL: the tiny models' behaviour-cloning
+warm start on the scripted expert (a random tiny model never emits a valid action, so RL alone learns nothing)
+and Fed-SE's local fine-tuning on a client's own successful trajectories. Their samples are agent steps already
+tokenized exactly as the rollout engine tokenizes them, (prompt ids, completion ids), so they reach
+`SFTTrainer` as `input_ids` with `labels` that mask the prompt, and TRL's loss is the loss the project wants:
+the negative log-likelihood of the completion tokens, averaged over the batch's completion tokens. (`experiments/warm_start.py` trains real chat models on text rows with their chat template, through
+the same `trainer_arguments`.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from datasets import Dataset
+from transformers import PrinterCallback
+from trl import SFTConfig as TRLSFTConfig
+from trl import SFTTrainer
 
-from fedagent_flwr.agent.precision import autocast, model_device
-from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.agent.precision import model_device
 
 
 @dataclass
-class SFTConfig:
+class SupervisedConfig:
+    """The knobs of one supervised pass (TRL's defaults where not set here: AdamW, betas 0.9/0.999, eps 1e-8)."""
+
     steps: int = 300
     batch_size: int = 32
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
-    # Batches of similar length (as transformers' group_by_length): with prompts of very
-    # different lengths (WebShop pages next to Maze lines) random batches are mostly padding.
+    # Batches of similar length (transformers' LengthGroupedSampler): with prompts of very different lengths
+    # (WebShop pages next to Maze lines) random batches are mostly padding.
     group_by_length: bool = False
     precision: str = "fp32"  # or "bf16-mixed": fp32 weights, forward under bf16 autocast (agent/precision.py)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
+        if self.precision not in ("fp32", "bf16-mixed"):
+            raise ValueError(f"precision={self.precision!r} is not allowed: expected fp32 | bf16-mixed (resolved)")
+
+
+def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_rate: float, seed: int,
+                      device: torch.device, bf16: bool, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
+                      group_by_length: bool = False, gradient_checkpointing: bool = False) -> TRLSFTConfig:
+    """TRL's configuration for the project's supervised passes: a constant learning rate without warmup (what the
+    recipes were tuned with), a loss logged every step, nothing saved or reported, no sequence truncation (prompts
+    are as long as the environment makes them), no progress bar."""
+    return TRLSFTConfig(
+        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=learning_rate,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+        logging_steps=1, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
+        max_length=None, bf16=bf16, use_cpu=device.type == "cpu", dataloader_num_workers=0, disable_tqdm=True,
+        # TRL turns checkpointing on by default; small models on CPU run ~3x faster without it.
+        activation_checkpointing=gradient_checkpointing,
+        train_sampling_strategy="group_by_length" if group_by_length else "random")
+
+
+def quiet(trainer: SFTTrainer) -> SFTTrainer:
+    """Without a progress bar, Trainer prints every logged dict; a client's log needs none of them."""
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def step_losses(trainer: SFTTrainer) -> list[float]:
+    return [float(e["loss"]) for e in trainer.state.log_history if "loss" in e]
 
 
 def supervised_finetune(
     model: torch.nn.Module,
     samples: Sequence[tuple[Sequence[int], Sequence[int]]],
-    pad_id: int,
-    config: SFTConfig,
+    tokenizer,
+    config: SupervisedConfig,
 ) -> list[float]:
-    """Train on (prompt ids, completion ids) pairs; returns the loss of every step."""
+    """Train `model` (a plain model, or a PEFT model whose adapter trains) on (prompt ids, completion ids) pairs;
+    returns the loss of every step. The model is left in eval mode, on the device it came on."""
     if not samples:
         raise ValueError("supervised_finetune needs at least one sample")
-    rng = np.random.default_rng(config.seed)
+    # Labels of -100 mask the prompt out of the loss (the Hugging Face convention; TRL then builds no labels itself).
+    rows = [{"input_ids": [*p, *c], "labels": [-100] * len(p) + list(c)} for p, c in samples]
     device = model_device(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    model.train()
-    losses = []
-    batches = _length_grouped_batches(samples, config.batch_size, rng) if config.group_by_length else None
-    for _ in range(config.steps):
-        if batches is not None:
-            idx = next(batches)
-        else:
-            idx = rng.choice(len(samples), size=min(config.batch_size, len(samples)), replace=False)
-        batch = collate([samples[i] for i in idx], pad_id)
-        with autocast(config.precision, device):
-            logprobs, mask = completion_logprobs(model, batch)
-            loss = -(logprobs.sum() / mask.sum().clamp(min=1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators():
+        args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,
+                                 learning_rate=config.learning_rate, seed=config.seed, device=device,
+                                 bf16=config.precision != "fp32", weight_decay=config.weight_decay,
+                                 max_grad_norm=config.max_grad_norm, group_by_length=config.group_by_length)
+        trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                   processing_class=tokenizer))
+        trainer.train()
     model.eval()
-    return losses
+    return step_losses(trainer)
 
 
-def _length_grouped_batches(samples: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int,
-                            rng: np.random.Generator, megabatch: int = 8):
-    """Endless batches of indices: every epoch shuffles, sorts each run of `megabatch` batches by length,
-    cuts it into batches and shuffles the batch order, so each batch holds samples of similar length."""
-    lengths = np.array([len(p) + len(c) for p, c in samples])
-    size = min(batch_size, len(samples))
-    while True:
-        order = rng.permutation(len(samples))
-        batches = []
-        for start in range(0, len(order), size * megabatch):
-            chunk = order[start : start + size * megabatch]
-            chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-            batches.extend(chunk[i : i + size] for i in range(0, len(chunk), size))
-        for b in rng.permutation(len(batches)):
-            yield batches[b]
+@contextmanager
+def kept_global_generators() -> Iterator[None]:
+    """Trainer seeds Python's, NumPy's and torch's global generators with its own seed; put the caller's back, so
+    that a client's later draws do not depend on whether a supervised pass ran before them."""
+    py, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+        yield
+    random.setstate(py)
+    np.random.set_state(np_state)

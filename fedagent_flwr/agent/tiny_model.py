@@ -30,7 +30,7 @@ from fedagent_flwr.agent.rollout import (
     RolloutConfig,
     run_episodes,
 )
-from fedagent_flwr.agent.sft import SFTConfig, supervised_finetune
+from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
 
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML; {% generation %} marks assistant tokens so TRL's assistant-only losses work too.
@@ -40,7 +40,7 @@ CHAT_TEMPLATE = (
     "{% else %}{{ message['content'] }}<|im_end|>{% endif %}\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-RECIPE_VERSION = 2  # 2: history-length-0 prompts carry no step counter
+RECIPE_VERSION = 3  # 2: history-length-0 prompts carry no step counter; 3: behaviour cloning on TRL's SFTTrainer
 # Overrides of TinyRecipe's defaults for a multi-env spec (measured: see docs/multi-environment.md).
 MULTI_ENV_PRESET: dict = dict(vocab_size=1024, bc_tasks_per_env=48, bc_steps=400, bc_group_by_length=True)
 
@@ -214,8 +214,8 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> None:
     losses = supervised_finetune(
         model,
         samples,
-        tokenizer.pad_token_id,
-        SFTConfig(steps=recipe.bc_steps, batch_size=recipe.bc_batch_size, learning_rate=recipe.bc_learning_rate, seed=recipe.seed,
+        tokenizer,
+        SupervisedConfig(steps=recipe.bc_steps, batch_size=recipe.bc_batch_size, learning_rate=recipe.bc_learning_rate, seed=recipe.seed,
                   group_by_length=bool(recipe.bc_group_by_length)),
     )
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -29,14 +29,22 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from peft import LoraConfig
-from trl import SFTConfig, SFTTrainer
+from trl import SFTTrainer
 
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
 from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.agent.lora import LoRASpec
-from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from fedagent_flwr.agent.rollout import (
+    ExpertPolicy,
+    LMPolicy,
+    PromptEncoder,
+    RolloutConfig,
+    Trajectory,
+    run_episodes,
+)
+from fedagent_flwr.agent.sft import step_losses, trainer_arguments
 
 
 @dataclass(frozen=True)
@@ -126,17 +134,15 @@ def warm_start(cfg: WarmStartConfig) -> dict:
         peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                                  target_modules=targets if isinstance(targets, str) else list(targets))
     scratch = out.parent / f".{out.name}-trainer"
-    args = SFTConfig(output_dir=str(scratch), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
-                     learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                     logging_steps=1, save_strategy="no", report_to="none", seed=cfg.seed, completion_only_loss=True,
-                     bf16=agent.device.type == "cuda", use_cpu=agent.device.type == "cpu", dataloader_num_workers=0,
-                     disable_tqdm=True, gradient_checkpointing=cfg.gradient_checkpointing)
+    args = trainer_arguments(str(scratch), steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.lr,
+                             seed=cfg.seed, device=agent.device, bf16=agent.device.type == "cuda",
+                             gradient_checkpointing=cfg.gradient_checkpointing)
     trainer = SFTTrainer(model=agent.model, args=args, train_dataset=Dataset.from_list(rows),
                          processing_class=agent.tokenizer, peft_config=peft_config)
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
-    report["losses"] = [round(e["loss"], 4) for e in trainer.state.log_history if "loss" in e]
+    report["losses"] = [round(loss, 4) for loss in step_losses(trainer)]
     report["seconds_per_step"] = seconds / cfg.steps
     model = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
     model.eval()

@@ -35,3 +35,57 @@ def test_a_model_build_says_when_it_starts_and_how_long_it_took_once(tmp_path, c
     assert "building the test model into" in err and "built the test model in" in err
     build_once(tmp_path / "m", build, what="the test model")
     assert capsys.readouterr().err == ""  # cached: nothing to say
+
+
+def _counting_build(calls):
+    from fedagent_flwr.agent.model_cache import MARKER
+
+    def build(folder):
+        calls.append(folder)
+        (folder / "weights.bin").write_bytes(bytes(range(256)) * 64)
+        (folder / "tokenizer.json").write_text('{"vocab": {}}')
+        (folder / MARKER).write_text("{}")
+
+    return build
+
+
+def test_a_damaged_or_partial_cached_model_is_built_again_never_loaded(tmp_path, capsys):
+    """Truncated or overwritten bytes (same size) and a folder left without its marker are rebuilt, naming the
+    file; the rebuilt folder is byte-identical to a fresh build."""
+    import os
+
+    from fedagent_flwr.agent.model_cache import MARKER, build_once
+
+    calls = []
+    target = tmp_path / "m"
+    build = _counting_build(calls)
+    build_once(target, build)
+    fresh = (target / "weights.bin").read_bytes()
+    for damage, said in (
+        (lambda: (target / "weights.bin").write_bytes(fresh[:100]), "weights.bin has 100 bytes"),
+        (lambda: (target / "weights.bin").write_bytes(b"\xff" + fresh[1:]), "weights.bin was changed after it was built"),
+        (lambda: (target / "tokenizer.json").unlink(), "tokenizer.json is missing"),
+        (lambda: (target / MARKER).unlink(), "is a partial build"),
+    ):
+        capsys.readouterr()
+        before = len(calls)
+        damage()
+        if (target / "weights.bin").exists():  # a write moves the mtime; make sure it did within the clock's resolution
+            os.utime(target / "weights.bin", ns=(1, 1))
+        assert build_once(target, build) == target
+        assert len(calls) == before + 1, said
+        assert said in capsys.readouterr().err
+        assert (target / "weights.bin").read_bytes() == fresh
+    build_once(target, build)
+    assert len(calls) == 5  # intact now: loaded as is
+
+
+def test_a_cache_built_before_checksums_is_adopted_once(tmp_path):
+    from fedagent_flwr.agent.model_cache import CHECKSUMS, build_once
+
+    calls = []
+    target = tmp_path / "m"
+    build_once(target, _counting_build(calls))
+    (target / CHECKSUMS).unlink()  # what an older version left
+    build_once(target, _counting_build(calls))
+    assert len(calls) == 1 and (target / CHECKSUMS).exists()

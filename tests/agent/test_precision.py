@@ -15,7 +15,7 @@ import torch
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
 from fedagent_flwr.agent.precision import resolve_precision
 from fedagent_flwr.agent.rollout import RolloutConfig
-from fedagent_flwr.agent.sft import SFTConfig, supervised_finetune
+from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
 from fedagent_flwr.config import RunConfig
 
 STEPS = 10
@@ -59,8 +59,8 @@ def test_bf16_mixed_grpo_moves_the_weights_at_lr_1e_6_and_pure_bf16_does_not(tin
 def test_bf16_mixed_sft_moves_the_weights_at_lr_1e_6_and_pure_bf16_does_not(tiny_lm, maze_tokenizer):
     def moved(model, precision):
         before = _layer_weights(model)
-        supervised_finetune(model, _pairs(maze_tokenizer, 16), maze_tokenizer.pad_token_id,
-                            SFTConfig(steps=STEPS, batch_size=4, learning_rate=1e-6, precision=precision))
+        supervised_finetune(model, _pairs(maze_tokenizer, 16), maze_tokenizer,
+                            SupervisedConfig(steps=STEPS, batch_size=4, learning_rate=1e-6, precision=precision))
         return _moved_fraction(before, model)
 
     assert moved(copy.deepcopy(tiny_lm), "bf16-mixed") > 0.99
@@ -118,4 +118,4 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, l
     assert plain.keys() == checkpointed.keys()
     for key in plain:
         torch.testing.assert_close(checkpointed[key], plain[key], rtol=1e-5, atol=1e-6)
-    assert not tiny_lm.is_gradient_checkpointing and not tiny_lm.training  # the model is left as it was
+    assert not tiny_lm.is_activation_checkpointing and not tiny_lm.training  # the model is left as it was

@@ -151,15 +151,83 @@ def test_resume_refuses_a_changed_config_and_a_missing_state(tmp_path, run_ident
         load_state(tmp_path, config | {"kl-beta": 0.5})
 
 
+def _save(run_dir, config, server_round):
+    save_state(run_dir, config, server_round, _record(server_round), FedAgentAvg({0: 1}, clients_per_round=1), [], {})
+
+
 def test_a_kill_between_the_renames_leaves_the_previous_state_usable(tmp_path, run_identity):
     config = RunConfig(run_name="x").to_run_config()
-    save_state(tmp_path, config, 2, _record(2), FedAgentAvg({0: 1}, clients_per_round=1), [], {})
-    os.replace(tmp_path / "state", tmp_path / ".state-old")  # what a kill after the first rename leaves
+    _save(tmp_path, config, 1)
+    _save(tmp_path, config, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state", "state.previous"]  # no temporary folders left
+    assert load_state(tmp_path, config).server_round == 2
+    # what a kill after the first rename of the next save leaves: state.previous only (round 2)
+    import shutil
+    shutil.rmtree(tmp_path / "state.previous")
+    os.replace(tmp_path / "state", tmp_path / "state.previous")
     state = load_state(tmp_path, config)
     assert state.server_round == 2 and state.arrays["w"].numpy().tobytes() == _record(2)["w"].numpy().tobytes()
-    save_state(tmp_path, config, 3, _record(3), FedAgentAvg({0: 1}, clients_per_round=1), [], {})
-    assert load_state(tmp_path, config).server_round == 3 and not (tmp_path / ".state-old").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["state"]  # no temporary folders left behind
+    _save(tmp_path, config, 3)
+    assert load_state(tmp_path, config).server_round == 3
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "manifest"])
+@pytest.mark.parametrize("name", ["arrays.safetensors", "server.json", "config.json"])
+def test_a_damaged_state_file_falls_back_to_the_previous_round_and_says_which(tmp_path, run_identity, capsys, damage, name):
+    config = RunConfig(run_name="x").to_run_config()
+    _save(tmp_path, config, 1)
+    _save(tmp_path, config, 2)
+    path = tmp_path / "state" / name
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":  # same size, one byte changed
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    elif damage == "delete":
+        path.unlink()
+    else:
+        (tmp_path / "state" / "manifest.json").write_text("{")
+    state = load_state(tmp_path, config)
+    assert state.server_round == 1 and state.arrays["w"].numpy().tobytes() == _record(1)["w"].numpy().tobytes()
+    said = capsys.readouterr().out
+    culprit = "manifest.json" if damage == "manifest" else name
+    assert culprit in said and "state.previous" in said and "(round 1)" in said, said
+
+
+def test_with_both_generations_damaged_the_resume_is_refused_naming_both_files(tmp_path, run_identity):
+    config = RunConfig(run_name="x").to_run_config()
+    _save(tmp_path, config, 1)
+    _save(tmp_path, config, 2)
+    (tmp_path / "state" / "server.json").write_text("{}")
+    (tmp_path / "state.previous" / "arrays.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"no saved state .* is usable: .*state/server.json is damaged.*state.previous/arrays.safetensors"):
+        load_state(tmp_path, config)
+
+
+def test_the_state_holds_no_pickle_and_an_old_pickled_state_is_refused_clearly(tmp_path, run_identity):
+    config = RunConfig(run_name="x").to_run_config()
+    _save(tmp_path, config, 1)
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["arrays.safetensors", "config.json", "manifest.json", "server.json"]
+    json.loads((tmp_path / "state" / "server.json").read_text())  # plain JSON
+    old = tmp_path / "old"
+    (old / "state").mkdir(parents=True)
+    (old / "state" / "server.pkl").write_bytes(b"\x80\x05N.")
+    with pytest.raises(ValueError, match="server.pkl was written by an older fedagent-flwr"):
+        load_state(old, config)
+
+
+def test_state_of_an_unknown_kind_is_refused_when_written_not_when_read(tmp_path, run_identity):
+    from fedagent_flwr.runs.state_codec import decode, encode
+
+    strategy = FedAgentAvg({0: 1}, clients_per_round=1)
+    strategy.extra = object()
+    with pytest.raises(TypeError, match="extra holds a object"):
+        save_state(tmp_path, RunConfig(run_name="x").to_run_config(), 1, _record(), strategy, [], {})
+    assert not (tmp_path / "state").exists() and not list(tmp_path.iterdir())  # nothing half-written is left
+    value = {1: [np.float32(0.5), (2, "a")], "x": float("nan"), "g": np.random.default_rng(3), "b": b"\x00\xff"}
+    back = decode(json.loads(json.dumps(encode(value))))
+    assert back[1] == [0.5, (2, "a")] and np.isnan(back["x"]) and back["b"] == b"\x00\xff"
+    assert back["g"].random() == np.random.default_rng(3).random()
 
 
 def test_a_resumed_strategy_sees_the_true_round_numbers(run_identity):

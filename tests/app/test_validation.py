@@ -47,6 +47,72 @@ NO_GPU = not torch.cuda.is_available()
         ({"strategy": "qavg"}, "env='maze'"),
         ({"strategy": "fedagent-avg", "env": "random-mdp"}, "env='random-mdp'"),
         ({"baseline": "local", "local-client": 3, "num-clients": 3}, "local-client=3"),
+        # numbers that are not finite, or below a sensible minimum (issue: accepted, then failed far away)
+        ({"seed": -1}, "seed=-1 is not allowed: expected an integer >= 0"),
+        ({"learning-rate": float("inf")}, "learning-rate=inf is not allowed: expected a finite number"),
+        ({"learning-rate": float("nan")}, "learning-rate=nan is not allowed: expected a finite number"),
+        ({"kl-beta": float("inf")}, "kl-beta=inf is not allowed: expected a finite number"),
+        ({"round-timeout": float("inf")}, "round-timeout=inf is not allowed: expected a finite number"),
+        ({"dp-noise-multiplier": float("-inf")}, "dp-noise-multiplier=-inf"),
+        ({"temperature": 1e-30}, "temperature=1e-30 is not allowed: expected >= 0.01"),
+        ({"temperature": 0.0}, "temperature=0.0 is not allowed: expected >= 0.01"),
+        ({"eval-temperature": 0.001}, "eval-temperature=0.001 is not allowed: expected 0 (greedy) or >= 0.01"),
+        ({"round-timeout": 0.5}, "round-timeout=0.5 is not allowed: expected >= 1 (seconds)"),
+        ({"top-p": 0.0}, "top-p=0.0"),
+        ({"top-p": 1.5}, "top-p=1.5"),
+        ({"clip-eps": 1.0}, "clip-eps=1.0"),
+        ({"learning-rate": 0.0}, "learning-rate=0.0"),
+        ({"group-size": 1}, "group-size=1"),
+        ({"num-server-rounds": 0}, "num-server-rounds=0"),
+        ({"clients-per-round": 0}, "clients-per-round=0"),
+        ({"clients-per-round": 5, "num-clients": 4}, "clients-per-round=5 is not allowed: expected <= num-clients (4)"),
+        ({"tasks-per-client": 0}, "tasks-per-client=0"),
+        ({"max-steps": -1}, "max-steps=-1"),
+        ({"rollout-batch-size": 0}, "rollout-batch-size=0"),
+        ({"eval-tasks": 1000}, "eval-tasks=1000 is not allowed: expected 0 (all) or at most 9"),
+        ({"eval-tasks": -1}, "eval-tasks=-1"),
+        ({"eval-transcripts": -1}, "eval-transcripts=-1"),
+        ({"dp-clipping-norm": 0.0}, "dp-clipping-norm=0.0"),
+        ({"secagg-shares-fraction": 0.0}, "secagg-shares-fraction=0.0"),
+        ({"fedse-learning-rate": 0.0}, "fedse-learning-rate=0.0"),
+        ({"fedse-client-fraction": 1.5}, "fedse-client-fraction=1.5"),
+        ({"lora-alpha": 0.0}, "lora-alpha=0.0"),
+        ({"kappa": 1.5, "strategy": "qavg", "env": "random-mdp"}, "kappa=1.5"),
+        ({"client-memory-gb": -1.0}, "client-memory-gb=-1.0"),
+        # names and choices
+        ({"run-name": "it's"}, "run-name=\"it's\" is not allowed"),
+        ({"run-name": "a/b"}, "run-name='a/b'"),
+        ({"run-name": ".hidden"}, "run-name='.hidden'"),
+        ({"run-name": "-x"}, "run-name='-x'"),
+        ({"run-name": "has space"}, "run-name='has space'"),
+        ({"strategy": "fedavg"}, "strategy='fedavg'"),
+        ({"env": "chess"}, "env='chess'"),
+        ({"env": "maze,chess"}, "env='maze,chess'"),
+        ({"partition": "random"}, "partition='random'"),
+        ({"precision": "fp16"}, "precision='fp16'"),
+        ({"server-device": "tpu"}, "server-device='tpu'"),
+        ({"transfer-dtype": "int8"}, "transfer-dtype='int8'"),
+        ({"finetuning": "qlora"}, "finetuning='qlora'"),
+        ({"reward": "dense"}, "reward='dense'"),
+        ({"answer-parsing": "loose"}, "answer-parsing='loose'"),
+        ({"dp-mode": "local"}, "dp-mode='local'"),
+        ({"baseline": "oracle"}, "baseline='oracle'"),
+        # paths
+        ({"model": "/nonexistent/model"}, "model='/nonexistent/model' is not allowed: expected a model folder that exists"),
+        ({"model": "./relative-model"}, "model='./relative-model'"),
+        ({"model": "org/name/extra"}, "model='org/name/extra'"),
+        ({"model": "tiny:chess"}, "model='tiny:chess'"),
+        ({"model": "shape:qwen9"}, "model='shape:qwen9'"),
+        ({"model": "/nonexistent/model.gguf"}, "model='/nonexistent/model.gguf'"),
+        ({"output-dir": "relative/runs"}, "output-dir='relative/runs'"),
+        ({"output-dir": str(ROOT / "README.md" / "runs")}, "README.md is a file"),
+        ({"partition": "hardness"}, "success-labels=''"),
+        ({"partition": "hardness", "success-labels": "/nonexistent/labels.json"}, "an existing file"),
+        ({"fedse-buffer-dir": "relative"}, "fedse-buffer-dir='relative'"),
+        # cross-key
+        ({"secure-aggregation": True, "clients-per-round": 1}, "clients-per-round=1 is not allowed: expected >= 2"),
+        ({"transfer-dtype": "bf16", "dp-mode": "server-side"}, "transfer-dtype='bf16'"),
+        ({"kl-reference": "initial"}, "kl-reference='initial'"),
     ],
 )
 def test_bad_configurations_fail_with_a_clear_message(override, message):
@@ -54,6 +120,40 @@ def test_bad_configurations_fail_with_a_clear_message(override, message):
         RunConfig.from_run_config(RunConfig().to_run_config() | override)
     text = str(err.value)
     assert message in text and "expected" in text, text
+    problems = text.splitlines()[1:] or [text]  # one problem is one line; several get a line each
+    assert all("is not allowed: expected" in line for line in problems), text
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"env": "maze", "labels": ["maze-0"]}', "must map task ids to true/false, found a list"),
+    ('{"env": "maze", "labels": "yes"}', "is not a success-label file"),
+    ('{"env": "wordle", "labels": {}}', "labels env 'wordle'"),
+    ('[1, 2]', "is not a success-label file"),
+    ('{"env": "maze", "labels": {"x": true}}', "has no label for"),
+    ('not json', "is not a success-label file"),
+])
+def test_a_malformed_success_label_file_is_refused_up_front(tmp_path, content, message):
+    path = tmp_path / "labels.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="success-labels=") as err:
+        RunConfig.from_run_config({"partition": "hardness", "success-labels": str(path)})
+    assert message in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_a_refused_config_stops_run_simulation_with_one_line_and_a_non_zero_exit(tmp_path):
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "summary.json").write_text("{}")
+    for flags, message in (
+        (["--seed", "-1"], "seed=-1 is not allowed"),
+        (["--learning-rate", "inf"], "learning-rate=inf is not allowed"),
+        (["--output-dir", str(tmp_path / "runs"), "--run-name", "taken"], "already holds a run; set resume=true"),
+        (["--output-dir", str(tmp_path / "runs"), "--run-name", "missing", "--resume", "true"], "names no run"),
+    ):
+        proc = subprocess.run([sys.executable, str(ROOT / "run_simulation.py"), *flags, "--dry-run"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs" / "missing").exists()
 
 
 @pytest.mark.parametrize(
