@@ -18,6 +18,7 @@ from fedagent_flwr.config import RunConfig
 from fedagent_flwr.faults import FaultPlan, train_with_faults
 from fedagent_flwr.methods import Method, method_for
 from fedagent_flwr.privacy.differential_privacy import clip_when_asked
+from fedagent_flwr.privacy.reply_filter import reply_filter
 from fedagent_flwr.privacy.secure_aggregation import (
     as_fit_reply,
     as_plain_train_message,
@@ -25,9 +26,10 @@ from fedagent_flwr.privacy.secure_aggregation import (
     secure_aggregation_mod,
 )
 
-# Both mods act only on the messages meant for them: SecAgg+ protocol messages, and train
-# messages whose config carries a DP clipping norm.
-app = ClientApp(mods=[secure_aggregation_mod, clip_when_asked])
+# The reply filter sees every reply last and every exception first (privacy/reply_filter.py). The other two
+# act only on the messages meant for them: SecAgg+ protocol messages, and train messages whose config
+# carries a DP clipping norm.
+app = ClientApp(mods=[reply_filter, secure_aggregation_mod, clip_when_asked])
 
 
 @lru_cache(maxsize=4)

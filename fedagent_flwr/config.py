@@ -39,7 +39,7 @@ from fedagent_flwr.agent.memory import (
     server_plan,
 )
 from fedagent_flwr.agent.precision import PRECISIONS, resolve_precision
-from fedagent_flwr.agent.prompts import ANSWER_PARSING
+from fedagent_flwr.agent.prompts import ANSWER_PARSING, PROMPT_ROLES
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
 from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
@@ -228,6 +228,7 @@ class RolloutSection:
     reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score")
     action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest")
     answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block (reference); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write)", " | ".join(ANSWER_PARSING))
+    prompt_roles: str = _key("user", "where the standing instructions (environment introduction, answer format) go: user = all in one user message (the FedAgent reference); system = in a system message, the way chat models take instructions; the user message keeps task, observation and admissible actions", " | ".join(PROMPT_ROLES))
     invalid_penalty: float = _key(0.1, "subtracted from a trajectory's reward per invalid action", ">= 0")
     rollout_batch_size: int = _key(64, "episodes per generate call", "integer >= 1")
 
@@ -241,6 +242,7 @@ class RolloutSection:
         need(self.reward in REWARD_MODES, "reward", self.reward, " | ".join(REWARD_MODES))
         need(self.action_matching in ACTION_MATCHING, "action-matching", self.action_matching, " | ".join(ACTION_MATCHING))
         need(self.answer_parsing in ANSWER_PARSING, "answer-parsing", self.answer_parsing, " | ".join(ANSWER_PARSING))
+        need(self.prompt_roles in PROMPT_ROLES, "prompt-roles", self.prompt_roles, " | ".join(PROMPT_ROLES))
         need(self.invalid_penalty >= 0, "invalid-penalty", self.invalid_penalty, ">= 0")
 
 @dataclass(frozen=True)
@@ -524,6 +526,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             reward=self.reward,
             action_matching=self.action_matching,
             answer_parsing=self.answer_parsing,
+            prompt_roles=self.prompt_roles,
         )
 
     def grpo_config(self) -> GRPOConfig:

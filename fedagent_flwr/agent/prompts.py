@@ -18,11 +18,24 @@ _OPEN_ACTION_RE = re.compile(r"<action>(.*)", re.IGNORECASE | re.DOTALL)
 # Long admissible lists (e.g. every Wordle word) are summarised rather than listed.
 MAX_LISTED_ACTIONS = 50
 ANSWER_FORMAT = "Reason briefly in <think></think>, then give one admissible action in <action></action>."
+# Where the standing instructions (the environment's introduction and the answer format) go: all in the user
+# message (the FedAgent reference's single prompt), or in a system message, the way chat models are trained
+# to take instructions; the user message then holds what changes: task, observations, admissible actions.
+PROMPT_ROLES = ("user", "system")
 
 
-def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]], history_length: int) -> str:
+def system_prompt(env: TextEnv) -> str:
+    """The system message of prompt-roles=system."""
+    return f"{env.intro} {ANSWER_FORMAT}"
+
+
+def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]], history_length: int,
+                 roles: str = "user") -> str:
     """The user message for the current step; `history` holds all past (observation, action) pairs."""
-    lines = [f"{env.intro} Your task: {env.instruction()}"]
+    if roles not in PROMPT_ROLES:
+        raise ValueError(f"prompt-roles={roles!r} is not allowed: expected {' | '.join(PROMPT_ROLES)}")
+    standing = roles == "user"
+    lines = [f"{env.intro} Your task: {env.instruction()}" if standing else f"Your task: {env.instruction()}"]
     if history_length == 0:
         # The reference's no-history template shows no step counter either: with it, a
         # Markov task such as Maze would tie each position to the step it is usually
@@ -30,7 +43,8 @@ def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]],
         # look new at step 1 of a held-out episode.
         lines.append(f"Current observation: {observation}")
         lines.append(f"Admissible actions: {_describe_actions(env)}.")
-        lines.append(ANSWER_FORMAT)
+        if standing:
+            lines.append(ANSWER_FORMAT)
         return "\n".join(lines)
     steps_taken = len(history)
     recent = history[-history_length:]
@@ -42,7 +56,8 @@ def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]],
         lines.extend(f"[{first + i}] observation: {obs} action: {act}" for i, (obs, act) in enumerate(recent))
     lines.append(f"Step {steps_taken + 1}. Observation: {observation}")
     lines.append(f"Admissible actions: {_describe_actions(env)}.")
-    lines.append(ANSWER_FORMAT)
+    if standing:
+        lines.append(ANSWER_FORMAT)
     return "\n".join(lines)
 
 

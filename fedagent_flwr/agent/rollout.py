@@ -18,7 +18,13 @@ from tqdm.auto import tqdm
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING, match_action
-from fedagent_flwr.agent.prompts import build_prompt, expert_completion, parse_action
+from fedagent_flwr.agent.prompts import (
+    PROMPT_ROLES,
+    build_prompt,
+    expert_completion,
+    parse_action,
+    system_prompt,
+)
 from fedagent_flwr.agent.sampling import sample_batch
 
 
@@ -87,14 +93,17 @@ class RolloutConfig:
     success_reward: float = 10.0
     action_matching: str = "exact"  # see action_matching.py
     answer_parsing: str = "strict"  # see prompts.parse_action
+    prompt_roles: str = "user"  # see prompts.PROMPT_ROLES
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
         if self.action_matching not in ACTION_MATCHING:
             raise ValueError(f"action_matching must be one of {ACTION_MATCHING}, got {self.action_matching!r}")
+        if self.prompt_roles not in PROMPT_ROLES:
+            raise ValueError(f"prompt_roles must be one of {PROMPT_ROLES}, got {self.prompt_roles!r}")
 
-    def trajectory_reward(self, traj: "Trajectory") -> float:
+    def trajectory_reward(self, traj: Trajectory) -> float:
         if self.reward == "env":
             base = traj.env_return
         elif self.reward == "score" and traj.score is not None:
@@ -111,25 +120,23 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
 
-    def __call__(self, prompt: str) -> list[int]:
-        if self.has_chat_template:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            return list(ids)
-        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    def __call__(self, prompt: str, system: str | None = None) -> list[int]:
+        return self.encode_many([prompt], None if system is None else [system])[0]
 
-    def encode_many(self, prompts: Sequence[str]) -> list[list[int]]:
-        """The same ids as calling the encoder on each prompt, in one tokenizer call (its Rust
-        batch path): per-prompt calls cost as much as a batched decode step on a small model."""
+    def encode_many(self, prompts: Sequence[str], systems: Sequence[str] | None = None) -> list[list[int]]:
+        """Token ids of each user message (after its system message, where given), in one tokenizer call (its
+        Rust batch path): per-prompt calls cost as much as a batched decode step on a small model."""
         if not prompts:
             return []
+        systems = systems or [None] * len(prompts)
         if self.has_chat_template:
             texts = self.tokenizer.apply_chat_template(
-                [[{"role": "user", "content": p}] for p in prompts], add_generation_prompt=True, tokenize=False
+                [([{"role": "system", "content": s}] if s else []) + [{"role": "user", "content": p}]
+                 for p, s in zip(prompts, systems)], add_generation_prompt=True, tokenize=False
             )
             return [list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
-        return [list(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
+        texts = [f"{s}\n{p}" if s else p for p, s in zip(prompts, systems)]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=True)["input_ids"]]
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -219,8 +226,9 @@ def run_episodes(
     bar = tqdm(total=len(episodes), desc=progress if isinstance(progress, str) else "rollout", disable=not progress, leave=False)
     while live:
         for e in live:
-            e.prompt = build_prompt(e.env, e.observation, e.history, config.history_length)
-        for e, ids in zip(live, encoder.encode_many([e.prompt for e in live])):
+            e.prompt = build_prompt(e.env, e.observation, e.history, config.history_length, config.prompt_roles)
+        systems = [system_prompt(e.env) for e in live] if config.prompt_roles == "system" else None
+        for e, ids in zip(live, encoder.encode_many([e.prompt for e in live], systems)):
             e.prompt_ids = ids
         completions = policy.act(live)
         still_live = []

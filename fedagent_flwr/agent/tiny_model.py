@@ -150,12 +150,14 @@ class _TextOnlyEncoder:
     def __init__(self) -> None:
         self.texts: list[str] = []
 
-    def __call__(self, prompt: str) -> list[int]:
+    def __call__(self, prompt: str, system: str | None = None) -> list[int]:
+        if system:
+            self.texts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
         self.texts.append(f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
         return []
 
-    def encode_many(self, prompts: list[str]) -> list[list[int]]:
-        return [self(p) for p in prompts]
+    def encode_many(self, prompts: list[str], systems: list[str] | None = None) -> list[list[int]]:
+        return [self(p, s) for p, s in zip(prompts, systems or [None] * len(prompts))]
 
 
 class _TextExpert:

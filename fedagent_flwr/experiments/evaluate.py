@@ -15,6 +15,7 @@ from fedagent_flwr.agent.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.evaluation import play, summarize
 from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.agent.precision import autocast, resolve_precision
+from fedagent_flwr.agent.prompts import ANSWER_PARSING, PROMPT_ROLES
 from fedagent_flwr.agent.rollout import (
     LMPolicy,
     PromptEncoder,
@@ -33,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--action-matching", choices=ACTION_MATCHING, default="exact")
     p.add_argument("--history-length", type=int, default=0)
+    p.add_argument("--answer-parsing", choices=ANSWER_PARSING, default="strict")
+    p.add_argument("--prompt-roles", choices=PROMPT_ROLES, default="user",
+                   help="user: instructions in the user message (reference); system: in a system message")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible; bf16 autocast there)")
@@ -49,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(err))
     tasks = per_env_spread(make_env(args.env).tasks_of_split("test"), args.tasks)
     config = RolloutConfig(history_length=args.history_length, max_new_tokens=answer_token_budget(args.env),
-                           temperature=args.temperature, action_matching=args.action_matching)
+                           temperature=args.temperature, action_matching=args.action_matching,
+                           answer_parsing=args.answer_parsing, prompt_roles=args.prompt_roles)
     with autocast(resolve_precision("auto", agent.device.type == "cuda"), agent.device):
         trajectories = play(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
                             PromptEncoder(agent.tokenizer), config, args.samples_per_task)

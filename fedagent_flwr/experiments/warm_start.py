@@ -36,6 +36,7 @@ from envs.multi import per_env_spread
 from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.agent.lora import LoRASpec
+from fedagent_flwr.agent.prompts import PROMPT_ROLES, system_prompt
 from fedagent_flwr.agent.rollout import (
     ExpertPolicy,
     LMPolicy,
@@ -62,6 +63,7 @@ class WarmStartConfig:
     demo_episodes: int = 64  # expert episodes on training tasks
     expert_epsilon: float = 0.0  # share of random admissible actions in the demonstrations
     history_length: int = 0  # must match the runs that will use the folder (run-config history-length)
+    prompt_roles: str = "user"  # likewise (run-config prompt-roles)
     eval_tasks: int = 9  # held-out tasks played greedily before and after; 0 = no evaluation
     gradient_checkpointing: bool = False  # TRL turns it on by default; a 135M model on CPU runs ~3x faster without
     device: str = "auto"
@@ -71,6 +73,8 @@ class WarmStartConfig:
         problems = []
         if self.finetuning not in ("lora", "full"):
             problems.append(f"--finetuning={self.finetuning!r} is not allowed: expected lora | full")
+        if self.prompt_roles not in PROMPT_ROLES:
+            problems.append(f"--prompt-roles={self.prompt_roles!r} is not allowed: expected {' | '.join(PROMPT_ROLES)}")
         for name in ("steps", "batch_size", "demo_episodes", "lora_rank", "lora_alpha"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')}={getattr(self, name)} is not allowed: expected an integer >= 1")
@@ -96,17 +100,20 @@ def demonstrations(tokenizer, env: str, cfg: WarmStartConfig) -> list[dict]:
     """Prompt-completion rows (conversational) of expert steps on training tasks, in the rollout engine's prompts."""
     pool = make_env(env).tasks_of_split("train")
     tasks = random.Random(cfg.seed).choices(pool, k=cfg.demo_episodes)
-    rollout = RolloutConfig(history_length=cfg.history_length, max_new_tokens=answer_token_budget(env))
+    rollout = RolloutConfig(history_length=cfg.history_length, max_new_tokens=answer_token_budget(env),
+                            prompt_roles=cfg.prompt_roles)
     trajectories = run_episodes(ExpertPolicy(tokenizer, epsilon=cfg.expert_epsilon, seed=cfg.seed), lambda: make_env(env),
                                 tasks, PromptEncoder(tokenizer), rollout)
-    return [{"prompt": [{"role": "user", "content": s.prompt}], "completion": [{"role": "assistant", "content": s.completion}]}
+    system = [{"role": "system", "content": system_prompt(make_env(env))}] if cfg.prompt_roles == "system" else []
+    return [{"prompt": [*system, {"role": "user", "content": s.prompt}], "completion": [{"role": "assistant", "content": s.completion}]}
             for t in trajectories for s in t.steps]
 
 
 def held_out_play(agent, env: str, cfg: WarmStartConfig) -> dict[str, float]:
     """Greedy play of `eval_tasks` evenly spaced held-out tasks: success, invalid-action rate, generated tokens/s."""
     tasks = per_env_spread(make_env(env).tasks_of_split("test"), cfg.eval_tasks)
-    rollout = RolloutConfig(history_length=cfg.history_length, max_new_tokens=answer_token_budget(env), temperature=0.0)
+    rollout = RolloutConfig(history_length=cfg.history_length, max_new_tokens=answer_token_budget(env), temperature=0.0,
+                            prompt_roles=cfg.prompt_roles)
     started = time.perf_counter()
     trajectories: Sequence[Trajectory] = run_episodes(LMPolicy(agent.model, agent.tokenizer, rollout), lambda: make_env(env),
                                                       tasks, PromptEncoder(agent.tokenizer), rollout)

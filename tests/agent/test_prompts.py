@@ -71,3 +71,32 @@ def test_lenient_parsing_reads_what_chat_models_write_and_strict_stays_the_refer
     assert not parse_action("<action>a</action><action>b</action>", "lenient").well_formed  # two answers: still invalid
     assert not parse_action("I would go up", "lenient").well_formed  # prose: still invalid
     assert parse_action("<think>x</think><action>go</action>", "strict") == ParsedAction("go", True)
+
+
+def test_prompt_roles_system_moves_the_standing_instructions_into_a_system_message(maze_tokenizer):
+    from envs import make_env
+    from fedagent_flwr.agent.prompts import ANSWER_FORMAT, build_prompt, system_prompt
+    from fedagent_flwr.agent.rollout import (
+        ExpertPolicy,
+        PromptEncoder,
+        RolloutConfig,
+        run_episodes,
+    )
+
+    env = make_env("maze")
+    obs, _ = env.reset(env.tasks()[0])
+    user_only = build_prompt(env, obs, [], 0)
+    split = build_prompt(env, obs, [], 0, roles="system")
+    assert ANSWER_FORMAT in user_only and env.intro in user_only
+    assert ANSWER_FORMAT not in split and env.intro not in split and "Admissible actions" in split
+    assert system_prompt(env) == f"{env.intro} {ANSWER_FORMAT}"
+    encoder = PromptEncoder(maze_tokenizer)
+    ids = encoder(split, system_prompt(env))
+    want = maze_tokenizer.apply_chat_template([{"role": "system", "content": system_prompt(env)},
+                                               {"role": "user", "content": split}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=False)
+    assert ids == list(want)
+    trajs = run_episodes(ExpertPolicy(maze_tokenizer), lambda: make_env("maze"), env.tasks()[:2], encoder,
+                         RolloutConfig(history_length=0, prompt_roles="system"))
+    first = trajs[0].steps[0]
+    assert first.prompt == split and maze_tokenizer.decode(first.prompt_ids).count(ANSWER_FORMAT) == 1

@@ -97,14 +97,14 @@ def test_simulation_reads_a_preset_file_and_flags_override_it(tmp_path, capsys):
     from fedagent_flwr.simulation import main
 
     preset = tmp_path / "p.toml"
-    preset.write_text('env = "maze"\nnum-server-rounds = 3\nrun-name = "it\'s"\n')
+    preset.write_text('env = "maze"\nnum-server-rounds = 3\nmodel = "org/it\'s"\n')
     assert main(["--run-config", str(preset), "--num-server-rounds", "5", "--dry-run"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "num-server-rounds=5" in line and "num-server-rounds=3" not in line and "env=" in line
     from flwr.common.config import parse_config_args
     run_config = line.split("--run-config ", 1)[1]
     import shlex
-    assert parse_config_args([shlex.split(run_config)[0]])["run-name"] == "it's"  # quotes survive the trip to flwr
+    assert parse_config_args([shlex.split(run_config)[0]])["model"] == "org/it's"  # quotes survive the trip to flwr
     (tmp_path / "bad.toml").write_text("no-such-key = 1\n")
     with pytest.raises(SystemExit, match="no-such-key"):
         main(["--run-config", str(tmp_path / "bad.toml"), "--dry-run"])

@@ -15,10 +15,15 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
-
-from fedagent_flwr.config import RunConfig
 from loopback_grid import LoopbackGrid
-from fedagent_flwr.config import STRATEGIES
+
+from fedagent_flwr.config import STRATEGIES, RunConfig
+from fedagent_flwr.privacy.reply_filter import (
+    CLIENT_FAILED,
+    REPLY_BLOCKED,
+    allowed_metric,
+    reply_filter,
+)
 
 # One round, the smallest settings each strategy accepts.
 _LLM = {"num-server-rounds": 1, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 1,
@@ -54,6 +59,9 @@ def assert_reply_is_weights_and_numbers(sent: Message, reply: Message) -> None:
     assert not content.config_records, f"a train reply carries config records {list(content.config_records)}"
     for record in content.metric_records.values():
         assert_numeric_metrics(record)
+        env = str(sent.content.config_records.get("config", {}).get("env", "maze"))
+        unknown = [k for k in record.keys() if not allowed_metric(k, env)]
+        assert not unknown, f"metric keys outside the allow-list: {unknown}"
     # Arrays: exactly the tensors the server sent (same names, shapes, numeric dtypes) - room for
     # weights, none for token ids of trajectories or encoded text.
     assert list(content.array_records) == ["arrays"]
@@ -107,3 +115,87 @@ def test_the_check_catches_text_and_trajectories(run_identity):
     for content in leaks:
         with pytest.raises(AssertionError):
             assert_reply_is_weights_and_numbers(sent, Message(content, reply_to=sent))
+
+
+# ----- the client's reply filter (privacy/reply_filter.py) ----------------------------------------------------
+def _context(env="maze"):
+    from flwr.app import Context
+
+    return Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
+                   run_config={"env": env})
+
+
+def _train_msg():
+    from flwr.app import Array
+
+    weights = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    return Message(RecordDict({"arrays": weights}), dst_node_id=1, message_type=MessageType.TRAIN), weights
+
+
+def test_the_filter_drops_metric_keys_that_could_carry_text_and_keeps_the_allowed_ones(run_identity):
+    sent, weights = _train_msg()
+    metrics = MetricRecord({"success_rate": 0.5, "success_rate/far": 0.25, "loss": 1.0,
+                            "success_rate/You are at (2, 3); walls north": 1.0, "obs:go north": 0.0,
+                            "success_rate/env/maze": 0.5, "success_rate/env/secret": 0.1})
+    reply = reply_filter(sent, _context(), lambda m, c: Message(RecordDict({"arrays": weights, "metrics": metrics}), reply_to=m))
+    assert not reply.has_error()
+    assert sorted(reply.content.metric_records["metrics"].keys()) == ["loss", "success_rate", "success_rate/env/maze", "success_rate/far"]
+    assert_reply_is_weights_and_numbers(sent, reply)
+    # categories are the run's env's own: wordle's are not maze's
+    assert allowed_metric("success_rate/crowded", "wordle") and not allowed_metric("success_rate/crowded", "maze")
+    from fedagent_flwr.agent.multi_env import (  # the per-environment keys of a multi-env run
+        ENV_PREFIX,
+        MEAN_KEY,
+    )
+
+    for key in (f"{ENV_PREFIX}wordle", "invalid_action_rate/env/maze", "episodes/env/maze", MEAN_KEY):
+        assert allowed_metric(key, "maze,wordle"), key
+    assert not allowed_metric(f"{ENV_PREFIX}webshop", "maze,wordle")
+
+
+def test_the_filter_blocks_extra_arrays_records_and_handshake_fields(run_identity):
+    from flwr.app import Array, ConfigRecord
+
+    sent, weights = _train_msg()
+    for content in (
+        RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32)), "tokens": Array(np.arange(40))})}),
+        RecordDict({"arrays": weights, "log": ConfigRecord({"trajectory": "go north; go east"})}),
+        RecordDict({"arrays": weights, "episodes": ArrayRecord({"obs": Array(np.zeros(2, dtype=np.float32))})}),
+        RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(4, dtype=np.float32))})}),
+    ):
+        reply = reply_filter(sent, _context(), lambda m, c, content=content: Message(content, reply_to=m))
+        assert reply.has_error() and reply.error.code == REPLY_BLOCKED, content
+    query = Message(RecordDict(), dst_node_id=1, message_type=MessageType.QUERY)
+    info = {"partition-id": 0, "num-partitions": 2, "fingerprint": "a" * 64}
+    ok = reply_filter(query, _context(), lambda m, c: Message(RecordDict({"info": ConfigRecord(info)}), reply_to=m))
+    assert not ok.has_error()
+    for bad in (info | {"host": "10.0.0.7"}, info | {"fingerprint": "the task text"}):
+        reply = reply_filter(query, _context(), lambda m, c, bad=bad: Message(RecordDict({"info": ConfigRecord(bad)}), reply_to=m))
+        assert reply.has_error() and reply.error.code == REPLY_BLOCKED
+
+
+def test_a_failing_client_sends_an_error_code_and_the_class_name_only(run_identity, capsys):
+    sent, _ = _train_msg()
+
+    def crash(m, c):
+        raise RuntimeError("cannot open /home/alice/tasks/maze-1-3.json (pid 4242, 10.0.0.7:9092): You are at (2, 3)")
+
+    reply = reply_filter(sent, _context(), crash)
+    assert reply.has_error() and reply.error.code == CLIENT_FAILED
+    assert reply.error.reason == "client failed: RuntimeError"
+    assert "/home/alice" in capsys.readouterr().err  # the details stay in the client's own log
+
+
+def test_a_failing_clients_reply_reaches_the_server_summary_without_its_traceback(tmp_path, run_identity):
+    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.federation import run_federation
+
+    torch.set_num_threads(1)
+    run_config = RunConfig().to_run_config() | SMALL_CONFIGS["fedagent-avg"] | {
+        "output-dir": str(tmp_path / "runs"), "run-name": "fails", "num-clients": 2, "fault-injection": "raise:partition=0"}
+    try:
+        summary = run_federation(LoopbackGrid(run_config, 2), RunConfig.from_run_config(run_config))
+    finally:
+        load_agent.cache_clear()
+    reasons = [r for rs in summary["failed_replies"].values() for r in rs]
+    assert len(reasons) == 1 and reasons[0].endswith(": client error: client failed: InjectedFault"), reasons
