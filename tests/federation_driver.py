@@ -36,6 +36,8 @@ def main() -> None:
             def step(*args, **kwargs):
                 remaining[0] -= 1
                 if remaining[0] == 0:
+                    where = [Path(a).name for a in args if isinstance(a, (str, os.PathLike))]
+                    print(f"[driver] killed in {fn.__name__}({', '.join(where)})", file=sys.stderr, flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
                 return fn(*args, **kwargs)
             return step

@@ -24,7 +24,7 @@ def drop_last_id_char(env, action):
 
 
 class NoEncoder:
-    def encode_many(self, prompts):
+    def encode_many(self, prompts, systems=None):
         return [[] for _ in prompts]
 
 

@@ -239,17 +239,3 @@ def test_tiny_recipe_for_a_spec_is_keyed_by_its_env_list(tmp_path):
     for action in ("go forward", "move up", "crane"):
         text = f"<think>next: {action}</think><action>{action}</action>"
         assert tok.decode(tok(text)["input_ids"]) == text
-
-
-def test_length_grouped_bc_batches_cover_every_sample_with_little_padding():
-    from fedagent_flwr.agent.sft import _length_grouped_batches
-
-    rng = np.random.default_rng(0)
-    lengths = rng.choice([20, 40, 300], size=256)  # Maze-like, BabyAI-like and WebShop-like prompts
-    samples = [([1] * int(n), [2]) for n in lengths]
-    batches = _length_grouped_batches(samples, 16, np.random.default_rng(1), megabatch=16)
-    epoch = [next(batches) for _ in range(16)]
-    assert sorted(np.concatenate(epoch).tolist()) == list(range(256))  # one epoch = every sample once
-    padded = sum(len(b) * lengths[b].max() for b in epoch)
-    random_padded = sum(16 * lengths[rng.choice(256, 16, replace=False)].max() for _ in range(16))
-    assert padded < 0.5 * random_padded
