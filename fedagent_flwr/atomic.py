@@ -1,7 +1,8 @@
-"""Files written whole or not at all: a temporary file in the same folder, then a rename."""
+"""Files written whole or not at all (a temporary file in the same folder, then a rename), and their checksums."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -27,3 +28,12 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, payload: Any) -> None:
     atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True))
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in blocks (model weights are gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

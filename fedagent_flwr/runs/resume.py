@@ -23,7 +23,6 @@ fresh optimizer, seeded by seed, round and partition), so the server's state is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -41,6 +40,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from safetensors.numpy import load_file, save_file
 
+from fedagent_flwr.atomic import file_sha256
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.runs.state_codec import decode, encode
 from strategies.transfer import array_view
@@ -90,12 +90,6 @@ def _set_rng_states(states: dict[str, Any]) -> None:
     random.setstate(states["random"])
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -116,7 +110,7 @@ def save_state(run_dir: Path, config: dict[str, Any], server_round: int, arrays:
         save_file({k: np.ascontiguousarray(array_view(arrays[k])) for k in arrays}, str(tmp / "arrays.safetensors"))
         _write(tmp / "server.json", json.dumps(payload).encode())
         _write(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True).encode())
-        manifest = {"format": FORMAT, "server_round": server_round, "sha256": {name: _sha256(tmp / name) for name in FILES}}
+        manifest = {"format": FORMAT, "server_round": server_round, "sha256": {name: file_sha256(tmp / name) for name in FILES}}
         _write(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -149,7 +143,7 @@ def _verified(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise DamagedState(f"{folder / MANIFEST} has format {manifest.get('format')!r}; this version reads format {FORMAT}")
     for name in FILES:
         try:
-            actual = _sha256(folder / name)
+            actual = file_sha256(folder / name)
         except OSError:
             raise DamagedState(f"{folder / name} is missing") from None
         if actual != expected.get(name):
