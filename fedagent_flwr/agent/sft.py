@@ -16,15 +16,16 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from datasets import Dataset
-from transformers import PrinterCallback
-from trl import SFTConfig as TRLSFTConfig
-from trl import SFTTrainer
 
 from fedagent_flwr.agent.precision import model_device
+
+if TYPE_CHECKING:
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
 
 
 @dataclass
@@ -55,6 +56,10 @@ def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_
     """TRL's configuration for the project's supervised passes: a constant learning rate without warmup (what the
     recipes were tuned with), a loss logged every step, nothing saved or reported, no sequence truncation (prompts
     are as long as the environment makes them), no progress bar."""
+    from trl import (
+        SFTConfig as TRLSFTConfig,  # here, not at the top: importing TRL costs every process a second
+    )
+
     return TRLSFTConfig(
         output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=learning_rate,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
@@ -67,6 +72,8 @@ def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_
 
 def quiet(trainer: SFTTrainer) -> SFTTrainer:
     """Without a progress bar, Trainer prints every logged dict; a client's log needs none of them."""
+    from transformers import PrinterCallback
+
     trainer.remove_callback(PrinterCallback)
     return trainer
 
@@ -87,6 +94,8 @@ def supervised_finetune(
         raise ValueError("supervised_finetune needs at least one sample")
     # Labels of -100 mask the prompt out of the loss (the Hugging Face convention; TRL then builds no labels itself).
     rows = [{"input_ids": [*p, *c], "labels": [-100] * len(p) + list(c)} for p, c in samples]
+    from datasets import Dataset
+    from trl import SFTTrainer
     device = model_device(model)
     with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators():
         args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,

@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 import torch
+import trl
 from trl import SFTTrainer
 
-from fedagent_flwr.agent import sft
 from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
@@ -80,7 +80,7 @@ def test_it_is_trl_that_trains(tiny_lm, maze_tokenizer, monkeypatch):
             super().__init__(*args, **kwargs)
             built.append(self)
 
-    monkeypatch.setattr(sft, "SFTTrainer", Recording)
+    monkeypatch.setattr(trl, "SFTTrainer", Recording)
     supervised_finetune(copy.deepcopy(tiny_lm), _pairs(maze_tokenizer, 4), maze_tokenizer,
                         SupervisedConfig(steps=1, batch_size=2))
     assert len(built) == 1 and built[0].args.max_length is None
@@ -90,7 +90,7 @@ def test_length_grouped_batches_cover_every_sample_with_little_padding(tiny_lm, 
     """group_by_length (the multi-env and WebShop presets) gives batches of similar length: an epoch of the
     trainer's own data loader pads less than half what random batches would, and still holds every sample."""
     built = []
-    monkeypatch.setattr(sft, "SFTTrainer", lambda *a, **k: built.append(SFTTrainer(*a, **k)) or built[-1])
+    monkeypatch.setattr(trl, "SFTTrainer", lambda *a, **k: built.append(SFTTrainer(*a, **k)) or built[-1])
     rng = np.random.default_rng(0)
     # Maze-like, BabyAI-like and WebShop-like prompts; transformers groups within megabatches of up to 50
     # batches (fewer for small datasets), so a preset-sized dataset
