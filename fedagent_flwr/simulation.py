@@ -4,8 +4,9 @@ Every run-config key is a flag (`--clients-per-round 3` sets `clients-per-round`
 `--num-clients` also sets the number of simulated SuperNodes, and
 `--num-cpus-per-client` / `--num-gpus-per-client` become Ray's client resources.
 Under the hood this is `flwr run <app> --run-config ... --federation-config ...`,
-so a run started here is the same app a deployment runs. A local SuperLink that
-this command had to start is stopped again at the end.
+so a run started here is the same app a deployment runs. Each run gets a local
+SuperLink of its own (free ports, a private FLWR_HOME), and every process started
+under it is stopped at the end: on success, failure, Ctrl-C or a timeout's SIGTERM.
 
     python run_simulation.py --strategy fedagent-avg --env maze --num-clients 4 --clients-per-round 2
     python run_simulation.py --run-config configs/fedagent-cpu.toml --seed 1
@@ -17,17 +18,22 @@ package rather than a checkout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import fields
 from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
 from fedagent_flwr.config import RunConfig, toml_value
+from fedagent_flwr.deployment import free_port
 from fedagent_flwr.runs.run_folder import check_run_folder
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]  # the checkout this package sits in (editable install)
@@ -105,7 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ.copy()
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")  # else flwr reinstalls deps (GBs of torch)
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    before = superlink_pids()
+    # `flwr run` starts a local SuperLink on a fixed port and leaves it running for whoever comes next: another
+    # user's run would land on it, and stopping it would stop theirs. Unless told otherwise (the port variables,
+    # or --keep-superlink), this run gets a SuperLink of its own: free ports, a private FLWR_HOME, and at the end
+    # every process that carries that FLWR_HOME (the SuperLink, the simulation process, Ray) is stopped.
+    private = None
+    if not args.keep_superlink and "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT" not in env:
+        private = tempfile.mkdtemp(prefix="fedagent-flwr-home-")
+        env.update(FLWR_HOME=private, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+                   FLWR_LOCAL_CONTROL_API_PORT=str(free_port()))
+        print(f"[run_simulation] a local SuperLink of this run's own on port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} "
+              f"(FLWR_HOME={private}), stopped at the end", flush=True)
+    port = env.get("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "39091")
+    before = superlink_pids(port)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)  # a timeout's SIGTERM cleans up like Ctrl-C
     try:
         # `flwr run --stream` exits 0 even when the ServerApp failed; its last words name summary.json.
         summary = None
@@ -122,18 +141,56 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     finally:
-        if not args.keep_superlink:
-            for pid in superlink_pids() - before:
-                os.kill(pid, signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous_term)
+        if private is not None:
+            stop(processes_of(private))
+            shutil.rmtree(private, ignore_errors=True)
+        elif not args.keep_superlink:
+            stop(superlink_pids(port) - before)
 
 
-def superlink_pids() -> set[int]:
-    """PIDs of running flower-superlink processes on this run's port (Linux /proc; empty elsewhere).
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
-    Only the port `flwr run` uses here (FLWR_LOCAL_SUPERLINK_HTTP_API_PORT, default 39091) counts,
-    so a run on its own port never stops the SuperLink of another run on another port.
-    """
-    port = f"--port {os.environ.get('FLWR_LOCAL_SUPERLINK_HTTP_API_PORT', '39091')} ".encode()
+
+def processes_of(flwr_home: str) -> set[int]:
+    """PIDs of the processes started under this FLWR_HOME (they inherit it: SuperLink, flwr-simulation, Ray)."""
+    marker = f"FLWR_HOME={flwr_home}".encode()
+    pids = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                pids.add(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return pids - {os.getpid()}
+
+
+def stop(pids: set[int], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL for what is still alive after `grace` seconds."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + grace
+    while pids and time.time() < deadline:
+        pids = {pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)}
+        time.sleep(0.2)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def superlink_pids(port: str) -> set[int]:
+    """PIDs of running flower-superlink processes on `port` (Linux /proc; empty elsewhere), so a run on its own
+    port never stops the SuperLink of another run on another port."""
+    port = f"--port {port} ".encode()
     pids = set()
     for proc in Path("/proc").glob("[0-9]*"):
         try:

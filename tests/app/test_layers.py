@@ -1,6 +1,7 @@
 """The layering the project keeps: every module imports only the layers below it (and its own package).
 
-apps -> federation -> methods -> runs -> config -> agent / privacy / faults -> atomic; experiments on top;
+apps -> federation / deployment -> methods -> runs -> config -> agent / privacy / faults -> atomic; experiments
+(and the evaluation command) on top;
 envs, partitions, fedrl and strategies never import the app. A function-level import counts too,
 so one cannot be used to dodge a circle.
 """
@@ -13,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # rank of each part of fedagent_flwr: a module may import parts of a lower rank, or its own part
 RANKS = {"atomic": 0, "agent": 1, "faults": 1, "privacy": 1, "config": 2, "runs": 3, "methods": 4, "federation": 5,
-         "server_app": 6, "client_app": 6, "simulation": 6, "deployment": 6, "experiments": 7}
+         "deployment": 5, "server_app": 6, "client_app": 6, "simulation": 6, "experiments": 7, "evaluation": 8}
 LIBRARIES = ("envs", "partitions", "fedrl", "strategies")
 
 

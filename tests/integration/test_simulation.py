@@ -24,6 +24,13 @@ def test_two_round_simulation_on_the_tiny_model(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     run_dir = out / "ci"
     assert proc.returncode == 0 and (run_dir / "summary.json").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    # the run had a SuperLink of its own and left no process of it behind (SuperLink, simulation, Ray)
+    from fedagent_flwr.simulation import processes_of
+
+    own = [line for line in proc.stdout.splitlines() if line.startswith("[run_simulation] a local SuperLink")]
+    assert own and "port 39091 " not in own[0], proc.stdout[-2000:]
+    home = own[0].split("FLWR_HOME=", 1)[1].split(")", 1)[0]
+    assert processes_of(home) == set() and not Path(home).exists()
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["initial_success_rate"] <= 1.0 and 0.0 <= summary["final_success_rate"] <= 1.0
