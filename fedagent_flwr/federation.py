@@ -33,6 +33,7 @@ from fedagent_flwr.privacy.secure_aggregation import (
     SecureFedAgentAvg,
     run_secure_rounds,
 )
+from fedagent_flwr.runs.reporting import round_line
 from fedagent_flwr.runs.resume import (
     ServerState,
     check_resumable_config,
@@ -100,6 +101,7 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
             row.update({f"eval/{k}": v for k, v in metrics.items()})
             method.after_evaluation(reporter, server_round, metrics)
         reporter.log(row)
+        print(round_line(row, strategy.sampled.get(server_round)), flush=True)
         method.after_round(reporter, server_round, arrays)
         if cfg.traits.resume:
             save_state(reporter.run_dir, state_config, server_round, arrays, strategy, reporter.rows, evaluations(reporter.rows))

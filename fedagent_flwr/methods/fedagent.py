@@ -58,7 +58,7 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     started = time.time()
     rng = seed_everything(cfg.seed, server_round, partition_id)
     trainer = GRPOTrainer(model if model is not None else agent.model, agent.tokenizer, cfg.grpo_config(), cfg.rollout_config())
-    env_factory = lambda: make_env(cfg.env, cfg.max_steps)  # noqa: E731
+    env_factory = lambda: make_env(cfg.env, cfg.max_steps)
     epochs = [trainer.train_epoch(env_factory, tasks, rng) for _ in range(cfg.local_epochs)]
     # Rates are averaged over epochs, counts summed.
     summed = {"episodes", "tokens", "generated_tokens", "optimizer_steps", "train_samples", "rollout_seconds"}
@@ -162,9 +162,7 @@ class LanguageAgentMethod(Method):
             reporter.checkpoint(server_round, self.agent.model, self.agent.tokenizer)
 
     def after_evaluation(self, reporter: RunReporter, server_round: int, metrics: dict[str, float]) -> None:
-        self.checkpoint(reporter, server_round)
-        print(f"[fedagent] round {server_round}: held-out success {metrics['success_rate']:.3f} "
-              f"({int(metrics['episodes'])} episodes)", flush=True)
+        self.checkpoint(reporter, server_round)  # the round's console line is federation.py's
         if self.cfg.eval_transcripts and self.evaluator.last_trajectories:
             path = write_transcripts(reporter.run_dir / "episodes" / f"round-{server_round:04d}.txt",
                                      self.evaluator.last_trajectories, self.cfg.eval_transcripts,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -24,9 +25,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from fedagent_flwr.atomic import atomic_write_text  # noqa: E402
+from fedagent_flwr.atomic import atomic_write_text
 
 
 class RunReporter:
@@ -122,3 +123,22 @@ class RunReporter:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+
+
+def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
+    """The console's one line per round, from the round's metric row: clients, training success and reward,
+    held-out success with its standard error (binomial, over the evaluation's episodes) when evaluated, bytes
+    moved and seconds so far."""
+    parts = [f"round {int(row['round'])}"]
+    if sampled:
+        parts.append("clients " + ",".join(str(p) for p in sampled))
+    if "train/success_rate" in row:
+        parts.append(f"train success {row['train/success_rate']:.3f} reward {row.get('train/mean_reward', float('nan')):.2f}")
+    if "eval/success_rate" in row:
+        p, n = row["eval/success_rate"], max(1.0, row.get("eval/episodes", 1.0))
+        parts.append(f"held-out {p:.3f} +- {math.sqrt(p * (1 - p) / n):.3f} ({int(n)} episodes)")
+    moved = row.get("train/comm/bytes-sent-round", 0.0) + row.get("train/comm/bytes-received-round", 0.0)
+    if moved:
+        parts.append(f"{moved / 1e6:.1f} MB")
+    parts.append(f"{row['elapsed_seconds']:.0f} s")
+    return "[fedagent] " + " | ".join(parts)
