@@ -101,12 +101,18 @@ def adapter_num_parameters(peft_model: PeftModel) -> int:
     return sum(v.numel() for v in get_peft_model_state_dict(peft_model).values())
 
 
-def save_adapter(peft_model: PeftModel, folder: Path, tokenizer=None) -> Path:
-    """Write a PEFT folder (adapter_config.json + adapter_model.safetensors) atomically."""
+def save_adapter(peft_model: PeftModel, folder: Path, tokenizer=None, base_model: str | None = None) -> Path:
+    """Write a PEFT folder (adapter_config.json + adapter_model.safetensors) atomically. `base_model` is what the
+    folder names as its base (the run's `model`): PEFT would write the path the base was loaded from, which for
+    a built or converted model is a cache folder of the machine that wrote it."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    config = peft_model.peft_config[peft_model.active_adapter]
+    loaded_from = config.base_model_name_or_path
     try:
+        if base_model is not None:
+            config.base_model_name_or_path = base_model
         peft_model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -114,6 +120,7 @@ def save_adapter(peft_model: PeftModel, folder: Path, tokenizer=None) -> Path:
             shutil.rmtree(folder)
         os.replace(tmp, folder)
     finally:
+        config.base_model_name_or_path = loaded_from
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return folder

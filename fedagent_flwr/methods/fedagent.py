@@ -157,7 +157,8 @@ class LanguageAgentMethod(Method):
 
     def checkpoint(self, reporter: RunReporter, server_round: int) -> None:
         if self.peft_model is not None:  # a PEFT adapter folder
-            save_adapter(self.peft_model, reporter.run_dir / "checkpoints" / f"round-{server_round:04d}", self.agent.tokenizer)
+            save_adapter(self.peft_model, reporter.run_dir / "checkpoints" / f"round-{server_round:04d}", self.agent.tokenizer,
+                         base_model=self.cfg.model)
         else:
             reporter.checkpoint(server_round, self.agent.model, self.agent.tokenizer)
 

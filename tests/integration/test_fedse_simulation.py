@@ -42,7 +42,10 @@ def test_two_round_fedse_simulation_on_the_tiny_model(tmp_path):
     first = run_dir / "checkpoints" / "round-0000"
     last = run_dir / "checkpoints" / "round-0002"
     config = json.loads((first / "adapter_config.json").read_text())
-    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    assert config["base_model_name_or_path"] == "tiny"  # the run's model, not a cache path of this machine
+    from fedagent_flwr.agent.tiny_model import ensure_tiny_model
+
+    base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model("maze"))
     model = PeftModel.from_pretrained(base, last)
     n = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
     assert r1["train/comm/bytes-sent-per-client"] == n * 4 == r1["train/comm/bytes-received-per-client"]

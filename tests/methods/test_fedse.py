@@ -176,7 +176,11 @@ def test_adapter_bytes_equal_parameter_count_times_dtype_size_and_peft_folder_lo
             for name, p in peft_model.named_parameters():
                 if "lora_B" in name:
                     p.normal_()
-        folder = save_adapter(peft_model, tmp_path / "adapter", maze_tokenizer)
+        loaded_from = peft_model.peft_config["default"].base_model_name_or_path
+        folder = save_adapter(peft_model, tmp_path / "adapter", maze_tokenizer, base_model="org/base")
+        # the folder names the run's model as its base, not where this process loaded it from
+        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "org/base"
+        assert peft_model.peft_config["default"].base_model_name_or_path == loaded_from
         x = torch.tensor([[3, 4, 5, 6]])
         expected = peft_model(input_ids=x).logits
     assert set(tiny_lm.state_dict()) == base_keys  # the base is plain again after the block
