@@ -50,7 +50,6 @@ from fedagent_flwr.privacy.differential_privacy import DP_MODES
 from fedrl.ddpg import CONTINUOUS_ENVS
 from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
 from fedrl.mdps import TABULAR_ENVS
-from partitions.labels import load_labels
 from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
 from strategies.pavg import VARIANTS as PAVG_VARIANTS
 from strategies.transfer import TRANSFER_DTYPES
@@ -353,6 +352,10 @@ class PartitionConfig:
             if labels.startswith("~") or Path(labels).is_absolute():
                 need(Path(labels).expanduser().is_file(), "success-labels", labels, "an existing file")
             if Path(labels).expanduser().is_file() and self.env in available_envs():
+                from partitions.labels import (
+                    load_labels,  # here: the partitions package imports flwr-datasets
+                )
+
                 try:
                     load_labels(labels, self.env, make_env(self.env).tasks_of_split("train"))
                 except ValueError as err:

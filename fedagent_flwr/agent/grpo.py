@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent.evaluation import summarize
@@ -174,6 +173,11 @@ class GRPOTrainer:
         self.reference = None  # a frozen copy of the round-start model (full fine-tuning)
         self.reference_adapter = None  # the round-start adapter's tensors (LoRA): swapped in to score
         if config.kl_beta > 0:
+            from peft import (  # here: see agent/lora.py on PEFT imports
+                PeftModel,
+                get_peft_model_state_dict,
+            )
+
             if config.kl_reference not in KL_REFERENCES:
                 raise ValueError(f"kl_reference must be one of {KL_REFERENCES}, got {config.kl_reference!r}")
             if isinstance(model, PeftModel):
@@ -195,6 +199,8 @@ class GRPOTrainer:
         if self.reference_adapter is None:  # base: the LoRA model with its adapter switched off
             with self.model.disable_adapter():
                 return self._logprobs(self.model, samples)
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
         current = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
         set_peft_model_state_dict(self.model, self.reference_adapter)
         try:

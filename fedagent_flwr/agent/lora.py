@@ -20,16 +20,15 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord
-from peft import (
-    LoraConfig,
-    PeftModel,
-    get_peft_model,
-    get_peft_model_state_dict,
-    set_peft_model_state_dict,
-)
+
+# PEFT is imported where an adapter is made or read, not at the top: reading a run config must not pay for it
+# (about 2 s of every process's start on 2 cores).
+if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,8 @@ class LoRASpec:
         return names
 
     def config(self) -> LoraConfig:
+        from peft import LoraConfig
+
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=self.dropout,
                           bias="none", task_type="CAUSAL_LM")
@@ -63,6 +64,8 @@ def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iter
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the same seed gives every process the same initial adapter
         try:
+            from peft import get_peft_model
+
             peft_model = get_peft_model(model, spec.config())
         except ValueError as exc:  # PEFT names the missing modules; add the key that chose them
             raise ValueError(f"lora-target-modules={spec.target_modules!r} does not fit this model: {exc}") from None
@@ -75,6 +78,8 @@ def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iter
 
 
 def adapter_to_arrays(peft_model: PeftModel) -> ArrayRecord:
+    from peft import get_peft_model_state_dict
+
     """The adapter's tensors only (float32 on the CPU: bf16 has no numpy dtype)."""
     state = get_peft_model_state_dict(peft_model)
     return ArrayRecord({k: (v.detach().to("cpu").float() if v.dtype == torch.bfloat16 else v.detach().to("cpu")).contiguous()
@@ -82,6 +87,8 @@ def adapter_to_arrays(peft_model: PeftModel) -> ArrayRecord:
 
 
 def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord) -> None:
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
     """Load an adapter; its keys must be exactly the model's adapter keys."""
     current = get_peft_model_state_dict(peft_model)
     incoming = arrays.to_torch_state_dict()
@@ -98,6 +105,8 @@ def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord) -> None:
 
 
 def adapter_num_parameters(peft_model: PeftModel) -> int:
+    from peft import get_peft_model_state_dict
+
     return sum(v.numel() for v in get_peft_model_state_dict(peft_model).values())
 
 
