@@ -56,9 +56,8 @@ def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_
     """TRL's configuration for the project's supervised passes: a constant learning rate without warmup (what the
     recipes were tuned with), a loss logged every step, nothing saved or reported, no sequence truncation (prompts
     are as long as the environment makes them), no progress bar."""
-    from trl import (
-        SFTConfig as TRLSFTConfig,  # here, not at the top: importing TRL costs every process a second
-    )
+    # Imported here, not at the top: importing TRL costs every process that reads a run config a second.
+    from trl import SFTConfig as TRLSFTConfig
 
     return TRLSFTConfig(
         output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=learning_rate,
@@ -89,13 +88,16 @@ def supervised_finetune(
     config: SupervisedConfig,
 ) -> list[float]:
     """Train `model` (a plain model, or a PEFT model whose adapter trains) on (prompt ids, completion ids) pairs;
-    returns the loss of every step. The model is left in eval mode, on the device it came on."""
+    returns the loss of every step. The model is left in eval mode, on the device it came on (Trainer trains on
+    its own device: the first visible GPU, which is the client's own under Ray's or a SuperNode's
+    CUDA_VISIBLE_DEVICES)."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
     if not samples:
         raise ValueError("supervised_finetune needs at least one sample")
     # Labels of -100 mask the prompt out of the loss (the Hugging Face convention; TRL then builds no labels itself).
     rows = [{"input_ids": [*p, *c], "labels": [-100] * len(p) + list(c)} for p, c in samples]
-    from datasets import Dataset
-    from trl import SFTTrainer
     device = model_device(model)
     with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators():
         args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,
@@ -105,7 +107,7 @@ def supervised_finetune(
         trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                                    processing_class=tokenizer))
         trainer.train()
-    model.eval()
+    model.to(device).eval()
     return step_losses(trainer)
 
 
