@@ -9,7 +9,7 @@ prompt prefix every row shares (instructions, task text) is encoded once. It is
 plain ancestral sampling (temperature, top-p) or greedy decoding; the log-probs
 GRPO trains on are recomputed from the tokens, so nothing depends on how the
 sampler was written. Measured against `generate` on the same batch (benchmarks/rollout_throughput.py,
-warm SmolLM2-135M, 2 CPU cores): 2.17x the tokens/s on GRPO-shaped batches (4 tasks x G = 8), 1.32x on
+warm SmolLM2-135M, 2 CPU cores): 2.2-2.5x the tokens/s on GRPO-shaped batches (4 tasks x G = 8), 1.3x on
 8 distinct tasks (docs/agent.md); it stays only while it is faster.
 """
 
