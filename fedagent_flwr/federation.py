@@ -134,6 +134,7 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
     }
     reporter.write_summary(summary)
     method.report(reporter, history, strategy, summary)
+    reporter.close()
     return summary
 
 

@@ -51,7 +51,7 @@ class Method:
         return {}
 
     def reporter(self, run_dir: Path) -> RunReporter:
-        return RunReporter(run_dir)
+        return RunReporter(run_dir, self.cfg.tracker)
 
     def announce(self, run_dir: Path, num_clients: int) -> None:
         print(f"[fedagent] run folder: {run_dir}", flush=True)

@@ -169,6 +169,7 @@ class LanguageAgentMethod(Method):
                                      self.evaluator.last_trajectories, self.cfg.eval_transcripts,
                                      header=f"held-out episodes after round {server_round} (model {self.cfg.model}, "
                                             f"eval-temperature {self.cfg.eval_temperature:g})")
+            reporter.text("episodes", path.read_text(), server_round)
             print(f"[fedagent] round {server_round} example: {short_example(self.evaluator.last_trajectories)} "
                   f"(more: {path})", flush=True)
         if is_multi_spec(self.cfg.env):

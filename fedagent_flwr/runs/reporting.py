@@ -28,19 +28,34 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from fedagent_flwr.atomic import atomic_write_text
+from fedagent_flwr.runs.tracking import open_tracker
 
 
 class RunReporter:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, tracker: str = "none") -> None:
         self.run_dir = run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
+        self.tracker = open_tracker(tracker, run_dir)  # runs/tracking.py; None = the run folder only
 
     def write_config(self, config: dict[str, Any]) -> None:
         atomic_write_text(self.run_dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
+        if self.tracker:
+            self.tracker.config(config)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        """Text for the tracker (episode transcripts); the run folder has its own copy."""
+        if self.tracker:
+            self.tracker.text(tag, text, step)
+
+    def close(self) -> None:
+        if self.tracker:
+            self.tracker.close()
 
     def log(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
+        if self.tracker:
+            self.tracker.row(row)
         atomic_write_text(self.run_dir / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
         columns = sorted({k for r in self.rows for k in r}, key=lambda k: (k != "round", k))
         buf = io.StringIO()

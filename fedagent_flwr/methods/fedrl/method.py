@@ -108,7 +108,7 @@ class FedRL(Method):
         return {"algorithm": self.run_label(), "step-size-rule": repr(p.step_size), "problem-fingerprint": p.fingerprint()}
 
     def reporter(self, run_dir: Path) -> RunReporter:
-        return FedRLReporter(run_dir)
+        return FedRLReporter(run_dir, self.cfg.tracker)
 
     def announce(self, run_dir: Path, num_clients: int) -> None:
         p = self._problem
