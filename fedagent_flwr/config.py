@@ -43,6 +43,7 @@ from fedagent_flwr.agent.prompts import ANSWER_PARSING, PROMPT_ROLES
 from fedagent_flwr.agent.rollout import REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
 from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
+from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
 from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
@@ -417,6 +418,7 @@ class FedSEConfig:
     fedse_history: str = _key("cumulative", "fedse-lora: cumulative = buffer grows every round; round = demonstrations plus this round's trajectories only (w/o history)", " | ".join(FEDSE_HISTORY))
     fedse_steps: str = _key("all", "fedse-lora: steps of a kept trajectory trained on: all (the paper) or valid (drop steps whose action was malformed or inadmissible)", " | ".join(FEDSE_STEPS))
     fedse_seed_demos: int = _key(8, "fedse-lora: expert demonstrations on the client's tasks that seed its buffer (D_k^0)", "integer >= 0")
+    fedse_loss_tokens: str = _key("action", "fedse-lora: tokens the SFT loss covers: action = those after </think>, given the reasoning (the paper's Eq. 7); completion = the whole completion, reasoning included", " | ".join(FEDSE_LOSS_TOKENS))
     fedse_sft_steps: int = _key(20, "fedse-lora: optimizer steps of NLL fine-tuning on the buffer per round", "integer >= 1")
     fedse_sft_batch_size: int = _key(16, "fedse-lora: agent steps per fine-tuning batch", "integer >= 1")
     fedse_learning_rate: float = _key(1e-3, "fedse-lora: AdamW learning rate of the LoRA fine-tuning", "> 0")
@@ -431,6 +433,7 @@ class FedSEConfig:
         need(self.fedse_keep in FEDSE_KEEP, "fedse-keep", self.fedse_keep, " | ".join(FEDSE_KEEP))
         need(self.fedse_history in FEDSE_HISTORY, "fedse-history", self.fedse_history, " | ".join(FEDSE_HISTORY))
         need(self.fedse_steps in FEDSE_STEPS, "fedse-steps", self.fedse_steps, " | ".join(FEDSE_STEPS))
+        need(self.fedse_loss_tokens in FEDSE_LOSS_TOKENS, "fedse-loss-tokens", self.fedse_loss_tokens, " | ".join(FEDSE_LOSS_TOKENS))
         for name in ("fedse_explore_samples", "fedse_seed_demos"):
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
         for name in ("fedse_sft_steps", "fedse_sft_batch_size", "lora_rank"):
@@ -561,7 +564,8 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         """A Fed-SE client's settings."""
         return SelfEvolutionConfig(
             lora=self.lora_spec(), explore_samples=self.fedse_explore_samples, keep=self.fedse_keep,
-            history=self.fedse_history, steps=self.fedse_steps, seed_demos=self.fedse_seed_demos,
+            history=self.fedse_history, steps=self.fedse_steps, loss_tokens=self.fedse_loss_tokens,
+            seed_demos=self.fedse_seed_demos,
             sft_steps=self.fedse_sft_steps, sft_batch_size=self.fedse_sft_batch_size,
             learning_rate=self.fedse_learning_rate, seed=self.seed, precision=self.resolved_precision(),
         )

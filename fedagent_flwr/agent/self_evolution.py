@@ -5,7 +5,8 @@
 3. Filter: keep the successful trajectories (binary success), or all of them (w/o filtering).
 4. Accumulate: D_t = D_{t-1} u kept (or D^0 u kept, w/o history); the first round seeds
    D^0 with the environment expert's demonstrations on the client's tasks.
-5. Fine-tune the adapter by NLL of the completion (action) tokens over D_t.
+5. Fine-tune the adapter by NLL over D_t: of the action given the reasoning (Eq. 7, the default), or of the
+   whole completion (`loss_tokens="completion"`).
 6. Return the adapter's tensors and numeric metrics - the buffer stays on disk here.
 
 `explore-samples = 0` skips steps 2-4 after seeding: plain federated averaging of
@@ -46,6 +47,7 @@ from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
 KEEP_MODES = ("successes", "all")
 HISTORY_MODES = ("cumulative", "round")
 STEP_MODES = ("all", "valid")
+LOSS_TOKENS = ("action", "completion")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class SelfEvolutionConfig:
     keep: str = "successes"  # "all" = w/o filtering
     history: str = "cumulative"  # "round" = w/o history (D^0 plus this round's trajectories)
     steps: str = "all"  # "valid" = train only on the valid steps of kept trajectories (not in the paper)
+    # "action": the loss covers the tokens after the reasoning (the paper's Eq. 7, log-likelihood of the action
+    # given the reasoning); "completion": every completion token, reasoning included (this project before).
+    loss_tokens: str = "action"
     seed_demos: int = 8  # expert demonstrations in D_k^0
     sft_steps: int = 20
     sft_batch_size: int = 16
@@ -69,6 +74,8 @@ class SelfEvolutionConfig:
             raise ValueError(f"fedse-history={self.history!r} is not allowed: expected one of {', '.join(HISTORY_MODES)}")
         if self.steps not in STEP_MODES:
             raise ValueError(f"fedse-steps={self.steps!r} is not allowed: expected one of {', '.join(STEP_MODES)}")
+        if self.loss_tokens not in LOSS_TOKENS:
+            raise ValueError(f"fedse-loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(LOSS_TOKENS)}")
         for name in ("explore_samples", "seed_demos", "sft_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -103,6 +110,18 @@ def expert_demonstrations(agent: Agent, env_factory: Callable[[], TextEnv], task
     chosen = [tasks[i % len(tasks)] for i in range(count)]
     trajs = run_episodes(ExpertPolicy(agent.tokenizer), env_factory, chosen, PromptEncoder(agent.tokenizer), rollout)
     return [t for t in trajs if t.won]
+
+
+def action_given_reasoning(prompt: list[int], completion: list[int], tokenizer) -> tuple[list[int], list[int]]:
+    """(context, target) for the loss of Eq. 7: the reasoning moves to the conditioning side (masked like the
+    prompt), the target starts at the first token after `</think>`. Where that tag ends inside a token shared with
+    what follows, the shared token counts as reasoning. A completion without `</think>` stays a target whole."""
+    for k in range(1, len(completion) + 1):
+        if "</think>" in tokenizer.decode(completion[:k]):
+            if k == len(completion):
+                break
+            return [*prompt, *completion[:k]], list(completion[k:])
+    return list(prompt), list(completion)
 
 
 def client_buffer_dir(root: str | Path, run_key: str, partition_id: int) -> Path:
@@ -148,6 +167,8 @@ def self_evolution_round(
         metrics["fedse/new-successes"] = float(new_successes)
         metrics.update({f"fedse/{k}": v for k, v in buffer.stats().items()})
         samples = buffer.samples()
+        if config.loss_tokens == "action":
+            samples = [action_given_reasoning(p, c, agent.tokenizer) for p, c in samples]
         if samples and config.sft_steps:
             sft = SupervisedConfig(steps=config.sft_steps, batch_size=config.sft_batch_size, learning_rate=config.learning_rate,
                             seed=config.seed * 1_000_003 + server_round, precision=config.precision)

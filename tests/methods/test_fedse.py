@@ -330,3 +330,27 @@ def test_factor_mean_error_for_drifted_adapters_and_svd_is_never_worse(perturbat
         assert metrics["agg/svd-rank-r-rel-error"] <= metrics["agg/factor-mean-rel-error"] + 1e-6
         errors.append(metrics["agg/factor-mean-rel-error"])
     assert low < float(np.mean(errors)) < high
+
+
+def test_the_sft_target_is_the_action_given_the_reasoning(maze_tokenizer):
+    """Fed-SE's Eq. 7: the reasoning conditions, the action is scored. The split point is where `</think>` ends."""
+    from fedagent_flwr.agent.prompts import expert_completion
+    from fedagent_flwr.agent.self_evolution import action_given_reasoning
+
+    prompt = [1, 2, 3]
+    completion = maze_tokenizer(expert_completion("move up"), add_special_tokens=False)["input_ids"] + [maze_tokenizer.eos_token_id]
+    context, target = action_given_reasoning(prompt, completion, maze_tokenizer)
+    assert context + target == prompt + completion and context[:3] == prompt
+    assert "</think>" in maze_tokenizer.decode(context) and "</think>" not in maze_tokenizer.decode(target)
+    assert "move up</action>" in maze_tokenizer.decode(target)
+    assert "<think>" not in maze_tokenizer.decode(target)
+    # no reasoning block: the whole completion stays the target
+    plain = maze_tokenizer("<action>move up</action>", add_special_tokens=False)["input_ids"]
+    assert action_given_reasoning(prompt, plain, maze_tokenizer) == (prompt, plain)
+
+
+def test_fedse_trains_on_action_tokens_by_default_and_on_the_whole_completion_when_asked():
+    from fedagent_flwr.config import RunConfig
+
+    assert RunConfig(strategy="fedse-lora").self_evolution_config().loss_tokens == "action"
+    assert RunConfig(strategy="fedse-lora", fedse_loss_tokens="completion").self_evolution_config().loss_tokens == "completion"
