@@ -418,7 +418,7 @@ class FedSEConfig:
     fedse_history: str = _key("cumulative", "fedse-lora: cumulative = buffer grows every round; round = demonstrations plus this round's trajectories only (w/o history)", " | ".join(FEDSE_HISTORY))
     fedse_steps: str = _key("all", "fedse-lora: steps of a kept trajectory trained on: all (the paper) or valid (drop steps whose action was malformed or inadmissible)", " | ".join(FEDSE_STEPS))
     fedse_seed_demos: int = _key(8, "fedse-lora: expert demonstrations on the client's tasks that seed its buffer (D_k^0)", "integer >= 0")
-    fedse_loss_tokens: str = _key("action", "fedse-lora: tokens the SFT loss covers: action = those after </think>, given the reasoning (the paper's Eq. 7); completion = the whole completion, reasoning included", " | ".join(FEDSE_LOSS_TOKENS))
+    fedse_loss_tokens: str = _key("completion", "fedse-lora: tokens the SFT loss covers: completion = the whole completion, reasoning included (default: this project's reasoning names the action, so the choice is made there; docs/fedse.md); action = those after </think>, given the reasoning (the paper's Eq. 7)", " | ".join(FEDSE_LOSS_TOKENS))
     fedse_sft_steps: int = _key(20, "fedse-lora: optimizer steps of NLL fine-tuning on the buffer per round", "integer >= 1")
     fedse_sft_batch_size: int = _key(16, "fedse-lora: agent steps per fine-tuning batch", "integer >= 1")
     fedse_learning_rate: float = _key(1e-3, "fedse-lora: AdamW learning rate of the LoRA fine-tuning", "> 0")

@@ -5,8 +5,8 @@
 3. Filter: keep the successful trajectories (binary success), or all of them (w/o filtering).
 4. Accumulate: D_t = D_{t-1} u kept (or D^0 u kept, w/o history); the first round seeds
    D^0 with the environment expert's demonstrations on the client's tasks.
-5. Fine-tune the adapter by NLL over D_t: of the action given the reasoning (Eq. 7, the default), or of the
-   whole completion (`loss_tokens="completion"`).
+5. Fine-tune the adapter by NLL over D_t: of the whole completion (the default), or of the action given
+   the reasoning (`loss_tokens="action"`, the paper's Eq. 7).
 6. Return the adapter's tensors and numeric metrics - the buffer stays on disk here.
 
 `explore-samples = 0` skips steps 2-4 after seeding: plain federated averaging of
@@ -57,9 +57,13 @@ class SelfEvolutionConfig:
     keep: str = "successes"  # "all" = w/o filtering
     history: str = "cumulative"  # "round" = w/o history (D^0 plus this round's trajectories)
     steps: str = "all"  # "valid" = train only on the valid steps of kept trajectories (not in the paper)
-    # "action": the loss covers the tokens after the reasoning (the paper's Eq. 7, log-likelihood of the action
-    # given the reasoning); "completion": every completion token, reasoning included (this project before).
-    loss_tokens: str = "action"
+    # "completion": every completion token, reasoning included; "action": the tokens after the reasoning (the
+    # paper's Eq. 7, the log-likelihood of the action given the reasoning). Why not Eq. 7 by default: in this
+    # project's answer format the reasoning names the action ("next: move up"), so the decision is taken in the
+    # <think>; scored on the action alone, the choice itself goes untrained. Measured on the Maze tiny model
+    # (LoRA SFT, 20 steps x 16, 5 seeds, 72 held-out episodes each): held-out success 0.422 with the whole
+    # completion, 0.269 with Eq. 7 (paired difference -0.153 +- 0.022, p = 0.002; docs/fedse.md).
+    loss_tokens: str = "completion"
     seed_demos: int = 8  # expert demonstrations in D_k^0
     sft_steps: int = 20
     sft_batch_size: int = 16

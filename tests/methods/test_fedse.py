@@ -349,8 +349,23 @@ def test_the_sft_target_is_the_action_given_the_reasoning(maze_tokenizer):
     assert action_given_reasoning(prompt, plain, maze_tokenizer) == (prompt, plain)
 
 
-def test_fedse_trains_on_action_tokens_by_default_and_on_the_whole_completion_when_asked():
+def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given_the_reasoning_when_asked(
+        monkeypatch, maze_tokenizer, tiny_lm, tmp_path):
+    from fedagent_flwr.agent import self_evolution
     from fedagent_flwr.config import RunConfig
 
-    assert RunConfig(strategy="fedse-lora").self_evolution_config().loss_tokens == "action"
-    assert RunConfig(strategy="fedse-lora", fedse_loss_tokens="completion").self_evolution_config().loss_tokens == "completion"
+    assert RunConfig(strategy="fedse-lora").self_evolution_config().loss_tokens == "completion"
+    assert RunConfig(strategy="fedse-lora", fedse_loss_tokens="action").self_evolution_config().loss_tokens == "action"
+    with pytest.raises(ValueError, match="fedse-loss-tokens='reasoning'"):
+        RunConfig(strategy="fedse-lora", fedse_loss_tokens="reasoning")
+    # the round hands the SFT the split samples only with loss_tokens="action"
+    seen = {}
+    monkeypatch.setattr(self_evolution, "supervised_finetune", lambda m, s, t, c: seen.update(samples=s) or [1.0])
+    for mode in ("completion", "action"):
+        agent = _agent(tiny_lm, maze_tokenizer)
+        cfg = SelfEvolutionConfig(explore_samples=0, seed_demos=2, sft_steps=1, loss_tokens=mode)
+        self_evolution_round(agent, cfg, RolloutConfig(history_length=0), lambda: make_env("maze"),
+                             make_env("maze").tasks_of_split("train")[:2], 1, ExperienceBuffer(tmp_path / mode))
+        prompts = [p for p, _ in seen["samples"]]
+        decoded = maze_tokenizer.decode(prompts[0][-6:])
+        assert ("</think>" in decoded) == (mode == "action"), decoded
