@@ -66,11 +66,13 @@ class RunReporter:
         self.plot()
 
     def plot(self) -> None:
-        evals = [(r["round"], r["eval/success_rate"]) for r in self.rows if "eval/success_rate" in r]
+        evals = [(r["round"], r["eval/success_rate"], binomial_se(r["eval/success_rate"], r.get("eval/episodes", 0.0)))
+                 for r in self.rows if "eval/success_rate" in r]
         trains = [(r["round"], r["train/success_rate"]) for r in self.rows if "train/success_rate" in r]
         fig, ax = plt.subplots(figsize=(6, 4))
         if evals:
-            ax.plot(*zip(*evals), marker="o", label="global model, held-out tasks")
+            rounds, values, errors = zip(*evals)
+            ax.errorbar(rounds, values, yerr=errors, marker="o", capsize=3, label="global model, held-out tasks (+- 1 s.e.)")
         if trains:
             ax.plot(*zip(*trains), marker=".", linestyle="--", label="sampled clients, training rollouts")
         categories = sorted({k.split("/", 2)[2] for r in self.rows for k in r if k.startswith("eval/success_rate/")})
@@ -89,6 +91,23 @@ class RunReporter:
         fig.tight_layout()
         self._save(fig, "learning_curve.png")
         self.plot_categories()
+        self.plot_communication()
+
+    def plot_communication(self) -> None:
+        """communication.png: megabytes the server sent to and received from clients, cumulative over rounds."""
+        rows = [r for r in self.rows if "train/comm/bytes-sent-total" in r]
+        if not rows:
+            return
+        fig, ax = plt.subplots(figsize=(6, 4))
+        rounds = [r["round"] for r in rows]
+        for key, label in (("sent", "server -> clients"), ("received", "clients -> server")):
+            ax.plot(rounds, [r[f"train/comm/bytes-{key}-total"] / 1e6 for r in rows], marker=".", label=label)
+        ax.set_xlabel("round")
+        ax.set_ylabel("cumulative MB")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        self._save(fig, "communication.png")
 
     def plot_categories(self) -> None:
         """categories.png: held-out success per task category (or environment), first vs latest
@@ -140,6 +159,11 @@ class RunReporter:
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
 
 
+def binomial_se(p: float, n: float) -> float:
+    """Standard error of a success rate p measured on n episodes (0 when nothing was measured)."""
+    return math.sqrt(p * (1 - p) / n) if n >= 1 else 0.0
+
+
 def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
     """The console's one line per round, from the round's metric row: clients, training success and reward,
     held-out success with its standard error (binomial, over the evaluation's episodes) when evaluated, bytes
@@ -150,8 +174,8 @@ def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
     if "train/success_rate" in row:
         parts.append(f"train success {row['train/success_rate']:.3f} reward {row.get('train/mean_reward', float('nan')):.2f}")
     if "eval/success_rate" in row:
-        p, n = row["eval/success_rate"], max(1.0, row.get("eval/episodes", 1.0))
-        parts.append(f"held-out {p:.3f} +- {math.sqrt(p * (1 - p) / n):.3f} ({int(n)} episodes)")
+        p, n = row["eval/success_rate"], row.get("eval/episodes", 1.0)
+        parts.append(f"held-out {p:.3f} +- {binomial_se(p, n):.3f} ({int(n)} episodes)")
     moved = row.get("train/comm/bytes-sent-round", 0.0) + row.get("train/comm/bytes-received-round", 0.0)
     if moved:
         parts.append(f"{moved / 1e6:.1f} MB")
