@@ -82,6 +82,12 @@ def play(
     return run_episodes(policy, env_factory, episodes, encoder, config, progress=progress)
 
 
+def evaluation_seed(run_seed: int) -> int:
+    """The torch seed every held-out evaluation of a run with this seed starts from (apart from the training
+    rollouts' streams); `python -m fedagent_flwr.evaluation --seed S` uses it too, so it replays a run's numbers."""
+    return run_seed + 1_000_003
+
+
 class GlobalEvaluator:
     """Evaluates the global model on the held-out tasks with a fixed seed per round.
 
@@ -107,7 +113,7 @@ class GlobalEvaluator:
     def evaluate(self, server_round: int) -> dict[str, float]:
         started = time.time()
         with torch.random.fork_rng(devices=[]), autocast(self.precision, self.device):
-            torch.manual_seed(self.seed + 1_000_003)
+            torch.manual_seed(evaluation_seed(self.seed))
             self.last_trajectories = play(self.policy, self.env_factory, self.tasks, self.encoder, self.config,
                                           self.samples_per_task, progress=f"eval round {server_round}")
         metrics = summarize(self.last_trajectories)

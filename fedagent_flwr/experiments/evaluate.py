@@ -12,7 +12,7 @@ import torch
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.evaluation import play, summarize
+from fedagent_flwr.agent.evaluation import evaluation_seed, play, summarize
 from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.agent.precision import autocast, resolve_precision
 from fedagent_flwr.agent.prompts import ANSWER_PARSING, PROMPT_ROLES
@@ -37,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--answer-parsing", choices=ANSWER_PARSING, default="strict")
     p.add_argument("--prompt-roles", choices=PROMPT_ROLES, default="user",
                    help="user: instructions in the user message (reference); system: in a system message")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the run's seed: with the run's evaluation settings this replays the server's evaluation")
+    p.add_argument("--out", type=Path, help="also write the metrics as JSON to this file")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible; bf16 autocast there)")
     p.add_argument("--transcripts", type=Path, help="write sampled episodes as text to this file")
@@ -46,7 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tasks < 0 or args.samples_per_task < 1 or args.temperature < 0 or args.history_length < 0:
         p.error("--tasks must be >= 0, --samples-per-task >= 1, --temperature and --history-length >= 0")
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     try:
         agent = load_agent(args.model, args.env, args.device)
     except ValueError as err:
@@ -55,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = RolloutConfig(history_length=args.history_length, max_new_tokens=answer_token_budget(args.env),
                            temperature=args.temperature, action_matching=args.action_matching,
                            answer_parsing=args.answer_parsing, prompt_roles=args.prompt_roles)
+    torch.manual_seed(evaluation_seed(args.seed))
     with autocast(resolve_precision("auto", agent.device.type == "cuda"), agent.device):
         trajectories = play(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
                             PromptEncoder(agent.tokenizer), config, args.samples_per_task)
@@ -62,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.transcripts:
         write_transcripts(args.transcripts, trajectories, args.transcript_episodes,
                           header=f"held-out episodes of {args.model} on {args.env} (temperature {args.temperature:g})")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(metrics, indent=1, sort_keys=True))
     print(json.dumps({k: round(v, 4) for k, v in metrics.items()}, indent=1))
     return 0
 
