@@ -33,7 +33,7 @@ from fedagent_flwr.privacy.secure_aggregation import (
     SecureFedAgentAvg,
     run_secure_rounds,
 )
-from fedagent_flwr.runs.reporting import round_line
+from fedagent_flwr.runs.reporting import round_line, trimmed_flower_log
 from fedagent_flwr.runs.resume import (
     ServerState,
     check_resumable_config,
@@ -119,8 +119,10 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
         # The DP wrapper screens, clips and noises the replies; `strategy` keeps the bookkeeping read below.
         private = with_differential_privacy(strategy, cfg.dp_mode, cfg.dp_noise_multiplier, cfg.dp_clipping_norm,
                                             strategy.clients_per_round)
-        result = resumable(private, done).start(grid=grid, initial_arrays=initial_arrays, num_rounds=cfg.num_server_rounds,
-                                                timeout=cfg.round_timeout, train_config=train_config, evaluate_fn=evaluate_fn)
+        with trimmed_flower_log():  # the round lines and the summary below say it in the project's words
+            result = resumable(private, done).start(grid=grid, initial_arrays=initial_arrays,
+                                                    num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
+                                                    train_config=train_config, evaluate_fn=evaluate_fn)
         # A resumed strategy counts its rounds from 1 again: shift them back to the run's rounds.
         history |= {r + done: dict(m) for r, m in result.evaluate_metrics_serverapp.items()}
     summary = {

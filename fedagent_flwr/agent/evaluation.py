@@ -114,8 +114,9 @@ class GlobalEvaluator:
         started = time.time()
         with torch.random.fork_rng(devices=[]), autocast(self.precision, self.device):
             torch.manual_seed(evaluation_seed(self.seed))
+            # No progress bar: streamed through Flower's log it stays half-drawn; the round's line follows.
             self.last_trajectories = play(self.policy, self.env_factory, self.tasks, self.encoder, self.config,
-                                          self.samples_per_task, progress=f"eval round {server_round}")
+                                          self.samples_per_task)
         metrics = summarize(self.last_trajectories)
         metrics["seconds"] = time.time() - started
         return metrics

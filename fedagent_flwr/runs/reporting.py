@@ -12,13 +12,16 @@ interrupted run never leaves a half-written checkpoint or table behind.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import logging
 import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +160,33 @@ class RunReporter:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+
+
+class _TrimFlowerResults(logging.Filter):
+    """Drops the parts of Flower's own log that the run's round line and summary say better: the raw metric
+    dicts after every round, and the whole history Flower dumps at the end (half of a short run's log)."""
+
+    RAW = ("\t└──> Aggregated MetricRecord", "\t└──> MetricRecord", "Initial global evaluation results")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finished = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if msg.startswith("Strategy execution finished"):
+            self.finished = True
+        return not (self.finished or msg.startswith(self.RAW))
+
+
+@contextlib.contextmanager
+def trimmed_flower_log() -> Iterator[None]:
+    logger, trim = logging.getLogger("flwr"), _TrimFlowerResults()
+    logger.addFilter(trim)
+    try:
+        yield
+    finally:
+        logger.removeFilter(trim)
 
 
 def binomial_se(p: float, n: float) -> float:
