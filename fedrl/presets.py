@@ -17,7 +17,9 @@ class Setting:
 
 
 # (family, algorithm) -> (total local steps, step-size rule) per preset. The stall-decay
-# learning rates and decay factors are the reference code's (tabular/heter_*.py).
+# learning rates and decay factors are the reference code's (tabular/heter_*.py). QAvg uses
+# Theorem 2's harmonic step in both: the reference's QAvg differs by its V update, which is
+# not a step size (fedrl/README.md), so "reference" matches its step counts only there.
 PRESETS: dict[str, dict[tuple[str, str], Setting]] = {
     "fast": {
         ("RandomMDPs", "qavg"): Setting(128, HarmonicStepSize()),

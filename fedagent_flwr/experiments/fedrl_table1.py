@@ -30,7 +30,10 @@ the objective) with the reference steps and decays, for 64 / 16 (SoftPAvg) and
 3.52 vs 3.52 at kappa = 0, 3.31 vs 3.35 at kappa = 0.8). WindyCliffs ProjPAvg
 runs one round of E = 32: the reference reports the model at the start of its
 last round, i.e. after 32 of its 64 steps. Preset "reference" uses the
-reference code's step sizes and iteration counts throughout (several times slower).
+reference code's iteration counts throughout and its step sizes for SoftPAvg and
+ProjPAvg (several times slower); QAvg keeps Theorem 2's step size in both presets,
+because the reference updates V by its own rule (a full Bellman backup every
+round, see fedrl/README.md), which no step size reproduces.
 """
 
 from __future__ import annotations
