@@ -389,6 +389,7 @@ class FedRLConfig:
     fedrl_clients: str = _key("all", "qavg/pavg clients per round: all (the paper) or sampled (clients-per-round of them)", " | ".join(FEDRL_CLIENT_MODES))
     fedrl_step_size: float = _key(0.0, "qavg/pavg tabular step size: 0 = the Table 1 preset (QAvg: 2 / ((1 - gamma)(t + E)); PAvg: reference step with stall decay); > 0 = this constant step", ">= 0")
     fedrl_step_decay: float = _key(1.0, "factor on a constant fedrl-step-size when a round's objective gains < 1e-3 of it (1 = never decay)", "(0, 1]")
+    fedrl_center_in_training: bool = _key(True, "qavg/pavg tabular envs: client 0's kernel is the centre P_0 itself (the reference code); false = every client's kernel is P_0 mixed with its own noise", "true | false")
     fedrl_test_envs: int = _key(20, "qavg/pavg held-out environments the server also scores the global policy on", "integer >= 0")
     fedrl_repetition: int = _key(0, "qavg/pavg tabular: the repetition of python -m fedagent_flwr.experiments.fedrl_table1 this run reproduces (problem and initial table from SeedSequence([seed, repetition]))", "integer >= 0")
     random_mdp_reward_scale: float = _key(1.0, "random-mdp reward R ~ U(0, scale); 10 gives the paper's magnitudes (1 = reference code)", "> 0")

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from fedrl.engine import Cell, run_batched, run_cells
-from fedrl.mdps import RandomMDPs, WindyCliffs, mix_kernels, stack_tasks, windy_cliff_kernel
+from fedrl.mdps import (
+    RandomMDPs,
+    WindyCliffs,
+    mix_kernels,
+    stack_tasks,
+    windy_cliff_kernel,
+)
 from fedrl.tabular import (
     ALGORITHMS,
     HarmonicStepSize,
@@ -405,3 +411,15 @@ def test_table1_cli_writes_the_table_and_figure(tmp_path):
     assert windy[("QAvg", 0.0)]["center_value"]["mean"] == pytest.approx(133.965, abs=0.01)
     with pytest.raises(SystemExit):
         main(["--reps", "0", "--out", str(tmp_path)])
+
+
+def test_whether_the_centre_kernel_trains_is_a_run_config_key():
+    from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.methods.fedrl.problem import family
+
+    for env in ("random-mdp", "windy-cliffs"):
+        for center_in_training in (True, False):  # True: the reference's, client 0 trains on P_0 itself
+            fam = family(RunConfig(strategy="qavg", env=env, fedrl_center_in_training=center_in_training), 3)
+            mdp = fam.sample(np.random.default_rng(0))
+            holds_p0 = [bool(np.allclose(k, mdp.center)) for k in mdp.kernels(0.5, include_test=False)]
+            assert holds_p0 == [center_in_training, False, False], (env, holds_p0)

@@ -34,9 +34,10 @@ def family(cfg: RunConfig, num_clients: int) -> RandomMDPs | WindyCliffs:
     if num_clients < 1:
         raise ValueError(f"a QAvg / PAvg federation needs at least one client, got {num_clients}")
     if cfg.env == "random-mdp":
-        return RandomMDPs(n_train=num_clients, n_test=cfg.fedrl_test_envs, reward_scale=cfg.random_mdp_reward_scale)
+        return RandomMDPs(n_train=num_clients, n_test=cfg.fedrl_test_envs, reward_scale=cfg.random_mdp_reward_scale,
+                          center_in_training=cfg.fedrl_center_in_training)
     if cfg.env == "windy-cliffs":
-        return WindyCliffs(n_train=num_clients, n_test=cfg.fedrl_test_envs)
+        return WindyCliffs(n_train=num_clients, n_test=cfg.fedrl_test_envs, center_in_training=cfg.fedrl_center_in_training)
     raise ValueError(f"env={cfg.env!r} is not a tabular QAvg / PAvg env; expected one of {', '.join(TABULAR_ENVS)}")
 
 
