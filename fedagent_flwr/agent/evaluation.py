@@ -53,19 +53,6 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def evaluate(
-    policy: Policy,
-    env_factory: Callable[[], TextEnv],
-    tasks: Sequence[Task],
-    encoder: PromptEncoder,
-    config: RolloutConfig,
-    samples_per_task: int = 1,
-    progress: bool | str = False,
-) -> dict[str, float]:
-    """Play every task `samples_per_task` times and summarize."""
-    return summarize(play(policy, env_factory, tasks, encoder, config, samples_per_task, progress))
-
-
 def play(
     policy: Policy,
     env_factory: Callable[[], TextEnv],
