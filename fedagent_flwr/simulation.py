@@ -32,7 +32,7 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from fedagent_flwr.config import RunConfig, toml_value
+from fedagent_flwr.config import SECTIONS, RunConfig, toml_value
 from fedagent_flwr.deployment import free_port
 from fedagent_flwr.runs.run_folder import check_run_folder
 
@@ -40,13 +40,17 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]  # the checkout this package s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in fields(RunConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind = type(f.default)
-        parser.add_argument(flag, type=_bool if kind is bool else kind, default=None, help=f"{f.metadata['doc']} (default {f.default!r}; {f.metadata['allowed']})")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     usage="%(prog)s [--run-config FILE] [--<run-config-key> VALUE ...] [--num-cpus-per-client N] ...")
     parser.add_argument("--run-config", dest="run_config_file", default=None, metavar="FILE",
                         help="a TOML file of run-config keys (e.g. configs/fedagent-cpu.toml); flags given here override it")
+    for section in SECTIONS:  # --help lists the keys under the config section that owns them
+        title = section.__name__.removesuffix("Config").removesuffix("Section").lower() + " keys"
+        group = parser.add_argument_group(title, section.__doc__.splitlines()[0])
+        for f in fields(section):
+            kind = type(f.default)
+            group.add_argument("--" + f.name.replace("_", "-"), type=_bool if kind is bool else kind, default=None,
+                               help=f"{f.metadata['doc']} (default {f.default!r}; {f.metadata['allowed']})")
     sim = parser.add_argument_group("simulation resources")
     sim.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this checkout)")
     sim.add_argument("--num-cpus-per-client", type=int, default=1, help="Ray CPUs per client (integer >= 1; default 1)")

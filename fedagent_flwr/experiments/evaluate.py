@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the metrics as JSON to this file")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible; bf16 autocast there)")
-    p.add_argument("--transcripts", type=Path, help="write sampled episodes as text to this file")
+    p.add_argument("--transcripts", "--dump", dest="transcripts", type=Path,
+                   help="write sampled episodes as text to this file (--dump is the same flag)")
     p.add_argument("--transcript-episodes", type=int, default=4, help="how many episodes --transcripts writes")
     args = p.parse_args(argv)
     if args.tasks < 0 or args.samples_per_task < 1 or args.temperature < 0 or args.history_length < 0:

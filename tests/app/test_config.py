@@ -110,6 +110,21 @@ def test_simulation_reads_a_preset_file_and_flags_override_it(tmp_path, capsys):
         main(["--run-config", str(tmp_path / "bad.toml"), "--dry-run"])
 
 
+def test_simulation_help_lists_every_key_once_under_its_section():
+    """~100 flags are readable only grouped: each run-config key appears in the group of the section that owns it."""
+    from dataclasses import fields
+
+    from fedagent_flwr.config import SECTIONS
+    from fedagent_flwr.simulation import build_parser
+
+    groups = {g.title: {a.dest for a in g._group_actions} for g in build_parser()._action_groups}
+    for section in SECTIONS:
+        title = section.__name__.removesuffix("Config").removesuffix("Section").lower() + " keys"
+        assert groups[title] == {f.name for f in fields(section)}
+    listed = [dest for title, dests in groups.items() if title.endswith(" keys") for dest in dests]
+    assert sorted(listed) == sorted(f.name for f in fields(RunConfig))
+
+
 def test_library_configs_are_built_from_the_run_config_alone():
     """GRPOConfig has no defaults to disagree with the run config; RolloutConfig's history comes from it too."""
     import dataclasses

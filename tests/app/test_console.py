@@ -48,7 +48,7 @@ def test_the_evaluation_command_replays_the_servers_evaluation(tmp_path, tiny_lm
                                 cfg.rollout_config(evaluation=True), 2, cfg.seed)
     server = evaluator.evaluate(1)
     main(["--model", str(tmp_path / "model"), "--env", "maze", "--tasks", "3", "--samples-per-task", "2", "--seed", "7",
-          "--device", "cpu", "--out", str(tmp_path / "eval.json"), "--transcripts", str(tmp_path / "episodes.txt"),
+          "--device", "cpu", "--out", str(tmp_path / "eval.json"), "--dump", str(tmp_path / "episodes.txt"),
           "--transcript-episodes", "6"])
     replayed = json.loads((tmp_path / "eval.json").read_text())
     assert replayed["mean_reward"] == server["mean_reward"] and replayed["invalid_action_rate"] == server["invalid_action_rate"]

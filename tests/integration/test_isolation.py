@@ -1,0 +1,75 @@
+"""Two quick-start jobs at once: each has a SuperLink of its own, and stopping one (Ctrl-C, or a timeout's
+SIGTERM) leaves no process of it behind and does not touch the other."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from fedagent_flwr.simulation import processes_of, stop
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0",
+                    "RAY_AUTH_MODE": "disabled"}
+
+
+class Job:
+    """`run_simulation.py` in a session of its own (as a job started from its own shell), its output collected."""
+
+    def __init__(self, tmp_path: Path, name: str, rounds: int):
+        cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--num-clients", "2", "--clients-per-round", "1",
+               "--num-server-rounds", str(rounds), "--tasks-per-epoch", "1", "--group-size", "2", "--eval-tasks", "2",
+               "--eval-samples-per-task", "1", "--eval-every", "1", "--output-dir", str(tmp_path / name / "runs"),
+               "--run-name", name]
+        (tmp_path / name).mkdir()
+        self.proc = subprocess.Popen(cmd, cwd=tmp_path / name, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+        self.summary = tmp_path / name / "runs" / name / "summary.json"
+
+    def wait_for(self, text: str, timeout: float = 600) -> None:
+        deadline = time.time() + timeout
+        while not any(text in line for line in list(self.lines)):
+            assert self.proc.poll() is None and time.time() < deadline, "".join(self.lines)[-3000:]
+            time.sleep(0.5)
+
+    def flwr_home(self) -> str:
+        line = next(line for line in self.lines if line.startswith("[run_simulation] a local SuperLink"))
+        return line.split("FLWR_HOME=", 1)[1].split(")", 1)[0]
+
+    def stopped_cleanly(self) -> None:
+        """Exited within a minute, and nothing started under its FLWR_HOME is alive (SuperLink, simulation, Ray)."""
+        self.proc.wait(timeout=60)
+        home = self.flwr_home()
+        assert processes_of(home) == set() and not Path(home).exists(), "".join(self.lines)[-3000:]
+
+
+def test_two_jobs_at_once_and_stopping_one_leaves_nothing_behind_and_the_other_finishes(tmp_path):
+    jobs = [Job(tmp_path, "kept", rounds=8), Job(tmp_path, "ctrl-c", rounds=50)]
+    kept, interrupted = jobs
+    try:
+        interrupted.wait_for("[fedagent] round 0")  # Ray, the SuperLink and the ServerApp are all up
+        os.killpg(interrupted.proc.pid, signal.SIGINT)  # what Ctrl-C in its shell sends: the whole foreground group
+        interrupted.stopped_cleanly()
+        jobs.append(timed_out := Job(tmp_path, "timeout", rounds=50))
+        timed_out.wait_for("[fedagent] round 0")
+        timed_out.proc.send_signal(signal.SIGTERM)  # what `timeout` sends: to run_simulation.py alone
+        timed_out.stopped_cleanly()
+        assert kept.proc.poll() is None, "the kept job ended before both others were stopped: nothing was shown"
+        assert kept.proc.wait(timeout=900) == 0, "".join(kept.lines)[-3000:]
+    finally:
+        for job in jobs:  # a failed test must not leave its runs behind either
+            if job.proc.poll() is None:
+                os.killpg(job.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(StopIteration):
+                stop(processes_of(job.flwr_home()))
+    assert kept.summary.exists() and not interrupted.summary.exists()
+    ports = {line.split(" on port ", 1)[1].split()[0] for job in (kept, interrupted, timed_out) for line in job.lines
+             if line.startswith("[run_simulation] a local SuperLink")}
+    assert len(ports) == 3 and "39091" not in ports  # three SuperLinks, none on the shared default port
+    kept.stopped_cleanly()
