@@ -48,6 +48,7 @@ from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
 from fedagent_flwr.privacy.differential_privacy import DP_MODES
+from fedagent_flwr.runs.tracking import TRACKERS
 from fedrl.ddpg import CONTINUOUS_ENVS
 from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
 from fedrl.mdps import TABULAR_ENVS
@@ -66,7 +67,6 @@ PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environm
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
 FINETUNING = ("full", "lora")  # what a GRPO client trains (methods/fedagent.py)
 BASELINES = ("none", "centralized", "local")  # fedagent_flwr/methods/tasks.py
-TRACKERS = ("none", "tensorboard")  # runs/tracking.py
 MIN_TEMPERATURE = 0.01  # logits / temperature in fp32 overflow to inf (NaN probabilities) far above 1e-30
 RUN_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]*")  # a folder name that needs no quoting anywhere
 
@@ -289,7 +289,7 @@ class EvaluationConfig:
     eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", "0 or >= 0.01")
     eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0")
     output_dir: str = _key("~/fedagent-flwr/runs", "where run folders are written; must be absolute or start with ~", "path")
-    tracker: str = _key("none", "where the run is also logged: tensorboard = <run folder>/tensorboard/ (every metric row as scalars, the run config and the held-out episode texts as text; `tensorboard --logdir <output-dir>`)", " | ".join(TRACKERS))
+    tracker: str = _key("none", "where the run is also logged: tensorboard = <run folder>/tensorboard/ (every metric row as scalars, the run config and the held-out episode texts as text; `tensorboard --logdir <output-dir>`); wandb = the same to a Weights & Biases run named after the run folder, files in <run folder>/wandb/ unless WANDB_DIR (extra `pip install -e \".[wandb]\"`; WANDB_MODE=offline needs no account)", " | ".join(TRACKERS))
     run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>; an existing run's name needs resume=true (nothing is overwritten)", "letters, digits and . _ + -")
 
     def check(self, need: Need) -> None:
@@ -303,6 +303,9 @@ class EvaluationConfig:
         if self.tracker == "tensorboard":
             need(importlib.util.find_spec("tensorboard") is not None, "tracker", self.tracker,
                  "none, or tensorboard with the tensorboard package installed")
+        if self.tracker == "wandb":
+            need(importlib.util.find_spec("wandb") is not None, "tracker", self.tracker,
+                 'none | tensorboard, or wandb once installed: pip install -e ".[wandb]"')
         need(self.run_name == "" or RUN_NAME.fullmatch(self.run_name) is not None, "run-name", self.run_name,
              "empty (a name is made up) or a folder name of letters, digits and . _ + - not starting with . or -")
         if self.eval_tasks and self.env not in FEDRL_ENVS:

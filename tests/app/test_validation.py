@@ -97,7 +97,7 @@ NO_GPU = not torch.cuda.is_available()
         ({"answer-parsing": "loose"}, "answer-parsing='loose'"),
         ({"dp-mode": "local"}, "dp-mode='local'"),
         ({"baseline": "oracle"}, "baseline='oracle'"),
-        ({"tracker": "mlflow"}, "tracker='mlflow' is not allowed: expected none | tensorboard"),
+        ({"tracker": "mlflow"}, "tracker='mlflow' is not allowed: expected none | tensorboard | wandb"),
         # paths
         ({"model": "/nonexistent/model"}, "model='/nonexistent/model' is not allowed: expected a model folder that exists"),
         ({"model": "./relative-model"}, "model='./relative-model'"),
