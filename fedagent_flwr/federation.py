@@ -80,63 +80,65 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
     reporter.write_config(state_config | method.config_facts())  # a resume only gets here once accepted
     method.announce(reporter.run_dir, num_clients)
 
-    strategy = method.make_strategy(node_of_partition)
-    initial_arrays = method.initial_arrays()
-    # The server's full state is saved after every round; resume=true continues from it (runs/resume.py).
-    history: dict[int, dict[str, float]] = {}  # evaluations before a resume; the Result holds the rest
-    done = 0
-    if saved is not None:
-        restore(saved, strategy)
-        reporter.rows, history, initial_arrays, done = saved.rows, saved.history, saved.arrays, saved.server_round
-        print(f"[fedagent] resuming {reporter.run_dir} after round {done}", flush=True)
+    try:  # the tracker's run is closed (flushed, finished) whether the run succeeds or fails
+        strategy = method.make_strategy(node_of_partition)
+        initial_arrays = method.initial_arrays()
+        # The server's full state is saved after every round; resume=true continues from it (runs/resume.py).
+        history: dict[int, dict[str, float]] = {}  # evaluations before a resume; the Result holds the rest
+        done = 0
+        if saved is not None:
+            restore(saved, strategy)
+            reporter.rows, history, initial_arrays, done = saved.rows, saved.history, saved.arrays, saved.server_round
+            print(f"[fedagent] resuming {reporter.run_dir} after round {done}", flush=True)
 
-    def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
-        row: dict[str, float] = {"round": server_round, **method.row_facts(server_round),
-                                 "elapsed_seconds": round(time.time() - started, 1)}
-        for key, value in (strategy.last_train_metrics(server_round) or {}).items():
-            row[f"train/{key}"] = value
-        metrics = None
-        if method.evaluation_due(server_round):
-            metrics = method.evaluate(server_round, arrays)
-            row.update({f"eval/{k}": v for k, v in metrics.items()})
-            method.after_evaluation(reporter, server_round, metrics)
-        reporter.log(row)
-        print(round_line(row, strategy.sampled.get(server_round)), flush=True)
-        method.after_round(reporter, server_round, arrays)
-        if cfg.traits.resume:
-            save_state(reporter.run_dir, state_config, server_round, arrays, strategy, reporter.rows, evaluations(reporter.rows))
-        return MetricRecord(metrics) if metrics else None
+        def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
+            row: dict[str, float] = {"round": server_round, **method.row_facts(server_round),
+                                     "elapsed_seconds": round(time.time() - started, 1)}
+            for key, value in (strategy.last_train_metrics(server_round) or {}).items():
+                row[f"train/{key}"] = value
+            metrics = None
+            if method.evaluation_due(server_round):
+                metrics = method.evaluate(server_round, arrays)
+                row.update({f"eval/{k}": v for k, v in metrics.items()})
+                method.after_evaluation(reporter, server_round, metrics)
+            reporter.log(row)
+            print(round_line(row, strategy.sampled.get(server_round)), flush=True)
+            method.after_round(reporter, server_round, arrays)
+            if cfg.traits.resume:
+                save_state(reporter.run_dir, state_config, server_round, arrays, strategy, reporter.rows, evaluations(reporter.rows))
+            return MetricRecord(metrics) if metrics else None
 
-    train_config = ConfigRecord({"fingerprint": fingerprint})
-    if cfg.secure_aggregation:  # Flower's SecAgg+ runs in its legacy workflow, which returns no Result
-        if context is None:
-            raise ValueError("secure-aggregation=true needs the ServerApp's Context (Flower's legacy workflow)")
-        run_secure_rounds(grid, context, SecureFedAgentAvg(strategy, initial_arrays, train_config, evaluate_fn),
-                          cfg.num_server_rounds, cfg.round_timeout, cfg.secagg_shares_fraction,
-                          cfg.secagg_threshold_fraction, cfg.secagg_clipping_range)
-        history = evaluations(reporter.rows)
-    else:
-        # The DP wrapper screens, clips and noises the replies; `strategy` keeps the bookkeeping read below.
-        private = with_differential_privacy(strategy, cfg.dp_mode, cfg.dp_noise_multiplier, cfg.dp_clipping_norm,
-                                            strategy.clients_per_round)
-        with trimmed_flower_log():  # the round lines and the summary below say it in the project's words
-            result = resumable(private, done).start(grid=grid, initial_arrays=initial_arrays,
-                                                    num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
-                                                    train_config=train_config, evaluate_fn=evaluate_fn)
-        # A resumed strategy counts its rounds from 1 again: shift them back to the run's rounds.
-        history |= {r + done: dict(m) for r, m in result.evaluate_metrics_serverapp.items()}
-    summary = {
-        "run_dir": str(reporter.run_dir),
-        "rounds": cfg.num_server_rounds,
-        "clients": num_clients,
-        "sampled_clients": {str(r): p for r, p in strategy.sampled.items()},
-        "failed_replies": {str(r): f for r, f in strategy.failures.items() if f},
-        **method.summary(history, strategy),
-        "seconds": round(time.time() - started, 1),
-    }
-    reporter.write_summary(summary)
-    method.report(reporter, history, strategy, summary)
-    reporter.close()
+        train_config = ConfigRecord({"fingerprint": fingerprint})
+        if cfg.secure_aggregation:  # Flower's SecAgg+ runs in its legacy workflow, which returns no Result
+            if context is None:
+                raise ValueError("secure-aggregation=true needs the ServerApp's Context (Flower's legacy workflow)")
+            run_secure_rounds(grid, context, SecureFedAgentAvg(strategy, initial_arrays, train_config, evaluate_fn),
+                              cfg.num_server_rounds, cfg.round_timeout, cfg.secagg_shares_fraction,
+                              cfg.secagg_threshold_fraction, cfg.secagg_clipping_range)
+            history = evaluations(reporter.rows)
+        else:
+            # The DP wrapper screens, clips and noises the replies; `strategy` keeps the bookkeeping read below.
+            private = with_differential_privacy(strategy, cfg.dp_mode, cfg.dp_noise_multiplier, cfg.dp_clipping_norm,
+                                                strategy.clients_per_round)
+            with trimmed_flower_log():  # the round lines and the summary below say it in the project's words
+                result = resumable(private, done).start(grid=grid, initial_arrays=initial_arrays,
+                                                        num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
+                                                        train_config=train_config, evaluate_fn=evaluate_fn)
+            # A resumed strategy counts its rounds from 1 again: shift them back to the run's rounds.
+            history |= {r + done: dict(m) for r, m in result.evaluate_metrics_serverapp.items()}
+        summary = {
+            "run_dir": str(reporter.run_dir),
+            "rounds": cfg.num_server_rounds,
+            "clients": num_clients,
+            "sampled_clients": {str(r): p for r, p in strategy.sampled.items()},
+            "failed_replies": {str(r): f for r, f in strategy.failures.items() if f},
+            **method.summary(history, strategy),
+            "seconds": round(time.time() - started, 1),
+        }
+        reporter.write_summary(summary)
+        method.report(reporter, history, strategy, summary)
+    finally:
+        reporter.close()
     return summary
 
 

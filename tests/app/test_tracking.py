@@ -134,3 +134,22 @@ def test_tracker_wandb_without_wandb_is_refused_with_the_install_command(monkeyp
     with pytest.raises(ValueError) as err:
         RunConfig.from_run_config(RunConfig().to_run_config() | {"tracker": "wandb"})
     assert "tracker='wandb' is not allowed" in str(err.value) and 'pip install -e ".[wandb]"' in str(err.value)
+
+
+def test_a_run_that_fails_midway_still_closes_its_tracker(tmp_path, run_identity, monkeypatch):
+    """A failed run's tracker is flushed and finished too: its last rows are what a user reads to see why it failed."""
+    from fedagent_flwr.agent.evaluation import GlobalEvaluator
+    from fedagent_flwr.runs.tracking import TensorBoardTracker
+
+    closed, evaluate = [], GlobalEvaluator.evaluate
+
+    def failing(self, server_round):
+        if server_round == 1:
+            raise RuntimeError("evaluation failed")
+        return evaluate(self, server_round)
+
+    monkeypatch.setattr(GlobalEvaluator, "evaluate", failing)
+    monkeypatch.setattr(TensorBoardTracker, "close", lambda self: closed.append(True))
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        _run(tmp_path, "tensorboard", "failing")
+    assert closed == [True]
