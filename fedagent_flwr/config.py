@@ -331,6 +331,7 @@ class EvaluationConfig:
 class PartitionConfig:
     """The parameters of each partitioner (FedAgentGym heterogeneity; docs/heterogeneity.md)."""
 
+    partition_seed: int = _key(-1, "seed of the partition alone; -1 = the run's seed, so each seed holds other tasks. A fixed value (e.g. 42, as the reference seeds its clients) keeps every client's tasks across seeds, so Local (client k) is one data set and seeds pair up", "-1, or an integer >= 0")
     preference_omega: float = _key(0.1, "partition=preference: spread omega of the client category mixes (paper: 0.1 low, 0.9 high heterogeneity)", ">= 0 (gaussian); (0, 1) (dirichlet)")
     preference_mix: str = _key("gaussian", "partition=preference: gaussian = noise on category logits (Algorithm 2), dirichlet = Dirichlet draw (reference code)", " | ".join(PREFERENCE_MIXES))
     coverage_xi: float = _key(256.0, "partition=coverage: Beta dispersion xi of client sizes (paper: 256 low, 1 high heterogeneity)", "> 0")
@@ -343,6 +344,7 @@ class PartitionConfig:
     success_labels: str = _key("", "partition=hardness: JSON of task id -> success (python -m fedagent_flwr.experiments.success_labels); absolute or ~ path", "path")
 
     def check(self, need: Need) -> None:
+        need(self.partition_seed >= -1, "partition-seed", self.partition_seed, "-1 (the run's seed) or an integer >= 0")
         need(self.preference_mix in PREFERENCE_MIXES, "preference-mix", self.preference_mix, " | ".join(PREFERENCE_MIXES))
         if self.preference_mix == "dirichlet":
             need(0 < self.preference_omega < 1, "preference-omega", self.preference_omega, "in (0, 1) with preference-mix='dirichlet'")

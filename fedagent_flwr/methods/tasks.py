@@ -53,7 +53,8 @@ def all_partitions(cfg: RunConfig, num_partitions: int) -> list[list[Task]]:
     """Every client's tasks; raises ValueError naming the run-config keys when the partition is infeasible."""
     pool = make_env(cfg.env, cfg.max_steps).tasks_of_split("train")
     try:
-        partitioner = make_partitioner(cfg.partition, num_partitions, cfg.seed, **partition_kwargs(cfg))
+        seed = cfg.seed if cfg.partition_seed < 0 else cfg.partition_seed
+        partitioner = make_partitioner(cfg.partition, num_partitions, seed, **partition_kwargs(cfg))
         partitioner.dataset = pool_table(cfg, pool)
         rows = [partitioner.load_partition(k)["id"] for k in range(num_partitions)]
     except ValueError as err:

@@ -34,6 +34,17 @@ def test_table1_methods_share_every_budget_key(preset):
         assert protocols.LOCAL_CLIENTS["paper"] == (21, 42, 84)
 
 
+def test_table1_local_client_k_holds_the_same_tasks_in_every_seed():
+    """Seeds pair FedAgent with Local (client k) only if client k is one data set; the run seed alone moved it."""
+    runs = protocols.table1_runs("cpu", [0, 1, 2], protocols.PRESETS["cpu"], (1,))
+    k = protocols.PRESETS["cpu"]["num-clients"]
+    held = {r.seed: [[t.id for t in p] for p in all_partitions(full(r), k)] for r in runs if r.label == "Local 1"}
+    assert held[0] == held[1] == held[2]
+    moved = [[[t.id for t in p] for p in all_partitions(RunConfig(seed=s, num_clients=k, tasks_per_client=4), k)]
+             for s in (0, 1)]
+    assert moved[0] != moved[1]  # partition-seed=-1 (the default) keeps the old behaviour: the run seed decides
+
+
 def test_decentralized_keeps_total_epochs_fixed_on_the_epochs_panel():
     for preset in ("cpu", "paper"):
         runs = protocols.decentralized_runs(preset, [0], protocols.PRESETS[preset])
