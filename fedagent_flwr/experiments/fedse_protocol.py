@@ -12,7 +12,8 @@ same fine-tuning steps per round, same held-out tasks and evaluation seed):
 
   fed-se         explore, keep successes, cumulative buffer, unweighted A/B mean
   fedavg-static  federated, each client tunes on its static demonstrations D_k^0 only
-  local          each client tunes its own adapter on D_k^0, no communication; mean success of the K adapters
+  local          each client tunes its own adapter on D_k^0, no communication; mean success of the K adapters,
+                 each on its own environment's held-out tasks when partition='by-environment'
   centralized    one adapter tuned on the union of all D_k^0
   no-history     fed-se, buffer = D_k^0 + this round's successes (w/o history)
   no-filter      fed-se, failed trajectories kept too (w/o filtering)
@@ -40,11 +41,12 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from envs import make_env
-from envs.multi import per_env_spread
+from envs.multi import env_names, per_env_spread, task_env
 from fedagent_flwr.agent.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.experience import ExperienceBuffer
 from fedagent_flwr.agent.loading import load_agent
 from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.multi_env import ENV_PREFIX, MEAN_KEY
 from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 from fedagent_flwr.atomic import atomic_write_text
@@ -70,8 +72,10 @@ METHODS = {
 RANKS = (2, 4, 16)  # plus the preset's rank 8, which is fed-se itself
 
 
-def _evaluate(agent, cfg: RunConfig, adapter, server_round: int) -> dict[str, float]:
+def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str | None = None) -> dict[str, float]:
     tasks = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), cfg.eval_tasks)  # per env with a spec
+    if only_env is not None:  # a Local client is scored on its own environment's held-out tasks
+        tasks = [t for t in tasks if task_env(t) == only_env]
     spec = cfg.self_evolution_config().lora
     with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
@@ -79,6 +83,20 @@ def _evaluate(agent, cfg: RunConfig, adapter, server_round: int) -> dict[str, fl
                                     cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed,
                                     precision=cfg.resolved_precision())
         return evaluator.evaluate(server_round)
+
+
+def own_environment_scores(evals: list[dict[str, float]], envs: list[str]) -> dict[str, float]:
+    """Local's row when client p owns environment p, from `evals[p]`, client p's evaluation on environment p's
+    held-out tasks alone: each environment's columns are its own client's (the paper's Local), the overall rates
+    pool every client's episodes, and the mean over environments is the unweighted mean of their columns."""
+    episodes = [e["episodes"] for e in evals]
+    out = {key: sum(e[key] * n for e, n in zip(evals, episodes)) / sum(episodes)
+           for key in evals[0] if "/" not in key and key != "episodes"}
+    out["episodes"] = float(sum(episodes))
+    for env, e in zip(envs, evals):  # its keys name its own environment (and categories within it) only
+        out.update({key: v for key, v in e.items() if "/" in key and key != MEAN_KEY})
+    out[MEAN_KEY] = sum(out[f"{ENV_PREFIX}{env}"] for env in envs) / len(envs)
+    return out
 
 
 def _due(cfg: RunConfig, r: int) -> bool:
@@ -99,6 +117,8 @@ def run_method(method: str, cfg: RunConfig, out: Path) -> list[dict]:
     with attached_lora(agent.model, se.lora, seed=cfg.seed) as peft_model:
         initial = adapter_to_arrays(peft_model)
     adapter_bytes = payload_bytes(initial)
+    # One environment per client (Fed-SE's setting): client p's Local adapter is scored on environment p alone.
+    own_envs = env_names(cfg.env) if cfg.partition == "by-environment" else None
     rows: list[dict] = []
     started = time.time()
 
@@ -110,9 +130,13 @@ def run_method(method: str, cfg: RunConfig, out: Path) -> list[dict]:
                 row[f"train/{key}"] = sum(vals) / len(vals)
         row.update({f"train/{key}": v for key, v in agg.items()})
         if _due(cfg, r):
-            evals = [_evaluate(agent, cfg, a, r) for a in adapters]
-            for key in evals[0]:
-                row[f"eval/{key}"] = sum(e.get(key, 0.0) for e in evals) / len(evals)
+            if method == "local" and own_envs and len(adapters) == k:
+                row.update({f"eval/{key}": v for key, v in own_environment_scores(
+                    [_evaluate(agent, cfg, a, r, only_env=e) for a, e in zip(adapters, own_envs)], own_envs).items()})
+            else:
+                evals = [_evaluate(agent, cfg, a, r) for a in adapters]
+                for key in evals[0]:
+                    row[f"eval/{key}"] = sum(e.get(key, 0.0) for e in evals) / len(evals)
             print(f"[fedse-protocol] {method} round {r}: held-out success {row['eval/success_rate']:.3f}", flush=True)
         rows.append(row)
         atomic_write_text(out / method / "metrics.jsonl", "".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))

@@ -369,3 +369,34 @@ def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given
         prompts = [p for p, _ in seen["samples"]]
         decoded = maze_tokenizer.decode(prompts[0][-6:])
         assert ("</think>" in decoded) == (mode == "action"), decoded
+
+
+def test_protocol_scores_each_local_client_on_its_own_environment(tmp_path, tiny_lm, maze_tokenizer, monkeypatch):
+    """Fed-SE's Local column for environment k is client k's adapter on environment k; the mean of all K adapters
+    on every environment (what was scored before) understates a method whose clients each master one env."""
+    from envs.multi import task_env
+    from fedagent_flwr.experiments import fedse_protocol as fp
+
+    agent = Agent(model=tiny_lm, tokenizer=maze_tokenizer, spec=None, device=torch.device("cpu"), base_fingerprint="fp")
+    monkeypatch.setattr(fp, "load_agent", lambda *a: agent)
+    envs = ["maze", "wordle"]
+
+    def round_(agent, se, rollout, env_factory, tasks, r, buffer, start):  # client p leaves adapter "client p" behind
+        return ArrayRecord({"client": Array(np.array([float(task_env(tasks[0]) == "wordle")]))}), {}
+
+    def evaluate(agent, cfg, adapter, r, only_env=None):  # client p masters its env, and fails the others
+        owner = envs[int(adapter["client"].numpy()[0])] if "client" in adapter else None
+        tasks = [e for e in envs if only_env in (None, e)]
+        rates = {e: float(e == owner) for e in tasks}
+        return {"success_rate": sum(rates.values()) / len(rates), "episodes": 4.0 * len(tasks), "mean_reward": 0.0,
+                **{f"success_rate/env/{e}": v for e, v in rates.items()},
+                "success_rate/mean_over_envs": sum(rates.values()) / len(rates)}
+
+    monkeypatch.setattr(fp, "self_evolution_round", round_)
+    monkeypatch.setattr(fp, "_evaluate", evaluate)
+    cfg = RunConfig(strategy="fedse-lora", env="maze,wordle", partition="by-environment", num_clients=2,
+                    tasks_per_client=2, num_server_rounds=1, eval_every=1, lora_rank=2)
+    final = fp.run_method("local", cfg, tmp_path)[-1]
+    assert final["eval/success_rate/env/maze"] == final["eval/success_rate/env/wordle"] == 1.0
+    assert final["eval/success_rate"] == final["eval/success_rate/mean_over_envs"] == 1.0
+    assert final["eval/episodes"] == 8.0  # each client played its own environment's tasks only
