@@ -27,34 +27,59 @@ def default_cache_root() -> Path:
     return Path(os.environ.get("FEDAGENT_CACHE", Path.home() / ".cache" / "fedagent-flwr")).expanduser().resolve()
 
 
-def build_once(target: Path, build: Callable[[Path], None], what: str = "a model") -> Path:
+def build_once(target: Path, build: Callable[[Path], None], what: str = "a model", force: bool = False) -> Path:
     """`target`, after `build(folder)` filled it (which must write MARKER last) unless another process did.
 
     A build can take from seconds to an hour (WebShop's tiny model: about an hour on 2 cores), so it says
     on stderr when it starts and how long it took: a first run must not look hung. A folder whose files no
-    longer match their checksums, or a partial folder, is removed and built again, never loaded."""
-    if _usable(target):
+    longer match their checksums, or a partial folder, is removed and built again, never loaded. `force`
+    builds again even an intact folder, which stays in place until the new build replaces it (a failed
+    rebuild leaves it as it was)."""
+    if not force and _usable(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
         try:
-            if not _usable(target, report=True):
-                if target.exists():
+            usable = _usable(target, report=not force)
+            if force or not usable:
+                if target.exists() and not usable:
                     shutil.rmtree(target)
                 tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
                 started = time.time()
-                print(f"[fedagent] building {what} into {target} (once; later runs reuse it) ...", file=sys.stderr, flush=True)
+                verb = "rebuilding" if usable else "building"
+                print(f"[fedagent] {verb} {what} into {target} (once; later runs reuse it) ...", file=sys.stderr, flush=True)
                 try:
                     build(tmp)
                     write_checksums(tmp)
-                    os.replace(tmp, target)
+                    _publish(tmp, target)
                     print(f"[fedagent] built {what} in {time.time() - started:.0f} s", file=sys.stderr, flush=True)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return target
+
+
+def is_built(target: Path) -> bool:
+    """Whether `target` holds a complete, intact build (what build_once would return without building)."""
+    return _usable(target)
+
+
+def _publish(folder: Path, target: Path) -> None:
+    """Rename `folder` to `target`. A folder already there (a forced rebuild) is first renamed aside and removed
+    after, so `target` is at every moment absent or a complete build, never a mix of the two."""
+    if not target.exists():
+        os.replace(folder, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+    os.replace(target, old)  # onto an empty directory: allowed by rename(2)
+    try:
+        os.replace(folder, target)
+    except OSError:
+        os.replace(old, target)  # put the previous build back rather than leave nothing
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _usable(target: Path, report: bool = False) -> bool:

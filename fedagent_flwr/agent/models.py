@@ -35,20 +35,26 @@ class ModelSpec:
 def resolve_model(name: str, env: str) -> ModelSpec:
     """Turn run-config `model` into something `from_pretrained` can load (builds tiny models)."""
     if name == "tiny" or name.startswith("tiny:"):
-        tiny_env = name.partition(":")[2] or env  # a multi-env spec gets one model over all its envs
-        if is_multi_spec(tiny_env):
-            try:
-                tiny_env = normalize_spec(tiny_env)
-            except ValueError as err:
-                raise ValueError(f"model {name!r}: {err}") from None
-        elif tiny_env not in available_envs():
-            raise ValueError(f"model {name!r}: no environment {tiny_env!r}; available: {', '.join(available_envs())}")
+        try:
+            tiny_env = tiny_model_env(name.partition(":")[2] or env)
+        except ValueError as err:
+            raise ValueError(f"model {name!r}: {err}") from None
         return ModelSpec(str(ensure_tiny_model(tiny_env)), built_here=True)
     if name.startswith(SHAPE_PREFIX):  # a published shape with random weights (shaped_model.py)
         return ModelSpec(str(ensure_shaped_model(name, normalize_spec(env) if is_multi_spec(env) else env)), built_here=True)
     if is_gguf_model(name):  # a .gguf file or a packaged model's short name: converted once to a plain folder
         return ModelSpec(str(ensure_plain_folder(name)), built_here=False)
     return ModelSpec(name, built_here=False)
+
+
+def tiny_model_env(env: str) -> str:
+    """The env name, or the normalized multi-env spec (one model over all its envs), a tiny model is built for;
+    ValueError for an unknown environment."""
+    if is_multi_spec(env):
+        return normalize_spec(env)
+    if env not in available_envs():
+        raise ValueError(f"no environment {env!r}; available: {', '.join(available_envs())}")
+    return env
 
 
 def pick_device(device: str) -> torch.device:

@@ -24,6 +24,7 @@ import torch
 from fedagent_flwr.agent.precision import model_device
 
 if TYPE_CHECKING:
+    from transformers import TrainerCallback
     from trl import SFTConfig as TRLSFTConfig
     from trl import SFTTrainer
 
@@ -55,7 +56,9 @@ def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_
                       group_by_length: bool = False, gradient_checkpointing: bool = False) -> TRLSFTConfig:
     """TRL's configuration for the project's supervised passes: a constant learning rate without warmup (what the
     recipes were tuned with), a loss logged every step, nothing saved or reported, no sequence truncation (prompts
-    are as long as the environment makes them), no progress bar."""
+    are as long as the environment makes them), no progress bar: tqdm's carriage-return bar garbles a Flower log
+    stream, and with it Trainer also prints every step's loss dict. A pass that wants progress lines passes a
+    callback to supervised_finetune (tiny_model.TrainingProgress)."""
     # Imported here, not at the top: importing TRL costs every process that reads a run config a second.
     from trl import SFTConfig as TRLSFTConfig
 
@@ -86,11 +89,12 @@ def supervised_finetune(
     samples: Sequence[tuple[Sequence[int], Sequence[int]]],
     tokenizer,
     config: SupervisedConfig,
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> list[float]:
     """Train `model` (a plain model, or a PEFT model whose adapter trains) on (prompt ids, completion ids) pairs;
     returns the loss of every step. The model is left in eval mode, on the device it came on (Trainer trains on
     its own device: the first visible GPU, which is the client's own under Ray's or a SuperNode's
-    CUDA_VISIBLE_DEVICES)."""
+    CUDA_VISIBLE_DEVICES). `callbacks` are added to the Trainer's (the tiny-model build's progress lines)."""
     from datasets import Dataset
     from trl import SFTTrainer
 
@@ -105,7 +109,7 @@ def supervised_finetune(
                                  bf16=config.precision != "fp32", weight_decay=config.weight_decay,
                                  max_grad_norm=config.max_grad_norm, group_by_length=config.group_by_length)
         trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                                   processing_class=tokenizer))
+                                   processing_class=tokenizer, callbacks=list(callbacks) or None))
         trainer.train()
     model.to(device).eval()
     return step_losses(trainer)

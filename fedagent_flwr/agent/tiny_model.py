@@ -6,19 +6,30 @@ warm start on the scripted expert's episodes over the training split. The result
 is an ordinary Hugging Face folder (save_pretrained) cached under
 `<cache>/tiny-<env>-<recipe hash>/`, built once under a file lock so concurrent
 clients never build it twice, and published by an atomic rename.
+
+A build says what it is doing on the module's logger (INFO, shown on stderr as "[fedagent] ..." lines, which
+reach a Flower run's log): each of its four phases as it starts, and during training the step, the time spent
+and the time left. `python -m fedagent_flwr.experiments.build_tiny --env <env>` builds one ahead of a run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+)
 
 from envs import is_multi_spec, make_env
 from envs.multi import normalize_spec, per_env_sample
@@ -31,6 +42,30 @@ from fedagent_flwr.agent.rollout import (
     run_episodes,
 )
 from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a line is logged, not as it was at import: Flower's ServerApp and
+    pytest's capture replace it after this module is imported."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+# Without a handler of its own, INFO from this logger would be dropped (the root logger is at WARNING and has
+# no handler in a Flower process); records still propagate, so a logging setup of the user's sees them too.
+log = logging.getLogger(__name__)
+if not log.handlers:
+    _handler = _StderrHandler()
+    _handler.setFormatter(logging.Formatter("[fedagent] %(message)s"))
+    log.addHandler(_handler)
+if log.level == logging.NOTSET:
+    log.setLevel(logging.INFO)
 
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML; {% generation %} marks assistant tokens so TRL's assistant-only losses work too.
@@ -46,7 +81,8 @@ MULTI_ENV_PRESET: dict = dict(vocab_size=1024, bc_tasks_per_env=48, bc_steps=400
 
 # Long pages (WebShop results, ALFWorld's admissible lists): length-grouped BC batches pad
 # little; WebShop's 2,000 training goals are sampled and its vocabulary is larger (shorter
-# token sequences), which keeps the build to minutes on 2 cores.
+# token sequences). Its 2,000 steps of 3 layers on pages of hundreds of tokens still take
+# about an hour on 2 cores (docs/environments.md, "Building a tiny model").
 SINGLE_ENV_PRESETS: dict[str, dict] = {
     # Maze: cloned from the plain expert, the model either under-fits (300 steps: near-uniform
     # moves on the maze's right half, and GRPO's gains on the left half spill over there) or
@@ -114,11 +150,76 @@ def tiny_model_dir(recipe: TinyRecipe, cache_root: Path | None = None) -> Path:
     return (cache_root or default_cache_root()) / f"tiny-{recipe.env.replace(',', '+')}-{recipe.digest()}"
 
 
-def ensure_tiny_model(env_name: str, cache_root: Path | None = None, recipe: TinyRecipe | None = None) -> Path:
-    """Path of the cached tiny model for `env_name`, building it first if needed."""
+def ensure_tiny_model(env_name: str, cache_root: Path | None = None, recipe: TinyRecipe | None = None,
+                      force: bool = False) -> Path:
+    """Path of the cached tiny model for `env_name`, building it first if needed (`force`: build it again; the
+    cached folder is replaced only once the new one is complete)."""
     recipe = recipe or default_recipe(env_name)
     return build_once(tiny_model_dir(recipe, cache_root), lambda folder: build_tiny_model(recipe, folder),
-                      what=f"the tiny model for {recipe.env}")
+                      what=f"the tiny model for {recipe.env}", force=force)
+
+
+def clock(seconds: float) -> str:
+    """Seconds below a minute ("4.2 s"), else m:ss, or h:mm:ss from an hour on."""
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class BuildPhases:
+    """Logs each phase of a build as it starts, with how long the one before took, and keeps the durations."""
+
+    def __init__(self, name: str, names: tuple[str, ...]) -> None:
+        self.name, self.names = name, names
+        self.seconds: dict[str, float] = {}
+        self._current: str | None = None
+        self._since = time.perf_counter()
+
+    def start(self, phase: str, doing: str) -> None:
+        took = self._close()
+        log.info("%s %d/%d %s: %s%s", self.name, self.names.index(phase) + 1, len(self.names), phase, doing,
+                 f" ({took})" if took else "")
+        self._current = phase
+
+    def finish(self) -> None:
+        self._close()
+        log.info("%s phases took: %s", self.name, ", ".join(f"{k} {clock(v)}" for k, v in self.seconds.items()))
+
+    def _close(self) -> str:
+        now, phase = time.perf_counter(), self._current
+        if phase is None:
+            return ""
+        self.seconds[phase] = round(now - self._since, 1)
+        self._since, self._current = now, None
+        return f"{phase} took {clock(self.seconds[phase])}"
+
+
+class TrainingProgress(TrainerCallback):
+    """"step i/N, elapsed, time left" lines at every tenth of the steps and at least every `every_seconds`.
+    Plain lines, not Trainer's tqdm bar (off in sft.trainer_arguments): carriage returns garble a Flower log
+    stream. The time left assumes the remaining steps cost what the finished ones did on average."""
+
+    def __init__(self, name: str, every_seconds: float = 60.0) -> None:
+        self.name, self.every_seconds = name, every_seconds
+        self.started = self.last_said = 0.0
+        self.last_tenth = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = self.last_said = time.perf_counter()
+        self.last_tenth = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step, total, now = state.global_step, max(state.max_steps, 1), time.perf_counter()
+        tenth = step * 10 // total
+        if tenth == self.last_tenth and now - self.last_said < self.every_seconds:
+            return
+        self.last_tenth, self.last_said = tenth, now
+        elapsed = now - self.started
+        left = elapsed / step * (total - step) if step else 0.0
+        log.info("%s training: step %d/%d (%d%%), %s elapsed, %s left", self.name, step, total, 100 * step // total,
+                 clock(elapsed), clock(left))
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -179,6 +280,8 @@ class _TextExpert:
 def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> None:
     """Tokenizer, model and behaviour-cloning warm start, saved into `out_dir`."""
     started, cpu_started = time.time(), time.process_time()
+    name = f"tiny:{recipe.env}"
+    phases = BuildPhases(name, ("expert text", "tokenizer", "demonstrations", "training"))
     torch.manual_seed(recipe.seed)
     env = make_env(recipe.env)
     train_tasks = per_env_sample(env.tasks_of_split("train"), recipe.bc_tasks_per_env or 0, recipe.seed)
@@ -186,12 +289,16 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> None:
     rollout_cfg = RolloutConfig(history_length=recipe.history_length)
 
     # 1) Tokenizer on the text the agent will read and write.
+    phases.start("expert text", f"the expert plays {len(train_tasks)} training tasks for the tokenizer's text")
     collector, expert_text = _TextOnlyEncoder(), _TextExpert(recipe.bc_think_limit)
     run_episodes(expert_text, lambda: make_env(recipe.env), train_tasks, collector, rollout_cfg)
     corpus = collector.texts + expert_text.completions + ["Invalid action."]
+    phases.start("tokenizer", f"a {recipe.vocab_size}-token BPE tokenizer on {len(corpus)} texts")
     tokenizer = train_tokenizer(corpus, recipe.vocab_size)
 
     # 2) Expert demonstrations, tokenized exactly as rollouts will be.
+    noise = f", a random action with probability {recipe.bc_expert_epsilon}" if recipe.bc_expert_epsilon else ""
+    phases.start("demonstrations", f"{len(bc_tasks)} expert episodes{noise}")
     encoder = PromptEncoder(tokenizer)
     expert = ExpertPolicy(tokenizer, epsilon=recipe.bc_expert_epsilon or 0.0, seed=recipe.seed, think_limit=recipe.bc_think_limit)
     demos = run_episodes(expert, lambda: make_env(recipe.env), bc_tasks, encoder, rollout_cfg)
@@ -213,13 +320,17 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> None:
         bos_token_id=None,
     )
     model = AutoModelForCausalLM.from_config(config)
+    phases.start("training", f"behaviour cloning, {recipe.bc_steps} steps, batches of {recipe.bc_batch_size} from "
+                 f"{len(samples):,} demonstrated agent steps, {sum(p.numel() for p in model.parameters()):,} parameters")
     losses = supervised_finetune(
         model,
         samples,
         tokenizer,
         SupervisedConfig(steps=recipe.bc_steps, batch_size=recipe.bc_batch_size, learning_rate=recipe.bc_learning_rate, seed=recipe.seed,
                   group_by_length=bool(recipe.bc_group_by_length)),
+        callbacks=[TrainingProgress(name)],
     )
+    phases.finish()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out_dir)
@@ -232,5 +343,6 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> None:
         "bc_loss_last": losses[-1],
         "build_seconds": round(time.time() - started, 1),
         "build_cpu_seconds": round(time.process_time() - cpu_started, 1),  # wall time varies with machine load
+        "phase_seconds": phases.seconds,  # wall time of each phase: where a slow build spends it
     }
     (out_dir / "recipe.json").write_text(json.dumps(meta, indent=2))

@@ -89,3 +89,36 @@ def test_a_cache_built_before_checksums_is_adopted_once(tmp_path):
     (target / CHECKSUMS).unlink()  # what an older version left
     build_once(target, _counting_build(calls))
     assert len(calls) == 1 and (target / CHECKSUMS).exists()
+
+
+def test_a_forced_rebuild_replaces_the_folder_only_once_the_new_build_is_complete(tmp_path, capsys):
+    import pytest
+
+    from fedagent_flwr.agent.model_cache import MARKER, build_once, is_built
+
+    target = tmp_path / "m"
+    calls = []
+    build_once(target, _counting_build(calls))
+    before = (target / "weights.bin").read_bytes()
+
+    def failing(folder):
+        (folder / "weights.bin").write_bytes(b"half")
+        assert is_built(target) and (target / "weights.bin").read_bytes() == before  # the old build stays meanwhile
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        build_once(target, failing, force=True)
+    assert is_built(target) and (target / "weights.bin").read_bytes() == before  # a failed rebuild changes nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "m.lock"]
+
+    def other(folder):
+        (folder / "weights.bin").write_bytes(b"new")
+        (folder / MARKER).write_text("{}")
+
+    capsys.readouterr()
+    build_once(target, other, force=True)
+    assert "rebuilding a model into" in capsys.readouterr().err
+    assert is_built(target) and (target / "weights.bin").read_bytes() == b"new" and not (target / "tokenizer.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "m.lock"]  # the old build removed, nothing half-built
+    build_once(target, _counting_build(calls))
+    assert len(calls) == 1  # not forced: the intact folder is kept
