@@ -29,7 +29,12 @@ import torch
 from envs import answer_token_budget, available_envs, env_names, is_multi_spec, make_env
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.gguf_models import INSTALL, gguf_file, is_gguf_model
-from fedagent_flwr.agent.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, GRPOConfig
+from fedagent_flwr.agent.grpo import (
+    KL_REFERENCES,
+    LOSS_AGGREGATIONS,
+    UNIFORM_GROUPS,
+    GRPOConfig,
+)
 from fedagent_flwr.agent.lora import LoRASpec
 from fedagent_flwr.agent.memory import (
     SHAPES,
@@ -263,6 +268,7 @@ class GRPOSection:
     finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", " | ".join(FINETUNING))
     kl_reference: str = _key("round-start", "the policy the KL term is taken against: round-start = the weights (or adapter) the round started from; base = the base model (with lora: the adapter switched off, no second copy of the model)", " | ".join(KL_REFERENCES) + "; base needs finetuning=lora")
     loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean")
+    uniform_groups: str = _key("drop", "steps of a group whose rewards are all equal (advantage 0): drop = skipped, so with kl-beta > 0 their KL term goes too (cheaper; the default so far); keep = trained on with advantage 0, so the KL covers every step played (verl's GRPO)", " | ".join(UNIFORM_GROUPS))
 
     def check(self, need: Need) -> None:
         for name in ("local_epochs", "tasks_per_epoch", "minibatch_size", "micro_batch_size"):
@@ -273,6 +279,7 @@ class GRPOSection:
         need(self.kl_beta >= 0, "kl-beta", self.kl_beta, ">= 0")
         need(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "> 0")
         need(self.loss_aggregation in LOSS_AGGREGATIONS, "loss-aggregation", self.loss_aggregation, " | ".join(LOSS_AGGREGATIONS))
+        need(self.uniform_groups in UNIFORM_GROUPS, "uniform-groups", self.uniform_groups, " | ".join(UNIFORM_GROUPS))
         need(self.finetuning in FINETUNING, "finetuning", self.finetuning, " | ".join(FINETUNING))
         need(self.kl_reference in KL_REFERENCES, "kl-reference", self.kl_reference, " | ".join(KL_REFERENCES))
         if self.kl_reference == "base":
@@ -558,6 +565,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             micro_batch_size=self.micro_batch_size,
             max_grad_norm=self.max_grad_norm,
             loss_aggregation=self.loss_aggregation,
+            uniform_groups=self.uniform_groups,
             kl_reference=self.kl_reference,
             gradient_checkpointing=self.gradient_checkpointing,
             precision=self.resolved_precision(),

@@ -45,6 +45,7 @@ from fedagent_flwr.agent.rollout import (
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
+UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a group whose rewards are all equal
 KL_REFERENCES = ("round-start", "base")
 
 
@@ -68,6 +69,11 @@ class GRPOConfig:
     # model, for a LoRA model the adapter switched off (no second copy of the model in memory).
     kl_reference: str
     gradient_checkpointing: bool  # recompute layer activations in backward (transformers' checkpointing)
+    # A group whose rewards are all equal has advantage 0: "drop" skips its steps (no policy-gradient signal, and
+    # the forward/backward passes are saved, but with kl_beta > 0 its KL term goes too, so how many steps the KL
+    # pulls back depends on how many groups were informative); "keep" trains on them with advantage 0, so the KL
+    # term covers every step played, as verl's GRPO does.
+    uniform_groups: str
     # "fp32", or "bf16-mixed": fp32 weights and optimizer states, forward passes under bf16 autocast
     # (agent/precision.py says why a pure-bf16 model does not train at lr 1e-6)
     precision: str
@@ -137,21 +143,26 @@ class StepSample:
 
 
 def trajectories_to_samples(
-    trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float, aggregation: str = "trajectory-mean"
+    trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float, aggregation: str = "trajectory-mean",
+    uniform_groups: str = "drop",
 ) -> list[StepSample]:
     """Every agent step becomes a sample carrying its trajectory's advantage.
 
-    Steps of zero-advantage trajectories are dropped: their policy-gradient term is
-    zero, and skipping them saves the forward/backward passes.
+    With uniform_groups="drop", steps of zero-advantage trajectories are left out: their policy-gradient term is
+    zero and skipping them saves the passes, but their KL term is lost with them (GRPOConfig.uniform_groups).
     """
     if aggregation not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
+    if uniform_groups not in UNIFORM_GROUPS:
+        raise ValueError(f"uniform groups must be one of {UNIFORM_GROUPS}, got {uniform_groups!r}")
     adv = group_advantages([t.reward for t in trajectories], group_ids, eps)
     samples = []
     for t, a in zip(trajectories, adv):
         tokens = sum(len(s.completion_ids) for s in t.steps)
         weight = 1.0 / max(1, tokens) if aggregation == "trajectory-mean" else 1.0
-        samples.extend(StepSample(s.prompt_ids, s.completion_ids, float(a), weight) for s in t.steps if a != 0.0 and s.completion_ids)
+        if a == 0.0 and uniform_groups == "drop":
+            continue
+        samples.extend(StepSample(s.prompt_ids, s.completion_ids, float(a), weight) for s in t.steps if s.completion_ids)
     return samples
 
 
@@ -217,7 +228,8 @@ class GRPOTrainer:
         with autocast(cfg.precision, self.device):
             trajectories = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
         rollout_seconds = time.time() - started
-        samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation)
+        samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation,
+                                          cfg.uniform_groups if cfg.kl_beta > 0 else "drop")  # no KL: nothing to keep
         update_stats = self.update(samples, rng)
         metrics = summarize(trajectories)
         metrics.update(update_stats)

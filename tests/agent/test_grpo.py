@@ -88,6 +88,31 @@ def test_samples_carry_their_trajectory_advantage_and_weight():
         trajectories_to_samples(trajs, [0, 0, 1, 1], 1e-6, "sum")
 
 
+def test_uniform_groups_keep_trains_their_steps_with_advantage_zero():
+    """With kl-beta > 0 a dropped group also loses its KL term; keep hands its steps to the update at advantage 0."""
+    trajs = [_trajectory(10.0, 2), _trajectory(0.0, 4), _trajectory(5.0, 1), _trajectory(5.0, 1)]
+    kept = trajectories_to_samples(trajs, [0, 0, 1, 1], 1e-6, "trajectory-mean", uniform_groups="keep")
+    assert len(kept) == 8 and [s.advantage for s in kept[6:]] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="uniform groups"):
+        trajectories_to_samples(trajs, [0, 0, 1, 1], 1e-6, uniform_groups="all")
+
+
+@pytest.mark.parametrize("uniform_groups, kl_beta, trained", [("keep", 0.05, 8), ("drop", 0.05, 0), ("keep", 0.0, 0)])
+def test_an_epoch_of_uniform_groups_trains_only_when_kept_under_a_kl(tiny_lm, maze_tokenizer, uniform_groups, kl_beta, trained, monkeypatch):
+    """The trainer passes the key through, and only where a KL term exists to train (kl-beta = 0 keeps nothing)."""
+    from envs import make_env
+
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig().grpo_config(), kl_beta=kl_beta, tasks_per_epoch=1,
+                                                           group_size=8, uniform_groups=uniform_groups),
+                          RolloutConfig(history_length=0, max_new_tokens=8))
+    seen = []
+    monkeypatch.setattr(trainer, "update", lambda samples, rng: seen.append(len(samples)) or {})
+    trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
+                        np.random.default_rng(0))
+    # a random model fails every one-step episode: one group of 8 equal rewards, one step each
+    assert seen == [trained]
+
+
 def test_update_raises_the_likelihood_of_better_than_average_completions(tiny_lm, maze_tokenizer):
     tok = maze_tokenizer
     prompt = tok("Step 1. Observation: start")["input_ids"]

@@ -38,6 +38,8 @@ def test_docs_list_every_key_with_its_default():
         ({"output-dir": "runs"}, "output-dir='runs'"),
         ({"run-name": "a/b"}, "run-name='a/b'"),
         ({"min-replies": 3}, "min-replies=3"),
+        ({"uniform-groups": "all"}, "uniform-groups='all'"),
+        ({"partition-seed": -2}, "partition-seed=-2"),
         ({"device": "tpu"}, "device='tpu'"),
         ({"partition": "dirichlet"}, "partition='dirichlet'"),
         ({"reward": "points"}, "reward='points'"),
