@@ -10,13 +10,16 @@ random-init model of a published shape (see shaped_model.py), or a `.gguf` file 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
 
 from envs import available_envs, is_multi_spec
 from envs.multi import normalize_spec
@@ -90,10 +93,25 @@ def load_tokenizer(spec: ModelSpec):
     return tok
 
 
+@contextlib.contextmanager
+def transformers_bars_off() -> Iterator[None]:
+    """transformers draws a progress bar for every load ("Loading weights") and save ("Writing model shards"):
+    in a Flower log stream each is a half-drawn carriage-return line per client and checkpoint, for an operation
+    of a second. The project says what it loaded and saved in its own lines; the switch is restored after."""
+    was_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+
+
 def load_model(spec: ModelSpec, device: torch.device):
     # fp32 weights on every device: training runs bf16 through autocast when asked (agent/precision.py),
     # since bf16 weights cannot take AdamW's steps at lr 1e-6.
-    model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=torch.float32, trust_remote_code=False)
+    with transformers_bars_off():
+        model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=torch.float32, trust_remote_code=False)
     return model.to(device)
 
 

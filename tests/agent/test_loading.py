@@ -122,3 +122,21 @@ def test_a_forced_rebuild_replaces_the_folder_only_once_the_new_build_is_complet
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "m.lock"]  # the old build removed, nothing half-built
     build_once(target, _counting_build(calls))
     assert len(calls) == 1  # not forced: the intact folder is kept
+
+
+def test_loading_and_checkpointing_draw_no_transformers_bars_and_leave_the_switch_as_found(tiny_lm, maze_tokenizer,
+                                                                                           tmp_path, capfd):
+    """"Loading weights" / "Writing model shards" bars were half-drawn lines in every client's and checkpoint's log."""
+    from transformers.utils import logging as transformers_logging
+
+    from fedagent_flwr.agent.models import ModelSpec, load_model
+    from fedagent_flwr.runs.reporting import RunReporter
+
+    tiny_lm.save_pretrained(tmp_path / "m")
+    capfd.readouterr()
+    load_model(ModelSpec(source=str(tmp_path / "m"), built_here=True), torch.device("cpu"))
+    RunReporter(tmp_path / "run").checkpoint(1, tiny_lm, maze_tokenizer)
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "Writing model shards" not in err, err
+    assert (tmp_path / "run" / "checkpoints" / "round-0001" / "model.safetensors").exists()
+    assert transformers_logging.is_progress_bar_enabled()
