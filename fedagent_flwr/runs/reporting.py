@@ -167,9 +167,10 @@ class RunReporter:
 
 class _TrimFlowerResults(logging.Filter):
     """Drops the parts of Flower's own log that the run's round line and summary say better: the raw metric
-    dicts after every round, and the whole history Flower dumps at the end (half of a short run's log)."""
+    dicts after every round, its "Global evaluation" headers and blank lines, and the whole history Flower dumps
+    at the end (half of a short run's log). "[ROUND k/N]" stays: on a GPU a round takes minutes."""
 
-    RAW = ("\t└──> Aggregated MetricRecord", "\t└──> MetricRecord", "Initial global evaluation results")
+    RAW = ("\t└──> Aggregated MetricRecord", "\t└──> MetricRecord", "Initial global evaluation results", "Global evaluation")
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,7 +180,7 @@ class _TrimFlowerResults(logging.Filter):
         msg = str(record.msg)
         if msg.startswith("Strategy execution finished"):
             self.finished = True
-        return not (self.finished or msg.startswith(self.RAW))
+        return not (self.finished or msg.startswith(self.RAW) or not msg.strip())
 
 
 @contextlib.contextmanager
