@@ -1,6 +1,6 @@
 """Fed-SE's Table 1, ablations (Figure 4) and LoRA rank sweep (Figure 6) at CPU scale.
 
-    python -m fedagent_flwr.experiments.fedse_protocol --out /tmp/fedse-protocol            # CPU preset (tiny model, maze)
+    python -m fedagent_flwr.experiments.fedse_protocol --out runs/fedse-protocol            # CPU preset (tiny model, maze)
     python -m fedagent_flwr.experiments.fedse_protocol --out DIR --set num-server-rounds=20 --set model=...  # other settings
 
 Every method runs in this process, with the same client and aggregation code the

@@ -1,8 +1,8 @@
 """FedAgentGym's experiment protocols as commands (FedAgent paper §5 Table 1, §6 Figure 3, §7 Figure 4).
 
-    python -m fedagent_flwr.experiments.protocols table1 --preset cpu --seeds 0 1 2 --out /tmp/t1
-    python -m fedagent_flwr.experiments.protocols decentralized --preset cpu --seeds 0 --out /tmp/dec
-    python -m fedagent_flwr.experiments.protocols heterogeneity --preset cpu --seeds 0 --out /tmp/het
+    python -m fedagent_flwr.experiments.protocols table1 --preset cpu --seeds 0 1 2 --out runs/t1
+    python -m fedagent_flwr.experiments.protocols decentralized --preset cpu --seeds 0 --out runs/dec
+    python -m fedagent_flwr.experiments.protocols heterogeneity --preset cpu --seeds 0 --out runs/het
     python -m fedagent_flwr.experiments.protocols table1 --preset paper --dry-run --out /data/t1   # print the runs
 
 Every configuration is one real federated run of this app (`python -m fedagent_flwr.simulation`
