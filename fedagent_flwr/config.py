@@ -53,7 +53,6 @@ from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
 from fedagent_flwr.privacy.differential_privacy import DP_MODES
-from fedagent_flwr.runs.tracking import TRACKERS
 from fedrl.ddpg import CONTINUOUS_ENVS
 from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
 from fedrl.mdps import TABULAR_ENVS
@@ -68,6 +67,7 @@ FEDRL_DDPG_ENVS = CONTINUOUS_ENVS  # pavg: DDPGAvg (continuous actions)
 FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
 FEDRL_CLIENT_MODES = ("all", "sampled")
 DEVICES = ("auto", "cpu", "cuda")
+TRACKERS = ("none", "tensorboard", "wandb")  # runs/tracking.py has one backend for each but none
 PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
 FINETUNING = ("full", "lora")  # what a GRPO client trains (methods/fedagent.py)

@@ -90,7 +90,6 @@ class WandbTracker:
 
 
 BACKENDS: dict[str, Callable[[Path], Tracker]] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker}
-TRACKERS = ("none", *BACKENDS)  # the run-config key's values
 
 
 def open_tracker(tracker: str, run_dir: Path) -> Tracker | None:

@@ -153,3 +153,10 @@ def test_a_run_that_fails_midway_still_closes_its_tracker(tmp_path, run_identity
     with pytest.raises(RuntimeError, match="evaluation failed"):
         _run(tmp_path, "tensorboard", "failing")
     assert closed == [True]
+
+
+def test_every_tracker_the_config_allows_has_a_backend():
+    from fedagent_flwr.config import TRACKERS
+    from fedagent_flwr.runs.tracking import BACKENDS
+
+    assert set(TRACKERS) == {"none", *BACKENDS}
