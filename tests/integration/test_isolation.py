@@ -50,15 +50,15 @@ class Job:
 
 
 def test_two_jobs_at_once_and_stopping_one_leaves_nothing_behind_and_the_other_finishes(tmp_path):
-    jobs = [Job(tmp_path, "kept", rounds=8), Job(tmp_path, "ctrl-c", rounds=50)]
-    kept, interrupted = jobs
+    # All three start together, so the kept job is still mid-run when the other two are stopped.
+    jobs = [Job(tmp_path, "kept", rounds=12), Job(tmp_path, "ctrl-c", rounds=50), Job(tmp_path, "timeout", rounds=50)]
+    kept, interrupted, timed_out = jobs
     try:
         interrupted.wait_for("[fedagent] round 0")  # Ray, the SuperLink and the ServerApp are all up
         os.killpg(interrupted.proc.pid, signal.SIGINT)  # what Ctrl-C in its shell sends: the whole foreground group
-        interrupted.stopped_cleanly()
-        jobs.append(timed_out := Job(tmp_path, "timeout", rounds=50))
         timed_out.wait_for("[fedagent] round 0")
         timed_out.proc.send_signal(signal.SIGTERM)  # what `timeout` sends: to run_simulation.py alone
+        interrupted.stopped_cleanly()
         timed_out.stopped_cleanly()
         assert kept.proc.poll() is None, "the kept job ended before both others were stopped: nothing was shown"
         assert kept.proc.wait(timeout=900) == 0, "".join(kept.lines)[-3000:]

@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_two_round_simulation_on_the_tiny_model(tmp_path):
+    """Also runs a preset file (configs/fedagent-cpu.toml), its budget cut by flags, which override it."""
     out = tmp_path / "runs"
     cmd = [
-        sys.executable, str(ROOT / "run_simulation.py"),
+        sys.executable, str(ROOT / "run_simulation.py"), "--run-config", str(ROOT / "configs" / "fedagent-cpu.toml"),
         "--num-clients", "3", "--clients-per-round", "2", "--num-server-rounds", "2",
         "--tasks-per-epoch", "2", "--group-size", "4", "--eval-samples-per-task", "1",
         "--eval-every", "1", "--output-dir", str(out), "--run-name", "ci", "--seed", "5",
@@ -31,6 +32,9 @@ def test_two_round_simulation_on_the_tiny_model(tmp_path):
     assert own and "port 39091 " not in own[0], proc.stdout[-2000:]
     home = own[0].split("FLWR_HOME=", 1)[1].split(")", 1)[0]
     assert processes_of(home) == set() and not Path(home).exists()
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["tasks-per-client"] == 4 and config["num-server-rounds"] == 2  # from the preset; from a flag
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["initial_success_rate"] <= 1.0 and 0.0 <= summary["final_success_rate"] <= 1.0
