@@ -67,6 +67,7 @@ FEDRL_DDPG_ENVS = CONTINUOUS_ENVS  # pavg: DDPGAvg (continuous actions)
 FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
 FEDRL_CLIENT_MODES = ("all", "sampled")
 DEVICES = ("auto", "cpu", "cuda")
+BASELINE_OPTIMIZERS = ("keep", "reset")
 TRACKERS = ("none", "tensorboard", "wandb")  # runs/tracking.py has one backend for each but none
 PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
@@ -386,9 +387,11 @@ class BaselineConfig:
 
     baseline: str = _key("none", "none = FedAgent; centralized = one learner on the union of all clients' tasks; local = client local-client alone; baselines train one learner per round for local-epochs epochs, no averaging", " | ".join(BASELINES))
     local_client: int = _key(0, "baseline=local: the partition-id that trains alone", "0 .. K-1")
+    baseline_optimizer: str = _key("keep", "a baseline's one learner trains on through the rounds: keep = its AdamW state carries from round to round (kept on the client), as one learner trained for T x tau epochs would; reset = a fresh optimizer every round, like a FedAgent client's (what baselines did before this key)", " | ".join(BASELINE_OPTIMIZERS))
 
     def check(self, need: Need) -> None:
         need(self.baseline in BASELINES, "baseline", self.baseline, " | ".join(BASELINES))
+        need(self.baseline_optimizer in BASELINE_OPTIMIZERS, "baseline-optimizer", self.baseline_optimizer, " | ".join(BASELINE_OPTIMIZERS))
         need(self.local_client >= 0, "local-client", self.local_client, "an integer >= 0 (a partition-id)")
 
 @dataclass(frozen=True)

@@ -239,6 +239,20 @@ class GRPOTrainer:
         metrics["seconds"] = time.time() - started
         return metrics
 
+    def optimizer_arrays(self) -> dict[str, np.ndarray]:
+        """AdamW's step counts and moments by parameter position ("<i>/exp_avg", ...): what a learner that trains
+        on without averaging (the Centralized and Local baselines) carries from one round into the next."""
+        return {f"{i}/{name}": value.detach().cpu().numpy().copy()
+                for i, state in self.optimizer.state_dict()["state"].items() for name, value in state.items()}
+
+    def load_optimizer_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Continue from `optimizer_arrays()` of an earlier round's trainer on the same parameters."""
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in arrays.items():
+            i, name = key.split("/", 1)
+            state.setdefault(int(i), {})[name] = torch.from_numpy(np.array(value))
+        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+
     @torch.no_grad()
     def _logprobs(self, model, samples: Sequence[StepSample]) -> list[torch.Tensor]:
         """Per-sample completion log-probs (1-D, completion tokens only)."""

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+from flwr.app import Context
 from flwr.serverapp.strategy import Strategy
 
-from fedagent_flwr.methods.fedagent import FedAgent
+from fedagent_flwr.methods.fedagent import OPTIMIZER_STATE, FedAgent
 from fedagent_flwr.methods.tasks import baseline_learner
 from strategies.single_learner import SingleLearner
 
@@ -23,3 +25,11 @@ class Baseline(FedAgent):
     def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
         return SingleLearner(node_of_partition, learner=baseline_learner(self.cfg), seed=self.cfg.seed,
                              transfer_dtype=self.cfg.transfer_dtype)
+
+    def carried_optimizer(self, context: Context) -> dict[str, np.ndarray] | None:
+        """One learner trains on through the rounds, so with baseline-optimizer='keep' its AdamW moments carry
+        over (Flower keeps the node's context.state between rounds); 'reset' starts each round afresh."""
+        if self.cfg.baseline_optimizer != "keep":
+            return None
+        kept = context.state.array_records.get(OPTIMIZER_STATE)
+        return {k: kept[k].numpy() for k in kept} if kept is not None else {}

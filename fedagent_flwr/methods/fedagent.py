@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
 from envs import Task, env_names, is_multi_spec, make_env
@@ -50,16 +50,22 @@ from strategies.transfer import decode, encode
 
 
 def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int,
-                  model: torch.nn.Module | None = None) -> dict[str, float]:
+                  model: torch.nn.Module | None = None, optimizer: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """tau epochs of GRPO from the weights currently in `model` (default `agent.model`; a LoRA-wrapped
-    base trains its adapter only); returns round metrics."""
+    base trains its adapter only); returns round metrics. With `optimizer` (a dict, empty in the first round)
+    AdamW continues from the state in it, and the state it ends in is written back."""
     if not tasks:
         raise ValueError(f"client {partition_id} has no training tasks")
     started = time.time()
     rng = seed_everything(cfg.seed, server_round, partition_id)
     trainer = GRPOTrainer(model if model is not None else agent.model, agent.tokenizer, cfg.grpo_config(), cfg.rollout_config())
+    if optimizer:
+        trainer.load_optimizer_arrays(optimizer)
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)
     epochs = [trainer.train_epoch(env_factory, tasks, rng) for _ in range(cfg.local_epochs)]
+    if optimizer is not None:
+        optimizer.clear()
+        optimizer.update(trainer.optimizer_arrays())
     # Rates are averaged over epochs, counts summed.
     summed = {"episodes", "tokens", "generated_tokens", "optimizer_steps", "train_samples", "rollout_seconds"}
     metrics = {}
@@ -69,6 +75,8 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     metrics["seconds"] = time.time() - started
     return metrics
 
+
+OPTIMIZER_STATE = "optimizer"  # context.state key of a single learner's AdamW state between rounds
 
 KNOBS = ("finetuning='lora' with a small lora-rank, gradient-checkpointing=true, micro-batch-size, rollout-batch-size, kl-reference='base' "
          "(with lora), precision, num-gpus-per-client (a larger GPU share), server-device (e.g. cpu, to keep the server off the "
@@ -217,20 +225,28 @@ class FedAgent(LanguageAgentMethod):
         return FedAgentAvg(node_of_partition, clients_per_round=cfg.clients_per_round, seed=cfg.seed, min_replies=cfg.min_replies,
                            transfer_dtype=cfg.transfer_dtype)
 
+    def carried_optimizer(self, context: Context) -> dict[str, np.ndarray] | None:
+        """The AdamW state a client continues from (None: a fresh optimizer each round, as a FedAgent client starts
+        from the broadcast global model). The single-learner baselines override it."""
+        return None
+
     def train(self, msg: Message, context: Context, partition_id: int, num_partitions: int,
               load_agent: AgentLoader) -> Message:
         cfg, agent = self.cfg, load_agent()
         sent = decode(msg.content.array_records["arrays"], cfg.transfer_dtype)
         tasks = learner_tasks(cfg, partition_id, num_partitions)
         server_round = int(msg.content.config_records["config"]["server-round"])
+        optimizer = self.carried_optimizer(context)
         if self.trains_adapter():
             with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
                 arrays_to_adapter(peft_model, sent)
-                metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=peft_model)
+                metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=peft_model, optimizer=optimizer)
                 trained = adapter_to_arrays(peft_model)
         else:
             arrays_to_model(agent.model, sent)
-            metrics = train_locally(agent, cfg, tasks, server_round, partition_id)
+            metrics = train_locally(agent, cfg, tasks, server_round, partition_id, optimizer=optimizer)
             trained = model_to_arrays(agent.model)
+        if optimizer is not None:  # kept on the client (Flower's per-node state), never sent
+            context.state[OPTIMIZER_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in optimizer.items()})
         metrics["update_norm"] = update_norm(trained, sent)  # what a DP clipping norm is compared with
         return Message(RecordDict({"arrays": encode(trained, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -134,3 +134,35 @@ def test_update_raises_the_likelihood_of_better_than_average_completions(tiny_lm
     after = seq_logprob(good), seq_logprob(bad)
     assert stats["optimizer_steps"] == 1.0
     assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_a_trainer_that_loads_the_optimizer_arrays_continues_exactly_where_the_last_one_stopped(tiny_lm, maze_tokenizer):
+    """A baseline's learner carries AdamW's moments between rounds: a new round's trainer that loads them takes
+    the very step the old trainer would have taken, and one that does not takes another."""
+    import copy
+
+    tok = maze_tokenizer
+    prompt = tok("Step 1. Observation: start")["input_ids"]
+    trajs = [Trajectory(task=Task("t", "c", "train"), steps=[StepRecord(prompt, tok(text)["input_ids"], "", "", 0.0, True)], reward=r)
+             for text, r in [("<action>move down</action>", 10.0), ("<action>move up</action>", 0.0)]]
+    samples = trajectories_to_samples(trajs, [0, 0], 1e-6)
+    cfg = replace(RunConfig().grpo_config(), learning_rate=1e-3, kl_beta=0.0)
+    first = GRPOTrainer(tiny_lm, tok, cfg, RolloutConfig(history_length=0))
+    first.update(samples, np.random.default_rng(0))
+    carried = first.optimizer_arrays()
+    assert carried and all(v.item() == 1.0 for k, v in carried.items() if k.endswith("/step"))
+
+    after_first = copy.deepcopy(tiny_lm)
+
+    def next_step(load: bool) -> dict[str, torch.Tensor]:
+        model = copy.deepcopy(after_first)
+        trainer = GRPOTrainer(model, tok, cfg, RolloutConfig(history_length=0))
+        if load:
+            trainer.load_optimizer_arrays(carried)
+        trainer.update(samples, np.random.default_rng(1))
+        return model.state_dict()
+
+    continued, fresh = next_step(load=True), next_step(load=False)
+    first.update(samples, np.random.default_rng(1))  # the old trainer, going on
+    assert all(torch.allclose(continued[k], v, atol=1e-7) for k, v in tiny_lm.state_dict().items())
+    assert any(not torch.allclose(fresh[k], v, atol=1e-7) for k, v in tiny_lm.state_dict().items())

@@ -58,3 +58,40 @@ def test_server_device_puts_the_servers_model_apart_from_the_clients():
 def test_a_model_that_cannot_be_had_is_refused_before_any_work(model, allowed):
     with pytest.raises(ValueError, match=f"model='{model}' is not allowed: expected {allowed}"):
         RunConfig(model=model)
+
+
+@pytest.mark.parametrize("overrides, carried", [
+    ({"baseline": "centralized"}, True),
+    ({"baseline": "local", "baseline_optimizer": "reset"}, False),
+    ({}, False),  # a FedAgent client starts each round from the broadcast model with a fresh optimizer
+])
+def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_its_node(
+        overrides, carried, tiny_lm, maze_tokenizer, run_identity, monkeypatch):
+    import numpy as np
+    import torch
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+    from fedagent_flwr.agent.loading import Agent
+    from fedagent_flwr.agent.models import ModelSpec
+    from fedagent_flwr.agent.weights import model_to_arrays
+    from fedagent_flwr.methods import fedagent
+
+    seen = []
+
+    def fake_round(agent, cfg, tasks, server_round, partition_id, model=None, optimizer=None):
+        seen.append(None if optimizer is None else dict(optimizer))
+        if optimizer is not None:  # what the trainer leaves behind: AdamW's state after this round's steps
+            optimizer.clear()
+            optimizer.update({"0/step": np.array(float(server_round))})
+        return {"episodes": 1.0}
+
+    monkeypatch.setattr(fedagent, "train_locally", fake_round)
+    method = method_for(RunConfig(**overrides))
+    agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), "fp")
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    for server_round in (1, 2):
+        msg = Message(RecordDict({"arrays": model_to_arrays(tiny_lm), "config": ConfigRecord({"server-round": server_round})}),
+                      dst_node_id=7, message_type=MessageType.TRAIN)
+        reply = method.train(msg, context, 0, 2, lambda: agent)
+        assert "optimizer" not in reply.content.array_records  # the state stays on the client
+    assert seen == ([{}, {"0/step": 1.0}] if carried else [None, None])
