@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from fedagent_flwr.atomic import write_json_atomic
+from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.experiments.paired import ordering, paired_difference
 from fedagent_flwr.simulation import read_run_config_file
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the project folder (pyproject.toml, configs/) of a checkout
@@ -218,36 +219,40 @@ def cell(s: dict[str, Any]) -> str:
 
 def table1_report(out: Path, runs: list[Run], title: str) -> dict:
     categories = sorted({k.split("/", 1)[1] for r in runs for k in final_metrics(out, r) if k.startswith("success_rate/")})
-    rows: dict[str, dict[str, list[float]]] = {}
-    initial: dict[str, list[float]] = {}
+    columns = categories + ["overall"]
+    key = {c: "success_rate" if c == "overall" else f"success_rate/{c}" for c in columns}
+    # group -> column -> seed -> success; the base model once per seed (every method of a seed starts from the
+    # same model and evaluates with the same seed, so its runs repeat one measurement, not several)
+    by_seed: dict[str, dict[str, dict[int, float]]] = {}
+    base: dict[str, dict[int, float]] = {}
     for r in runs:
         m = final_metrics(out, r)
-        row = rows.setdefault(r.group, {})
-        for c in categories:
-            row.setdefault(c, []).append(m.get(f"success_rate/{c}", math.nan))
-        row.setdefault("overall", []).append(m["success_rate"])
         start = json.loads((out / "runs" / r.name / "summary.json").read_text())["initial"]
-        for c in categories + ["overall"]:
-            initial.setdefault(c, []).append(start["success_rate" if c == "overall" else f"success_rate/{c}"])
-    columns = categories + ["overall"]
+        for c in columns:
+            by_seed.setdefault(r.group, {}).setdefault(c, {})[r.seed] = m.get(key[c], math.nan)
+            base.setdefault(c, {}).setdefault(r.seed, start[key[c]])
     result = {"title": title, "columns": columns,
-              "rows": {g: {c: stats(v) for c, v in row.items()} for g, row in rows.items()},
-              "base_model": {c: stats(v) for c, v in initial.items()}}
+              "rows": {g: {c: stats(list(v.values())) for c, v in row.items()} for g, row in by_seed.items()},
+              "base_model": {c: stats(list(v.values())) for c, v in base.items()}}
     lines = [f"# {title}", "", "Held-out success (%) after the last round; mean ± standard error over seeds "
              f"({', '.join(str(s) for s in sorted({r.seed for r in runs}))}).", "",
              "| method | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
     for g, row in result["rows"].items():
         lines.append(f"| {g} | " + " | ".join(cell(row[c]) for c in columns) + " |")
     lines.append("| base model (before training) | " + " | ".join(cell(result["base_model"][c]) for c in columns) + " |")
-    fed = result["rows"]["FedAgent"]["overall"]["mean"]
-    local = [v["overall"]["mean"] for g, v in result["rows"].items() if g.startswith("Local")]
-    cen = result["rows"]["Centralized"]["overall"]["mean"]
-    verdict = (f"FedAgent {100 * fed:.1f} vs Local {', '.join(f'{100 * v:.1f}' for v in local)} "
-               f"({'beats every Local' if all(fed > v for v in local) else 'does not beat every Local'}); "
-               f"Centralized {100 * cen:.1f} (FedAgent - Centralized = {100 * (fed - cen):+.1f} points).")
-    result["verdict"] = verdict
-    lines += ["", verdict, ""]
-    (out / "table1.md").write_text("\n".join(lines))
+    # The orderings Table 1 is read for, each with its paired test over seeds (experiments/paired.py).
+    overall = {g: row["overall"] for g, row in by_seed.items()} | {"the base model": base["overall"]}
+    claims = [(g, "the base model") for g in ("FedAgent", "Centralized")] + \
+             [("FedAgent", g) for g in by_seed if g.startswith("Local")]
+    comparisons = {f"{a} > {b}": paired_difference(overall[a], overall[b]) for a, b in claims}
+    gap = paired_difference(overall["FedAgent"], overall["Centralized"])
+    result["comparisons"] = comparisons | {"FedAgent - Centralized": gap}
+    verdicts = [ordering(a, b, comparisons[f"{a} > {b}"]) for a, b in claims]
+    verdicts.append(f"FedAgent - Centralized: {100 * gap['mean']:+.1f} points, 95% interval "
+                    f"[{100 * gap['ci95'][0]:+.1f}, {100 * gap['ci95'][1]:+.1f}] ({gap['n']} seeds)")
+    result["verdict"] = verdicts
+    lines += [""] + [f"- {v}" for v in verdicts] + [""]
+    atomic_write_text(out / "table1.md", "\n".join(lines))
     write_json_atomic(out / "table1.json", result)
     print("\n".join(lines), flush=True)
     return result

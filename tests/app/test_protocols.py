@@ -86,14 +86,23 @@ def test_table1_report_gives_mean_and_standard_error(tmp_path):
     for r in runs:
         v = finals[r.group][r.seed]
         _fake_run(tmp_path, r.name, {"success_rate": v, "success_rate/near": 1.0, "success_rate/far": v / 2},
-                  {"success_rate": 0.4, "success_rate/near": 0.8, "success_rate/far": 0.1})
+                  {"success_rate": [0.35, 0.4, 0.45][r.seed], "success_rate/near": 0.8, "success_rate/far": 0.1})
     result = protocols.table1_report(tmp_path, runs, "t")
     fed = result["rows"]["FedAgent"]["overall"]
     assert fed["mean"] == pytest.approx(0.6) and fed["std"] == pytest.approx(0.1) and fed["se"] == pytest.approx(0.1 / math.sqrt(3))
     assert result["rows"]["Centralized"]["far"]["mean"] == pytest.approx(0.35)
-    assert result["base_model"]["overall"]["mean"] == pytest.approx(0.4)
+    base = result["base_model"]["overall"]  # one measurement per seed, however many methods ran in it
+    assert base["n"] == 3 and base["mean"] == pytest.approx(0.4) and base["se"] == pytest.approx(0.05 / math.sqrt(3))
     assert result["columns"] == ["far", "near", "overall"]
-    assert "beats every Local" in result["verdict"] and "-10.0 points" in result["verdict"]
+    # Each ordering with its paired test over seeds; a mean ahead is not enough to claim one.
+    local = result["comparisons"]["FedAgent > Local (client 1)"]  # differences 0.3, 0.2, 0.4: t = 5.2, 2 dof
+    assert local["mean"] == pytest.approx(0.3) and local["p"] == pytest.approx(0.0353, abs=1e-3)
+    assert result["comparisons"]["FedAgent > the base model"]["p"] == pytest.approx(0.0202, abs=1e-3)
+    assert result["comparisons"]["Centralized > the base model"]["p"] == pytest.approx(0.0591, abs=1e-3)
+    verdicts = "\n".join(result["verdict"])
+    assert "FedAgent above Local (client 1): holds" in verdicts and "FedAgent above the base model: holds" in verdicts
+    assert "Centralized above the base model: not shown (difference +30.0 ± 7.6 points" in verdicts  # ahead, p > 0.05
+    assert "FedAgent - Centralized: -10.0 points, 95% interval [-34.8, +14.8] (3 seeds)" in verdicts
     md = (tmp_path / "table1.md").read_text()
     assert "| FedAgent | 30.0 ± 2.9 | 100.0 ± 0.0 | 60.0 ± 5.8 |" in md
     assert json.loads((tmp_path / "table1.json").read_text())["rows"]["Local (client 1)"]["overall"]["n"] == 3
@@ -129,3 +138,16 @@ def test_each_protocol_folder_gets_its_own_flower_home_and_ports(tmp_path):
     assert a == protocols.isolated_env(tmp_path / "a")  # a rerun reuses its SuperLink
     assert int(a["FLWR_LOCAL_CONTROL_API_PORT"]) == int(a["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]) + 2
     assert a["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] != "39091"  # not the default shared by plain `flwr run`
+
+
+def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
+    from fedagent_flwr.experiments.paired import ordering, paired_difference
+
+    one = paired_difference({0: 0.9}, {0: 0.1})
+    assert one["n"] == 1 and math.isnan(one["p"]) and "not shown" in ordering("A", "B", one)
+    tie = paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
+    assert tie["mean"] == 0 and tie["p"] == 1.0 and "not shown" in ordering("A", "B", tie)
+    behind = paired_difference({0: 0.1, 1: 0.2, 2: 0.1}, {0: 0.5, 1: 0.7, 2: 0.6})
+    assert behind["p"] < 0.05 and "not shown" in ordering("A", "B", behind)  # significant, but the other way
+    only_shared = paired_difference({0: 0.5, 1: 0.6, 5: 0.9}, {0: 0.4, 1: 0.4})
+    assert only_shared["seeds"] == [0, 1]  # a seed one method lacks is left out, not paired with anything
