@@ -51,6 +51,7 @@ from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 from fedagent_flwr.atomic import atomic_write_text
 from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.experiments.seed_statistics import cell, ordering, paired_difference, stats
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR
 from fedagent_flwr.simulation import read_run_config_file
@@ -220,12 +221,70 @@ def write_tables(out: Path, results: dict[str, list[dict]], ranks: dict[int, lis
     print((out / "table.md").read_text(), flush=True)
 
 
+def run_seed(out: Path, base: RunConfig, methods: list[str], ranks: list[int]) -> dict[str, list[dict]]:
+    """Every method (and the rank sweep) at one seed, tables in `out`; returns each method's rows."""
+    out.mkdir(parents=True, exist_ok=True)
+    results, sweep = {}, {}
+    for method in methods:
+        cfg = RunConfig.from_run_config(base.to_run_config() | METHODS[method])
+        results[method] = run_method(method, cfg, out)
+        write_tables(out, results, sweep, base)
+    if "fed-se" in results and ranks:
+        sweep[base.lora_rank] = results["fed-se"]
+        for rank in ranks:
+            cfg = RunConfig.from_run_config(base.to_run_config() | {"lora-rank": rank, "lora-alpha": 2.0 * rank})
+            sweep[rank] = run_method(f"rank-{rank}", cfg, out)
+            write_tables(out, results, sweep, base)
+    return results
+
+
+def _read_rows(folder: Path) -> list[dict] | None:
+    path = folder / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else None
+
+
+# The paper's orderings (Table 1 and Figure 4), each tested by a paired t-test over seeds: Fed-SE above the static
+# and non-communicating baselines and above each ablation, and "without filtering" the worst ablation.
+ORDERINGS = [("fed-se", "fedavg-static"), ("fed-se", "local"), ("fed-se", "no-history"), ("fed-se", "no-filter"),
+             ("fed-se", "weighted"), ("no-history", "no-filter"), ("weighted", "no-filter")]
+
+
+def seeds_table(out: Path, per_seed: dict[int, dict[str, list[dict]]], cfg: RunConfig) -> dict:
+    """<out>/table.md and table.json over seeds: each method's final held-out success (per environment too, when
+    there are several) as mean ± standard error, and the paper's orderings with their paired tests."""
+    methods = [m for m in METHODS if all(m in runs for runs in per_seed.values())]
+    final = {m: {seed: _final(runs[m]) for seed, runs in per_seed.items()} for m in methods}
+    columns = sorted({k[len("eval/success_rate/"):] for m in methods for f in final[m].values() for k in f
+                      if k.startswith("eval/success_rate/env/")}) or []
+    columns += ["overall"]
+    key = {c: "eval/success_rate" if c == "overall" else f"eval/success_rate/{c}" for c in columns}
+    table = {m: {c: stats([f[key[c]] for f in final[m].values()]) for c in columns} for m in methods}
+    seeds = sorted(per_seed)
+    title = (f"Held-out success (%) after round {cfg.num_server_rounds} ({cfg.env}, model {cfg.model}, "
+             f"K={cfg.num_clients}); mean ± standard error over seeds {', '.join(map(str, seeds))}")
+    lines = [title, "",
+             "| method | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    lines += [f"| {m} | " + " | ".join(cell(table[m][c]) for c in columns) + " |" for m in methods]
+    overall = {m: {seed: f["eval/success_rate"] for seed, f in final[m].items()} for m in methods}
+    comparisons = {f"{a} > {b}": paired_difference(overall[a], overall[b]) for a, b in ORDERINGS if a in overall and b in overall}
+    verdicts = [ordering(a, b, comparisons[f"{a} > {b}"]) for a, b in ORDERINGS if f"{a} > {b}" in comparisons]
+    lines += [""] + [f"- {v}" for v in verdicts]
+    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
+    result = {"config": cfg.to_run_config(), "seeds": seeds, "methods": table, "comparisons": comparisons, "verdict": verdicts}
+    atomic_write_text(out / "table.json", json.dumps(result, indent=2))
+    print("\n".join(lines), flush=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key of the preset")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument("--ranks", default=",".join(map(str, RANKS)), help="LoRA ranks of the sweep besides the preset's ('' = none)")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="several seeds: each in <out>/seed-<s>/, and <out>/table.md gives each method's mean ± standard "
+                             "error and the paper's orderings with paired tests (default: the preset's seed alone, in <out>)")
     parser.add_argument("--tables-only", action="store_true", help="rewrite the tables from the metrics.jsonl files already in --out")
     args = parser.parse_args(argv)
     try:
@@ -238,30 +297,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
     ranks = [int(r) for r in args.ranks.split(",") if r]
+    several = args.seeds is not None and len(args.seeds) > 1
+    if args.seeds and not several:
+        base = replace(base, seed=args.seeds[0])
     if args.tables_only:
-        def read(name: str) -> list[dict] | None:
-            path = args.out / name / "metrics.jsonl"
-            return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else None
-
-        results = {m: rows for m in methods if (rows := read(m))}
-        sweep = {r: rows for r in ranks if (rows := read(f"rank-{r}"))}
+        if several:
+            per_seed = {s: {m: rows for m in methods if (rows := _read_rows(args.out / f"seed-{s}" / m))} for s in args.seeds}
+            seeds_table(args.out, per_seed, base)
+            return 0
+        results = {m: rows for m in methods if (rows := _read_rows(args.out / m))}
+        sweep = {r: rows for r in ranks if (rows := _read_rows(args.out / f"rank-{r}"))}
         if sweep and "fed-se" in results:
             sweep[base.lora_rank] = results["fed-se"]
         write_tables(args.out, results, sweep, base)
         return 0
     torch.set_num_threads(1)  # the cores are shared; one thread is the fast setting under contention
-    args.out.mkdir(parents=True, exist_ok=True)
-    results, sweep = {}, {}
-    for method in methods:
-        cfg = RunConfig.from_run_config(base.to_run_config() | METHODS[method])
-        results[method] = run_method(method, cfg, args.out)
-        write_tables(args.out, results, sweep, base)
-    if "fed-se" in results and ranks:
-        sweep[base.lora_rank] = results["fed-se"]
-        for rank in ranks:
-            cfg = RunConfig.from_run_config(base.to_run_config() | {"lora-rank": rank, "lora-alpha": 2.0 * rank})
-            sweep[rank] = run_method(f"rank-{rank}", cfg, args.out)
-            write_tables(args.out, results, sweep, base)
+    if not several:
+        run_seed(args.out, base, methods, ranks)
+        return 0
+    per_seed = {seed: run_seed(args.out / f"seed-{seed}", replace(base, seed=seed), methods, ranks) for seed in args.seeds}
+    seeds_table(args.out, per_seed, base)
     return 0
 
 

@@ -44,7 +44,12 @@ import numpy as np
 
 from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig, parse_overrides
-from fedagent_flwr.experiments.paired import ordering, paired_difference
+from fedagent_flwr.experiments.seed_statistics import (
+    cell,
+    ordering,
+    paired_difference,
+    stats,
+)
 from fedagent_flwr.simulation import read_run_config_file
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the project folder (pyproject.toml, configs/) of a checkout
@@ -206,17 +211,6 @@ def curve(out: Path, run: Run) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def stats(values: list[float]) -> dict[str, Any]:
-    arr = np.asarray(values, dtype=float)
-    std = float(arr.std(ddof=1)) if len(arr) > 1 else math.nan
-    return {"mean": float(arr.mean()), "std": std, "se": std / math.sqrt(len(arr)) if len(arr) > 1 else math.nan,
-            "n": len(arr), "values": [float(v) for v in arr]}
-
-
-def cell(s: dict[str, Any]) -> str:
-    return f"{100 * s['mean']:.1f} ± {100 * s['se']:.1f}" if s["n"] > 1 else f"{100 * s['mean']:.1f}"
-
-
 def table1_report(out: Path, runs: list[Run], title: str) -> dict:
     categories = sorted({k.split("/", 1)[1] for r in runs for k in final_metrics(out, r) if k.startswith("success_rate/")})
     columns = categories + ["overall"]
@@ -240,7 +234,7 @@ def table1_report(out: Path, runs: list[Run], title: str) -> dict:
     for g, row in result["rows"].items():
         lines.append(f"| {g} | " + " | ".join(cell(row[c]) for c in columns) + " |")
     lines.append("| base model (before training) | " + " | ".join(cell(result["base_model"][c]) for c in columns) + " |")
-    # The orderings Table 1 is read for, each with its paired test over seeds (experiments/paired.py).
+    # The orderings Table 1 is read for, each with its paired test over seeds (experiments/seed_statistics.py).
     overall = {g: row["overall"] for g, row in by_seed.items()} | {"the base model": base["overall"]}
     claims = [(g, "the base model") for g in ("FedAgent", "Centralized")] + \
              [("FedAgent", g) for g in by_seed if g.startswith("Local")]

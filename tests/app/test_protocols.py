@@ -141,7 +141,7 @@ def test_each_protocol_folder_gets_its_own_flower_home_and_ports(tmp_path):
 
 
 def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
-    from fedagent_flwr.experiments.paired import ordering, paired_difference
+    from fedagent_flwr.experiments.seed_statistics import ordering, paired_difference
 
     one = paired_difference({0: 0.9}, {0: 0.1})
     assert one["n"] == 1 and math.isnan(one["p"]) and "not shown" in ordering("A", "B", one)

@@ -400,3 +400,23 @@ def test_protocol_scores_each_local_client_on_its_own_environment(tmp_path, tiny
     assert final["eval/success_rate/env/maze"] == final["eval/success_rate/env/wordle"] == 1.0
     assert final["eval/success_rate"] == final["eval/success_rate/mean_over_envs"] == 1.0
     assert final["eval/episodes"] == 8.0  # each client played its own environment's tasks only
+
+
+def test_protocol_over_seeds_gives_mean_and_error_per_environment_and_tests_the_papers_orderings(tmp_path):
+    from fedagent_flwr.experiments.fedse_protocol import seeds_table
+
+    def rows(overall, maze):  # round 0, then the final evaluation
+        return [{"round": 0, "eval/success_rate": 0.1}, {"round": 4, "eval/success_rate": overall,
+                                                         "eval/success_rate/env/maze": maze, "eval/success_rate/env/wordle": 0.0}]
+
+    finals = {"fed-se": [0.5, 0.6, 0.7], "fedavg-static": [0.4, 0.4, 0.6], "no-filter": [0.6, 0.5, 0.8]}
+    per_seed = {s: {m: rows(v[s], 2 * v[s]) for m, v in finals.items()} for s in (0, 1, 2)}
+    result = seeds_table(tmp_path, per_seed, RunConfig(env="maze,wordle", partition="by-environment", num_clients=2))
+    assert result["methods"]["fed-se"]["overall"]["mean"] == pytest.approx(0.6)
+    assert result["methods"]["fed-se"]["env/maze"]["mean"] == pytest.approx(1.2)
+    assert list(result["methods"]["fed-se"]) == ["env/maze", "env/wordle", "overall"]
+    assert set(result["comparisons"]) == {"fed-se > fedavg-static", "fed-se > no-filter"}  # only methods that ran
+    verdicts = "\n".join(result["verdict"])
+    assert "fed-se above fedavg-static: not shown (difference +13.3" in verdicts  # 0.1, 0.2, 0.1: p = 0.074
+    assert "fed-se above no-filter: not shown" in verdicts  # behind
+    assert "| fed-se | 120.0 ± 11.5 | 0.0 ± 0.0 | 60.0 ± 5.8 |" in (tmp_path / "table.md").read_text()

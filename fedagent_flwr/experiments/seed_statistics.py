@@ -1,4 +1,5 @@
-"""Paired comparisons over seeds, the test behind every ordering a protocol table claims.
+"""Summaries over seeds for the protocol tables: each method's mean ± standard error, and the paired
+comparison behind every ordering a table claims.
 
 Two methods run with the same seeds share the seed's partition, task draws and evaluation seed, so their
 per-seed difference is what to test: a paired t-test (scipy.stats.ttest_rel), and the mean difference with
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import stats as scipy_stats
 
 ALPHA = 0.05
 
@@ -28,11 +29,11 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float]) -> dict[st
     if n < 2:
         return out
     se = float(diff.std(ddof=1) / math.sqrt(n))
-    half = float(stats.t.ppf(0.975, n - 1)) * se
+    half = float(scipy_stats.t.ppf(0.975, n - 1)) * se
     out.update(se=se, ci95=[out["mean"] - half, out["mean"] + half])
     # Identical differences in every seed leave the t statistic undefined: no spread, so nothing to test.
     if se > 1e-12 * max(1.0, abs(out["mean"])):
-        out["p"] = float(stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
+        out["p"] = float(scipy_stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
     else:
         out["p"] = 0.0 if out["mean"] != 0 else 1.0
     return out
@@ -44,3 +45,16 @@ def ordering(better: str, worse: str, comparison: Mapping[str, Any]) -> str:
     holds = n >= 2 and mean > 0 and p < ALPHA
     return (f"{better} above {worse}: {'holds' if holds else 'not shown'} (difference {100 * mean:+.1f} ± "
             f"{100 * se:.1f} points, paired t-test p = {p:.3f}, {n} seeds)")
+
+
+def stats(values: list[float]) -> dict[str, Any]:
+    """Mean, standard deviation and standard error (over seeds) of one table cell, with the values themselves."""
+    arr = np.asarray(values, dtype=float)
+    std = float(arr.std(ddof=1)) if len(arr) > 1 else math.nan
+    return {"mean": float(arr.mean()), "std": std, "se": std / math.sqrt(len(arr)) if len(arr) > 1 else math.nan,
+            "n": len(arr), "values": [float(v) for v in arr]}
+
+
+def cell(s: dict[str, Any]) -> str:
+    """A table cell in percent: "57.4 ± 3.7" (the mean alone for a single seed)."""
+    return f"{100 * s['mean']:.1f} ± {100 * s['se']:.1f}" if s["n"] > 1 else f"{100 * s['mean']:.1f}"
