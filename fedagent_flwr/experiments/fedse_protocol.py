@@ -2,6 +2,7 @@
 
     python -m fedagent_flwr.experiments.fedse_protocol --out runs/fedse-protocol            # CPU preset (tiny model, maze)
     python -m fedagent_flwr.experiments.fedse_protocol --out DIR --set num-server-rounds=20 --set model=...  # other settings
+    python -m fedagent_flwr.experiments.fedse_protocol --out DIR --seeds 0 1 2 3 4    # mean ± SE over seeds, paired tests
 
 Every method runs in this process, with the same client and aggregation code the
 Flower app runs (self_evolution.self_evolution_round, strategies.fedse_lora.
