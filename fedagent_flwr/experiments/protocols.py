@@ -273,20 +273,32 @@ def curves_report(out: Path, runs: list[Run], stem: str, title: str) -> dict:
             ax.plot(xs, ys, marker="o", label=label)
             finals = stats([p[1][-1] for p in points])
             starts = stats([p[1][0] for p in points])
-            panel[label] = {"epochs": xs, "mean_success": [float(y) for y in ys], "final": finals, "start": starts}
+            panel[label] = {"epochs": xs, "mean_success": [float(y) for y in ys], "final": finals, "start": starts,
+                            "final_by_seed": {r.seed: p[1][-1] for r, p in zip(members, points)}}
             lines.append(f"| {group} | {label} | {cell(starts)} | {cell(finals)} |")
         ax.set_title(group)
         ax.set_xlabel("training epochs (rounds x local epochs)")
         ax.set_ylabel("held-out success")
         ax.legend(fontsize=8)
         result["panels"][group] = panel
+    # A panel of two settings (the heterogeneity protocol: low, then high) is read for the direction of the
+    # effect: the first setting's final success minus the second's, paired by seed, with its test.
+    verdicts = []
+    for group, panel in result["panels"].items():
+        if len(panel) == 2:
+            (first, a), (second, b) = panel.items()
+            comparison = paired_difference(a["final_by_seed"], b["final_by_seed"])
+            panel["comparison"] = comparison
+            verdicts.append(f"{group}: " + ordering(first, second, comparison))
+    if verdicts:
+        lines += [""] + [f"- {v}" for v in verdicts]
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     tmp = out / f".{stem}.png.tmp.png"
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(out / f"{stem}.png")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / f"{stem}.md", "\n".join(lines) + "\n")
     write_json_atomic(out / f"{stem}.json", result)
     print("\n".join(lines), flush=True)
     return result

@@ -124,6 +124,21 @@ def test_curves_report_plots_success_against_epochs(tmp_path):
     assert (tmp_path / "decentralized.png").stat().st_size > 0 and set(result["panels"]) == {"tasks-per-client", "clients-per-round", "local-epochs"}
 
 
+def test_heterogeneity_report_gives_each_effects_direction_with_its_paired_test(tmp_path):
+    runs = protocols.heterogeneity_runs("cpu", [0, 1, 2], protocols.PRESETS["cpu"], "labels.json")
+    low_minus_high = {"preference": [0.1, 0.2, 0.1], "coverage": [0.0, 0.0, 0.0], "hardness": [-0.2, -0.1, -0.2]}
+    for r in runs:
+        low = r.label.endswith(("0.1", "256"))
+        final = 0.4 + (low_minus_high[r.group][r.seed] if low else 0.0)
+        _fake_run(tmp_path, r.name, {}, {}, [(0, 0.3), (r.config["num-server-rounds"], final)])
+    result = protocols.curves_report(tmp_path, runs, "heterogeneity", "t")
+    text = (tmp_path / "heterogeneity.md").read_text()
+    assert result["panels"]["preference"]["comparison"]["mean"] == pytest.approx(0.4 / 3)
+    assert "preference: preference-omega = 0.1 above preference-omega = 0.9: not shown (difference +13.3" in text
+    assert "coverage: coverage-xi = 256 above coverage-xi = 1: not shown (difference +0.0" in text
+    assert result["panels"]["hardness"]["comparison"]["mean"] == pytest.approx(-0.5 / 3)  # the other way
+
+
 def test_set_overrides_are_checked():
     assert protocols.parse_set(["learning-rate=1e-5", "num-server-rounds=2"]) == {"learning-rate": 1e-5, "num-server-rounds": 2}
     with pytest.raises(SystemExit, match="run-config key"):
