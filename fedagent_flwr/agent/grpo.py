@@ -250,7 +250,9 @@ class GRPOTrainer:
         state: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in arrays.items():
             i, name = key.split("/", 1)
-            state.setdefault(int(i), {})[name] = torch.from_numpy(np.array(value))
+            tensor = torch.from_numpy(np.array(value))
+            # AdamW keeps its step count as a 0-d tensor; a trip through Flower's ArrayRecord makes it 1-d
+            state.setdefault(int(i), {})[name] = tensor.reshape(()) if name == "step" else tensor
         self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
 
     @torch.no_grad()
