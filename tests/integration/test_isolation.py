@@ -51,7 +51,7 @@ class Job:
 
 def test_two_jobs_at_once_and_stopping_one_leaves_nothing_behind_and_the_other_finishes(tmp_path):
     # All three start together, so the kept job is still mid-run when the other two are stopped.
-    jobs = [Job(tmp_path, "kept", rounds=12), Job(tmp_path, "ctrl-c", rounds=50), Job(tmp_path, "timeout", rounds=50)]
+    jobs = [Job(tmp_path, "kept", rounds=30), Job(tmp_path, "ctrl-c", rounds=50), Job(tmp_path, "timeout", rounds=50)]
     kept, interrupted, timed_out = jobs
     try:
         interrupted.wait_for("[fedagent] round 0")  # Ray, the SuperLink and the ServerApp are all up
