@@ -52,7 +52,12 @@ from fedagent_flwr.agent.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 from fedagent_flwr.atomic import atomic_write_text
 from fedagent_flwr.config import RunConfig, parse_overrides
-from fedagent_flwr.experiments.seed_statistics import cell, ordering, paired_difference, stats
+from fedagent_flwr.experiments.seed_statistics import (
+    cell,
+    ordering,
+    paired_difference,
+    stats,
+)
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR
 from fedagent_flwr.simulation import read_run_config_file
@@ -95,7 +100,7 @@ def own_environment_scores(evals: list[dict[str, float]], envs: list[str]) -> di
     out = {key: sum(e[key] * n for e, n in zip(evals, episodes)) / sum(episodes)
            for key in evals[0] if "/" not in key and key != "episodes"}
     out["episodes"] = float(sum(episodes))
-    for env, e in zip(envs, evals):  # its keys name its own environment (and categories within it) only
+    for e in evals:  # each one's keys name its own environment (and categories within it) only
         out.update({key: v for key, v in e.items() if "/" in key and key != MEAN_KEY})
     out[MEAN_KEY] = sum(out[f"{ENV_PREFIX}{env}"] for env in envs) / len(envs)
     return out
@@ -256,8 +261,7 @@ def seeds_table(out: Path, per_seed: dict[int, dict[str, list[dict]]], cfg: RunC
     methods = [m for m in METHODS if all(m in runs for runs in per_seed.values())]
     final = {m: {seed: _final(runs[m]) for seed, runs in per_seed.items()} for m in methods}
     columns = sorted({k[len("eval/success_rate/"):] for m in methods for f in final[m].values() for k in f
-                      if k.startswith("eval/success_rate/env/")}) or []
-    columns += ["overall"]
+                      if k.startswith("eval/success_rate/env/")}) + ["overall"]
     key = {c: "eval/success_rate" if c == "overall" else f"eval/success_rate/{c}" for c in columns}
     table = {m: {c: stats([f[key[c]] for f in final[m].values()]) for c in columns} for m in methods}
     seeds = sorted(per_seed)
