@@ -46,7 +46,7 @@ def _digits(n: int) -> str:
     return " ".join(str(n))
 
 
-def _describe_walls(walls: list[str]) -> str:
+def describe_walls(walls: list[str]) -> str:
     if not walls:
         return "There are no walls near you."
     if len(walls) == 1:
@@ -127,7 +127,7 @@ class MazeEnv(TextEnv):
         walls = [name for name, (dr, dc) in WALL_DIRECTIONS if self.maze[r + dr, c + dc] == 1]
         return (
             f"The goal is at position {_digits(self.goal[0])}, {_digits(self.goal[1])}. "
-            f"Your current position is at position {_digits(r)}, {_digits(c)}. {_describe_walls(walls)}"
+            f"Your current position is at position {_digits(r)}, {_digits(c)}. {describe_walls(walls)}"
         )
 
     def expert_action(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .alfworld import AlfWorldEnv  # imports alfworld only when an env is constructed
 from .babyai import BabyAIEnv
 from .base import TextEnv
+from .gridworld import GridworldEnv
 from .maze import MazeEnv
 from .textcraft import TextCraftEnv
 from .webshop import WebShopEnv
@@ -12,6 +13,7 @@ from .wordle import WordleEnv
 
 ENVIRONMENTS: dict[str, type[TextEnv]] = {
     MazeEnv.name: MazeEnv,
+    GridworldEnv.name: GridworldEnv,
     BabyAIEnv.name: BabyAIEnv,
     TextCraftEnv.name: TextCraftEnv,
     WordleEnv.name: WordleEnv,
