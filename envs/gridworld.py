@@ -24,7 +24,14 @@ from functools import lru_cache
 import numpy as np
 
 from .base import Task, TextEnv
-from .maze import GOAL_REWARD, ILLEGAL_REWARD, MOVE_REWARD, MOVES, WALL_DIRECTIONS, describe_walls
+from .maze import (
+    GOAL_REWARD,
+    ILLEGAL_REWARD,
+    MOVE_REWARD,
+    MOVES,
+    WALL_DIRECTIONS,
+    describe_walls,
+)
 
 DIRECTIONS = ("north-east", "north-west", "south-east", "south-west")
 # Pool sizes and generator bounds; the test split is large enough that 16 samples per task give an
@@ -90,11 +97,14 @@ def describe_offset(position: tuple[int, int], goal: tuple[int, int]) -> str:
 def room_pool(seed: int) -> tuple[Task, ...]:
     """Both splits' tasks, generated once per process: a rollout makes an env per episode, and generating the
     560 rooms each time took three quarters of an evaluation's time."""
-    tasks = []
+    tasks, seen = [], set()
     for split, count, stream in (("train", TRAIN_TASKS, 0), ("test", TEST_TASKS, 1)):
         rng = np.random.default_rng([seed, stream])  # the test rooms do not depend on the training pool's size
         for i in range(count):
             grid, start, goal, distance = generate_room(rng)
+            while grid.tobytes() + bytes(grid.shape) in seen:  # small rooms with few walls can repeat: redraw
+                grid, start, goal, distance = generate_room(rng)
+            seen.add(grid.tobytes() + bytes(grid.shape))
             tasks.append(Task(
                 id=f"gridworld-{split}-{i:03d}",
                 category=direction(start, goal),

@@ -167,7 +167,7 @@ class FederationConfig:
 class EnvironmentConfig:
     """The environment(s) the agents play and how their training tasks are split among clients."""
 
-    env: str = _key("maze", "text environment, or several separated by commas (e.g. babyai,webshop,textcraft,maze,wordle)", "a registered env name, or a comma-separated list of them")
+    env: str = _key("gridworld", "text environment, or several separated by commas (e.g. babyai,webshop,textcraft,maze,wordle)", "a registered env name, or a comma-separated list of them")
     max_steps: int = _key(0, "episode horizon; 0 = the env's default", "integer >= 0")
     partition: str = _key("uniform", "how the train split is divided among clients; by-environment = client k owns env k of the env list (Fed-SE)", " | ".join(PARTITION_MODES))
     tasks_per_client: int = _key(8, "tasks in each client's partition (overlap across clients allowed)", "1 .. train-split size")

@@ -22,13 +22,14 @@ from fedagent_flwr.agent.rollout import (
     RolloutConfig,
 )
 from fedagent_flwr.agent.transcripts import write_transcripts
+from fedagent_flwr.config import RunConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m fedagent_flwr.experiments.evaluate`: a model's held-out play, as the server's evaluation does it."""
     p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.evaluate", description=main.__doc__)
     p.add_argument("--model", default="tiny", help="'tiny', a Hugging Face name or a local folder (e.g. a run's checkpoint)")
-    p.add_argument("--env", default="maze")
+    p.add_argument("--env", default=RunConfig.env, help=f"an env name or a comma-separated list (default: the run config's, {RunConfig.env})")
     p.add_argument("--tasks", type=int, default=0, help="evenly spaced held-out tasks per environment; 0 = all")
     p.add_argument("--samples-per-task", type=int, default=1)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
