@@ -21,7 +21,7 @@ so an interrupted protocol continues where it stopped. Then:
   labels: given with --success-labels, or made first from the base model with
   `python -m fedagent_flwr.experiments.success_labels` into OUT/success_labels.json.
 
-Presets (configs/fedagent-<preset>.toml): `cpu` runs the tiny Maze model at toy scale on a CPU (numbers from it
+Presets (configs/fedagent-<preset>.toml): `cpu` runs the tiny Gridworld model at toy scale on a CPU (numbers from it
 say nothing about the paper's setting); `paper` is the paper's scale (100
 clients, 70 rounds of 3 epochs, Qwen2.5-1.5B-Instruct) for GPU machines.
 `--set key=value` overrides any run-config key of every run.
@@ -66,15 +66,15 @@ def load_presets(app: Path) -> dict[str, dict[str, Any]]:
 
 
 # The cpu preset (configs/fedagent-cpu.toml) is scaled so a run takes a few minutes on 2 cores:
-# Maze has 16 training start positions, so 4 clients of 4 tasks.
+# Gridworld's 512 training rooms, 8 clients of 4.
 PRESETS = load_presets(APP_DIR)
 LOCAL_CLIENTS = {"cpu": (1, 3), "paper": (21, 42, 84)}
-# §6 / Figure 3. The cpu values keep the paper's ratios where the 16-task pool allows.
+# §6 / Figure 3. The cpu values keep the paper's ratios (1 : 5 : 10 tasks per client scaled to 2 : 4 : 8).
 DECENTRALIZED = {
     "cpu": {"tasks-per-client": (2, 4, 8), "clients-per-round": (1, 2, 4), "local-epochs": (1, 2, 3), "total-epochs": 6},
     "paper": {"tasks-per-client": (100, 500, 1000), "clients-per-round": (1, 2, 4), "local-epochs": (1, 3, 5), "total-epochs": 210},
 }
-# §7 / Figure 4: low vs high heterogeneity. Coverage sizes: cpu 2..10 around 5 of 16 tasks, r = 1.3;
+# §7 / Figure 4: low vs high heterogeneity. Coverage sizes: cpu 2..10 around 5 tasks, r = 1.3;
 # paper: the reference defaults (100..1000 around 500, r = 1.3; needs N >= K * 100 / 1.3 tasks, e.g. real WebShop).
 HETEROGENEITY = {
     "cpu": {"coverage": {"coverage-r": 1.3, "coverage-l-min": 2, "coverage-l-avg": 5.0, "coverage-l-max": 10}},
