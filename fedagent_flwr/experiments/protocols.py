@@ -74,10 +74,11 @@ DECENTRALIZED = {
     "cpu": {"tasks-per-client": (2, 4, 8), "clients-per-round": (1, 2, 4), "local-epochs": (1, 2, 3), "total-epochs": 6},
     "paper": {"tasks-per-client": (100, 500, 1000), "clients-per-round": (1, 2, 4), "local-epochs": (1, 3, 5), "total-epochs": 210},
 }
-# §7 / Figure 4: low vs high heterogeneity. Coverage sizes: cpu 2..10 around 5 tasks, r = 1.3;
-# paper: the reference defaults (100..1000 around 500, r = 1.3; needs N >= K * 100 / 1.3 tasks, e.g. real WebShop).
+# §7 / Figure 4: low vs high heterogeneity. Coverage hands out r * N task slots in all, so its clients' sizes follow
+# the pool: cpu 1.3 x 512 Gridworld rooms over 8 clients, about 83 each (20..160); paper: the reference defaults
+# (100..1000 around 500, r = 1.3; needs N >= K * 100 / 1.3 tasks, e.g. real WebShop).
 HETEROGENEITY = {
-    "cpu": {"coverage": {"coverage-r": 1.3, "coverage-l-min": 2, "coverage-l-avg": 5.0, "coverage-l-max": 10}},
+    "cpu": {"coverage": {"coverage-r": 1.3, "coverage-l-min": 20, "coverage-l-avg": 83.2, "coverage-l-max": 160}},
     "paper": {"coverage": {"coverage-r": 1.3, "coverage-l-min": 100, "coverage-l-avg": 500.0, "coverage-l-max": 1000}},
 }
 HET_VALUES = {"preference": ("preference-omega", (0.1, 0.9)), "coverage": ("coverage-xi", (256.0, 1.0)),

@@ -57,10 +57,10 @@ def test_decentralized_keeps_total_epochs_fixed_on_the_epochs_panel():
 
 
 def test_every_cpu_run_is_a_valid_feasible_configuration(tmp_path):
-    pool = make_env("maze").tasks_of_split("train")
-    labels = tmp_path / "labels.json"
-    write_json_atomic(labels, {"env": "maze", "labels": {t.id: i % 3 != 0 for i, t in enumerate(pool)}})
     base = protocols.PRESETS["cpu"]
+    pool = make_env(base["env"]).tasks_of_split("train")
+    labels = tmp_path / "labels.json"
+    write_json_atomic(labels, {"env": base["env"], "labels": {t.id: i % 3 != 0 for i, t in enumerate(pool)}})
     runs = (protocols.table1_runs("cpu", [0], base, protocols.LOCAL_CLIENTS["cpu"])
             + protocols.decentralized_runs("cpu", [0], base)
             + protocols.heterogeneity_runs("cpu", [0], base, str(labels)))

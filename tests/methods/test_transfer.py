@@ -49,7 +49,7 @@ def test_a_federated_round_sends_each_distinct_parameter_once_in_the_transfer_dt
     grid = LoopbackGrid(run_config, 2)
     try:
         summary = run_federation(grid, RunConfig.from_run_config(run_config))
-        distinct = sum(p.numel() for p in load_agent("tiny", "maze", "auto").model.parameters())
+        distinct = sum(p.numel() for p in load_agent("tiny", RunConfig.env, "auto").model.parameters())
     finally:
         load_agent.cache_clear()
     trains = [(sent, reply) for sent, reply in grid.exchanges if sent.metadata.message_type == MessageType.TRAIN]

@@ -25,7 +25,7 @@ IDS = [t.id for t in POOL]
 
 
 def cfg(**overrides) -> RunConfig:
-    return RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
+    return RunConfig.from_run_config(RunConfig().to_run_config() | {"env": "maze"} | overrides)
 
 
 def ids_of(partitions):

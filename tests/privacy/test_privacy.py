@@ -44,7 +44,7 @@ def assert_numeric_metrics(record: MetricRecord) -> None:
         assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values), (key, value)
 
 
-def assert_reply_is_weights_and_numbers(sent: Message, reply: Message) -> None:
+def assert_reply_is_weights_and_numbers(sent: Message, reply: Message, env: str | None = None) -> None:
     assert not reply.has_error(), reply.error.reason
     content = reply.content
     if sent.metadata.message_type == MessageType.QUERY:  # the handshake: who am I, which base weights
@@ -59,7 +59,7 @@ def assert_reply_is_weights_and_numbers(sent: Message, reply: Message) -> None:
     assert not content.config_records, f"a train reply carries config records {list(content.config_records)}"
     for record in content.metric_records.values():
         assert_numeric_metrics(record)
-        env = str(sent.content.config_records.get("config", {}).get("env", "maze"))
+        env = env or str(sent.content.config_records.get("config", {}).get("env", RunConfig.env))
         unknown = [k for k in record.keys() if not allowed_metric(k, env)]
         assert not unknown, f"metric keys outside the allow-list: {unknown}"
     # Arrays: exactly the tensors the server sent (same names, shapes, numeric dtypes) - room for
@@ -140,7 +140,7 @@ def test_the_filter_drops_metric_keys_that_could_carry_text_and_keeps_the_allowe
     reply = reply_filter(sent, _context(), lambda m, c: Message(RecordDict({"arrays": weights, "metrics": metrics}), reply_to=m))
     assert not reply.has_error()
     assert sorted(reply.content.metric_records["metrics"].keys()) == ["loss", "success_rate", "success_rate/env/maze", "success_rate/far"]
-    assert_reply_is_weights_and_numbers(sent, reply)
+    assert_reply_is_weights_and_numbers(sent, reply, env="maze")
     # categories are the run's env's own: wordle's are not maze's
     assert allowed_metric("success_rate/crowded", "wordle") and not allowed_metric("success_rate/crowded", "maze")
     from fedagent_flwr.agent.multi_env import (  # the per-environment keys of a multi-env run
