@@ -89,11 +89,11 @@ SINGLE_ENV_PRESETS: dict[str, dict] = {
     # solves every start (450 steps), leaving RL nothing to do on held-out starts. An expert
     # taking a random move half the time (4 episodes per start) teaches the answer format and
     # a policy that is right more often than not everywhere: held-out success about 0.34 at
-    # temperature 1, which the default federated job raises (README, "What we measured").
+    # temperature 1; the Maze job's gain from there stays within noise (docs/results.md).
     "maze": dict(bc_expert_epsilon=0.5, bc_episodes_per_task=4, bc_steps=450),
     # Gridworld (the default env): the same noisy expert, one episode per room (512 training rooms): held-out
-    # success about 0.27 at temperature 1, with an eighth of the steps invalid, which GRPO raises on rooms no
-    # client has seen (docs/results.md).
+    # success about 0.3 at temperature 1, an eighth of the steps invalid, which the default job raises by
+    # 0.13-0.19 in 8 rounds on rooms no client has seen (docs/results.md).
     "gridworld": dict(bc_expert_epsilon=0.5, bc_steps=450),
     # WebShop: the agent must copy 10-character product ids from the page. With 2 layers, 400
     # goals and 300 steps the clone never did (0/20 held-out goals); 3 layers, 1,200 goals, 2,000

@@ -77,7 +77,7 @@ def test_every_field_has_docs():
 
 def test_max_new_tokens_zero_takes_the_largest_budget_among_the_envs():
 
-    assert RunConfig().rollout_config().max_new_tokens == 32  # maze
+    assert RunConfig().rollout_config().max_new_tokens == 32  # gridworld
     assert RunConfig(env="webshop").rollout_config().max_new_tokens == 128
     assert RunConfig(env="maze,alfworld").rollout_config().max_new_tokens == 64
     assert RunConfig(env="webshop", max_new_tokens=40).rollout_config().max_new_tokens == 40
