@@ -23,6 +23,7 @@ from fedagent_flwr.agent.rollout import (
 )
 from fedagent_flwr.agent.transcripts import write_transcripts
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.experiments.seed_statistics import paired_difference
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,31 +47,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--transcripts", "--dump", dest="transcripts", type=Path,
                    help="write sampled episodes as text to this file (--dump is the same flag)")
     p.add_argument("--transcript-episodes", type=int, default=4, help="how many episodes --transcripts writes")
+    p.add_argument("--paired-with", metavar="MODEL",
+                   help="also play this model on the same tasks with the same seed, and test --model minus it with a "
+                        "paired t-test over tasks (each task's success rate is one pair: episodes of one task are "
+                        "correlated, tasks are not)")
     args = p.parse_args(argv)
     if args.tasks < 0 or args.samples_per_task < 1 or args.temperature < 0 or args.history_length < 0:
         p.error("--tasks must be >= 0, --samples-per-task >= 1, --temperature and --history-length >= 0")
     torch.set_num_threads(args.threads)
-    try:
-        agent = load_agent(args.model, args.env, args.device)
-    except ValueError as err:
-        p.error(str(err))
     tasks = per_env_spread(make_env(args.env).tasks_of_split("test"), args.tasks)
     config = RolloutConfig(history_length=args.history_length, max_new_tokens=answer_token_budget(args.env),
                            temperature=args.temperature, action_matching=args.action_matching,
                            answer_parsing=args.answer_parsing, prompt_roles=args.prompt_roles)
-    torch.manual_seed(evaluation_seed(args.seed))
-    with autocast(resolve_precision("auto", agent.device.type == "cuda"), agent.device):
-        trajectories = play(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
-                            PromptEncoder(agent.tokenizer), config, args.samples_per_task)
-    metrics = summarize(trajectories)
+
+    def episodes_of(model: str):
+        try:
+            agent = load_agent(model, args.env, args.device)
+        except ValueError as err:
+            p.error(str(err))
+        torch.manual_seed(evaluation_seed(args.seed))
+        with autocast(resolve_precision("auto", agent.device.type == "cuda"), agent.device):
+            return play(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
+                        PromptEncoder(agent.tokenizer), config, args.samples_per_task)
+
+    trajectories = episodes_of(args.model)
+    metrics: dict = summarize(trajectories)
+    if args.paired_with:
+        other = episodes_of(args.paired_with)
+        metrics = metrics | {f"paired_with/{k}": v for k, v in summarize(other).items() if k == "success_rate"}
+        difference = paired_difference(success_by_task(trajectories), success_by_task(other))
+        metrics["paired"] = {k: difference[k] for k in ("n", "mean", "se", "ci95", "p")}
+        print(f"{args.model} minus {args.paired_with}: {difference['mean']:+.3f} +- {difference['se']:.3f} success "
+              f"(95% interval [{difference['ci95'][0]:+.3f}, {difference['ci95'][1]:+.3f}]), paired t-test over "
+              f"{difference['n']} tasks p = {difference['p']:.2g}", flush=True)
     if args.transcripts:
         write_transcripts(args.transcripts, trajectories, args.transcript_episodes,
                           header=f"held-out episodes of {args.model} on {args.env} (temperature {args.temperature:g})")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(metrics, indent=1, sort_keys=True))
-    print(json.dumps({k: round(v, 4) for k, v in metrics.items()}, indent=1))
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=1))
     return 0
+
+
+def success_by_task(trajectories) -> dict[str, float]:
+    """Each task's success rate over its episodes."""
+    wins: dict[str, list[bool]] = {}
+    for t in trajectories:
+        wins.setdefault(t.task.id, []).append(bool(t.won))
+    return {task: sum(w) / len(w) for task, w in wins.items()}
 
 
 if __name__ == "__main__":

@@ -58,6 +58,31 @@ def test_the_evaluation_command_replays_the_servers_evaluation(tmp_path, tiny_lm
     assert all(w and w in " ".join(written.split()) for w in first_words), first_words
 
 
+def test_paired_evaluation_plays_both_models_on_the_same_tasks_and_stream(tmp_path, capsys):
+    """A model paired with itself differs by exactly nothing: both plays start from the run's evaluation seed. (The
+    trained tiny Gridworld model wins some episodes and not others, so a second stream would differ.)"""
+    import json
+
+    from fedagent_flwr.experiments.evaluate import main
+
+    main(["--model", "tiny", "--env", "gridworld", "--tasks", "12", "--samples-per-task", "4", "--seed", "3",
+          "--device", "cpu", "--paired-with", "tiny", "--out", str(tmp_path / "eval.json")])
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert 0.0 < result["success_rate"] < 1.0 and result["paired_with/success_rate"] == result["success_rate"]
+    # every task's difference is zero, not only their mean
+    assert result["paired"]["n"] == 12 and result["paired"]["mean"] == 0.0 and result["paired"]["se"] == 0.0
+    assert "tiny minus tiny: +0.000" in capsys.readouterr().out
+
+
+def test_success_by_task_is_each_tasks_rate_over_its_episodes():
+    from types import SimpleNamespace
+
+    from fedagent_flwr.experiments.evaluate import success_by_task
+
+    episodes = [SimpleNamespace(task=SimpleNamespace(id=i), won=w) for i, w in [("a", True), ("b", False), ("a", False), ("a", True)]]
+    assert success_by_task(episodes) == {"a": 2 / 3, "b": 0.0}
+
+
 def test_flowers_raw_metric_dicts_and_final_dump_are_left_out_of_the_log(caplog):
     import logging
 
