@@ -4,7 +4,8 @@ Every task is its own room: a rectangle of 5 to 8 by 5 to 8 free cells inside an
 random share of its cells turned into wall blocks, a start and a goal that a path joins. The agent
 is told where the goal lies relative to itself ("The goal is 3 steps down and 2 steps to your
 left.") and which neighbouring cells are walls, in the Maze environment's words, and moves one cell
-at a time with the Maze's four moves and rewards. The expert follows a breadth-first shortest path.
+at a time with the Maze's four moves and rewards; the expert follows a breadth-first shortest path
+(envs/grid.py).
 
 Why it exists (docs/results.md): in the Maze all tasks are start positions in one fixed layout, so
 what a client learns from its starts is where to go from those cells, and held-out starts gain
@@ -18,20 +19,12 @@ share of directions and a client alone sees only part of the skill.
 
 from __future__ import annotations
 
-from collections import deque
 from functools import lru_cache
 
 import numpy as np
 
-from .base import Task, TextEnv
-from .maze import (
-    GOAL_REWARD,
-    ILLEGAL_REWARD,
-    MOVE_REWARD,
-    MOVES,
-    WALL_DIRECTIONS,
-    describe_walls,
-)
+from .base import Task
+from .grid import GridNavigationEnv, bfs_distances
 
 DIRECTIONS = ("north-east", "north-west", "south-east", "south-west")
 # Pool sizes and generator bounds; the test split is large enough that 16 samples per task give an
@@ -40,20 +33,6 @@ TRAIN_TASKS, TEST_TASKS = 512, 48
 ROOM_SIDES = (5, 8)  # free cells per side, inclusive
 WALL_SHARE = (0.05, 0.2)  # share of the room's cells turned into wall blocks
 DISTANCE = (3, 8)  # shortest-path moves from start to goal, inclusive
-
-
-def bfs_distances(grid: np.ndarray, goal: tuple[int, int]) -> dict[tuple[int, int], int]:
-    """Moves from every cell that can reach `goal` (grid: 1 = wall, 0 = free, walled all round)."""
-    dist = {goal: 0}
-    queue = deque([goal])
-    while queue:
-        r, c = queue.popleft()
-        for dr, dc in MOVES.values():
-            nxt = (r + dr, c + dc)
-            if grid[nxt] == 0 and nxt not in dist:
-                dist[nxt] = dist[(r, c)] + 1
-                queue.append(nxt)
-    return dist
 
 
 def generate_room(rng: np.random.Generator) -> tuple[np.ndarray, tuple[int, int], tuple[int, int], int]:
@@ -115,7 +94,7 @@ def room_pool(seed: int) -> tuple[Task, ...]:
     return tuple(tasks)
 
 
-class GridworldEnv(TextEnv):
+class GridworldEnv(GridNavigationEnv):
     name = "gridworld"
     intro = "You are an agent in a room with walls. You move one cell at a time."
     # The longest shortest path is 8 moves; 12 leaves room for a few detours.
@@ -126,6 +105,7 @@ class GridworldEnv(TextEnv):
         self._tasks = room_pool(seed)
         self.grid = np.ones((3, 3), dtype=np.uint8)
         self.position = self.goal = (1, 1)
+        self.distances: dict[tuple[int, int], int] = {}
 
     def tasks(self) -> list[Task]:
         return list(self._tasks)
@@ -133,17 +113,8 @@ class GridworldEnv(TextEnv):
     def instruction(self) -> str:
         return "Reach the goal."
 
-    def admissible_actions(self) -> list[str]:
-        return list(MOVES)
-
     def describe(self) -> str:
-        r, c = self.position
-        walls = [name for name, (dr, dc) in WALL_DIRECTIONS if self.grid[r + dr, c + dc] == 1]
-        return f"{describe_offset(self.position, self.goal)} {describe_walls(walls)}"
-
-    def expert_action(self) -> str:
-        r, c = self.position
-        return min((self.distances.get((r + dr, c + dc), 10**9), name) for name, (dr, dc) in MOVES.items())[1]
+        return f"{describe_offset(self.position, self.goal)} {self.walls_around()}"
 
     def _reset(self, task: Task) -> str:
         rows = task.data["rows"]
@@ -153,16 +124,3 @@ class GridworldEnv(TextEnv):
         if self.position not in self.distances or self.position == self.goal:
             raise ValueError(f"Gridworld task {task.id!r}: start {self.position} cannot reach goal {self.goal}")
         return self.describe()
-
-    def _step(self, action: str) -> tuple[str, float]:
-        dr, dc = MOVES[action]
-        nxt = (self.position[0] + dr, self.position[1] + dc)
-        if self.grid[nxt] == 0:
-            self.position = nxt
-        if self.position == self.goal:
-            self.won = True
-            return "Success. You reached the goal.", GOAL_REWARD
-        return self.describe(), MOVE_REWARD
-
-    def _invalid(self, action: str) -> tuple[str, float]:
-        return f"Invalid action. {self.describe()}", ILLEGAL_REWARD

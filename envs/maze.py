@@ -1,21 +1,18 @@
 """Maze: LMRL-Gym's fully observed double-T maze.
 
 Facts carried over from LMRL-Gym (llm_rl_scripts/maze): the 10x13 double-T grid,
-the goal at (8, 6), every other free cell as a start, the four moves, the fully
-observed description ("The goal is at position 8, 6. Your current position is at
-position 1, 1 1. There are walls above you, below you.", numbers written digit by
-digit), and the standard reward: 0 on reaching the goal, -1 for any other move
-(bumping into a wall leaves the agent in place), -4 for a text that is not one
-of the moves. The expert follows a breadth-first shortest path.
+the goal at (8, 6), every other free cell as a start, and the fully observed
+description ("The goal is at position 8, 6. Your current position is at position
+1, 1 1. There are walls above you, below you.", numbers written digit by digit).
+The moves, rewards and breadth-first expert are the grid environments' (envs/grid.py).
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
-from .base import Task, TextEnv
+from .base import Task
+from .grid import GridNavigationEnv, bfs_distances
 
 # 1 = wall, 0 = free.
 DOUBLE_T_MAZE = np.array(
@@ -34,11 +31,6 @@ DOUBLE_T_MAZE = np.array(
     dtype=np.uint8,
 )
 GOAL = (8, 6)
-MOVES = {"move up": (-1, 0), "move down": (1, 0), "move left": (0, -1), "move right": (0, 1)}
-# Order in which LMRL-Gym lists the neighbouring walls.
-WALL_DIRECTIONS = (("to your right", (0, 1)), ("to your left", (0, -1)), ("above you", (-1, 0)), ("below you", (1, 0)))
-
-GOAL_REWARD, MOVE_REWARD, ILLEGAL_REWARD = 0.0, -1.0, -4.0
 
 
 def _digits(n: int) -> str:
@@ -46,26 +38,9 @@ def _digits(n: int) -> str:
     return " ".join(str(n))
 
 
-def describe_walls(walls: list[str]) -> str:
-    if not walls:
-        return "There are no walls near you."
-    if len(walls) == 1:
-        return f"There is a wall {walls[0]}."
-    return f"There are walls {', '.join(walls)}."
-
-
 def shortest_distances(maze: np.ndarray = DOUBLE_T_MAZE, goal: tuple[int, int] = GOAL) -> dict[tuple[int, int], int]:
     """BFS distance (in moves) from every free cell to the goal."""
-    dist = {goal: 0}
-    queue = deque([goal])
-    while queue:
-        r, c = queue.popleft()
-        for dr, dc in MOVES.values():
-            nxt = (r + dr, c + dc)
-            if maze[nxt] == 0 and nxt not in dist:
-                dist[nxt] = dist[(r, c)] + 1
-                queue.append(nxt)
-    return dist
+    return bfs_distances(maze, goal)
 
 
 def distance_category(distance: int) -> str:
@@ -76,7 +51,7 @@ def distance_category(distance: int) -> str:
     return "far"
 
 
-class MazeEnv(TextEnv):
+class MazeEnv(GridNavigationEnv):
     name = "maze"
     intro = "You are an agent in a maze. You move one cell at a time."
     # The longest shortest path is 12 moves; 20 leaves room for a few detours.
@@ -84,9 +59,9 @@ class MazeEnv(TextEnv):
 
     def __init__(self, max_steps: int | None = None, test_fraction: float = 1 / 3, split_seed: int = 0) -> None:
         super().__init__(max_steps)
-        self.maze = DOUBLE_T_MAZE
+        self.grid = DOUBLE_T_MAZE
         self.goal = GOAL
-        self.distances = shortest_distances(self.maze, self.goal)
+        self.distances = shortest_distances(self.grid, self.goal)
         self._tasks = self._build_tasks(test_fraction, split_seed)
         self.position = self.goal
 
@@ -119,23 +94,12 @@ class MazeEnv(TextEnv):
     def instruction(self) -> str:
         return f"Reach the goal at position {_digits(self.goal[0])}, {_digits(self.goal[1])}."
 
-    def admissible_actions(self) -> list[str]:
-        return list(MOVES)
-
     def describe(self) -> str:
         r, c = self.position
-        walls = [name for name, (dr, dc) in WALL_DIRECTIONS if self.maze[r + dr, c + dc] == 1]
         return (
             f"The goal is at position {_digits(self.goal[0])}, {_digits(self.goal[1])}. "
-            f"Your current position is at position {_digits(r)}, {_digits(c)}. {describe_walls(walls)}"
+            f"Your current position is at position {_digits(r)}, {_digits(c)}. {self.walls_around()}"
         )
-
-    def expert_action(self) -> str:
-        r, c = self.position
-        best = min(
-            (self.distances.get((r + dr, c + dc), 10**9), name) for name, (dr, dc) in MOVES.items()
-        )
-        return best[1]
 
     def _reset(self, task: Task) -> str:
         start = tuple(task.data["start"])
@@ -143,16 +107,3 @@ class MazeEnv(TextEnv):
             raise ValueError(f"Maze task {task.id!r}: start {start} is not a free non-goal cell")
         self.position = start
         return self.describe()
-
-    def _step(self, action: str) -> tuple[str, float]:
-        dr, dc = MOVES[action]
-        nxt = (self.position[0] + dr, self.position[1] + dc)
-        if self.maze[nxt] == 0:
-            self.position = nxt
-        if self.position == self.goal:
-            self.won = True
-            return "Success. You reached the goal.", GOAL_REWARD
-        return self.describe(), MOVE_REWARD
-
-    def _invalid(self, action: str) -> tuple[str, float]:
-        return f"Invalid action. {self.describe()}", ILLEGAL_REWARD

@@ -5,6 +5,7 @@ import pytest
 from env_contract import BAD_ACTION_RUNS, check_bad_actions, play_expert
 
 from envs import make_env
+from envs.grid import GOAL_REWARD, ILLEGAL_REWARD, MOVE_REWARD, bfs_distances
 from envs.gridworld import (
     DIRECTIONS,
     DISTANCE,
@@ -12,10 +13,8 @@ from envs.gridworld import (
     TEST_TASKS,
     TRAIN_TASKS,
     GridworldEnv,
-    bfs_distances,
     room_pool,
 )
-from envs.maze import GOAL_REWARD, ILLEGAL_REWARD, MOVE_REWARD
 
 
 def grid_of(task):
