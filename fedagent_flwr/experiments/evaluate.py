@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics: dict = summarize(trajectories)
     if args.paired_with:
         other = episodes_of(args.paired_with)
-        metrics = metrics | {f"paired_with/{k}": v for k, v in summarize(other).items() if k == "success_rate"}
+        metrics["paired_with/success_rate"] = summarize(other)["success_rate"]
         difference = paired_difference(success_by_task(trajectories), success_by_task(other))
         metrics["paired"] = {k: difference[k] for k in ("n", "mean", "se", "ci95", "p")}
         print(f"{args.model} minus {args.paired_with}: {difference['mean']:+.3f} +- {difference['se']:.3f} success "
