@@ -3,6 +3,8 @@
     python -m fedagent_flwr.experiments.fedse_protocol --out runs/fedse-protocol            # CPU preset (tiny model, maze)
     python -m fedagent_flwr.experiments.fedse_protocol --out DIR --set num-server-rounds=20 --set model=...  # other settings
     python -m fedagent_flwr.experiments.fedse_protocol --out DIR --seeds 0 1 2 3 4    # mean ± SE over seeds, paired tests
+    python -m fedagent_flwr.experiments.fedse_protocol --out DIR --run-config configs/fedse-five-cpu.toml --seeds 0 1 2 3 4
+                                                        # the paper's five environments, one per client
 
 Every method runs in this process, with the same client and aggregation code the
 Flower app runs (self_evolution.self_evolution_round, strategies.fedse_lora.
@@ -21,6 +23,10 @@ same fine-tuning steps per round, same held-out tasks and evaluation seed):
   weighted       fed-se, adapters averaged by each client's successes this round
   fed-se-valid-steps  fed-se trained only on the valid steps of kept trajectories (ours, not the paper's)
   rank-<r>       fed-se at LoRA rank r (rank sweep: final success vs MB per round)
+
+A method whose folder already holds a finished run of the same configuration
+(<method>/config.json, and metrics.jsonl up to the last round) is reused, so an
+interrupted protocol picks up where it stopped.
 
 Outputs in --out: <method>/metrics.jsonl (held-out success overall and per
 category after every evaluated round, training metrics, bytes), table.md and
@@ -110,8 +116,27 @@ def _due(cfg: RunConfig, r: int) -> bool:
     return r == 0 or r % cfg.eval_every == 0 or r == cfg.num_server_rounds
 
 
+def finished_rows(method: str, cfg: RunConfig, out: Path) -> list[dict] | None:
+    """The rows of an earlier run of `method` with exactly this configuration that reached its final evaluation;
+    None when there is none (a different configuration, or a run stopped part way, is run again)."""
+    folder = out / method
+    config = folder / "config.json"
+    if not config.exists() or json.loads(config.read_text()) != cfg.to_run_config():
+        return None
+    rows = _read_rows(folder)
+    if not rows or rows[-1].get("round") != cfg.num_server_rounds or "eval/success_rate" not in rows[-1]:
+        return None
+    return rows
+
+
 def run_method(method: str, cfg: RunConfig, out: Path) -> list[dict]:
     """Run one method; returns its per-round rows (also written to <out>/<method>/metrics.jsonl)."""
+    if (done := finished_rows(method, cfg, out)) is not None:
+        print(f"[fedse-protocol] {method}: finished before with this configuration, reusing {out / method}", flush=True)
+        return done
+    (out / method).mkdir(parents=True, exist_ok=True)
+    (out / method / "metrics.jsonl").unlink(missing_ok=True)  # a stopped run's rows are not mixed with the new ones
+    atomic_write_text(out / method / "config.json", json.dumps(cfg.to_run_config(), indent=2, sort_keys=True))
     agent = load_agent(cfg.model, cfg.env, cfg.device)
     k = cfg.num_clients
     se = cfg.self_evolution_config()
@@ -284,6 +309,9 @@ def seeds_table(out: Path, per_seed: dict[int, dict[str, list[dict]]], cfg: RunC
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="output folder")
+    parser.add_argument("--run-config", type=Path, default=None, metavar="FILE",
+                        help="preset TOML of run-config keys (default configs/fedse-cpu.toml; "
+                             "configs/fedse-five-cpu.toml: the five environments, one per client)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key of the preset")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument("--ranks", default=",".join(map(str, RANKS)), help="LoRA ranks of the sweep besides the preset's ('' = none)")
@@ -292,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
                              "error and the paper's orderings with paired tests (default: the preset's seed alone, in <out>)")
     parser.add_argument("--tables-only", action="store_true", help="rewrite the tables from the metrics.jsonl files already in --out")
     args = parser.parse_args(argv)
+    if args.run_config and not args.run_config.is_file():
+        parser.error(f"--run-config {args.run_config}: no such file (a TOML of run-config keys, e.g. configs/fedse-five-cpu.toml)")
     try:
-        overrides = dict(CPU_PRESET) | parse_overrides(args.set)
+        preset = read_run_config_file(str(args.run_config)) if args.run_config else CPU_PRESET
+        overrides = dict(preset) | parse_overrides(args.set)
     except ValueError as err:
         parser.error(str(err))
     base = RunConfig.from_run_config(RunConfig().to_run_config() | overrides | {"strategy": "fedse-lora"})

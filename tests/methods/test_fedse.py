@@ -402,6 +402,32 @@ def test_protocol_scores_each_local_client_on_its_own_environment(tmp_path, tiny
     assert final["eval/episodes"] == 8.0  # each client played its own environment's tasks only
 
 
+def test_protocol_reuses_a_finished_method_and_reruns_a_stopped_or_changed_one(tmp_path, tiny_lm, maze_tokenizer,
+                                                                               monkeypatch):
+    """An interrupted five-seed protocol takes hours on CPU: a method that finished with the same configuration is
+    read back, not run again; one stopped before its last evaluation, or run with other keys, is run again."""
+    from fedagent_flwr.experiments import fedse_protocol as fp
+
+    agent = Agent(model=tiny_lm, tokenizer=maze_tokenizer, spec=None, device=torch.device("cpu"), base_fingerprint="fp")
+    monkeypatch.setattr(fp, "load_agent", lambda *a: agent)
+    calls = []
+    monkeypatch.setattr(fp, "self_evolution_round", lambda agent, se, rollout, env_factory, tasks, r, buffer, start:
+                        calls.append(r) or (start, {"fedse/new-successes": 1.0}))
+    monkeypatch.setattr(fp, "_evaluate", lambda agent, cfg, adapter, r, only_env=None:
+                        {"success_rate": 0.5, "episodes": 4.0, "mean_reward": 0.0})
+    cfg = RunConfig(strategy="fedse-lora", env="maze", num_clients=2, tasks_per_client=2, num_server_rounds=2,
+                    eval_every=2, lora_rank=2)
+    first = fp.run_method("fed-se", cfg, tmp_path)
+    assert len(calls) == 4  # 2 rounds x 2 clients
+    assert fp.run_method("fed-se", cfg, tmp_path) == first and len(calls) == 4  # reused
+    metrics = tmp_path / "fed-se" / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))  # stopped after round 1
+    assert len(fp.run_method("fed-se", cfg, tmp_path)) == 3 and len(calls) == 8
+    assert len(metrics.read_text().splitlines()) == 3  # the stopped run's rows are replaced, not appended to
+    fp.run_method("fed-se", RunConfig.from_run_config(cfg.to_run_config() | {"fedse-sft-steps": 3}), tmp_path)
+    assert len(calls) == 12  # another configuration in the same folder runs again
+
+
 def test_protocol_over_seeds_gives_mean_and_error_per_environment_and_tests_the_papers_orderings(tmp_path):
     from fedagent_flwr.experiments.fedse_protocol import seeds_table
 
