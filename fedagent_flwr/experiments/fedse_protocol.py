@@ -275,8 +275,10 @@ def _read_rows(folder: Path) -> list[dict] | None:
 
 
 # The paper's orderings (Table 1 and Figure 4), each tested by a paired t-test over seeds: Fed-SE above the static
-# and non-communicating baselines and above each ablation, and "without filtering" the worst ablation.
-ORDERINGS = [("fed-se", "fedavg-static"), ("fed-se", "local"), ("fed-se", "no-history"), ("fed-se", "no-filter"),
+# and non-communicating baselines and above each ablation, and "without filtering" the worst ablation; first, whether
+# Fed-SE learnt anything at all (above the base model it starts from).
+BASE = "base model (round 0)"
+ORDERINGS = [("fed-se", BASE), ("fed-se", "fedavg-static"), ("fed-se", "local"), ("fed-se", "no-history"), ("fed-se", "no-filter"),
              ("fed-se", "weighted"), ("no-history", "no-filter"), ("weighted", "no-filter")]
 
 
@@ -285,16 +287,24 @@ def seeds_table(out: Path, per_seed: dict[int, dict[str, list[dict]]], cfg: RunC
     there are several) as mean ± standard error, and the paper's orderings with their paired tests."""
     methods = [m for m in METHODS if all(m in runs for runs in per_seed.values())]
     final = {m: {seed: _final(runs[m]) for seed, runs in per_seed.items()} for m in methods}
+    # Every method starts from the same adapter (B = 0: the base model), so one method's round-0 evaluation is the
+    # base row; a method that does not beat it has learnt nothing the evaluation can see.
+    if methods and all(runs[methods[0]][0].get("round") == 0 and "eval/success_rate" in runs[methods[0]][0]
+                       for runs in per_seed.values()):
+        final[BASE] = {seed: runs[methods[0]][0] for seed, runs in per_seed.items()}
+        methods = [*methods, BASE]
     columns = sorted({k[len("eval/success_rate/"):] for m in methods for f in final[m].values() for k in f
                       if k.startswith("eval/success_rate/env/")}) + ["overall"]
     key = {c: "eval/success_rate" if c == "overall" else f"eval/success_rate/{c}" for c in columns}
-    table = {m: {c: stats([f[key[c]] for f in final[m].values()]) for c in columns} for m in methods}
+    table = {m: {c: stats([f[key[c]] for f in final[m].values()]) for c in columns
+                 if all(key[c] in f for f in final[m].values())} for m in methods}
     seeds = sorted(per_seed)
     title = (f"Held-out success (%) after round {cfg.num_server_rounds} ({cfg.env}, model {cfg.model}, "
              f"K={cfg.num_clients}); mean ± standard error over seeds {', '.join(map(str, seeds))}")
     lines = [title, "",
              "| method | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
-    lines += [f"| {m} | " + " | ".join(cell(table[m][c]) for c in columns) + " |" for m in methods]
+    lines += [f"| {m} | " + " | ".join(cell(table[m][c]) if c in table[m] else "-" for c in columns) + " |"
+              for m in methods]
     overall = {m: {seed: f["eval/success_rate"] for seed, f in final[m].items()} for m in methods}
     comparisons = {f"{a} > {b}": paired_difference(overall[a], overall[b]) for a, b in ORDERINGS if a in overall and b in overall}
     verdicts = [ordering(a, b, comparisons[f"{a} > {b}"]) for a, b in ORDERINGS if f"{a} > {b}" in comparisons]
@@ -339,9 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables_only:
         if several:
             per_seed = {s: {m: rows for m in methods if (rows := _read_rows(args.out / f"seed-{s}" / m))} for s in args.seeds}
+            if not any(per_seed.values()):
+                parser.error(f"--tables-only: no method's metrics.jsonl under {args.out}/seed-<s>/ for seeds {args.seeds}")
             seeds_table(args.out, per_seed, base)
             return 0
         results = {m: rows for m in methods if (rows := _read_rows(args.out / m))}
+        if not results:
+            parser.error(f"--tables-only: no method's metrics.jsonl under {args.out}")
         sweep = {r: rows for r in ranks if (rows := _read_rows(args.out / f"rank-{r}"))}
         if sweep and "fed-se" in results:
             sweep[base.lora_rank] = results["fed-se"]

@@ -441,8 +441,13 @@ def test_protocol_over_seeds_gives_mean_and_error_per_environment_and_tests_the_
     assert result["methods"]["fed-se"]["overall"]["mean"] == pytest.approx(0.6)
     assert result["methods"]["fed-se"]["env/maze"]["mean"] == pytest.approx(1.2)
     assert list(result["methods"]["fed-se"]) == ["env/maze", "env/wordle", "overall"]
-    assert set(result["comparisons"]) == {"fed-se > fedavg-static", "fed-se > no-filter"}  # only methods that ran
+    # only methods that ran, and Fed-SE against the base model all of them start from (round 0)
+    assert set(result["comparisons"]) == {"fed-se > base model (round 0)", "fed-se > fedavg-static", "fed-se > no-filter"}
+    assert result["methods"]["base model (round 0)"]["overall"]["mean"] == pytest.approx(0.1)
     verdicts = "\n".join(result["verdict"])
+    assert "fed-se above base model (round 0): holds (difference +50.0" in verdicts  # 0.4, 0.5, 0.6 above 0.1
     assert "fed-se above fedavg-static: not shown (difference +13.3" in verdicts  # 0.1, 0.2, 0.1: p = 0.074
     assert "fed-se above no-filter: not shown" in verdicts  # behind
-    assert "| fed-se | 120.0 ± 11.5 | 0.0 ± 0.0 | 60.0 ± 5.8 |" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "| fed-se | 120.0 ± 11.5 | 0.0 ± 0.0 | 60.0 ± 5.8 |" in table
+    assert "| base model (round 0) | - | - | 10.0 ± 0.0 |" in table  # round 0 was evaluated overall only
