@@ -135,7 +135,9 @@ def run_method(method: str, cfg: RunConfig, out: Path) -> list[dict]:
         print(f"[fedse-protocol] {method}: finished before with this configuration, reusing {out / method}", flush=True)
         return done
     (out / method).mkdir(parents=True, exist_ok=True)
-    (out / method / "metrics.jsonl").unlink(missing_ok=True)  # a stopped run's rows are not mixed with the new ones
+    # Old rows go before the new config.json is written: were this run stopped before its first row, a finished
+    # run of another configuration must not pass for one of this configuration.
+    (out / method / "metrics.jsonl").unlink(missing_ok=True)
     atomic_write_text(out / method / "config.json", json.dumps(cfg.to_run_config(), indent=2, sort_keys=True))
     agent = load_agent(cfg.model, cfg.env, cfg.device)
     k = cfg.num_clients
