@@ -3,7 +3,10 @@ the run's settings, computed before round 1 without loading any weights.
 
 Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or the LoRA adapter's A):
 - weights: P x 4 (fp32 master weights, whatever the precision: agent/precision.py);
-- autocast copies: P x 2 under bf16-mixed (autocast keeps a bf16 copy of every weight it casts);
+- autocast copies under bf16-mixed: autocast keeps the bf16 copy of a weight it casts until the autocast region
+  ends only when the weight requires grad (checked here on CPU in tests/agent/test_memory.py, and on an H200: a
+  7B LoRA round peaked 16 GiB under a plan that counted P x 2). So: P x 2 with full fine-tuning; with LoRA, the
+  adapter's A x 2 plus one frozen matrix at a time, the largest being the output head (vocab x H x 2);
 - gradients: T x 4; AdamW moments: 2 x T x 4;
 - KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4; round-start with LoRA =
   the round-start adapter, A x 4; base with LoRA = nothing (the adapter switched off);
@@ -95,6 +98,15 @@ class MemoryPlan:
         return dict(self.rows) | {"total": self.total}
 
 
+def autocast_copies(shape: ModelShape, finetuning: str, adapter: int, precision: str) -> int:
+    """Bytes of bf16 weight copies autocast holds: cached for weights that require grad, transient for frozen ones."""
+    if precision != "bf16-mixed":
+        return 0
+    if finetuning == "lora":
+        return adapter * 2 + shape.vocab * shape.hidden * 2
+    return shape.parameters * 2
+
+
 def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str, kl_beta: float,
                 kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
                 gradient_checkpointing: bool = False) -> MemoryPlan:
@@ -115,7 +127,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     rows = [
         ("weights (fp32)", P * 4),
         ("adapter (fp32)", adapter * 4),
-        ("autocast bf16 weight copies", P * 2 if precision == "bf16-mixed" else 0),
+        ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
         ("gradients", T * 4),
         ("AdamW moments", 2 * T * 4),
         ("KL reference", reference),
@@ -134,7 +146,7 @@ def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     rows = [
         ("weights (fp32)", shape.parameters * 4),
         ("adapter (fp32)", adapter * 4),
-        ("autocast bf16 weight copies", shape.parameters * 2 if precision == "bf16-mixed" else 0),
+        ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
         ("KV cache of an evaluation batch", 2 * shape.layers * shape.kv_heads * shape.head_dim * context_tokens * eval_batch_size * a),
         ("generation logits", eval_batch_size * shape.vocab * 4),
     ]

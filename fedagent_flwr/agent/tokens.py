@@ -37,7 +37,8 @@ def completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], 
     device = next(model.parameters()).device
     input_ids = batch["input_ids"].to(device)
     attention_mask = batch["attention_mask"].to(device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    # use_cache=False: a training forward needs no KV cache (transformers would build one for the whole sequence)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:]

@@ -71,6 +71,19 @@ def test_environment_tokens_never_receive_gradient(tiny_lm, maze_tokenizer):
     assert (grad[scored] > 0).all()
 
 
+def test_training_forwards_build_no_kv_cache(tiny_lm, maze_tokenizer):
+    """The log-prob and loss passes never decode further, so a KV cache of the whole micro-batch would be memory
+    spent for nothing (transformers builds one whenever the config says use_cache)."""
+    ids = maze_tokenizer("The goal is at position 8, 6.")["input_ids"]
+    batch = collate([(ids, ids[:4])], maze_tokenizer.pad_token_id)
+    outputs = []
+    handle = tiny_lm.register_forward_hook(lambda module, inputs, output: outputs.append(output))
+    assert tiny_lm.config.use_cache  # the model would build a cache on its own
+    completion_logprobs(tiny_lm, batch)
+    handle.remove()
+    assert len(outputs) == 1 and outputs[0].past_key_values is None
+
+
 def _trajectory(reward, n_steps, tokens_per_step=3):
     steps = [StepRecord([1, 2], list(range(tokens_per_step)), "c", "a", 0.0, True) for _ in range(n_steps)]
     return Trajectory(task=Task("t", "c", "train"), steps=steps, reward=reward)

@@ -213,3 +213,41 @@ def test_a_qwen2_5_0_5b_shaped_model_crosses_real_supernodes(tmp_path):
           f"(a handshake per node + 2 train messages); peak RSS of all processes {memory.total / 2**30:.1f} GiB, "
           f"largest process {memory.single / 2**30:.1f} GiB")
     assert loads == 4  # one per message: Flower 1.42 runs each ClientApp message in a new process
+
+
+@pytest.mark.deployment
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_qwen2_5_1_5b_shaped_model_trains_on_cuda_over_real_supernodes(tmp_path):
+    """The GPU user's deployment path: two SuperNodes whose ClientApps load a 1.5B-shaped model on CUDA (bf16-mixed,
+    as `precision='auto'` resolves there), both train each round, bf16 on the wire, and the ServerApp evaluates
+    on the same card. Both clients share one GPU here; on real machines each SuperNode has its own."""
+    import torch
+
+    from fedagent_flwr.agent.shaped_model import ensure_shaped_model
+
+    ensure_shaped_model("shape:qwen2.5-1.5b", "maze")  # outside the timed run
+    out = tmp_path / "runs"
+    run_config = ("model='shape:qwen2.5-1.5b' device='cuda' transfer-dtype='bf16' num-clients=2 clients-per-round=2 "
+                  "num-server-rounds=2 tasks-per-epoch=2 group-size=4 max-steps=3 max-new-tokens=16 rollout-batch-size=8 "
+                  "eval-tasks=2 eval-samples-per-task=1 eval-every=1 learning-rate=1e-6 seed=1 "
+                  f"output-dir='{out}' run-name='cuda'")
+    with LocalFederation(tmp_path / "fed") as fed:
+        fed.start_superlink()
+        nodes = [fed.start_supernode(k, 2) for k in range(2)]
+        started = time.time()
+        try:
+            fed.run_app(run_config, timeout=1500)
+        except Exception as err:
+            pytest.fail(f"{err}\n" + "\n".join(f"--- {p.name}\n{p.tail()}" for p in fed.processes))
+        wall = time.time() - started
+        logs = "".join(n.tail(10**7) for n in nodes)
+
+    rows = [json.loads(line) for line in (out / "cuda" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["train/replies"] == 2.0 for r in rows[1:])
+    assert logs.count("[fedagent] loaded shape:qwen2.5-1.5b on cuda") == 6  # a handshake per node + 2 x 2 train messages
+    parameters = 1_543_714_304  # Qwen2.5-1.5B's distinct parameters (tied embedding once)
+    assert all(r["train/comm/bytes-sent-per-client"] == 2 * parameters for r in rows[1:])
+    print(f"\n[1.5b cuda deployment] {torch.cuda.get_device_name(0)}: run {wall:.0f} s; per round: "
+          + "; ".join(f"train {r['train/seconds']:.1f} s (rollout {r['train/rollout_seconds']:.1f} s, "
+                      f"{r['train/generated_tokens']:.0f} tokens, {r['train/optimizer_steps']:.0f} optimizer steps), "
+                      f"eval {r['eval/seconds']:.1f} s" for r in rows[1:]))
