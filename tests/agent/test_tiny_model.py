@@ -179,3 +179,30 @@ def test_build_lines_reach_the_log_flower_uploads(monkeypatch):
     while not uploaded.empty():
         lines.append(uploaded.get())
     assert "[fedagent] tiny:maze 2/2 training: behaviour cloning\n" in lines
+
+
+def test_build_command_set_changes_the_recipe_and_names_its_own_folder(tmp_path, monkeypatch, capsys):
+    """`--set bc-steps=2` builds the default recipe with that field changed, into a folder of its own (a run names
+    it as its model); a key that is no recipe field, or a value of the wrong type, is a one-line error."""
+    import dataclasses
+
+    import pytest
+
+    from fedagent_flwr.experiments import build_tiny
+
+    monkeypatch.setenv("FEDAGENT_CACHE", str(tmp_path))
+    base = TinyRecipe(**FAST)
+    monkeypatch.setattr(build_tiny, "default_recipe", lambda env: base)
+    assert build_tiny.main(["--env", "maze", "--set", "bc-steps=2", "--set", "bc-expert-epsilon=0.5"]) == 0
+    changed = dataclasses.replace(base, bc_steps=2, bc_expert_epsilon=0.5)
+    folder = tiny_model_dir(changed)
+    assert folder != tiny_model_dir(base) and (folder / "model.safetensors").is_file()
+    assert capsys.readouterr().out.rstrip().endswith(str(folder))
+    assert json.loads((folder / "recipe.json").read_text())["recipe"]["bc_steps"] == 2
+
+    for bad, message in ((["--set", "bc-step=2"], "--set bc-step: not a tiny-model recipe key; allowed: "),
+                         (["--set", "bc-steps=many"], "--set bc-steps='many': expected int"),
+                         (["--set", "bc-steps"], "--set 'bc-steps': expected KEY=VALUE")):
+        with pytest.raises(SystemExit):
+            build_tiny.main(["--env", "maze", *bad])
+        assert message in capsys.readouterr().err

@@ -174,6 +174,21 @@ class _TreeMemory:
         self._thread.join()
 
 
+def _run_on_two_supernodes(tmp_path, run_config: str) -> tuple[float, str, _TreeMemory]:
+    """One run on a loopback SuperLink with two SuperNodes: its wall time, the nodes' logs, the processes' memory."""
+    with LocalFederation(tmp_path / "fed") as fed:
+        fed.start_superlink()
+        nodes = [fed.start_supernode(k, 2) for k in range(2)]
+        with _TreeMemory([p.popen.pid for p in fed.processes]) as memory:
+            started = time.time()
+            try:
+                fed.run_app(run_config, timeout=1500)
+            except Exception as err:
+                pytest.fail(f"{err}\n" + "\n".join(f"--- {p.name}\n{p.tail()}" for p in fed.processes))
+            wall = time.time() - started
+        return wall, "".join(n.tail(10**7) for n in nodes), memory
+
+
 @pytest.mark.deployment
 def test_a_qwen2_5_0_5b_shaped_model_crosses_real_supernodes(tmp_path):
     """The whole 494M-parameter model (trained in full: every tensor in every message) goes to a client and
@@ -189,17 +204,8 @@ def test_a_qwen2_5_0_5b_shaped_model_crosses_real_supernodes(tmp_path):
     run_config = ("model='shape:qwen2.5-0.5b' transfer-dtype='bf16' num-clients=2 clients-per-round=1 num-server-rounds=2 tasks-per-epoch=1 "
                   "group-size=2 max-steps=1 max-new-tokens=2 rollout-batch-size=2 eval-tasks=1 eval-samples-per-task=1 "
                   f"eval-every=1 seed=1 output-dir='{out}' run-name='big'")
-    with LocalFederation(tmp_path / "fed") as fed:
-        fed.start_superlink()
-        nodes = [fed.start_supernode(k, 2) for k in range(2)]
-        with _TreeMemory([p.popen.pid for p in fed.processes]) as memory:
-            started = time.time()
-            try:
-                fed.run_app(run_config, timeout=1500)
-            except Exception as err:
-                pytest.fail(f"{err}\n" + "\n".join(f"--- {p.name}\n{p.tail()}" for p in fed.processes))
-            wall = time.time() - started
-        loads = sum(n.tail(10**7).count("[fedagent] loaded shape:qwen2.5-0.5b") for n in nodes)
+    wall, node_logs, memory = _run_on_two_supernodes(tmp_path, run_config)
+    loads = node_logs.count("[fedagent] loaded shape:qwen2.5-0.5b")
 
     rows = [json.loads(line) for line in (out / "big" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["train/replies"] == 1.0 for r in rows[1:])
@@ -231,16 +237,7 @@ def test_a_qwen2_5_1_5b_shaped_model_trains_on_cuda_over_real_supernodes(tmp_pat
                   "num-server-rounds=2 tasks-per-epoch=2 group-size=4 max-steps=3 max-new-tokens=16 rollout-batch-size=8 "
                   "eval-tasks=2 eval-samples-per-task=1 eval-every=1 learning-rate=1e-6 seed=1 "
                   f"output-dir='{out}' run-name='cuda'")
-    with LocalFederation(tmp_path / "fed") as fed:
-        fed.start_superlink()
-        nodes = [fed.start_supernode(k, 2) for k in range(2)]
-        started = time.time()
-        try:
-            fed.run_app(run_config, timeout=1500)
-        except Exception as err:
-            pytest.fail(f"{err}\n" + "\n".join(f"--- {p.name}\n{p.tail()}" for p in fed.processes))
-        wall = time.time() - started
-        logs = "".join(n.tail(10**7) for n in nodes)
+    wall, logs, _ = _run_on_two_supernodes(tmp_path, run_config)
 
     rows = [json.loads(line) for line in (out / "cuda" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["train/replies"] == 2.0 for r in rows[1:])
