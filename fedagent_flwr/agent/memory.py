@@ -5,7 +5,7 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
 - weights: P x 4 (fp32 master weights, whatever the precision: agent/precision.py);
 - autocast copies under bf16-mixed: autocast keeps the bf16 copy of a weight it casts until the autocast region
   ends only when the weight requires grad (checked here on CPU in tests/agent/test_memory.py, and on an H200: a
-  7B LoRA round peaked 16 GiB under a plan that counted P x 2). So: P x 2 with full fine-tuning; with LoRA, the
+  7B LoRA round peaked 16.7 GiB below a plan that counted P x 2). So: P x 2 with full fine-tuning; with LoRA, the
   adapter's A x 2 plus one frozen matrix at a time, the largest being the output head (vocab x H x 2);
 - gradients: T x 4; AdamW moments: 2 x T x 4;
 - KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4; round-start with LoRA =

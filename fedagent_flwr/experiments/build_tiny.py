@@ -9,8 +9,9 @@
 Each model is the one `model='tiny'` gives a run with that `env`: the same recipe and the same cache folder
 (under $FEDAGENT_CACHE, default ~/.cache/fedagent-flwr), so the run finds it built. `--set KEY=VALUE` changes a
 field of that recipe (TinyRecipe in agent/tiny_model.py, kebab-case); such a model has a folder of its own,
-printed at the end, which a run names as its `model`. A model already built is reported, not built again. `--force` builds it again; the cached folder is replaced only once the new one is
-complete, so an interrupted rebuild leaves the old one in place. Build times: docs/environments.md.
+printed at the end, which a run names as its `model`. A model already built is reported, not built again.
+`--force` builds it again; the cached folder is replaced only once the new one is complete, so an interrupted
+rebuild leaves the old one in place. Build times: docs/environments.md.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ print(json.dumps({"full": full, "lora": lora}))
 def test_the_autocast_row_matches_what_autocast_holds_for_full_and_lora_training():
     """The plan counts P x 2 bf16 copies with full fine-tuning but only the adapter's (and one frozen matrix at a
     time) with LoRA, because autocast caches the casts of weights that require grad only. Measured here on CPU with
-    a 40M-parameter Qwen2; on an H200 a 7B LoRA round peaked 16 GiB under the old plan, which counted P x 2."""
+    a 40M-parameter Qwen2; on an H200 a 7B LoRA round peaked 16.7 GiB below the old plan, which counted P x 2."""
     import json
     import os
     import subprocess
