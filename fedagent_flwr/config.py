@@ -237,7 +237,7 @@ class RolloutSection:
     answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block (reference); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write)", " | ".join(ANSWER_PARSING))
     prompt_roles: str = _key("user", "where the standing instructions (environment introduction, answer format) go: user = all in one user message (the FedAgent reference); system = in a system message, the way chat models take instructions; the user message keeps task, observation and admissible actions", " | ".join(PROMPT_ROLES))
     invalid_penalty: float = _key(0.1, "subtracted from a trajectory's reward per invalid action", ">= 0")
-    rollout_batch_size: int = _key(64, "episodes per generate call", "integer >= 1")
+    rollout_batch_size: int = _key(64, "episodes per generate call; on a GPU tokens/s grows almost with it, so raise it towards tasks-per-epoch x group-size as memory allows (docs/gpu.md)", "integer >= 1")
 
     def check(self, need: Need) -> None:
         for name in ("max_new_tokens", "history_length"):

@@ -223,10 +223,13 @@ def test_a_qwen2_5_0_5b_shaped_model_crosses_real_supernodes(tmp_path):
 
 @pytest.mark.deployment
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_qwen2_5_1_5b_shaped_model_trains_on_cuda_over_real_supernodes(tmp_path):
+def test_a_qwen2_5_1_5b_shaped_model_runs_a_round_on_cuda_over_real_supernodes(tmp_path):
     """The GPU user's deployment path: two SuperNodes whose ClientApps load a 1.5B-shaped model on CUDA (bf16-mixed,
-    as `precision='auto'` resolves there), both train each round, bf16 on the wire, and the ServerApp evaluates
-    on the same card. Both clients share one GPU here; on real machines each SuperNode has its own."""
+    as `precision='auto'` resolves there) and play their episodes, bf16 on the wire, and the ServerApp evaluates
+    on the same card. Both clients share one GPU here; on real machines each SuperNode has its own. One round:
+    a 1.5B message is 3 GB in bf16, and Flower's four hops per message make a round take minutes whatever the
+    card. A random-init model's rewards all tie, so GRPO skips the update here; benchmarks/gpu_round.py
+    measures the update on CUDA."""
     import torch
 
     from fedagent_flwr.agent.shaped_model import ensure_shaped_model
@@ -234,14 +237,14 @@ def test_a_qwen2_5_1_5b_shaped_model_trains_on_cuda_over_real_supernodes(tmp_pat
     ensure_shaped_model("shape:qwen2.5-1.5b", "maze")  # outside the timed run
     out = tmp_path / "runs"
     run_config = ("model='shape:qwen2.5-1.5b' device='cuda' transfer-dtype='bf16' num-clients=2 clients-per-round=2 "
-                  "num-server-rounds=2 tasks-per-epoch=2 group-size=4 max-steps=3 max-new-tokens=16 rollout-batch-size=8 "
+                  "num-server-rounds=1 tasks-per-epoch=2 group-size=4 max-steps=3 max-new-tokens=16 rollout-batch-size=8 "
                   "eval-tasks=2 eval-samples-per-task=1 eval-every=1 learning-rate=1e-6 seed=1 "
                   f"output-dir='{out}' run-name='cuda'")
     wall, logs, _ = _run_on_two_supernodes(tmp_path, run_config)
 
     rows = [json.loads(line) for line in (out / "cuda" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["train/replies"] == 2.0 for r in rows[1:])
-    assert logs.count("[fedagent] loaded shape:qwen2.5-1.5b on cuda") == 6  # a handshake per node + 2 x 2 train messages
+    assert [r["round"] for r in rows] == [0, 1] and rows[1]["train/replies"] == 2.0
+    assert logs.count("[fedagent] loaded shape:qwen2.5-1.5b on cuda") == 4  # a handshake per node + 2 train messages
     parameters = 1_543_714_304  # Qwen2.5-1.5B's distinct parameters (tied embedding once)
     assert all(r["train/comm/bytes-sent-per-client"] == 2 * parameters for r in rows[1:])
     print(f"\n[1.5b cuda deployment] {torch.cuda.get_device_name(0)}: run {wall:.0f} s; per round: "
