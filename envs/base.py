@@ -48,6 +48,9 @@ class TextEnv(ABC):
     #: tokens an answer (<think>...</think><action>...</action>) may take when run-config
     #: max-new-tokens is 0; long free-text actions (a WebShop search) need more
     default_max_new_tokens: ClassVar[int] = 32
+    #: raised when what the agent is shown changes (instruction, observations), so that models
+    #: behaviour-cloned on the old text (tiny models) are built again rather than reused
+    prompt_revision: ClassVar[int] = 0
 
     def __init__(self, max_steps: int | None = None) -> None:
         self.max_steps = int(max_steps or self.default_max_steps)

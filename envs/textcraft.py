@@ -24,6 +24,11 @@ from 1 to 64, and each listed crafting command the inventory can pay for, writte
 as listed with a general ingredient (e.g. "planks") replaced by a specific item the
 agent holds (e.g. "oak planks"). Reward 1 when the goal is crafted, else 0. The
 expert crafts recursively from the listed recipes. Category: the goal's recipe depth.
+
+The crafting commands are part of the task (`instruction()`), which every prompt repeats, and the first
+observation is the empty inventory. The package shows them once, in the first observation, for an agent that
+keeps its whole history; an agent that sees only the last few steps (history-length 0-2, this project's presets)
+would lose them after step 1 and could only guess recipes from then on.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ with warnings.catch_warnings():
 from .base import Task, TextEnv
 
 MAX_GET = 64  # a Minecraft stack: the most one `get` may fetch
+EMPTY_INVENTORY = "Inventory: You are not carrying anything."  # the package's answer to `inventory` at the start
 MAX_DISTRACTORS = 10  # the package's number of distractor recipes
 MIN_GOAL_DEPTH = 2  # the package's goals are the items of recipe depth >= 2
 WIN_REWARD, STEP_REWARD = 1.0, 0.0
@@ -95,6 +101,7 @@ class TextCraftEnv(TextEnv):
     # because every craft makes one batch); 40 leaves the usual goal (mean 7.3) room for mistakes.
     default_max_steps = 40
     default_max_new_tokens = 64  # "craft 4 oak planks using 1 oak logs", twice
+    prompt_revision = 1  # 1: the crafting commands moved from the first observation into the task
 
     def __init__(
         self,
@@ -169,7 +176,7 @@ class TextCraftEnv(TextEnv):
         return list(self._tasks)
 
     def instruction(self) -> str:
-        return f"Craft {item_id_to_str(self.goal)}."
+        return "Craft {}. Crafting commands:\n{}".format(item_id_to_str(self.goal), "\n".join(self.commands))
 
     def action_hint(self) -> str:
         return (
@@ -198,7 +205,7 @@ class TextCraftEnv(TextEnv):
         self.game.goal = goal
         self.game.inventory = {}
         self._version += 1
-        return "Crafting commands:\n{}\n\nGoal: craft {}.".format("\n".join(self.commands), item_id_to_str(goal))
+        return EMPTY_INVENTORY
 
     def _episode_recipes(self, goal: str, seed: int) -> list[Recipe]:
         try:

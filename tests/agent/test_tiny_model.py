@@ -206,3 +206,19 @@ def test_build_command_set_changes_the_recipe_and_names_its_own_folder(tmp_path,
         with pytest.raises(SystemExit):
             build_tiny.main(["--env", "maze", *bad])
         assert message in capsys.readouterr().err
+
+
+def test_a_prompt_revision_gives_the_models_of_that_environment_a_new_folder(monkeypatch):
+    """A model behaviour-cloned on an environment's old prompt text must not be reused once the text changes;
+    models of the other environments keep their folders (and the tables measured with them stay valid)."""
+    from envs import env_class
+    from fedagent_flwr.agent.tiny_model import default_recipe
+
+    before = {spec: default_recipe(spec).digest() for spec in ("maze", "babyai", "babyai,maze", "babyai,wordle")}
+    monkeypatch.setattr(env_class("maze"), "prompt_revision", env_class("maze").prompt_revision + 1)
+    after = {spec: default_recipe(spec).digest() for spec in before}
+    assert after["maze"] != before["maze"] and after["babyai,maze"] != before["babyai,maze"]
+    assert after["babyai"] == before["babyai"] and after["babyai,wordle"] == before["babyai,wordle"]
+    # Environments still at revision 0 add nothing to the recipe, so their folders predate the field.
+    assert default_recipe("gridworld").prompt_revisions is None
+    assert default_recipe("textcraft").prompt_revisions == "textcraft:1"

@@ -12,6 +12,7 @@ from env_contract import BAD_ACTION_RUNS, check_bad_actions, expert_success
 from envs import make_env
 from envs.textcraft import MAX_GET, TextCraftEnv
 from envs.base import Task
+from fedagent_flwr.agent.prompts import build_prompt
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +90,9 @@ def test_global_random_stream_is_untouched(env):
 
 def test_a_full_episode_with_exact_observations_and_rewards(env):
     obs, info = env.reset(_task(env, "polished_granite_slab"))
-    assert obs.startswith("Crafting commands:\n") and obs.endswith("\n\nGoal: craft polished granite slab.")
-    assert "craft 6 polished granite slab using 3 polished granite" in obs.splitlines()
-    assert env.instruction() == "Craft polished granite slab."
+    assert obs == "Inventory: You are not carrying anything."
+    assert env.instruction().startswith("Craft polished granite slab. Crafting commands:\n")
+    assert "craft 6 polished granite slab using 3 polished granite" in env.instruction().splitlines()
     assert env.step("inventory")[:2] == ("Inventory: You are not carrying anything.", 0.0)
     # Granite can be crafted, so the package will not hand it out: not admissible.
     assert "get 4 granite" not in env.admissible_actions()
@@ -111,6 +112,21 @@ def test_a_full_episode_with_exact_observations_and_rewards(env):
     obs, reward, terminated, truncated, info = env.step("Craft 6 polished granite slab using 3 polished granite")
     assert obs == "Crafted 6 polished granite slab. Goal reached." and reward == 1.0
     assert terminated and info["won"] and info["admissible_actions"] == []
+
+
+def test_the_recipes_stay_in_every_prompt_at_every_history_length(env):
+    """At history 0 (and 2) the first observation leaves the prompt after step 1; the crafting commands must
+    not leave with it, or every later step is a guess at a recipe."""
+    task = _task(env, "polished_granite_slab")
+    for history_length in (0, 2):
+        obs, _ = env.reset(task)
+        history = []
+        for action in ["get 4 quartz", "get 4 cobblestone", "inventory", "get 1 quartz"]:
+            history.append((obs, action))
+            obs = env.step(action)[0]
+        prompt = build_prompt(env, obs, history, history_length)
+        assert "craft 2 diorite using 2 quartz, 2 cobblestone" in prompt.splitlines(), history_length
+        assert "craft 6 polished granite slab using 3 polished granite" in prompt.splitlines(), history_length
 
 
 def test_general_ingredients_need_a_specific_item(env):
