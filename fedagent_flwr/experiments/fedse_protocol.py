@@ -347,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     ranks = [int(r) for r in args.ranks.split(",") if r]
     several = args.seeds is not None and len(args.seeds) > 1
     if args.seeds and not several:
+        # One seed writes its methods into --out itself; beside another run's seed-<s>/ folders it would mix with them
+        # (a second one-seed process would overwrite the first's), so say where it belongs instead.
+        if not args.tables_only and any(args.out.glob("seed-*/")):
+            parser.error(f"--seeds {args.seeds[0]}: {args.out} holds the seed-<s>/ folders of a run over several seeds; "
+                         f"add one seed with --out {args.out / f'seed-{args.seeds[0]}'}, or pass several seeds")
         base = replace(base, seed=args.seeds[0])
     if args.tables_only:
         if several:

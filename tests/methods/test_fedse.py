@@ -451,3 +451,16 @@ def test_protocol_over_seeds_gives_mean_and_error_per_environment_and_tests_the_
     table = (tmp_path / "table.md").read_text()
     assert "| fed-se | 120.0 ± 11.5 | 0.0 ± 0.0 | 60.0 ± 5.8 |" in table
     assert "| base model (round 0) | - | - | 10.0 ± 0.0 |" in table  # round 0 was evaluated overall only
+
+
+def test_protocol_refuses_one_seed_beside_the_folders_of_several(tmp_path, capsys):
+    """One seed writes into --out itself: beside seed-<s>/ folders it would mix with them (two such processes
+    overwrite each other's methods), so the protocol stops first and names the folder to use."""
+    from fedagent_flwr.experiments.fedse_protocol import main
+
+    (tmp_path / "seed-0" / "fed-se").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--seeds", "2", "--methods", "fed-se", "--ranks", ""])
+    err = capsys.readouterr().err
+    assert "--seeds 2" in err and str(tmp_path / "seed-2") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed-0"]  # nothing started
