@@ -33,8 +33,10 @@ from fedagent_flwr.agent.tiny_model import (
     tiny_model_dir,
 )
 
-# Recipe fields --set may change: all but the environment (from --env) and the recipe's version.
-_SETTABLE = {f.name.replace("_", "-"): f for f in dataclasses.fields(TinyRecipe) if f.name not in ("env", "version")}
+# Recipe fields --set may change: all but the environment (from --env), the recipe's version and the
+# environments' prompt revisions (both follow the code, not a choice of recipe).
+_SETTABLE = {f.name.replace("_", "-"): f for f in dataclasses.fields(TinyRecipe)
+             if f.name not in ("env", "version", "prompt_revisions")}
 
 
 def recipe_overrides(pairs: Sequence[str]) -> dict:
