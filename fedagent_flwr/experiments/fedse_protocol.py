@@ -24,6 +24,8 @@ same fine-tuning steps per round, same held-out tasks and evaluation seed):
   fed-se-valid-steps  fed-se trained only on the valid steps of kept trajectories (ours, not the paper's)
   rank-<r>       fed-se at LoRA rank r (rank sweep: final success vs MB per round)
 
+Every method starts from the same fresh adapter, so each seed evaluates round 0
+once, in its first method, and the others record that evaluation (`eval_reused`).
 A method whose folder already holds a finished run of the same configuration
 (<method>/config.json, and metrics.jsonl up to the last round) is reused, so an
 interrupted protocol picks up where it stopped.
@@ -83,6 +85,9 @@ METHODS = {
     "fed-se-valid-steps": {"fedse-steps": "valid"},  # not in the paper: see self_evolution.valid_steps_only
 }
 RANKS = (2, 4, 16)  # plus the preset's rank 8, which is fed-se itself
+# Keys the methods set above change only what happens in training; every method's round-0 evaluation scores the
+# same fresh adapter (B = 0: the base model) with the same tasks and seed, so one seed evaluates it once.
+TRAINING_ONLY_KEYS = frozenset(key for overrides in METHODS.values() for key in overrides)
 
 
 def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str | None = None) -> dict[str, float]:
@@ -129,8 +134,21 @@ def finished_rows(method: str, cfg: RunConfig, out: Path) -> list[dict] | None:
     return rows
 
 
-def run_method(method: str, cfg: RunConfig, out: Path) -> list[dict]:
-    """Run one method; returns its per-round rows (also written to <out>/<method>/metrics.jsonl)."""
+def start_key(cfg: RunConfig) -> str:
+    """What a round-0 evaluation depends on: the configuration without the methods' training-only keys."""
+    return json.dumps({k: v for k, v in cfg.to_run_config().items() if k not in TRAINING_ONLY_KEYS}, sort_keys=True)
+
+
+def start_evaluation(rows: list[dict]) -> dict | None:
+    """The `eval/` keys of a run's round-0 row, None when it has none."""
+    if not rows or rows[0].get("round") != 0 or "eval/success_rate" not in rows[0]:
+        return None
+    return {k: v for k, v in rows[0].items() if k.startswith("eval/")}
+
+
+def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None = None) -> list[dict]:
+    """Run one method; returns its per-round rows (also written to <out>/<method>/metrics.jsonl). `start_eval`: the
+    round-0 evaluation of another method with the same `start_key`, used instead of evaluating the base again."""
     if (done := finished_rows(method, cfg, out)) is not None:
         print(f"[fedse-protocol] {method}: finished before with this configuration, reusing {out / method}", flush=True)
         return done
@@ -163,7 +181,12 @@ def run_method(method: str, cfg: RunConfig, out: Path) -> list[dict]:
                 vals = [m[key] for m in train if key in m]
                 row[f"train/{key}"] = sum(vals) / len(vals)
         row.update({f"train/{key}": v for key, v in agg.items()})
-        if _due(cfg, r):
+        if r == 0 and start_eval is not None:
+            row.update(start_eval)
+            row["eval_reused"] = 1
+            print(f"[fedse-protocol] {method} round 0: held-out success {row['eval/success_rate']:.3f} (the base "
+                  "model's, evaluated by an earlier method of this seed)", flush=True)
+        elif _due(cfg, r):
             if method == "local" and own_envs and len(adapters) == k:
                 row.update({f"eval/{key}": v for key, v in own_environment_scores(
                     [_evaluate(agent, cfg, a, r, only_env=e) for a, e in zip(adapters, own_envs)], own_envs).items()})
@@ -258,9 +281,12 @@ def run_seed(out: Path, base: RunConfig, methods: list[str], ranks: list[int]) -
     """Every method (and the rank sweep) at one seed, tables in `out`; returns each method's rows."""
     out.mkdir(parents=True, exist_ok=True)
     results, sweep = {}, {}
+    starts: dict[str, dict] = {}  # start_key -> the round-0 evaluation made under it
     for method in methods:
         cfg = RunConfig.from_run_config(base.to_run_config() | METHODS[method])
-        results[method] = run_method(method, cfg, out)
+        results[method] = run_method(method, cfg, out, starts.get(start_key(cfg)))
+        if (start := start_evaluation(results[method])) is not None:
+            starts.setdefault(start_key(cfg), start)
         write_tables(out, results, sweep, base)
     if "fed-se" in results and ranks:
         sweep[base.lora_rank] = results["fed-se"]

@@ -464,3 +464,32 @@ def test_protocol_refuses_one_seed_beside_the_folders_of_several(tmp_path, capsy
     err = capsys.readouterr().err
     assert "--seeds 2" in err and str(tmp_path / "seed-2") in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed-0"]  # nothing started
+
+
+def test_protocol_evaluates_the_base_model_once_per_seed(tmp_path, tiny_lm, maze_tokenizer, monkeypatch):
+    """Every method starts from B = 0, so their round-0 evaluations are the same numbers: a seed evaluates it once
+    and the other methods record it (it took 45 s of each method's 3-5 min in the five-environment preset).
+    A rank-sweep run changes the adapter's shape, so it evaluates its own start."""
+    from fedagent_flwr.experiments import fedse_protocol as fp
+
+    agent = Agent(model=tiny_lm, tokenizer=maze_tokenizer, spec=None, device=torch.device("cpu"), base_fingerprint="fp")
+    monkeypatch.setattr(fp, "load_agent", lambda *a: agent)
+    monkeypatch.setattr(fp, "self_evolution_round", lambda agent, se, rollout, env_factory, tasks, r, buffer, start:
+                        (start, {"fedse/new-successes": 1.0}))
+    evaluated = []
+
+    def evaluate(agent, cfg, adapter, r, only_env=None):
+        evaluated.append(r)
+        return {"success_rate": 0.25 + 0.5 * (r > 0), "episodes": 4.0, "mean_reward": 0.0}
+
+    monkeypatch.setattr(fp, "_evaluate", evaluate)
+    base = RunConfig(strategy="fedse-lora", env="maze", num_clients=2, tasks_per_client=2, num_server_rounds=1,
+                     eval_every=1, lora_rank=2)
+    results = fp.run_seed(tmp_path, base, ["fed-se", "fedavg-static", "no-filter"], ranks=[4])
+    assert evaluated.count(0) == 2  # fed-se's start, and rank 4's; not fedavg-static's or no-filter's
+    for method in ("fedavg-static", "no-filter"):
+        start = results[method][0]
+        assert start["eval/success_rate"] == 0.25 and start["eval_reused"] == 1
+        assert json.loads((tmp_path / method / "metrics.jsonl").read_text().splitlines()[0])["eval/success_rate"] == 0.25
+    assert "eval_reused" not in results["fed-se"][0]
+    assert json.loads((tmp_path / "table.json").read_text())  # the tables are written from the shared start
