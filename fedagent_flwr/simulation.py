@@ -132,11 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # `flwr run --stream` exits 0 even when the ServerApp failed; its last words name summary.json.
         summary = None
-        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
             for line in proc.stdout:
                 print(line, end="", flush=True)
                 if "; summary: " in line:
                     summary = Path(line.rsplit("; summary: ", 1)[1].strip())
+            proc.wait()
+        except BaseException:
+            # Stopped (Ctrl-C, a timeout's SIGTERM): `with Popen` would wait for `flwr run` with no limit before the
+            # clean-up below, and on a busy machine it once took over two minutes to go; give it the same grace as
+            # the processes it started.
+            stop({proc.pid})
+            raise
+        finally:
+            proc.stdout.close()
         if proc.returncode != 0:
             return proc.returncode
         if summary is None or not summary.exists():
