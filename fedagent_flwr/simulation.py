@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait()
         except BaseException:
             # Stopped (Ctrl-C, a timeout's SIGTERM): `with Popen` would wait for `flwr run` with no limit before the
-            # clean-up below, and on a busy machine it once took over two minutes to go; give it the same grace as
-            # the processes it started.
+            # clean-up below (a stopped job was still alive after 120 s in the isolation test, on a busy machine);
+            # give it the same grace as the processes it started.
             stop({proc.pid})
             raise
         finally:
