@@ -36,6 +36,7 @@ import os
 import subprocess
 import sys
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from fedagent_flwr.experiments.seed_statistics import (
     paired_difference,
     stats,
 )
+from fedagent_flwr.methods.tasks import all_partitions
 from fedagent_flwr.simulation import read_run_config_file
 
 APP_DIR = Path(__file__).resolve().parents[2]  # the project folder (pyproject.toml, configs/) of a checkout
@@ -212,6 +214,13 @@ def curve(out: Path, run: Run) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def local_holding(run: Run) -> dict[str, int]:
+    """Category -> how many of client k's training tasks fall in it, for a Local (client k) run."""
+    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run.config)
+    tasks = all_partitions(cfg, cfg.num_clients)[cfg.local_client]
+    return dict(sorted(Counter(t.category for t in tasks).items()))
+
+
 def table1_report(out: Path, runs: list[Run], title: str) -> dict:
     categories = sorted({k.split("/", 1)[1] for r in runs for k in final_metrics(out, r) if k.startswith("success_rate/")})
     columns = categories + ["overall"]
@@ -235,6 +244,12 @@ def table1_report(out: Path, runs: list[Run], title: str) -> dict:
     for g, row in result["rows"].items():
         lines.append(f"| {g} | " + " | ".join(cell(row[c]) for c in columns) + " |")
     lines.append("| base model (before training) | " + " | ".join(cell(result["base_model"][c]) for c in columns) + " |")
+    # What each Local learner trains on explains its row (a skewed partition leaves it categories it never sees).
+    holdings = {r.group: local_holding(r) for r in runs if r.config.get("baseline") == "local" and r.seed == runs[0].seed}
+    result["local_tasks"] = holdings
+    if holdings:
+        lines += ["", "Training tasks of each Local learner, by category: " + "; ".join(
+            f"{g}: " + ", ".join(f"{c} {n}" for c, n in held.items()) for g, held in holdings.items()) + "."]
     # The orderings Table 1 is read for, each with its paired test over seeds (experiments/seed_statistics.py).
     overall = {g: row["overall"] for g, row in by_seed.items()} | {"the base model": base["overall"]}
     claims = [(g, "the base model") for g in ("FedAgent", "Centralized")] + \
@@ -329,6 +344,12 @@ def ensure_labels(out: Path, base: dict, given: str | None, dry_run: bool) -> st
     return str(path)
 
 
+def setting(preset: str, base: dict, overrides: list[str]) -> str:
+    """The settings a report's title names: the preset's essentials and every --set, so a table says what it ran."""
+    where = f"{preset} preset: env {base['env']}, model {base['model']}, K={base['num-clients']}"
+    return where + ("; --set " + " ".join(overrides) if overrides else "")
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("protocol", choices=("table1", "decentralized", "heterogeneity"))
@@ -346,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = PRESETS[args.preset] | parse_set(args.set)
-    where = f"{args.preset} preset: env {base['env']}, model {base['model']}, K={base['num-clients']}"
+    where = setting(args.preset, base, args.set)
     if args.protocol == "table1":
         locals_ = tuple(args.local_clients or LOCAL_CLIENTS[args.preset])
         bad = [k for k in locals_ if not 0 <= k < base["num-clients"]]

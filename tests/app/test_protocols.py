@@ -105,7 +105,23 @@ def test_table1_report_gives_mean_and_standard_error(tmp_path):
     assert "FedAgent - Centralized: -10.0 points, 95% interval [-34.8, +14.8] (3 seeds)" in verdicts
     md = (tmp_path / "table1.md").read_text()
     assert "| FedAgent | 30.0 ± 2.9 | 100.0 ± 0.0 | 60.0 ± 5.8 |" in md
+    # The Local row says what its learner trained on: client 1's 4 rooms by goal direction.
+    held = result["local_tasks"]["Local (client 1)"]
+    assert sum(held.values()) == 4 and set(held) <= {"north-east", "north-west", "south-east", "south-west"}
+    assert "Training tasks of each Local learner, by category: Local (client 1): " in md
     assert json.loads((tmp_path / "table1.json").read_text())["rows"]["Local (client 1)"]["overall"]["n"] == 3
+
+
+def test_a_skewed_table1_names_its_setting_and_each_local_clients_single_category(tmp_path):
+    """docs/heterogeneity.md's skewed Table 1: the reference's Dirichlet preference draw at omega 0.9 leaves the cpu
+    preset's Local clients 1 and 3 one goal direction each; the table's title and Local lines must say so."""
+    sets = ["partition=preference", "preference-omega=0.9", "preference-mix=dirichlet"]
+    base = protocols.PRESETS["cpu"] | protocols.parse_set(sets)
+    runs = [r for r in protocols.table1_runs("cpu", [0], base, (1, 3)) if r.group.startswith("Local")]
+    assert [protocols.local_holding(r) for r in runs] == [{"north-east": 4}, {"south-west": 4}]
+    title = protocols.setting("cpu", base, sets)
+    assert title.endswith("; --set partition=preference preference-omega=0.9 preference-mix=dirichlet")
+    assert protocols.setting("cpu", protocols.PRESETS["cpu"], []) == "cpu preset: env gridworld, model tiny, K=8"
 
 
 def test_curves_report_plots_success_against_epochs(tmp_path):
