@@ -20,6 +20,7 @@ so an interrupted protocol continues where it stopped. Then:
   and high values -> OUT/heterogeneity.png, .md, .json. Hardness needs success
   labels: given with --success-labels, or made first from the base model with
   `python -m fedagent_flwr.experiments.success_labels` into OUT/success_labels.json.
+  `--panels preference` (or any of the three) runs only those panels.
 
 Presets (configs/fedagent-<preset>.toml): `cpu` runs the tiny Gridworld model at toy scale on a CPU (numbers from it
 say nothing about the paper's setting); `paper` is the paper's scale (100
@@ -134,10 +135,13 @@ def decentralized_runs(preset: str, seeds: list[int], base: dict) -> list[Run]:
     return runs
 
 
-def heterogeneity_runs(preset: str, seeds: list[int], base: dict, labels: str) -> list[Run]:
+def heterogeneity_runs(preset: str, seeds: list[int], base: dict, labels: str | None,
+                       panels: tuple[str, ...] = tuple(HET_VALUES)) -> list[Run]:
     runs = []
     for s in seeds:
         for partition, (key, values) in HET_VALUES.items():
+            if partition not in panels:
+                continue
             extra = dict(HETEROGENEITY[preset].get(partition, {}))
             if partition == "hardness":
                 extra["success-labels"] = labels
@@ -358,6 +362,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--out", required=True, help="folder for runs, logs, tables and figures")
     p.add_argument("--local-clients", type=int, nargs="+", help="table1: Local(k) baselines (cpu: 1 3; paper: 21 42 84)")
     p.add_argument("--success-labels", help="heterogeneity: labels file for the hardness runs (default: made from the base model)")
+    p.add_argument("--panels", nargs="+", choices=tuple(HET_VALUES), default=list(HET_VALUES),
+                   help="heterogeneity: the panels to run (default: all three)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override for every run")
     p.add_argument("--num-cpus-per-client", type=int, default=1)
     p.add_argument("--num-gpus-per-client", type=float, default=0.0)
@@ -377,7 +383,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     elif args.protocol == "decentralized":
         runs = decentralized_runs(args.preset, args.seeds, base)
     else:
-        runs = heterogeneity_runs(args.preset, args.seeds, base, ensure_labels(out, base, args.success_labels, args.dry_run))
+        labels = ensure_labels(out, base, args.success_labels, args.dry_run) if "hardness" in args.panels else None
+        runs = heterogeneity_runs(args.preset, args.seeds, base, labels, tuple(args.panels))
     execute(runs, out, args.num_cpus_per_client, args.num_gpus_per_client, args.dry_run)
     if args.dry_run:
         return None

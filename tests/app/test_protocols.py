@@ -155,6 +155,19 @@ def test_heterogeneity_report_gives_each_effects_direction_with_its_paired_test(
     assert result["panels"]["hardness"]["comparison"]["mean"] == pytest.approx(-0.5 / 3)  # the other way
 
 
+def test_heterogeneity_runs_only_the_panels_asked_for(tmp_path, capsys):
+    """One panel is 10 runs over 5 seeds instead of 30; without hardness no success labels are made."""
+    runs = protocols.heterogeneity_runs("cpu", [0, 1], protocols.PRESETS["cpu"], None, ("preference",))
+    assert [r.name for r in runs] == ["het-preference-0.1-s0", "het-preference-0.9-s0", "het-preference-0.1-s1",
+                                      "het-preference-0.9-s1"]
+    protocols.main(["heterogeneity", "--dry-run", "--panels", "preference", "--seeds", "0", "--out", str(tmp_path),
+                    "--set", "preference-mix=dirichlet"])
+    printed = capsys.readouterr().out
+    assert "het-preference-0.9-s0" in printed and "het-coverage" not in printed and "het-hardness" not in printed
+    assert "--preference-mix dirichlet" in printed
+    assert not (tmp_path / "success_labels.json").exists()
+
+
 def test_set_overrides_are_checked():
     assert protocols.parse_set(["learning-rate=1e-5", "num-server-rounds=2"]) == {"learning-rate": 1e-5, "num-server-rounds": 2}
     with pytest.raises(SystemExit, match="run-config key"):
