@@ -453,6 +453,22 @@ def test_protocol_over_seeds_gives_mean_and_error_per_environment_and_tests_the_
     assert "| base model (round 0) | - | - | 10.0 ± 0.0 |" in table  # round 0 was evaluated overall only
 
 
+def test_protocol_over_seeds_tests_valid_steps_against_fed_se_fedavg_static_and_the_base(tmp_path):
+    """docs/fedse.md's claim for fed-se-valid-steps comes from the table itself, with a paired test per ordering."""
+    from fedagent_flwr.experiments.fedse_protocol import seeds_table
+
+    finals = {"fed-se": [0.20, 0.25, 0.22], "fedavg-static": [0.22, 0.24, 0.20], "fed-se-valid-steps": [0.25, 0.28, 0.26]}
+    per_seed = {s: {m: [{"round": 0, "eval/success_rate": 0.24}, {"round": 4, "eval/success_rate": v[s]}]
+                    for m, v in finals.items()} for s in (0, 1, 2)}
+    result = seeds_table(tmp_path, per_seed, RunConfig(env="maze"))
+    assert {"fed-se-valid-steps > fed-se", "fed-se-valid-steps > fedavg-static",
+            "fed-se-valid-steps > base model (round 0)"} <= set(result["comparisons"])
+    assert result["comparisons"]["fed-se-valid-steps > fed-se"]["mean"] == pytest.approx(0.04)
+    verdicts = "\n".join(result["verdict"])
+    assert "fed-se-valid-steps above fedavg-static: holds (difference +4.3" in verdicts  # 0.03, 0.04, 0.06
+    assert "fed-se-valid-steps above base model (round 0): not shown" in verdicts
+
+
 def test_protocol_refuses_one_seed_beside_the_folders_of_several(tmp_path, capsys):
     """One seed writes into --out itself: beside seed-<s>/ folders it would mix with them (two such processes
     overwrite each other's methods), so the protocol stops first and names the folder to use."""
