@@ -252,7 +252,10 @@ def table1_report(out: Path, runs: list[Run], title: str) -> dict:
     holdings = {r.group: local_holding(r) for r in runs if r.config.get("baseline") == "local" and r.seed == runs[0].seed}
     result["local_tasks"] = holdings
     if holdings:
-        lines += ["", "Training tasks of each Local learner, by category: " + "; ".join(
+        # With partition-seed = -1 (a --set may choose it) each seed holds other tasks: say which seed is listed.
+        moves = int(runs[0].config.get("partition-seed", -1)) < 0
+        lines += ["", "Training tasks of each Local learner, by category"
+                  + (f" (seed {runs[0].seed}; the partition moves with the seed)" if moves else "") + ": " + "; ".join(
             f"{g}: " + ", ".join(f"{c} {n}" for c, n in held.items()) for g, held in holdings.items()) + "."]
     # The orderings Table 1 is read for, each with its paired test over seeds (experiments/seed_statistics.py).
     overall = {g: row["overall"] for g, row in by_seed.items()} | {"the base model": base["overall"]}
