@@ -8,8 +8,9 @@ row runs to `--new-tokens`. Per engine it prints:
 
 - ms per token step: (t(N new tokens) - t(1 new token)) / (N - 1), the best of `--repeats`, so the prefill and
   the first sample drop out;
-- under torch.profiler, the same difference per token step: operator calls, kernel launches (CUDA), and the
-  operators with the most self CPU time (and on CUDA self device time);
+- under torch.profiler, the same difference over `--profile-tokens` steps (the profiler is slow on thousands of
+  kernels), per token step: operator calls, kernel launches (CUDA), and the operators with the most self CPU
+  time (and on CUDA self device time);
 - beside them the bandwidth bound of a step (gpu_round.decode_bound: weights in the forward's dtype + every
   row's KV cache, over `--bandwidth`, default an H100's 3.35e12 B/s; on a CPU that default is not this machine's);
 - how far the static engine's first-token log-probs are from the transformers forward's (4 rows).
@@ -76,7 +77,7 @@ def per_step(long: dict, short: dict, steps: int) -> dict[str, dict]:
     return out
 
 
-def measure(name: str, run, device: torch.device, new_tokens: int, repeats: int) -> dict:
+def measure(name: str, run, device: torch.device, new_tokens: int, repeats: int, profile_tokens: int) -> dict:
     run(2)  # warm-up: lazy initialisation, the static engine's first capture
     def timed(n):
         sync(device)
@@ -86,22 +87,30 @@ def measure(name: str, run, device: torch.device, new_tokens: int, repeats: int)
         return time.perf_counter() - started
     one = min(timed(1) for _ in range(repeats))
     many = min(timed(new_tokens) for _ in range(repeats))
+    ms = (many - one) / (new_tokens - 1) * 1e3
+    print(f"{name}: {ms:.3f} ms per token step", file=sys.stderr, flush=True)  # before the profiler's slow part
+    result = {"engine": name, "ms_per_token_step": ms, "aten_calls_per_step": 0.0, "kernel_launches_per_step": None,
+              "profiled_steps": 0, "ops": {}}
+    if profile_tokens < 2:
+        return result
+    # The profiler records every kernel of every step and key_averages walks them all in Python: on a GPU, 64 steps of
+    # the hf engine (about 1,100 launches a step) took minutes. A few steps give the per-step table as well.
+    profiled = min(profile_tokens, new_tokens)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     tables = []
-    for n in (1, new_tokens):
+    for n in (1, profiled):
         with torch.profiler.profile(activities=activities) as prof:
             run(n)
             sync(device)
         tables.append(op_table(prof))
-    ops = per_step(tables[1], tables[0], new_tokens - 1)
+    ops = per_step(tables[1], tables[0], profiled - 1)
     launches = sum(v["calls"] for k, v in ops.items() if k in LAUNCH_NAMES)
     aten = sum(v["calls"] for k, v in ops.items() if k.startswith("aten::"))
-    return {"engine": name, "ms_per_token_step": (many - one) / (new_tokens - 1) * 1e3,
-            "aten_calls_per_step": round(aten, 1),
-            "kernel_launches_per_step": round(launches, 1) if device.type == "cuda" else None,
-            "ops": {k: {f: round(x, 3) for f, x in v.items()} for k, v in ops.items() if v["calls"] > 0 or v["self_cpu_us"] > 0}}
+    return result | {"aten_calls_per_step": round(aten, 1), "profiled_steps": profiled - 1,
+                     "kernel_launches_per_step": round(launches, 1) if device.type == "cuda" else None,
+                     "ops": {k: {f: round(x, 3) for f, x in v.items()} for k, v in ops.items() if v["calls"] > 0 or v["self_cpu_us"] > 0}}
 
 
 def first_token_gap(model, prompts, decoder: StaticDecoder) -> float:
@@ -152,7 +161,8 @@ def format_report(r: dict) -> str:
     ]
     for e in engines:
         launches = "-" if e["kernel_launches_per_step"] is None else f"{e['kernel_launches_per_step']:,.1f}"
-        lines.append(f"{e['engine']:14s} {e['ms_per_token_step']:10.3f} {e['aten_calls_per_step']:16,.1f} {launches:>14s}")
+        aten = f"{e['aten_calls_per_step']:,.1f}" if e.get("profiled_steps", 1) else "-"
+        lines.append(f"{e['engine']:14s} {e['ms_per_token_step']:10.3f} {aten:>16s} {launches:>14s}")
     lines.append(f"bandwidth bound {b['bound_ms']:.4f} ms per token step: {b['weight_bytes'] / 1e9:,.4f} GB of weights + "
                  f"{b['kv_bytes'] / 1e9:,.4f} GB of KV cache ({r['batch']} rows x {r['context_tokens']:.0f} tokens, "
                  f"{r['value_bytes']} bytes a number) at {b['bandwidth']:.3g} B/s"
@@ -162,6 +172,8 @@ def format_report(r: dict) -> str:
                  f"difference {r['replay_logprob_gap']:.2e}")
     names = [e["engine"] for e in engines]
     fields = [("self_cpu_us", "self CPU")] + ([("self_device_us", "self device")] if r["device"] != "cpu" else [])
+    if not any(e["ops"] for e in engines):
+        return "\n".join(lines)  # --profile-tokens 0
     for field, label in fields:
         lines.append(f"where a token step's time goes: {label} us per step (calls per step), top {r['top']} per engine")
         lines.append(f"  {'operator':44s}" + "".join(f"{n:>24s}" for n in names))
@@ -182,6 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--precision", default="auto", help="auto (bf16-mixed on CUDA, fp32 on CPU), fp32, bf16-mixed")
     parser.add_argument("--bandwidth", type=float, default=H100_BANDWIDTH, help="bytes/s for the bound")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per length; the best counts")
+    parser.add_argument("--profile-tokens", type=int, default=8,
+                        help="token steps run under torch.profiler per engine (0: no operator tables)")
     parser.add_argument("--top", type=int, default=8, help="operators listed per engine")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="CPU threads for torch (tiny operators on a busy machine time best on 1)")
@@ -215,8 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
         if cuda:
             eager = StaticDecoder(model, dtype, cuda_graphs=False)
             engines["static-eager"] = lambda n: fast_sample_batch(model, prompts, 0, [], n, args.temperature, decoder=eager)
-        for name, run in engines.items():
-            results.append(measure(name, run, device, new, args.repeats))
+        # the numerical checks first: on a GPU they are the static engine's only check of its CUDA graphs
         gap = first_token_gap(model, prompts, static)
         if cuda:
             replay = replay_gap(prompts, static, eager)
@@ -224,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             replay = replay_gap(prompts, StaticDecoder(model, dtype, bucketed=True), static)
             between = "bucketed (the graphs' bookkeeping, run eagerly) vs eager"
+        print(f"first-token log-prob gap {gap:.2e}; {between}: {replay:.2e}", file=sys.stderr, flush=True)
+        for name, run in engines.items():
+            results.append(measure(name, run, device, new, args.repeats, args.profile_tokens))
 
     value_bytes = torch.finfo(static.dtype).bits // 8
     context = (sum(len(p) for p in prompts) / batch) + (new - 1) / 2  # the steps' average context

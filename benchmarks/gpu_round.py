@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 import fedagent_flwr.agent.rollout as rollout_module
+from fedagent_flwr.agent.decode import release as release_decoder
 from envs import make_env
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
 from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
@@ -197,6 +198,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     env = make_env(cfg.env, cfg.max_steps)
     tokenizer = environment_tokenizer(cfg.env)
     model = build_model(shape, tokenizer, device, seed)
+    if cfg.base_dtype() != torch.float32:  # precision=bf16-base: the base as load_agent would load it
+        model.to(cfg.base_dtype())
     shape_facts = ModelShape.of(model.config)
     eval_tasks = env.tasks_of_split("test")[:16]
     client_plan, _ = cfg.memory_plans(shape_facts, context_tokens(cfg, tokenizer, env, eval_tasks))
@@ -220,6 +223,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
             with autocast(grpo.precision, device):
                 trajectories = run_episodes(trainer.policy, lambda: make_env(cfg.env, cfg.max_steps), episodes,
                                             trainer.encoder, cfg.rollout_config())
+            release_decoder(trainer.policy.model)  # as GRPOTrainer.train_epoch does before its update
             rollout_s = time.perf_counter() - started
         steps = [s for t in trajectories for s in t.steps if s.completion_ids]
         samples = [StepSample(s.prompt_ids, s.completion_ids, float(a)) for s, a in zip(steps, rng.standard_normal(len(steps)))]

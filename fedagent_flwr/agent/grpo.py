@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from envs import Task, TextEnv
+from fedagent_flwr.agent import decode
 from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.precision import autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.rollout import (
@@ -267,6 +268,9 @@ class GRPOTrainer:
         group_ids = [i for i in range(len(chosen)) for _ in range(cfg.group_size)]
         with autocast(cfg.precision, self.device):
             trajectories = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
+        # The static decode engine keeps a weight copy, a KV cache and CUDA graphs per model; the update needs that
+        # memory more (1.5B shape, 128 rows: about 6 GiB), and the next rollout builds them again.
+        decode.release(self.policy.model)
         rollout_seconds = time.time() - started
         samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation,
                                           cfg.uniform_groups if cfg.kl_beta > 0 else "drop",  # no KL: nothing to keep

@@ -24,6 +24,7 @@ from pathlib import Path
 from flwr.app import ArrayRecord
 
 from envs import Task, TextEnv
+from fedagent_flwr.agent import decode
 from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.experience import ExperienceBuffer
 from fedagent_flwr.agent.loading import Agent
@@ -161,6 +162,7 @@ def self_evolution_round(
             with autocast(config.precision, model_device(peft_model)):
                 explored = run_episodes(LMPolicy(peft_model, agent.tokenizer, rollout), env_factory, episodes,
                                         PromptEncoder(agent.tokenizer), rollout)
+            decode.release(peft_model)  # the static engine's copy and cache: the fine-tuning needs the memory
             metrics.update(summarize(explored))
             new_successes = sum(t.won for t in explored)
             kept = keep_trajectories(explored, config.keep)

@@ -191,3 +191,47 @@ def test_auto_on_cpu_is_the_hf_loop(monkeypatch):
     got = sample_batch(model, prompts, 0, [], 6, 1.0)
     torch.manual_seed(4)
     assert got == hf_sample_batch(model, prompts, 0, [], 6, 1.0)
+
+
+# ----- on a GPU: the CUDA graphs themselves (skipped on a CPU; run them in a GPU session with
+#       `python -m pytest -q tests/agent/test_decode.py -k cuda`)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_cuda_graphs_give_the_hf_engines_greedy_tokens_in_fp32(kind):
+    """Replayed graphs (rows riding along in their bucket, then compacted) against the transformers loop, on the GPU,
+    in fp32 with TF32 off, so that only the graphs' bookkeeping could make them differ."""
+    model, prompts, cap = _model(kind).cuda(), _prompts(), 16
+    stops = [1] + _stops_that_end_rows_early(model, prompts, cap)
+    want = hf_sample_batch(model, prompts, 0, stops, cap, 0.0)
+    assert len({len(r) for r in want}) >= 3
+    decoder = StaticDecoder(model)
+    assert decoder.graphs_on
+    for _ in range(2):  # the second call replays the graphs captured by the first
+        assert fast_sample_batch(model, prompts, 0, stops, cap, 0.0, decoder=decoder) == want
+    assert decoder.graphs
+
+
+@needs_cuda
+def test_cuda_graph_replay_equals_the_eager_static_step_in_bf16():
+    """The rollout's setting: a bf16 weight copy. Graph replay and the eager step run the same kernels on the same
+    numbers, so their log-probs agree to bf16 rounding at every step, with rows dropping part-way."""
+    model, prompts = _model("qwen2").cuda(), _prompts()
+    graphs, eager = StaticDecoder(model, torch.bfloat16), StaticDecoder(model, torch.bfloat16, cuda_graphs=False)
+    steps = 10
+    fed = torch.randint(3, VOCAB, (len(prompts), steps), generator=torch.Generator().manual_seed(2)).cuda()
+    a, b = graphs.start(prompts, 0, steps + 1), eager.start(prompts, 0, steps + 1)
+    rows, worst = list(range(len(prompts))), 0.0
+    for t in range(steps + 1):
+        worst = max(worst, (a.float().log_softmax(-1) - b.float().log_softmax(-1)).abs().max().item())
+        if t == steps:
+            break
+        if t in (3, 6, 8):
+            keep = [j for j in range(len(rows)) if j != (t % len(rows))]
+            index = torch.tensor(keep, device="cuda")
+            graphs.keep(index), eager.keep(index)
+            rows = [rows[j] for j in keep]
+        a, b = graphs.step(fed[rows, t]), eager.step(fed[rows, t])
+    assert worst < 2e-2, worst

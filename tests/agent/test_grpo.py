@@ -231,3 +231,23 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
     for before, after in zip(plain_grads, grouped_grads):
         for name, grad in before.items():
             torch.testing.assert_close(after[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_static_decoders_memory_is_released_before_the_update(tiny_lm, maze_tokenizer, monkeypatch):
+    """The static engine's weight copy, KV cache and graphs must not sit in memory through the update (on the 1.5B shape
+    at 128 rows that is about 6 GiB the memory plan does not count twice)."""
+    from envs import make_env
+    from fedagent_flwr.agent import decode
+
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig().grpo_config(), tasks_per_epoch=1, group_size=2),
+                          RolloutConfig(history_length=0, max_new_tokens=4, decode_engine="static"))
+    held = []
+    monkeypatch.setattr(trainer, "update", lambda samples, rng: held.append(tiny_lm in decode._DECODERS) or {})
+    built = []
+    inner = decode.decoder_for
+    monkeypatch.setattr(decode, "decoder_for", lambda *a, **k: built.append(1) or inner(*a, **k))
+    import fedagent_flwr.agent.sampling as sampling
+    monkeypatch.setattr(sampling, "decoder_for", decode.decoder_for)
+    trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
+                        np.random.default_rng(0))
+    assert built and held == [False]
