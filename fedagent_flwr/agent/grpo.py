@@ -198,6 +198,14 @@ def trajectories_to_samples(
     return samples
 
 
+def informative_share(trajectories: Sequence[Trajectory], group_ids: Sequence[int]) -> float:
+    """Share of groups whose trajectories' rewards differ (a group of equal rewards has advantage 0 everywhere)."""
+    rewards: dict[int, set[float]] = {}
+    for t, g in zip(trajectories, group_ids):
+        rewards.setdefault(g, set()).add(round(t.reward, 9))
+    return sum(len(r) > 1 for r in rewards.values()) / max(1, len(rewards))
+
+
 class GRPOTrainer:
     """Local GRPO on one client: owns the optimizer and the reference policy for one round."""
 
@@ -278,6 +286,8 @@ class GRPOTrainer:
         update_stats = self.update(samples, rng)
         metrics = summarize(trajectories)
         metrics.update(update_stats)
+        # the share of groups GRPO can learn from: those whose episodes' rewards are not all equal
+        metrics["informative_groups"] = informative_share(trajectories, group_ids)
         metrics["tokens"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajectories for s in t.steps))
         metrics["generated_tokens"] = float(sum(len(s.completion_ids) for t in trajectories for s in t.steps))
         metrics["rollout_seconds"] = rollout_seconds

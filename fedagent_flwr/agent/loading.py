@@ -59,7 +59,9 @@ def _load_agent(model_name: str, env: str, device: str, base_dtype: torch.dtype 
     started = time.perf_counter()
     model = load_model(spec, dev, base_dtype)
     tokenizer = load_tokenizer(spec)
-    agent = Agent(model=model, tokenizer=tokenizer, spec=spec, device=dev, base_fingerprint=base_fingerprint(spec.source, model))
+    # the on-disk memo is keyed by the base folder's files: a merged adapter changes the weights, so hash them afresh
+    weights_print = base_fingerprint(spec.source, model) if spec.adapter is None else fingerprint(model)
+    agent = Agent(model=model, tokenizer=tokenizer, spec=spec, device=dev, base_fingerprint=weights_print)
     # Once per process: in a deployment's logs, one line per ClientApp message shows the model reloaded
     # (stderr: commands that print JSON on stdout stay parseable).
     dtype = "" if base_dtype == torch.float32 else f" in {str(base_dtype).removeprefix('torch.')}"

@@ -35,10 +35,28 @@ from fedagent_flwr.agent.warm_start import WARM_PREFIX, ensure_warm_model, warm_
 class ModelSpec:
     source: str  # HF name or local path; for models built here the cached folder
     built_here: bool  # a tiny or shaped model from the cache: its tokenizer loads as saved
+    adapter: str | None = None  # a PEFT adapter folder merged into the base at load (a LoRA run's checkpoint)
+
+
+def adapter_base(name: str) -> str | None:
+    """The base model a PEFT adapter folder names (base_model_name_or_path), or None if `name` is no such folder."""
+    config = Path(name) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"model {name!r}: a PEFT adapter folder whose adapter_config.json names no base model")
+    return base
 
 
 def resolve_model(name: str, env: str) -> ModelSpec:
     """Turn run-config `model` into something `from_pretrained` can load (builds tiny models)."""
+    base = adapter_base(name)
+    if base is not None:
+        # A LoRA run's checkpoint names its base as the run config did ("warm:...", "tiny", "shape:...", a .gguf
+        # name), which from_pretrained cannot resolve: resolve the base here, then merge the adapter at load.
+        spec = resolve_model(base, env)
+        return ModelSpec(spec.source, spec.built_here, adapter=name)
     if name == "tiny" or name.startswith("tiny:"):
         try:
             tiny_env = tiny_model_env(name.partition(":")[2] or env)
@@ -124,6 +142,10 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype = torch
         raise ValueError(f"models load in {' or '.join(map(str, LOAD_DTYPES))}, not {dtype}")
     with transformers_bars_off():
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=dtype, trust_remote_code=False)
+    if spec.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, spec.adapter).merge_and_unload()
     return model.to(device)
 
 

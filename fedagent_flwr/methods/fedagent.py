@@ -188,6 +188,11 @@ class LanguageAgentMethod(Method):
 
     def after_evaluation(self, reporter: RunReporter, server_round: int, metrics: dict[str, float]) -> None:
         self.checkpoint(reporter, server_round)  # the round's console line is federation.py's
+        if self.evaluator.last_trajectories:
+            # every episode's outcome, so two evaluations of a run compare room by room without playing them again
+            # (python -m fedagent_flwr.experiments.paired_rounds)
+            write_json_atomic(reporter.run_dir / "episodes" / f"round-{server_round:04d}.json",
+                              evaluation_record(self.evaluator.last_trajectories, server_round, self.cfg))
         if self.cfg.eval_transcripts and self.evaluator.last_trajectories:
             path = write_transcripts(reporter.run_dir / "episodes" / f"round-{server_round:04d}.txt",
                                      self.evaluator.last_trajectories, self.cfg.eval_transcripts,
@@ -269,3 +274,11 @@ class FedAgent(LanguageAgentMethod):
             context.state[OPTIMIZER_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in optimizer.items()})
         metrics["update_norm"] = update_norm(trained, sent)  # what a DP clipping norm is compared with
         return Message(RecordDict({"arrays": encode(trained, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def evaluation_record(trajectories, server_round: int, cfg: RunConfig) -> dict[str, Any]:
+    """One evaluation's episodes as plain data: task, category, won, reward and steps of each, in play order."""
+    return {"round": server_round, "env": cfg.env, "model": cfg.model, "seed": cfg.seed,
+            "eval-temperature": cfg.eval_temperature, "eval-samples-per-task": cfg.eval_samples_per_task,
+            "episodes": [{"task": t.task.id, "category": t.task.category, "won": bool(t.won),
+                          "reward": float(t.reward), "steps": len(t.steps)} for t in trajectories]}

@@ -251,3 +251,18 @@ def test_the_static_decoders_memory_is_released_before_the_update(tiny_lm, maze_
     trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
                         np.random.default_rng(0))
     assert built and held == [False]
+
+
+def test_the_epoch_reports_the_share_of_groups_whose_rewards_differ(tiny_lm, maze_tokenizer, monkeypatch):
+    from envs import make_env
+    from fedagent_flwr.agent.grpo import informative_share
+
+    task = Task("t", "c", "train")
+    trajs = [Trajectory(task=task, reward=r) for r in (1.0, 0.0, 0.5, 0.5, 0.0, 0.0)]
+    assert informative_share(trajs, [0, 0, 1, 1, 2, 2]) == pytest.approx(1 / 3)
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig().grpo_config(), tasks_per_epoch=1, group_size=4),
+                          RolloutConfig(history_length=0, max_new_tokens=4))
+    monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
+    metrics = trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
+                                  np.random.default_rng(0))
+    assert metrics["informative_groups"] == 0.0  # a random model fails every one-step episode: one uniform group

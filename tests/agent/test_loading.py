@@ -140,3 +140,30 @@ def test_loading_and_checkpointing_draw_no_transformers_bars_and_leave_the_switc
     assert "Loading weights" not in err and "Writing model shards" not in err, err
     assert (tmp_path / "run" / "checkpoints" / "round-0001" / "model.safetensors").exists()
     assert transformers_logging.is_progress_bar_enabled()
+
+
+def test_a_lora_checkpoint_naming_its_base_as_a_run_config_does_loads_with_the_adapter_merged(tmp_path, monkeypatch,
+                                                                                              tiny_lm, maze_tokenizer):
+    """A LoRA run saves `checkpoints/round-N` as a PEFT folder whose base is the run's `model` ("tiny", "warm:...",
+    "shape:..."): from_pretrained cannot resolve those names, so the evaluation command (and `--paired-with`) must."""
+    from peft import LoraConfig, get_peft_model
+
+    from fedagent_flwr.agent import models
+    from fedagent_flwr.agent.lora import save_adapter
+
+    monkeypatch.setenv("FEDAGENT_CACHE", str(tmp_path / "cache"))
+    base_folder = tmp_path / "base"
+    tiny_lm.save_pretrained(base_folder)
+    maze_tokenizer.save_pretrained(base_folder)
+    monkeypatch.setattr(models, "ensure_tiny_model", lambda env: base_folder)  # "tiny:maze" is this folder
+    peft_model = get_peft_model(models.load_model(models.ModelSpec(str(base_folder), True), torch.device("cpu")),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    save_adapter(peft_model, tmp_path / "round-0003", maze_tokenizer, base_model="tiny:maze")
+
+    agent = loading.load_agent.__wrapped__(str(tmp_path / "round-0003"), "maze", "cpu")
+    ids = torch.tensor([maze_tokenizer("move up move left")["input_ids"]])
+    with torch.no_grad():
+        want, base = peft_model(ids).logits, tiny_lm(ids).logits
+        got = agent.model(ids).logits
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, base, atol=1e-3)
+    assert agent.base_fingerprint == fingerprint(agent.model) != fingerprint(tiny_lm)
