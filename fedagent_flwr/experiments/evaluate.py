@@ -24,6 +24,7 @@ from fedagent_flwr.agent.rollout import (
 from fedagent_flwr.agent.transcripts import write_transcripts
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.experiments.seed_statistics import paired_difference
+from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,10 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def success_by_task(trajectories) -> dict[str, float]:
     """Each task's success rate over its episodes."""
-    wins: dict[str, list[bool]] = {}
-    for t in trajectories:
-        wins.setdefault(t.task.id, []).append(bool(t.won))
-    return {task: sum(w) / len(w) for task, w in wins.items()}
+    return task_success((t.task.id, t.won) for t in trajectories)
 
 
 if __name__ == "__main__":

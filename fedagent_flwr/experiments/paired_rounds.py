@@ -16,13 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedagent_flwr.experiments.seed_statistics import paired_difference
+from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
 
 
 def success_by_task(record: dict) -> dict[str, float]:
-    wins: dict[str, list[bool]] = {}
-    for e in record["episodes"]:
-        wins.setdefault(e["task"], []).append(bool(e["won"]))
-    return {task: sum(w) / len(w) for task, w in wins.items()}
+    return task_success((e["task"], e["won"]) for e in record["episodes"])
 
 
 def evaluation_rounds(run_dir: Path) -> list[int]:

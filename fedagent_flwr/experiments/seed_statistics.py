@@ -19,6 +19,14 @@ from scipy import stats as scipy_stats
 ALPHA = 0.05
 
 
+def success_by_task(outcomes) -> dict[str, float]:
+    """Each task's success rate from (task id, won) pairs: the unit a paired test over tasks pairs up."""
+    wins: dict[str, list[bool]] = {}
+    for task, won in outcomes:
+        wins.setdefault(task, []).append(bool(won))
+    return {task: sum(w) / len(w) for task, w in wins.items()}
+
+
 def paired_difference(a: Mapping[int, float], b: Mapping[int, float]) -> dict[str, Any]:
     """a - b over the seeds both have: mean, standard error, 95% interval, two-sided paired t-test p-value."""
     seeds = sorted(a.keys() & b.keys())
