@@ -1,26 +1,53 @@
 #!/bin/bash
-# The GPU checks of issue 35 in the order they matter, each bounded in time, each result saved:
-#   bash benchmarks/gpu_checks.sh [OUT_FOLDER]        (default: gpu-checks/ in the current folder)
-# 1. the static engine's CUDA graphs against the transformers loop and against eager (tests/agent/test_decode.py -k cuda)
-# 2. decode_profile: ms per token step of each engine, the numerical gaps, an operator table over 8 steps
-# 3. one client epoch on the 1.5B shape with each engine (gpu_round.py), both in this one call so they compare
+# The GPU checks of issue 35, each bounded in time, each result saved:
+#   bash benchmarks/gpu_checks.sh OUT_FOLDER [STAGE ...]      (default stages: tests decode update round-static)
+# Stages, in the order given:
+#   tests         the static engine's CUDA graphs against the transformers loop and against eager
+#                 (tests/agent/test_decode.py -k cuda)
+#   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
+#   update        update_profile.py: log-prob and update MFU by micro-batch setting and attention kernel, one micro-batch
+#                 profiled
+#   round-static  one client epoch on the 1.5B shape with the static engine (gpu_round.py)
+#   round-hf      the same with the transformers loop
+#   round-fast    round-static with the update settings that measured fastest (FAST below): log-prob passes of 64 rows,
+#                 update micro-batches of 16, length-grouped
 # Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf.
+# ROUND_SET adds run-config values to both rounds, e.g. ROUND_SET="--set micro-batch-size=32".
 set -u
-OUT=${1:-gpu-checks}; mkdir -p "$OUT"
+OUT=${1:-gpu-checks}; shift || true
+STAGES=${*:-tests decode update round-static}
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD:$PWD/benchmarks
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)" | tee -a "$OUT/card.txt"
-stamp "cuda tests"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt"
-stamp "decode_profile"
-timeout 150 python3 benchmarks/decode_profile.py --shape 1.5b --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
-echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_profile.err" | tail -6
-ROUND="--shape 1.5b --set tasks-per-epoch=16 --set group-size=8 --paper-round --paper-set tasks-per-epoch=64 --paper-set max-steps=15 --paper-set max-new-tokens=128 --json"
-for engine in static hf; do
-  stamp "gpu_round $engine"
-  timeout 240 python3 benchmarks/gpu_round.py $ROUND --decode-engine $engine > "$OUT/round_$engine.json" 2> "$OUT/round_$engine.err"
-  echo "rc $?"; tail -3 "$OUT/round_$engine.err"; cut -c1-700 "$OUT/round_$engine.json"
+ROUND="--shape 1.5b --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --paper-set max-steps=15 --paper-set max-new-tokens=128 --json ${ROUND_SET:-}"
+UPDATE_COMMON="micro-batch-size=8,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
+UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
+                 --variant $UPDATE_COMMON
+                 --variant $UPDATE_COMMON,micro-batch-size=16
+                 --variant $UPDATE_COMMON,logprob-micro-batch-size=64)
+FAST="--set logprob-micro-batch-size=64 --set micro-batch-size=16 --set length-grouped-micro-batches=true"
+for stage in $STAGES; do
+  stamp "$stage"
+  case $stage in
+    tests)
+      timeout 90 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
+    decode)
+      timeout 120 python3 benchmarks/decode_profile.py --shape 1.5b --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
+      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_profile.err" | tail -6 ;;
+    update)
+      timeout 100 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json > "$OUT/update_profile.json" 2> "$OUT/update_profile.err"
+      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/update_profile.err" | tail -8 ;;
+    round-static|round-hf)
+      engine=${stage#round-}
+      timeout 240 python3 benchmarks/gpu_round.py $ROUND --decode-engine $engine > "$OUT/round_$engine.json" 2> "$OUT/round_$engine.err"
+      echo "rc $?"; tail -3 "$OUT/round_$engine.err"; cut -c1-700 "$OUT/round_$engine.json" ;;
+    round-fast)
+      timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --decode-engine static > "$OUT/round_fast.json" 2> "$OUT/round_fast.err"
+      echo "rc $?"; tail -3 "$OUT/round_fast.err"; cut -c1-700 "$OUT/round_fast.json" ;;
+    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast)"; exit 2 ;;
+  esac
 done
 stamp done

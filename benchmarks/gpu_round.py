@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 import fedagent_flwr.agent.rollout as rollout_module
+from fedagent_flwr.agent import attention
 from fedagent_flwr.agent.decode import release as release_decoder
 from envs import make_env
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
@@ -347,6 +348,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="memory bandwidth in bytes/s for the decode bound (default: an H100's 3.35e12)")
     parser.add_argument("--peak-flops", type=float, default=H100_BF16_FLOPS,
                         help="the card's peak FLOP/s for model FLOP utilisation (default: an H100's dense bf16 989e12)")
+    parser.add_argument("--cudnn-attention", action="store_true",
+                        help="let the passes of changing shapes use cuDNN's fused attention (agent/attention.py keeps "
+                             "it out of them), to measure that choice")
     parser.add_argument("--paper-round", action="store_true",
                         help=f"also estimate a round at {PAPER_PRESET.name}'s settings from the measured phases")
     parser.add_argument("--paper-set", action="append", default=[], metavar="KEY=VALUE",
@@ -359,7 +363,9 @@ def main(argv: list[str] | None = None) -> dict:
         device = pick_device(args.device)
     except ValueError as err:
         parser.error(str(err))
+    attention.AVOID_CUDNN = not args.cudnn_attention
     result = run_round(cfg, args.shape, device, args.seed, args.decode_engine, args.bandwidth, args.peak_flops)
+    result["cudnn_attention"] = args.cudnn_attention
     if args.paper_round:
         result["paper_round"] = paper_round(result, paper_overrides)
     print(json.dumps(result) if args.json else format_report(result), flush=True)

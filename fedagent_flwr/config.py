@@ -255,7 +255,7 @@ class RolloutSection:
     invalid_penalty: float = _key(0.1, "the penalty per invalid action (invalid-action says which; invalid-penalty-scope where it is taken off)", ">= 0")
     invalid_action: str = _key("inadmissible", "which step is invalid: inadmissible = not well formed, or an action the environment rejects or closest matching repaired; malformed = not well formed (no single <think> and <action> block) only, whatever the environment makes of the action (the FedAgent reference's projection)", " | ".join(INVALID_ACTIONS))
     invalid_penalty_scope: str = _key("trajectory", "where the penalty is taken off: trajectory = summed over the episode and taken off its reward, so every step shares it; step = each step's sample scores the episode's reward less its own penalty and GRPO normalises over the group's step samples (the FedAgent reference, verl-agent)", " | ".join(PENALTY_SCOPES))
-    decode_engine: str = _key("hf", "how rollouts decode: hf = a KV-cache loop over the transformers model that drops finished rows (agent/sampling.py); static = the project's decoder with a preallocated KV cache, a bf16 copy of the weights under bf16 autocast, and on CUDA one graph launch per token step (agent/decode.py; same tokens as hf on CPU, not yet measured on a GPU); auto = static on CUDA where the model is supported, else hf", " | ".join(ENGINES))
+    decode_engine: str = _key("auto", "how rollouts decode: hf = a KV-cache loop over the transformers model that drops finished rows (agent/sampling.py); static = the project's decoder with a preallocated KV cache, a bf16 copy of the weights under bf16 autocast, and on CUDA one graph launch per token step (agent/decode.py; the same tokens as hf on CPU and, greedy in fp32, on an H100; 3.6x to 4.8x faster per token step there, docs/gpu.md); auto = static on CUDA where the model is supported, else hf", " | ".join(ENGINES))
     rollout_batch_size: int = _key(64, "episodes per generate call; on a GPU tokens/s grows almost with it (docs/gpu.md). 0 = auto: as many as the memory plan leaves room for in client-memory-gb (server-memory-gb for the server's evaluation), or else on a GPU in the memory free when the client starts, up to an epoch's episodes (tasks-per-epoch x group-size); on a CPU with no memory given, an epoch's episodes", "integer >= 0 (0 = auto)")
 
     def check(self, need: Need) -> None:
@@ -289,6 +289,7 @@ class GRPOSection:
     length_grouped_micro_batches: bool = _key(False, "sort each minibatch by length before cutting it into micro-batches, so little padding is computed; the loss is the same weighted token mean", "true | false")
     minibatch_size: int = _key(64, "agent steps per optimizer step", "integer >= 1")
     micro_batch_size: int = _key(64, "agent steps per forward/backward pass", "integer >= 1")
+    logprob_micro_batch_size: int = _key(0, "agent steps per no-grad log-prob pass (the old policy's and the KL reference's): these keep no activations for backward, so with logprob-chunk-tokens > 0 they fit several times the update's micro-batch, and a bigger batch keeps a GPU busier (docs/gpu.md); 0 = micro-batch-size", "integer >= 0 (0 = micro-batch-size)")
     max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0")
     gradient_checkpointing: bool = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute", "true | false")
     finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", " | ".join(FINETUNING))
@@ -310,6 +311,8 @@ class GRPOSection:
         need(self.kl_reference in ("auto", *KL_REFERENCES), "kl-reference", self.kl_reference, "auto | " + " | ".join(KL_REFERENCES))
         need(self.weight_decay >= 0, "weight-decay", self.weight_decay, ">= 0")
         need(self.logprob_chunk_tokens >= 0, "logprob-chunk-tokens", self.logprob_chunk_tokens, "an integer >= 0 (0 = full logits)")
+        need(self.logprob_micro_batch_size >= 0, "logprob-micro-batch-size", self.logprob_micro_batch_size,
+             "an integer >= 0 (0 = micro-batch-size)")
 
 @dataclass(frozen=True)
 class EvaluationConfig:
@@ -594,6 +597,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             kl_beta=self.kl_beta,
             minibatch_size=self.minibatch_size,
             micro_batch_size=self.micro_batch_size,
+            logprob_micro_batch_size=self.logprob_micro_batch_size or self.micro_batch_size,
             max_grad_norm=self.max_grad_norm,
             loss_aggregation=self.loss_aggregation,
             uniform_groups=self.uniform_groups,
@@ -660,6 +664,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                              micro_batch_size=self.micro_batch_size if self.traits.grpo else self.fedse_sft_batch_size,
                              rollout_batch_size=rows, context_tokens=context_tokens,
                              logprob_chunk_tokens=self.logprob_chunk_tokens if self.traits.grpo else 0,
+                             logprob_micro_batch_size=(self.logprob_micro_batch_size or self.micro_batch_size) if self.traits.grpo else 0,
                              static_decoder=self.static_decoder(self.device))
         server = server_plan(shape, **(common | {"precision": self.resolved_precision(self.evaluation_device())}), eval_batch_size=rows, context_tokens=context_tokens,
                              static_decoder=self.static_decoder(self.evaluation_device()))

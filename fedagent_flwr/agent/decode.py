@@ -45,6 +45,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fedagent_flwr.agent.attention import variable_shape_attention
+
 SUPPORTED = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 # The cache grows in steps of this many columns (a reallocation drops the CUDA graphs, which hold its address).
 CAPACITY_STEP = 1024
@@ -457,11 +459,12 @@ class StaticDecoder:
         self.valid[rows_t, :width] = key_valid[src_t]
         h = F.embedding(ids, self.embed).float()
         cos, sin = self._rope(positions)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
-            self.k[i, rows_t, :, :width] = k[src_t]
-            self.v[i, rows_t, :, :width] = v[src_t]
-            h = self._finish_layer(layer, h, self._attend(q, k, v, mask))
+        with variable_shape_attention(dev):  # each turn's prompts have a width of their own (attention.py)
+            for i, layer in enumerate(self.layers):
+                q, k, v = self._qkv(layer, h, cos, sin)
+                self.k[i, rows_t, :, :width] = k[src_t]
+                self.v[i, rows_t, :, :width] = v[src_t]
+                h = self._finish_layer(layer, h, self._attend(q, k, v, mask))
         return self._logits(h[:, -1:])[:, 0]
 
     @torch.no_grad()

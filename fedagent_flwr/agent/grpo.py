@@ -62,6 +62,9 @@ class GRPOConfig:
     kl_beta: float  # weight of the KL to the reference (round-start) policy; 0 disables it
     minibatch_size: int  # agent steps per optimizer step
     micro_batch_size: int  # agent steps per forward/backward (gradient accumulation)
+    # agent steps per no-grad log-prob pass (old policy, KL reference): no activations are kept for backward, so a
+    # bigger batch fits, and at the update's micro-batch a GPU waits on the host (docs/gpu.md: 6% MFU at 8 rows)
+    logprob_micro_batch_size: int
     max_grad_norm: float
     # "token-mean": every generated token weighs the same (verl's default), so long
     # failed episodes dominate; "trajectory-mean": every trajectory weighs the same,
@@ -219,6 +222,8 @@ class GRPOTrainer:
         self.encoder = PromptEncoder(tokenizer)
         self.policy = LMPolicy(model, tokenizer, rollout)
         self.device = model_device(model)
+        if config.logprob_micro_batch_size < 1:
+            raise ValueError(f"logprob_micro_batch_size must be >= 1, got {config.logprob_micro_batch_size}")
         if config.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = unchunked), got {config.logprob_chunk_tokens}")
         check_trainable_precision(model, config.precision)
@@ -318,7 +323,7 @@ class GRPOTrainer:
         if cfg.length_grouped_micro_batches:
             order = _by_length(order, samples)
         out: list[torch.Tensor | None] = [None] * len(samples)
-        for micro in _chunks(list(order), cfg.micro_batch_size):
+        for micro in _chunks(list(order), cfg.logprob_micro_batch_size):
             batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
             with autocast(cfg.precision, self.device):
                 logprobs, mask = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)

@@ -21,7 +21,10 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
 - activations kept for backward: layers x micro-batch x S x (8 H + 2 kv-heads x head-dim + 4 I) x a, counting
   per token and layer the norm inputs and outputs, q / k / v, attention and MLP outputs and the MLP's
   gate, up, activation and down inputs (H hidden size, I intermediate size); with gradient checkpointing,
-  each layer's input (layers x micro-batch x S x H x a) plus one layer's full set, recomputed in backward.
+  each layer's input (layers x micro-batch x S x H x a) plus one layer's full set, recomputed in backward;
+- the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: at most
+  one layer's full set for L rows, and training logits for L x S rows (min(C, L x S) when chunked). The plan takes
+  the larger of the update's and these passes' activations and logits: they never run at once.
 It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
 """
 
@@ -132,7 +135,8 @@ def _check_base_precision(finetuning: str, precision: str) -> None:
 def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str, kl_beta: float,
                 kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int = 0,
-                static_decoder: bool = False) -> MemoryPlan:
+                static_decoder: bool = False, logprob_micro_batch_size: int = 0) -> MemoryPlan:
+    """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size."""
     _check_base_precision(finetuning, precision)
     a = 2 if precision in BF16_COMPUTE else 4
     P = shape.parameters
@@ -143,14 +147,20 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     else:
         reference = adapter * 4 if finetuning == "lora" else P * 4
     S = context_tokens
-    per_layer = micro_batch_size * S * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * a
+    def layer_set(rows: int) -> int:  # one layer's activations for `rows` sequences
+        return rows * S * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * a
+
+    def logits_of(rows: int) -> int:  # positions whose vocabulary logits exist at once
+        return min(logprob_chunk_tokens, rows * S) if logprob_chunk_tokens > 0 else rows * S
+
+    per_layer = layer_set(micro_batch_size)
     if gradient_checkpointing:
         activations = shape.layers * micro_batch_size * S * shape.hidden * a + per_layer
     else:
         activations = shape.layers * per_layer
-    logit_rows = micro_batch_size * S
-    if logprob_chunk_tokens > 0:
-        logit_rows = min(logprob_chunk_tokens, logit_rows)
+    passes = logprob_micro_batch_size or micro_batch_size
+    activations = max(activations, layer_set(passes))
+    logit_rows = max(logits_of(micro_batch_size), logits_of(passes))
     rows = [
         base_weights(shape, precision),
         ("adapter (fp32)", adapter * 4),

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedagent_flwr.agent.attention import variable_shape_attention
 from fedagent_flwr.agent.decode import StaticDecoder, UnsupportedModel, decoder_for
 
 ENGINES = ("auto", "hf", "static")
@@ -198,6 +199,12 @@ def hf_sample_batch(
 ) -> list[list[int]]:
     """The "hf" engine: the transformers model's forward with its dynamic cache (the reference)."""
     device = next(model.parameters()).device
+    with variable_shape_attention(device):  # the keys grow by one every step: a new shape each time (attention.py)
+        return _hf_rows(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, device)
+
+
+def _hf_rows(model, prompts, pad_id: int, stop_ids, max_new_tokens: int, temperature: float, top_p: float,
+             device: torch.device) -> list[list[int]]:
     cache_name = _cache_name(model)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     # Identical prompts are common (a GRPO group's first step; episodes of a Markov task that

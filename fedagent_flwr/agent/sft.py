@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fedagent_flwr.agent.attention import variable_shape_attention
 from fedagent_flwr.agent.precision import model_device
 
 if TYPE_CHECKING:
@@ -103,7 +104,9 @@ def supervised_finetune(
     # Labels of -100 mask the prompt out of the loss (the Hugging Face convention; TRL then builds no labels itself).
     rows = [{"input_ids": [*p, *c], "labels": [-100] * len(p) + list(c)} for p, c in samples]
     device = model_device(model)
-    with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators():
+    # variable_shape_attention: every batch is padded to its own longest sample, a new shape for cuDNN (attention.py)
+    with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators(), \
+            variable_shape_attention(device):
         args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,
                                  learning_rate=config.learning_rate, seed=config.seed, device=device,
                                  bf16=config.precision != "fp32", weight_decay=config.weight_decay,

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from fedagent_flwr.agent.attention import variable_shape_attention
+
 
 def collate(samples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad prompt+completion sequences; mark which positions hold completion tokens."""
@@ -38,9 +40,15 @@ def completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], 
     (chunked_completion_logprobs: the same values, no [batch, length, vocab] logits);
     0 runs the whole model to full logits.
     """
-    if chunk_tokens > 0:
-        return chunked_completion_logprobs(model, batch, temperature, chunk_tokens)
     device = next(model.parameters()).device
+    with variable_shape_attention(device):  # a micro-batch's padded length is new almost every time
+        if chunk_tokens > 0:
+            return chunked_completion_logprobs(model, batch, temperature, chunk_tokens)
+        return _full_completion_logprobs(model, batch, temperature, device)
+
+
+def _full_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float,
+                              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     input_ids = batch["input_ids"].to(device)
     attention_mask = batch["attention_mask"].to(device)
     # use_cache=False: a training forward needs no KV cache (transformers would build one for the whole sequence)

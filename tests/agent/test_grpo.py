@@ -233,6 +233,50 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
             torch.testing.assert_close(after[name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_else(tiny_lm, maze_tokenizer, monkeypatch):
+    """logprob-micro-batch-size sizes the no-grad passes (old policy, KL reference) apart from the update's micro-batch:
+    the passes see batches of that many rows, and the update's statistics and gradients are those of the default."""
+    import copy
+
+    from fedagent_flwr.agent import grpo
+    from fedagent_flwr.agent.grpo import StepSample
+
+    rng = np.random.default_rng(7)
+    vocab = tiny_lm.config.vocab_size
+    samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 30))).tolist(),
+                          rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal())) for _ in range(12)]
+    base = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=6, micro_batch_size=2)
+    assert base.grpo_config().logprob_micro_batch_size == 2  # 0 (the default) = the update's micro-batch
+    real = grpo.completion_logprobs
+
+    def run(logprob_rows):
+        rows = {"grad": [], "no_grad": []}
+
+        def recording(model, batch, *args):
+            rows["grad" if torch.is_grad_enabled() else "no_grad"].append(len(batch["input_ids"]))
+            return real(model, batch, *args)
+
+        monkeypatch.setattr(grpo, "completion_logprobs", recording)
+        model = copy.deepcopy(tiny_lm)
+        cfg = replace(base, logprob_micro_batch_size=logprob_rows).grpo_config()
+        trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+        stats = trainer.update(samples, np.random.default_rng(0))
+        return stats, dict(model.named_parameters()), rows
+
+    small, small_weights, small_rows = run(0)
+    big, big_weights, big_rows = run(5)
+    assert small_rows["no_grad"] == [2] * 12  # two passes (old policy and reference) of 12 samples in 2s
+    assert big_rows["no_grad"] == [5, 5, 2] * 2  # the same passes in 5s
+    assert small_rows["grad"] == big_rows["grad"] == [2] * 6  # the update's micro-batches are untouched
+    assert big["kl"] > 0 and big["optimizer_steps"] == 2
+    for key in ("loss", "kl", "clip_frac", "grad_norm"):
+        assert big[key] == pytest.approx(small[key], rel=1e-5, abs=1e-8), key
+    # AdamW divides by the gradient's size: where it is near zero, rounding moves a weight by a fraction of a step
+    # (lr 1e-3); 1 % of a step is the tolerance (as in test_chunked_logprobs.py), a wrong log-prob moves whole steps
+    for name, weight in small_weights.items():
+        torch.testing.assert_close(big_weights[name], weight, rtol=0, atol=1e-5, msg=name)
+
+
 def test_the_static_decoders_memory_is_released_before_the_update(tiny_lm, maze_tokenizer, monkeypatch):
     """The static engine's weight copy, KV cache and graphs must not sit in memory through the update (on the 1.5B shape
     at 128 rows that is about 6 GiB the memory plan does not count twice)."""

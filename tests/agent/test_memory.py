@@ -46,6 +46,32 @@ def test_the_plan_adds_up_as_computed_by_hand():
 
 
 
+def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update():
+    """The no-grad passes at logprob-micro-batch-size L hold one layer's activations and L x S rows of logits (or a
+    chunk): the plan takes the larger of theirs and the update's, by hand on a small shape."""
+    config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                  intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
+    shape = ModelShape.of(config)
+    layer = 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2  # one layer's set for one row of 10 tokens, bf16
+
+    def plan(rows, **kw):
+        return client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj",), precision="bf16-mixed",
+                           kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
+                           context_tokens=10, logprob_micro_batch_size=rows, **kw).as_dict()
+
+    assert plan(0) == plan(3)  # 0 = the update's micro-batch
+    # 2 layers x 3 rows kept for backward outweigh one layer of 5 rows; logits of 5 rows outweigh 3
+    assert plan(5)["activations of a micro-batch"] == 2 * 3 * layer
+    assert plan(5)["training logits"] == 2 * 5 * 10 * 32 * 4
+    assert plan(7)["activations of a micro-batch"] == 7 * layer  # now one layer of 7 rows is more than 2 x 3
+    # chunked: a chunk of 16 positions at most, whichever pass
+    assert plan(7, logprob_chunk_tokens=16)["training logits"] == 2 * 16 * 32 * 4
+    # checkpointed update: 2 layer inputs of 3 rows + one layer's set; the passes' one layer of 5 rows is larger
+    assert plan(5, gradient_checkpointing=True)["activations of a micro-batch"] == 5 * layer
+    cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=7, precision="bf16-mixed")
+    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()["activations of a micro-batch"] == 7 * layer  # the key reaches it
+
+
 def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand():
     config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                   intermediate_size=16, vocab_size=32, tie_word_embeddings=True)

@@ -116,6 +116,7 @@ NO_GPU = not torch.cuda.is_available()
         ({"secure-aggregation": True, "clients-per-round": 1}, "clients-per-round=1 is not allowed: expected >= 2"),
         ({"transfer-dtype": "bf16", "dp-mode": "server-side"}, "transfer-dtype='bf16'"),
         ({"kl-reference": "initial"}, "kl-reference='initial'"),
+        ({"logprob-micro-batch-size": -1}, "logprob-micro-batch-size=-1 is not allowed: expected an integer >= 0"),
     ],
 )
 def test_bad_configurations_fail_with_a_clear_message(override, message):

@@ -1,12 +1,12 @@
 """benchmarks/decode_profile.py runs on CPU at the tiny shape, so the GPU profile cannot rot between GPU sessions."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_profile.py"
 
@@ -35,12 +35,6 @@ def test_tiny_profile_reports_both_engines_beside_the_bound():
     assert r["first_token_logprob_gap"] < 1e-4  # fp32: the static engine is the transformers forward
     assert r["replay_logprob_gap"] < 1e-4 and "bucketed" in r["replay_gap_between"]
 
-    spec = importlib.util.spec_from_file_location("decode_profile", SCRIPT)
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports gpu_round beside it
-    try:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    module = load_script("decode_profile")
     text = module.format_report(r)
     assert "bandwidth bound" in text and "self CPU us per step" in text and "static" in text

@@ -1,6 +1,5 @@
 """benchmarks/gpu_round.py runs on CPU at the tiny shape, so the GPU benchmark cannot rot between GPU sessions."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -8,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_round.py"
 SMALL = ["--set", "tasks-per-epoch=2", "--set", "group-size=2", "--set", "max-steps=2", "--set", "max-new-tokens=16",
@@ -56,13 +56,6 @@ def test_tiny_lora_round_sends_the_adapter_in_bf16(precision):
     assert r["optimizer_steps"] == 2 and r["precision"] == precision
 
 
-def _gpu_round_module():
-    spec = importlib.util.spec_from_file_location("gpu_round", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     r = _run("--decode-engine", "static", "--paper-round", "--paper-set", "tasks-per-epoch=64", "--bandwidth", "1e12")
     assert r["decode_engine"] == "static" and r["agent_steps"] == 8 and r["decode_ms_per_token_step"] > 0
@@ -77,6 +70,6 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert p["epoch_rollout_s"] == pytest.approx(p["token_steps_per_epoch"] * r["rollout_s"] / r["token_steps"], rel=0.01)
     assert p["client_s"] > p["local_epochs"] * p["epoch_rollout_s"]
     assert p["round_s_clients_in_turn"] == pytest.approx(p["clients"] * p["client_s"], rel=0.01)
-    text = _gpu_round_module().format_report(r)
+    text = load_script("gpu_round").format_report(r)
     assert "ms per token step (static engine" in text and "bandwidth bound" in text and "model FLOP utilisation" in text
     assert "paper round (fedagent-paper.toml, tasks-per-epoch=64" in text and "with a card each" in text

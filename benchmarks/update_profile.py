@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""Where GRPO's log-prob and update passes spend their time, and their model FLOP utilisation, setting by setting.
+
+The model is a Qwen2.5-shaped random model built as gpu_round.py builds it (`--shape`). The samples are synthetic
+agent steps of the lengths a paper-settings round produces: prompts of `--prompt-tokens` on average (spread
+uniformly over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random
+advantages, so every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g.
+`micro-batch-size=32`; the benchmark's own key `cudnn-attention=true` lets the passes use cuDNN's fused attention,
+which agent/attention.py keeps out of them) gets a fresh GRPOTrainer on the same model and its own samples, and is
+timed over one call of `GRPOTrainer.update` (its old-policy and KL-reference passes timed apart, as gpu_round does).
+The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant reuses a
+shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round. Printed per
+variant: seconds and MFU of the no-grad log-prob passes and of the update, the share of computed tokens that are
+padding, and the peak memory (CUDA allocator). `--profile` adds, for the first variant, one micro-batch's forward
+and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
+operators.
+
+    python benchmarks/update_profile.py --shape tiny                        # CPU, seconds
+    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=8 --variant micro-batch-size=32
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from fedagent_flwr.agent import attention
+from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.memory import GB, ModelShape
+from fedagent_flwr.agent.models import pick_device
+from fedagent_flwr.agent.precision import autocast
+from fedagent_flwr.agent.shaped_model import environment_tokenizer
+from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.config import RunConfig, parse_overrides
+from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, model_flops, timed_method
+
+
+def synthetic_samples(n: int, prompt_tokens: int, completion_tokens: int, vocab: int, rng: np.random.Generator,
+                      residue: int = 0, modulus: int = 1) -> list[StepSample]:
+    """n samples, prompts uniform over +-50% of `prompt_tokens`, each prompt's length = residue (mod modulus)."""
+    lo, hi = max(1, prompt_tokens // 2), max(1, prompt_tokens * 3 // 2)
+    samples = []
+    for _ in range(n):
+        length = int(rng.integers(lo, hi + 1))
+        length += (residue - length - completion_tokens) % modulus  # the sample's total length: residue mod modulus
+        samples.append(StepSample(rng.integers(1, vocab, length).tolist(), rng.integers(1, vocab, completion_tokens).tolist(),
+                                  float(rng.standard_normal())))
+    return samples
+
+
+CUDNN_KEY = "cudnn-attention"  # the benchmark's own variant key: true = the passes may use cuDNN's attention
+
+
+def parse_variant(text: str) -> dict:
+    """Run-config values and the benchmark's cudnn-attention=true|false, comma-separated."""
+    items = text.split(",")
+    own = [i for i in items if i.split("=", 1)[0].strip() == CUDNN_KEY]
+    values = parse_overrides([i for i in items if i not in own])
+    for item in own:
+        flag = item.split("=", 1)[1].strip().lower() if "=" in item else ""
+        if flag not in ("true", "false"):
+            raise ValueError(f"{CUDNN_KEY}={flag!r} is not allowed: expected true | false")
+        values[CUDNN_KEY] = flag == "true"
+    return values
+
+
+def padded_tokens(samples: list[StepSample], micro: int, grouped: bool) -> int:
+    """Tokens the passes compute over (padding included), for micro-batches of `micro` in this order or by length."""
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    if grouped:
+        lengths = sorted(lengths, reverse=True)
+    return sum(max(lengths[i:i + micro]) * len(lengths[i:i + micro]) for i in range(0, len(lengths), micro))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device: torch.device, seed: int,
+            peak_flops: float) -> dict:
+    # The previous variant's trainer (AdamW moments, KL reference copy) sits in a reference cycle (timed_method wraps
+    # its own bound method): collect it, or every variant after the first measures its peak on top of ~19 GiB of it.
+    gc.collect()
+    trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(), cfg.rollout_config())
+    clock: dict[str, float] = defaultdict(float)
+    timed_method(trainer, "_logprobs", clock)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    sync(device)
+    started = time.perf_counter()
+    stats = trainer.update(samples, np.random.default_rng(seed))
+    sync(device)
+    total = time.perf_counter() - started
+    grpo = cfg.grpo_config()
+    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    computed = padded_tokens(samples, grpo.micro_batch_size, grpo.length_grouped_micro_batches)
+    parameters = ModelShape.of(model.config).parameters
+    update_s = max(total - clock["_logprobs"], 1e-9)
+    passes = clock["_logprobs_calls"]
+    lora = cfg.finetuning == "lora"
+    result = {
+        "variant": {}, "micro_batch_size": grpo.micro_batch_size, "samples": len(samples), "tokens": tokens,
+        "padding_share": 1 - tokens / computed if computed else 0.0,
+        "logprob_passes": int(passes), "logprobs_s": round(clock["_logprobs"], 3), "update_s": round(update_s, 3),
+        "optimizer_steps": int(stats["optimizer_steps"]),
+        "logprobs_mfu": model_flops(parameters, tokens, passes) / max(clock["_logprobs"], 1e-9) / peak_flops if passes else 0.0,
+        "update_mfu": model_flops(parameters, tokens, 2.0 if lora else 3.0) / update_s / peak_flops,
+        "peak_bytes": int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None,
+    }
+    del trainer
+    return result
+
+
+def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device: torch.device, top: int) -> dict:
+    """One micro-batch's forward (completion log-probs) and backward under torch.profiler."""
+    grpo = cfg.grpo_config()
+    batch = collate([(s.prompt_ids, s.completion_ids) for s in samples[:grpo.micro_batch_size]], 0)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def once():
+        with autocast(grpo.precision, device):
+            logprobs, mask = completion_logprobs(model, batch, 1.0, grpo.logprob_chunk_tokens)
+        (logprobs.sum() / mask.sum()).backward()
+        model.zero_grad(set_to_none=True)
+        sync(device)
+
+    once()  # warm-up
+    started = time.perf_counter()
+    once()
+    wall = time.perf_counter() - started
+    with torch.profiler.profile(activities=activities) as prof:
+        once()
+    events = prof.key_averages()
+    def device_us(e):
+        value = getattr(e, "self_device_time_total", None)
+        return getattr(e, "self_cuda_time_total", 0) if value is None else value
+    rows = sorted(events, key=lambda e: -(device_us(e) if device.type == "cuda" else e.self_cpu_time_total))[:top]
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    return {"micro_batch_size": grpo.micro_batch_size, "wall_ms": wall * 1e3,
+            "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
+            "self_device_ms": sum(device_us(e) for e in events) / 1e3 if device.type == "cuda" else None,
+            "kernel_launches": launches if device.type == "cuda" else None,
+            "aten_calls": sum(e.count for e in events if e.key.startswith("aten::")),
+            "top": [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                     "self_device_ms": device_us(e) / 1e3 if device.type == "cuda" else None} for e in rows]}
+
+
+def format_report(r: dict) -> str:
+    lines = [f"update profile: shape {r['shape']} ({r['parameters'] / 1e6:,.1f}M parameters) on {r['device']}, "
+             f"{r['samples']} samples of ~{r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens, "
+             f"MFU against {r['peak_flops'] / 1e12:,.0f} TFLOP/s",
+             f"  {'variant':72s} {'log-probs s':>11s} {'MFU':>6s} {'update s':>9s} {'MFU':>6s} {'padding':>8s} {'peak GiB':>9s}"]
+    for v in r["variants"]:
+        name = ",".join(f"{k}={x}" for k, x in v["variant"].items()) or "(paper settings)"
+        if v.get("out_of_memory"):
+            lines.append(f"  {name[:72]:72s} out of memory")
+            continue
+        peak = "-" if v["peak_bytes"] is None else f"{v['peak_bytes'] / GB:.2f}"
+        lines.append(f"  {name[:72]:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
+                     f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s}")
+    p = r.get("profile")
+    if p:
+        device = "" if p["self_device_ms"] is None else f", self device time {p['self_device_ms']:.1f} ms, " \
+                                                         f"{p['kernel_launches']:,} kernel launches"
+        lines.append(f"one micro-batch of {p['micro_batch_size']} forward + backward: wall {p['wall_ms']:.1f} ms, "
+                     f"self CPU time {p['self_cpu_ms']:.1f} ms (profiled){device}, {p['aten_calls']:,} aten calls")
+        for e in p["top"]:
+            dev = "" if e["self_device_ms"] is None else f" {e['self_device_ms']:9.2f} ms device"
+            lines.append(f"    {e['op'][:50]:50s} {e['calls']:7,d} calls {e['self_cpu_ms']:9.2f} ms CPU{dev}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=list(SHAPE_NAMES), default="tiny")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a run-config value over gpu_round's paper settings, for every variant (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="one measured setting (repeatable); none: the paper settings alone")
+    parser.add_argument("--samples", type=int, help="agent steps (default 128 on CUDA, 16 on CPU)")
+    parser.add_argument("--prompt-tokens", type=int, help="mean prompt length (default 256 on CUDA, 32 on CPU)")
+    parser.add_argument("--completion-tokens", type=int, help="completion length (default 128 on CUDA, 8 on CPU)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--peak-flops", type=float, default=H100_BF16_FLOPS)
+    parser.add_argument("--profile", action="store_true", help="profile one micro-batch of the first variant")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        device = pick_device(args.device)
+        base = PAPER_ROUND | parse_overrides(args.set) | {"device": args.device}
+        variants = [parse_variant(v) for v in args.variant] or [{}]
+        configs = [RunConfig.from_run_config(base | {k: x for k, x in v.items() if k != CUDNN_KEY}) for v in variants]
+    except ValueError as err:
+        parser.error(str(err))
+    cuda = device.type == "cuda"
+    n = args.samples or (128 if cuda else 16)
+    prompt = args.prompt_tokens or (256 if cuda else 32)
+    completion = args.completion_tokens or (128 if cuda else 8)
+
+    tokenizer = environment_tokenizer(configs[0].env)
+    model = build_model(args.shape, tokenizer, device, args.seed)
+    if configs[0].base_dtype() != torch.float32:
+        model.to(configs[0].base_dtype())
+    vocab = model.config.vocab_size
+    # the warm-up's lengths are far below the variants', so it meets none of their shapes
+    warm = synthetic_samples(4, 8, 4, vocab, np.random.default_rng(args.seed + 1))
+    sets = [synthetic_samples(n, prompt, completion, vocab, np.random.default_rng(args.seed), i, len(variants))
+            for i in range(len(variants))]
+    result = {"shape": args.shape, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+              "parameters": ModelShape.of(model.config).parameters, "samples": n, "prompt_tokens": prompt,
+              "completion_tokens": completion, "peak_flops": args.peak_flops, "variants": []}
+    if configs[0].finetuning == "lora":
+        parser.error("update_profile measures full fine-tuning (gpu_round.py measures LoRA)")
+    # warm-up: cuBLAS handles, allocator pools, autotuning, on a few samples
+    measure(model, tokenizer, configs[0], warm, device, args.seed, args.peak_flops)
+    if args.profile:  # on the first variant's samples: the micro-batch's shape is met once before it is profiled
+        attention.AVOID_CUDNN = not variants[0].get(CUDNN_KEY, False)
+        result["profile"] = profile_micro_batch(model, configs[0], sets[0], device, args.top)
+    for v, cfg, samples in zip(variants, configs, sets):
+        attention.AVOID_CUDNN = not v.get(CUDNN_KEY, False)
+        try:
+            r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops)
+        except torch.OutOfMemoryError as err:  # a variant too big for the card: say so, measure the rest
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            print(f"{v}: out of memory ({str(err).splitlines()[0][:120]})", file=sys.stderr, flush=True)
+            result["variants"].append({"variant": v, "out_of_memory": True})
+            continue
+        r["variant"] = v
+        result["variants"].append(r)
+        print(f"{v or '(paper settings)'}: log-probs {r['logprobs_s']:.2f} s ({100 * r['logprobs_mfu']:.1f}% MFU), "
+              f"update {r['update_s']:.2f} s ({100 * r['update_mfu']:.1f}% MFU)", file=sys.stderr, flush=True)
+    print(json.dumps(result) if args.json else format_report(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

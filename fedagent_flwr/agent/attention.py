@@ -1,0 +1,31 @@
+"""Which fused attention kernel the passes whose shapes change from call to call may use on a GPU.
+
+PyTorch's scaled_dot_product_attention prefers cuDNN's fused attention on Hopper cards. cuDNN builds an execution
+plan for every new combination of batch, query and key lengths (tens to hundreds of milliseconds on the host, and
+on a fresh machine runtime-compiled kernels besides), and caches it by shape. A decode step replayed from a CUDA
+graph always has the same shapes, so it pays once. The training passes do not: a micro-batch is padded to its own
+longest sample, so nearly every micro-batch, forward and backward, has a shape not seen before; so does every
+rollout turn's prefill and every step of the transformers decode loop (its key length grows). These passes run
+with cuDNN's backend excluded: flash attention where it applies (no mask), else the memory-efficient kernel, which
+takes any mask and any length with no plan to build.
+
+`AVOID_CUDNN` is a module switch so that a benchmark can measure the cuDNN backend against this choice in one run
+(benchmarks/update_profile.py --attention cudnn). On a CPU nothing changes (no cuDNN attention there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+AVOID_CUDNN = True
+
+
+def variable_shape_attention(device: torch.device) -> contextlib.AbstractContextManager:
+    """The context a pass of changing shapes runs in: on CUDA, SDPA without the cuDNN backend; elsewhere nothing."""
+    if device.type != "cuda" or not AVOID_CUDNN:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

@@ -1,0 +1,75 @@
+"""benchmarks/update_profile.py runs on CPU at the tiny shape, so the GPU benchmark cannot rot between GPU sessions."""
+
+import json
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+from benchmark_scripts import load_script
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_profile.py"
+
+
+def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--shape", "tiny", "--json", "--profile", "--samples", "12",
+                           "--variant", "micro-batch-size=2,cudnn-attention=true",
+                           "--variant", "micro-batch-size=4,logprob-micro-batch-size=12,length-grouped-micro-batches=true"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["device"] == "cpu" and r["samples"] == 12
+    first, second = r["variants"]
+    assert first["variant"] == {"micro-batch-size": 2, "cudnn-attention": True} and first["micro_batch_size"] == 2
+    for v in (first, second):
+        # 12 samples, minibatch 64: one minibatch, so only the KL reference's pass runs apart from the update
+        assert v["logprob_passes"] == 1 and v["optimizer_steps"] == 1
+        assert v["logprobs_s"] > 0 and v["update_s"] > 0 and v["logprobs_mfu"] > 0 and v["update_mfu"] > 0
+        assert 0 <= v["padding_share"] < 1 and v["peak_bytes"] is None  # no CUDA allocator on a CPU
+    assert second["padding_share"] < first["padding_share"] or second["padding_share"] < 0.2  # grouped by length
+    p = r["profile"]
+    assert p["micro_batch_size"] == 2 and p["aten_calls"] > 0 and p["self_device_ms"] is None
+    assert any(e["op"] == "aten::mm" for e in p["top"]) or any(e["op"] == "aten::addmm" for e in p["top"])
+    text = load_script("update_profile").format_report(r)
+    assert "micro-batch-size=2,cudnn-attention=True" in text and "one micro-batch of 2" in text
+
+
+def test_the_variants_never_share_a_shape_and_a_bad_key_is_refused():
+    up = load_script("update_profile")
+    sets = [up.synthetic_samples(64, 40, 8, 500, np.random.default_rng(0), i, 3) for i in range(3)]
+    lengths = [{len(s.prompt_ids) + len(s.completion_ids) for s in samples} for samples in sets]
+    assert all(length % 3 == i for i, ls in enumerate(lengths) for length in ls)
+    assert not (lengths[0] & lengths[1]) and not (lengths[1] & lengths[2])
+    means = [np.mean([len(s.prompt_ids) for s in samples]) for samples in sets]
+    assert max(means) - min(means) < 5  # the same distribution, shifted by less than the modulus
+    assert up.parse_variant("micro-batch-size=4,cudnn-attention=false") == {"micro-batch-size": 4, "cudnn-attention": False}
+    with pytest.raises(ValueError, match="cudnn-attention='maybe' is not allowed"):
+        up.parse_variant("cudnn-attention=maybe")
+    with pytest.raises(ValueError):
+        up.parse_variant("micro-batch-sizes=4")
+
+
+def test_a_measured_trainer_does_not_outlive_its_variant(tiny_lm, maze_tokenizer, monkeypatch):
+    """timed_method wraps the trainer's own method, a reference cycle: without a collection the next variant measured
+    its peak on top of the last one's AdamW moments and KL reference (on an H100: 60.5 GiB where 43.1 was its own)."""
+    import torch
+
+    from fedagent_flwr.config import RunConfig
+
+    up = load_script("update_profile")
+    trainers = []
+    real = up.GRPOTrainer
+
+    def recording(*args, **kwargs):
+        trainer = real(*args, **kwargs)
+        trainers.append(weakref.ref(trainer))
+        return trainer
+
+    monkeypatch.setattr(up, "GRPOTrainer", recording)
+    cfg = RunConfig.from_run_config(up.PAPER_ROUND | {"micro-batch-size": 2, "device": "cpu"})
+    samples = up.synthetic_samples(4, 6, 3, tiny_lm.config.vocab_size, np.random.default_rng(0))
+    up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
+    up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
+    assert trainers[0]() is None  # collected when the second variant started
