@@ -36,7 +36,7 @@ CLIENT_METRICS = frozenset({
     "success_rate/mean_over_envs",
     # GRPO (agent/grpo.py, methods/fedagent.py)
     "loss", "kl", "clip_frac", "grad_norm", "optimizer_steps", "train_samples", "tokens", "generated_tokens",
-    "rollout_seconds", "seconds", "update_norm",
+    "rollout_seconds", "seconds", "update_norm", "informative_groups",
     # Fed-SE (agent/self_evolution.py, agent/experience.py)
     "fedse/seeded-demos", "fedse/kept-trajectories", "fedse/new-successes", "fedse/loss-first", "fedse/train-samples",
     "fedse/buffer-seed-trajectories", "fedse/buffer-steps", "fedse/buffer-trajectories", "fedse/buffer-won-fraction",

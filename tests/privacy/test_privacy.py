@@ -86,6 +86,20 @@ def test_clients_send_only_weights_and_numeric_metrics(strategy, tmp_path, run_i
         overrides["fedse-buffer-dir"] = str(tmp_path / "buffers")
     run_config = RunConfig().to_run_config() | overrides
     cfg = RunConfig.from_run_config(run_config)
+    # The filter drops metric keys outside its allow-list without a word: every key our own clients compute must be
+    # on it, or the metric never reaches the server (train/informative_groups once went missing that way)
+    from fedagent_flwr.privacy import reply_filter as filter_module
+
+    dropped: list[str] = []
+    real_allowed = filter_module.allowed_metric
+
+    def recording_allowed(key, env):
+        ok = real_allowed(key, env)
+        if not ok:
+            dropped.append(key)
+        return ok
+
+    monkeypatch.setattr(filter_module, "allowed_metric", recording_allowed)
     grid = LoopbackGrid(run_config, NUM_NODES)
     try:
         run_federation(grid, cfg)
@@ -96,6 +110,7 @@ def test_clients_send_only_weights_and_numeric_metrics(strategy, tmp_path, run_i
     assert kinds.count(MessageType.QUERY) == NUM_NODES and MessageType.TRAIN in kinds
     for sent, reply in grid.exchanges:
         assert_reply_is_weights_and_numbers(sent, reply)
+    assert not dropped, f"metric keys our own clients send that the reply filter drops: {sorted(set(dropped))}"
 
 
 def test_the_check_catches_text_and_trajectories(run_identity):
