@@ -9,8 +9,9 @@ rollout turn's prefill and every step of the transformers decode loop (its key l
 with cuDNN's backend excluded: flash attention where it applies (no mask), else the memory-efficient kernel, which
 takes any mask and any length with no plan to build.
 
-`AVOID_CUDNN` is a module switch so that a benchmark can measure the cuDNN backend against this choice in one run
-(benchmarks/update_profile.py --attention cudnn). On a CPU nothing changes (no cuDNN attention there).
+`AVOID_CUDNN` is a module switch so that a benchmark can measure the cuDNN backend against this choice
+(benchmarks/update_profile.py's variant key cudnn-attention=true, gpu_round.py --cudnn-attention). On a CPU nothing
+changes (no cuDNN attention there).
 """
 
 from __future__ import annotations
