@@ -58,14 +58,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def device_us(event) -> float:
+    """A profiler event's self device time in us (torch renamed self_cuda_time_total to self_device_time_total)."""
+    value = getattr(event, "self_device_time_total", None)
+    return getattr(event, "self_cuda_time_total", 0) if value is None else value
+
+
 def op_table(prof) -> dict[str, dict]:
-    out = {}
-    for e in prof.key_averages():
-        device_us = getattr(e, "self_device_time_total", None)
-        if device_us is None:
-            device_us = getattr(e, "self_cuda_time_total", 0)
-        out[e.key] = {"calls": e.count, "self_cpu_us": e.self_cpu_time_total, "self_device_us": device_us}
-    return out
+    return {e.key: {"calls": e.count, "self_cpu_us": e.self_cpu_time_total, "self_device_us": device_us(e)}
+            for e in prof.key_averages()}
 
 
 def per_step(long: dict, short: dict, steps: int) -> dict[str, dict]:

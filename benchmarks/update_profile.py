@@ -39,6 +39,7 @@ from fedagent_flwr.agent.precision import autocast
 from fedagent_flwr.agent.shaped_model import environment_tokenizer
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig, parse_overrides
+from decode_profile import LAUNCH_NAMES, device_us
 from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, model_flops, timed_method
 
 
@@ -142,11 +143,8 @@ def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device
     with torch.profiler.profile(activities=activities) as prof:
         once()
     events = prof.key_averages()
-    def device_us(e):
-        value = getattr(e, "self_device_time_total", None)
-        return getattr(e, "self_cuda_time_total", 0) if value is None else value
     rows = sorted(events, key=lambda e: -(device_us(e) if device.type == "cuda" else e.self_cpu_time_total))[:top]
-    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    launches = sum(e.count for e in events if e.key in LAUNCH_NAMES)
     return {"micro_batch_size": grpo.micro_batch_size, "wall_ms": wall * 1e3,
             "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
             "self_device_ms": sum(device_us(e) for e in events) / 1e3 if device.type == "cuda" else None,
