@@ -11,6 +11,8 @@
 #   round-hf      the same with the transformers loop
 #   round-fast    round-static with the update settings that measured fastest (FAST below): log-prob passes of 64 rows,
 #                 update micro-batches of 16, length-grouped
+#   kernels       training-kernels (agent/kernels.py): its tests (Liger's against eager on the GPU), then update_profile.py
+#                 with FAST's settings under eager, compile and liger (liger needs the liger-kernel wheel in .whl/)
 # Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf.
 # ROUND_SET adds run-config values to both rounds, e.g. ROUND_SET="--set micro-batch-size=32".
 set -u
@@ -28,6 +30,7 @@ UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
                  --variant $UPDATE_COMMON
                  --variant $UPDATE_COMMON,micro-batch-size=16
                  --variant $UPDATE_COMMON,logprob-micro-batch-size=64)
+UPDATE_FAST="micro-batch-size=16,logprob-micro-batch-size=64,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
 FAST="--set logprob-micro-batch-size=64 --set micro-batch-size=16 --set length-grouped-micro-batches=true"
 for stage in $STAGES; do
   stamp "$stage"
@@ -47,7 +50,13 @@ for stage in $STAGES; do
     round-fast)
       timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --decode-engine static > "$OUT/round_fast.json" 2> "$OUT/round_fast.err"
       echo "rc $?"; tail -3 "$OUT/round_fast.err"; cut -c1-700 "$OUT/round_fast.json" ;;
-    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast)"; exit 2 ;;
+    kernels)
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
+      timeout 300 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
+        --variant $UPDATE_FAST,training-kernels=compile --variant $UPDATE_FAST,training-kernels=liger --json \
+        > "$OUT/kernels_profile.json" 2> "$OUT/kernels_profile.err"
+      echo "rc $?"; grep -v "USDT\|profiler_st\|arn" "$OUT/kernels_profile.err" | tail -6 ;;
+    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast kernels)"; exit 2 ;;
   esac
 done
 stamp done

@@ -13,7 +13,9 @@ shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid
 variant: seconds and MFU of the no-grad log-prob passes and of the update, the share of computed tokens that are
 padding, and the peak memory (CUDA allocator). `--profile` adds, for the first variant, one micro-batch's forward
 and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
-operators.
+operators. A variant with `training-kernels=compile` or `=liger` (agent/kernels.py) is warmed up on its own before
+it is timed, so its compile is reported apart (`warmup_s`, per kernel choice) and not counted in its passes; Liger
+patches the model for good, so its variants come last.
 
     python benchmarks/update_profile.py --shape tiny                        # CPU, seconds
     python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=8 --variant micro-batch-size=32
@@ -30,9 +32,11 @@ from collections import defaultdict
 
 import numpy as np
 import torch
+from torch._dynamo.utils import counters
 
 from fedagent_flwr.agent import attention
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.kernels import training_kernels
 from fedagent_flwr.agent.memory import GB, ModelShape
 from fedagent_flwr.agent.models import pick_device
 from fedagent_flwr.agent.precision import autocast
@@ -90,6 +94,7 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     # The previous variant's trainer (AdamW moments, KL reference copy) sits in a reference cycle (timed_method wraps
     # its own bound method): collect it, or every variant after the first measures its peak on top of ~19 GiB of it.
     gc.collect()
+    graphs = counters["stats"]["unique_graphs"]
     trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(), cfg.rollout_config())
     clock: dict[str, float] = defaultdict(float)
     timed_method(trainer, "_logprobs", clock)
@@ -116,6 +121,8 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         "logprobs_mfu": model_flops(parameters, tokens, passes) / max(clock["_logprobs"], 1e-9) / peak_flops if passes else 0.0,
         "update_mfu": model_flops(parameters, tokens, 2.0 if lora else 3.0) / update_s / peak_flops,
         "peak_bytes": int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None,
+        # graphs torch.compile made during this call: 0 once warmed up, unless a shape forced a recompile
+        "compiled_graphs": int(counters["stats"]["unique_graphs"] - graphs),
     }
     del trainer
     return result
@@ -130,7 +137,7 @@ def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device
         activities.append(torch.profiler.ProfilerActivity.CUDA)
 
     def once():
-        with autocast(grpo.precision, device):
+        with autocast(grpo.precision, device), training_kernels(model, grpo.training_kernels):
             logprobs, mask = completion_logprobs(model, batch, 1.0, grpo.logprob_chunk_tokens)
         (logprobs.sum() / mask.sum()).backward()
         model.zero_grad(set_to_none=True)
@@ -167,6 +174,10 @@ def format_report(r: dict) -> str:
         peak = "-" if v["peak_bytes"] is None else f"{v['peak_bytes'] / GB:.2f}"
         lines.append(f"  {name[:72]:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
                      f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s}")
+    if r.get("warmup_s"):
+        lines.append("  warm-up seconds by training-kernels (compile included): "
+                     + ", ".join(f"{k} {x:.1f}" for k, x in r["warmup_s"].items())
+                     + "; graphs compiled while timed: " + ", ".join(str(v.get("compiled_graphs", "-")) for v in r["variants"]))
     p = r.get("profile")
     if p:
         device = "" if p["self_device_ms"] is None else f", self device time {p['self_device_ms']:.1f} ms, " \
@@ -203,6 +214,10 @@ def main(argv: list[str] | None = None) -> dict:
         configs = [RunConfig.from_run_config(base | {k: x for k, x in v.items() if k != CUDNN_KEY}) for v in variants]
     except ValueError as err:
         parser.error(str(err))
+    kernels = [c.training_kernels for c in configs]
+    first_liger = kernels.index("liger") if "liger" in kernels else len(kernels)
+    if any(k != "liger" for k in kernels[first_liger:]):
+        parser.error("--variant: training-kernels=liger patches the model for good; list the liger variants last")
     cuda = device.type == "cuda"
     n = args.samples or (128 if cuda else 16)
     prompt = args.prompt_tokens or (256 if cuda else 32)
@@ -222,13 +237,23 @@ def main(argv: list[str] | None = None) -> dict:
               "completion_tokens": completion, "peak_flops": args.peak_flops, "variants": []}
     if configs[0].finetuning == "lora":
         parser.error("update_profile measures full fine-tuning (gpu_round.py measures LoRA)")
-    # warm-up: cuBLAS handles, allocator pools, autotuning, on a few samples
-    measure(model, tokenizer, configs[0], warm, device, args.seed, args.peak_flops)
+    # warm-up: cuBLAS handles, allocator pools, autotuning, on a few samples; and per kernel choice its compile
+    warmed: dict[str, float] = {}
+
+    def warm_up(cfg: RunConfig) -> None:
+        if cfg.training_kernels not in warmed:
+            started = time.perf_counter()
+            measure(model, tokenizer, cfg, warm, device, args.seed, args.peak_flops)
+            warmed[cfg.training_kernels] = round(time.perf_counter() - started, 2)
+
+    result["warmup_s"] = warmed
+    warm_up(configs[0])
     if args.profile:  # on the first variant's samples: the micro-batch's shape is met once before it is profiled
         attention.AVOID_CUDNN = not variants[0].get(CUDNN_KEY, False)
         result["profile"] = profile_micro_batch(model, configs[0], sets[0], device, args.top)
     for v, cfg, samples in zip(variants, configs, sets):
         attention.AVOID_CUDNN = not v.get(CUDNN_KEY, False)
+        warm_up(cfg)
         try:
             r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops)
         except torch.OutOfMemoryError as err:  # a variant too big for the card: say so, measure the rest

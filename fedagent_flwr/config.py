@@ -33,9 +33,11 @@ from fedagent_flwr.agent.gguf_models import INSTALL, gguf_file, is_gguf_model
 from fedagent_flwr.agent.grpo import (
     KL_REFERENCES,
     LOSS_AGGREGATIONS,
+    SCALE_REWARDS,
     UNIFORM_GROUPS,
     GRPOConfig,
 )
+from fedagent_flwr.agent.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.lora import LoRASpec
 from fedagent_flwr.agent.memory import (
     GB,
@@ -210,7 +212,10 @@ class ModelConfig:
     server_memory_gb: float = _key(0.0, "memory (GiB) the ServerApp evaluates in; checked like client-memory-gb; 0 = not checked", ">= 0")
     precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6), or bf16-base = with finetuning=lora, the frozen base held in bf16 (half its memory, no casts of it per forward) under an fp32 adapter and fp32 AdamW; auto = bf16-mixed on CUDA, fp32 on CPU", " | ".join(ALL_PRECISIONS))
 
+    training_kernels: str = _key("eager", "the kernels GRPO's log-prob and update passes run the decoder layers with: eager = the transformers modules as they are; compile = torch.compile of each decoder layer (one graph shared by all layers, dynamic shapes) in those passes only; liger = Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE (CUDA, Qwen2 and Llama models, pip install liger-kernel). The same function up to float rounding (agent/kernels.py); speed is measured in docs/gpu.md", " | ".join(TRAINING_KERNELS))
+
     def check(self, need: Need) -> None:
+        need(self.training_kernels in TRAINING_KERNELS, "training-kernels", self.training_kernels, " | ".join(TRAINING_KERNELS))
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
         need(self.server_device in ("same", *DEVICES) or self.server_device.startswith("cuda:"), "server-device",
              self.server_device, "same | " + " | ".join(DEVICES) + " | cuda:N")
@@ -295,6 +300,7 @@ class GRPOSection:
     finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", " | ".join(FINETUNING))
     kl_reference: str = _key("auto", "the policy the KL term is taken against: round-start = the weights (or adapter) the round started from; base = the run's initial model for the whole run (the FedAgent reference's federated and centralized runs; with lora the adapter switched off, with full fine-tuning a second, frozen copy of the base weights on each client); auto = base for the Centralized and Local baselines (one learner trained T x tau epochs), round-start otherwise", "auto | " + " | ".join(KL_REFERENCES))
     loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean")
+    scale_rewards: str = _key("group", "what a reward's deviation from its group's mean is divided by (TRL's scale_rewards): group = the group's standard deviation (GRPO, verl, the FedAgent reference); batch = the standard deviation of all the epoch's rewards, so a group split only by the small invalid-action penalty gets small advantages; none = nothing (Dr. GRPO)", " | ".join(SCALE_REWARDS))
     uniform_groups: str = _key("drop", "steps of a group whose rewards are all equal (advantage 0): drop = skipped, so with kl-beta > 0 their KL term goes too (cheaper; the default so far); keep = trained on with advantage 0, so the KL covers every step played (verl's GRPO)", " | ".join(UNIFORM_GROUPS))
 
     def check(self, need: Need) -> None:
@@ -307,6 +313,7 @@ class GRPOSection:
         need(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "> 0")
         need(self.loss_aggregation in LOSS_AGGREGATIONS, "loss-aggregation", self.loss_aggregation, " | ".join(LOSS_AGGREGATIONS))
         need(self.uniform_groups in UNIFORM_GROUPS, "uniform-groups", self.uniform_groups, " | ".join(UNIFORM_GROUPS))
+        need(self.scale_rewards in SCALE_REWARDS, "scale-rewards", self.scale_rewards, " | ".join(SCALE_REWARDS))
         need(self.finetuning in FINETUNING, "finetuning", self.finetuning, " | ".join(FINETUNING))
         need(self.kl_reference in ("auto", *KL_REFERENCES), "kl-reference", self.kl_reference, "auto | " + " | ".join(KL_REFERENCES))
         need(self.weight_decay >= 0, "weight-decay", self.weight_decay, ">= 0")
@@ -601,12 +608,14 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             max_grad_norm=self.max_grad_norm,
             loss_aggregation=self.loss_aggregation,
             uniform_groups=self.uniform_groups,
+            scale_rewards=self.scale_rewards,
             kl_reference=self.resolved_kl_reference(),
             weight_decay=self.weight_decay,
             logprob_chunk_tokens=self.logprob_chunk_tokens,
             length_grouped_micro_batches=self.length_grouped_micro_batches,
             gradient_checkpointing=self.gradient_checkpointing,
             precision=self.resolved_precision(),
+            training_kernels=self.training_kernels,
         )
 
     def resolved_kl_reference(self) -> str:
@@ -696,6 +705,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         return STRATEGIES[self.strategy]
 
     def check_across(self, need: Need) -> None:
+        """The rules that tie sections together: what the strategy supports, and keys that limit each other."""
         if self.precision == "bf16-base":  # a bf16 base cannot take AdamW's steps: only a LoRA adapter over it trains
             need(self.finetuning == "lora" and self.strategy == "fedagent-avg", "precision", self.precision,
                  "fp32 | bf16-mixed | auto unless strategy='fedagent-avg' with finetuning='lora'")
@@ -703,8 +713,16 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             for key in ("history_length", "prompt_roles"):
                 need(getattr(self, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(self, key),
                      f"{WARM_RECIPE[key]!r} with model={self.model!r} (the warm start's prompts; agent/warm_start.py)")
-        """The rules that tie sections together: what the strategy supports, and keys that limit each other."""
         traits = STRATEGIES.get(self.strategy)
+        if self.training_kernels != "eager" and traits:
+            need(traits.grpo, "training-kernels", self.training_kernels,
+                 "eager unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
+        if self.training_kernels == "liger":
+            on_cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
+            need(on_cuda, "training-kernels", self.training_kernels,
+                 f"eager | compile with device={self.device!r} (Liger's kernels run on CUDA only)")
+            need(importlib.util.find_spec("liger_kernel") is not None, "training-kernels", self.training_kernels,
+                 "eager | compile where liger-kernel is not installed (pip install liger-kernel)")
         if traits and traits.trains == "fedrl":
             need(self.env in traits.envs, "env", self.env, f"one of {', '.join(traits.envs)} with strategy={self.strategy!r} (QAvg / PAvg train RL tables or networks, not LLM agents; deep QAvg is DQNAvg: discrete actions, deep PAvg is DDPGAvg: continuous actions)")
             if self.local_updates == 0:

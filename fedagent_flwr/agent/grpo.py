@@ -35,6 +35,7 @@ import torch
 from envs import Task, TextEnv
 from fedagent_flwr.agent import decode
 from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.kernels import apply_liger, check_training_kernels, training_kernels
 from fedagent_flwr.agent.precision import autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.rollout import (
     PENALTY_SCOPES,
@@ -48,6 +49,13 @@ from fedagent_flwr.agent.tokens import collate, completion_logprobs
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
 UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a group whose rewards are all equal
+# What a reward's deviation from its group's mean is divided by (TRL's GRPOConfig.scale_rewards, same names):
+# "group" = the group's standard deviation (GRPO's, verl's and the FedAgent reference's); "batch" = the standard
+# deviation of all the epoch's rewards; "none" = nothing (Dr. GRPO). Why it matters: under "group", a group of 4
+# failures of which one drew a 0.1 invalid-action penalty gets the advantages of a group of 1 win and 3 failures,
+# mirrored: its 3 penalty-free failures +0.58 each, as large as the won group's failures get -0.58
+# (docs/results.md, issue 34).
+SCALE_REWARDS = ("group", "batch", "none")
 KL_REFERENCES = ("round-start", "base")
 
 
@@ -80,6 +88,7 @@ class GRPOConfig:
     # pulls back depends on how many groups were informative); "keep" trains on them with advantage 0, so the KL
     # term covers every step played, as verl's GRPO does.
     uniform_groups: str
+    scale_rewards: str  # what group-centred rewards are divided by: group | batch | none (SCALE_REWARDS)
     # "fp32", or "bf16-mixed": fp32 weights and optimizer states, forward passes under bf16 autocast
     # (agent/precision.py says why a pure-bf16 model does not train at lr 1e-6), or "bf16-base": a LoRA adapter in
     # fp32 over a frozen base held in bf16, forward passes under bf16 autocast
@@ -93,22 +102,32 @@ class GRPOConfig:
     # The loss is the same weighted token mean (same normalizer); only float summation order changes.
     length_grouped_micro_batches: bool
     weight_decay: float  # AdamW's decoupled weight decay (verl's actor default is 0.01)
+    # the decoder layers' kernels in the log-prob and update passes: eager | compile | liger (agent/kernels.py)
+    training_kernels: str
     adv_eps: float = 1e-6
 
 
-def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6) -> np.ndarray:
-    """GRPO advantages: each reward normalised by its group's mean and standard deviation.
+def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6,
+                     scale: str = "group") -> np.ndarray:
+    """GRPO advantages: each reward less its group's mean, divided as `scale` says (SCALE_REWARDS): by the group's
+    standard deviation, by that of all `rewards`, or not at all.
 
     A group whose rewards are all equal carries no learning signal: its advantages are 0.
     """
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale!r}")
     rewards = np.asarray(rewards, dtype=np.float64)
     group_ids = np.asarray(group_ids)
     adv = np.zeros_like(rewards)
+    batch_std = rewards.std() if len(rewards) else 0.0
     for g in np.unique(group_ids):
         idx = group_ids == g
         r = rewards[idx]
         std = r.std()
-        adv[idx] = 0.0 if std < eps else (r - r.mean()) / (std + eps)
+        if std < eps:
+            continue  # equal rewards: advantage 0
+        divisor = {"group": std + eps, "batch": batch_std + eps, "none": 1.0}[scale]
+        adv[idx] = (r - r.mean()) / divisor
     return adv
 
 
@@ -159,7 +178,7 @@ class StepSample:
 
 
 def step_advantages(trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float,
-                    penalty_scope: str = "trajectory") -> list[np.ndarray]:
+                    penalty_scope: str = "trajectory", scale: str = "group") -> list[np.ndarray]:
     """Each trajectory's steps' advantages.
 
     "trajectory": one advantage per trajectory (its penalised reward normalised over the group's trajectories),
@@ -170,18 +189,18 @@ def step_advantages(trajectories: Sequence[Trajectory], group_ids: Sequence[int]
     if penalty_scope not in PENALTY_SCOPES:
         raise ValueError(f"penalty scope must be one of {PENALTY_SCOPES}, got {penalty_scope!r}")
     if penalty_scope == "trajectory":
-        adv = group_advantages([t.reward for t in trajectories], group_ids, eps)
+        adv = group_advantages([t.reward for t in trajectories], group_ids, eps, scale)
         return [np.full(len(t.steps), a) for t, a in zip(trajectories, adv)]
     scores = [t.episode_reward - s.penalty for t in trajectories for s in t.steps]
     rows = [g for t, g in zip(trajectories, group_ids) for _ in t.steps]
-    adv = group_advantages(scores, rows, eps)
+    adv = group_advantages(scores, rows, eps, scale)
     ends = np.cumsum([len(t.steps) for t in trajectories])
     return np.split(adv, ends[:-1]) if len(trajectories) else []
 
 
 def trajectories_to_samples(
     trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float, aggregation: str = "trajectory-mean",
-    uniform_groups: str = "drop", penalty_scope: str = "trajectory",
+    uniform_groups: str = "drop", penalty_scope: str = "trajectory", scale: str = "group",
 ) -> list[StepSample]:
     """Every agent step becomes a sample carrying its advantage (step_advantages).
 
@@ -193,7 +212,7 @@ def trajectories_to_samples(
     if uniform_groups not in UNIFORM_GROUPS:
         raise ValueError(f"uniform groups must be one of {UNIFORM_GROUPS}, got {uniform_groups!r}")
     samples = []
-    for t, advs in zip(trajectories, step_advantages(trajectories, group_ids, eps, penalty_scope)):
+    for t, advs in zip(trajectories, step_advantages(trajectories, group_ids, eps, penalty_scope, scale)):
         tokens = sum(len(s.completion_ids) for s in t.steps)
         weight = 1.0 / max(1, tokens) if aggregation == "trajectory-mean" else 1.0
         samples.extend(StepSample(s.prompt_ids, s.completion_ids, float(a), weight) for s, a in zip(t.steps, advs)
@@ -201,11 +220,16 @@ def trajectories_to_samples(
     return samples
 
 
-def informative_share(trajectories: Sequence[Trajectory], group_ids: Sequence[int]) -> float:
-    """Share of groups whose trajectories' rewards differ (a group of equal rewards has advantage 0 everywhere)."""
+def informative_share(trajectories: Sequence[Trajectory], group_ids: Sequence[int], penalised: bool = True) -> float:
+    """Share of groups whose trajectories' rewards differ (a group of equal rewards has advantage 0 everywhere).
+
+    penalised=False compares the episodes' rewards before the invalid-action penalty: the groups whose outcomes
+    differ. The gap between the two shares is the groups that only the penalty makes informative; under the
+    trajectory penalty scope, group normalisation gives those the same size of advantage as a won/lost split.
+    """
     rewards: dict[int, set[float]] = {}
     for t, g in zip(trajectories, group_ids):
-        rewards.setdefault(g, set()).add(round(t.reward, 9))
+        rewards.setdefault(g, set()).add(round(t.reward if penalised else t.episode_reward, 9))
     return sum(len(r) > 1 for r in rewards.values()) / max(1, len(rewards))
 
 
@@ -227,6 +251,9 @@ class GRPOTrainer:
         if config.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = unchunked), got {config.logprob_chunk_tokens}")
         check_trainable_precision(model, config.precision)
+        check_training_kernels(config.training_kernels, self.device)
+        if config.training_kernels == "liger":
+            apply_liger(model)
         # A fresh optimizer each round: the local iterate starts from the broadcast model. Only trainable
         # tensors are optimized (all of them, or a LoRA adapter's).
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,
@@ -287,12 +314,13 @@ class GRPOTrainer:
         rollout_seconds = time.time() - started
         samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation,
                                           cfg.uniform_groups if cfg.kl_beta > 0 else "drop",  # no KL: nothing to keep
-                                          self.rollout.penalty_scope)
+                                          self.rollout.penalty_scope, cfg.scale_rewards)
         update_stats = self.update(samples, rng)
         metrics = summarize(trajectories)
         metrics.update(update_stats)
         # the share of groups GRPO can learn from: those whose episodes' rewards are not all equal
         metrics["informative_groups"] = informative_share(trajectories, group_ids)
+        metrics["outcome_groups"] = informative_share(trajectories, group_ids, penalised=False)
         metrics["tokens"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajectories for s in t.steps))
         metrics["generated_tokens"] = float(sum(len(s.completion_ids) for t in trajectories for s in t.steps))
         metrics["rollout_seconds"] = rollout_seconds
@@ -325,7 +353,7 @@ class GRPOTrainer:
         out: list[torch.Tensor | None] = [None] * len(samples)
         for micro in _chunks(list(order), cfg.logprob_micro_batch_size):
             batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
-            with autocast(cfg.precision, self.device):
+            with autocast(cfg.precision, self.device), training_kernels(model, cfg.training_kernels):
                 logprobs, mask = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
             for i, lp, m in zip(micro, logprobs, mask):
                 out[i] = lp[m].cpu()
@@ -336,7 +364,7 @@ class GRPOTrainer:
         if not samples:  # every group was uniform: nothing to learn from this batch
             return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
         self.model.eval()  # dropout off: old and new log-probs must come from the same function
-        with self._checkpointing():
+        with self._checkpointing(), training_kernels(self.model, self.config.training_kernels):
             return self._update(samples, rng)
 
     @contextlib.contextmanager

@@ -19,6 +19,40 @@ def test_group_advantages_are_normalised_within_each_group():
     np.testing.assert_allclose(adv[6:], [-1.0, 1.0], rtol=1e-5)
 
 
+def test_batch_and_no_reward_scaling_keep_a_penalty_only_group_small_beside_a_win():
+    """Group 0 is split by a win, group 1 only by a 0.1 invalid-action penalty, group 2 is uniform."""
+    rewards, groups = [10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.1, 0.0, 0.0, 0.0, 0.0], [0] * 4 + [1] * 4 + [2] * 4
+    by_group = group_advantages(rewards, groups, scale="group")
+    # per-group scaling: the penalty-free failures of group 1 get the same push as group 0's losses get pulled
+    np.testing.assert_allclose(by_group[4:7], -by_group[1:4], rtol=1e-4)
+    batch = group_advantages(rewards, groups, scale="batch")
+    std = np.std(rewards)
+    np.testing.assert_allclose(batch[:4], np.array([7.5, -2.5, -2.5, -2.5]) / std, rtol=1e-5)
+    np.testing.assert_allclose(batch[4:8], np.array([0.025, 0.025, 0.025, -0.075]) / std, rtol=1e-5)
+    assert abs(batch[4]) < abs(batch[0]) / 100
+    none = group_advantages(rewards, groups, scale="none")
+    np.testing.assert_allclose(none[:8], [7.5, -2.5, -2.5, -2.5, 0.025, 0.025, 0.025, -0.075], rtol=1e-6)
+    for adv in (batch, none):
+        assert np.all(adv[8:] == 0.0)  # a uniform group still carries nothing (and is dropped under uniform-groups=drop)
+    with pytest.raises(ValueError, match="scale_rewards must be one of"):
+        group_advantages(rewards, groups, scale="std")
+
+
+def test_the_run_config_reward_scaling_reaches_the_epoch_samples(tiny_lm, maze_tokenizer, monkeypatch):
+    import fedagent_flwr.agent.grpo as grpo
+    from envs import make_env
+
+    seen = []
+    inner = grpo.trajectories_to_samples
+    monkeypatch.setattr(grpo, "trajectories_to_samples", lambda *a: seen.append(a[-1]) or inner(*a))
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig(scale_rewards="batch").grpo_config(), tasks_per_epoch=1,
+                          group_size=2), RolloutConfig(history_length=0, max_new_tokens=4))
+    monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
+    trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
+                        np.random.default_rng(0))
+    assert seen == ["batch"]
+
+
 def test_loss_is_zero_gradient_outside_the_mask_and_clips():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     old = torch.tensor([[-1.0, -1.0, -1.0]])
@@ -310,3 +344,15 @@ def test_the_epoch_reports_the_share_of_groups_whose_rewards_differ(tiny_lm, maz
     metrics = trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
                                   np.random.default_rng(0))
     assert metrics["informative_groups"] == 0.0  # a random model fails every one-step episode: one uniform group
+    assert metrics["outcome_groups"] == 0.0
+
+
+def test_groups_that_only_the_penalty_splits_count_as_informative_but_not_as_differing_in_outcome():
+    from fedagent_flwr.agent.grpo import informative_share
+
+    task = Task("t", "c", "train")
+    # group 0: a win and a loss; group 1: two losses, one of them with an invalid step (penalty 0.1)
+    trajs = [Trajectory(task=task, reward=10.0, episode_reward=10.0), Trajectory(task=task, reward=0.0, episode_reward=0.0),
+             Trajectory(task=task, reward=0.0, episode_reward=0.0), Trajectory(task=task, reward=-0.1, episode_reward=0.0)]
+    assert informative_share(trajs, [0, 0, 1, 1]) == 1.0
+    assert informative_share(trajs, [0, 0, 1, 1], penalised=False) == 0.5

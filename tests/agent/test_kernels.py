@@ -1,0 +1,154 @@
+"""training-kernels: the compiled decoder layers compute what the eager ones do (log-probs, gradients, a GRPO update),
+share one graph across layers and shapes, and are eager again outside the training passes; Liger is refused where it
+cannot run, before any work starts, and checked against eager on a GPU."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.kernels import check_training_kernels, decoder_layers, training_kernels
+from fedagent_flwr.agent.rollout import RolloutConfig
+from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.config import RunConfig
+
+
+def _model(layers: int = 3, vocab: int = 211) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen2", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                  tie_word_embeddings=True, pad_token_id=0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _batches(seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches of different widths: the shapes a length-grouped update meets."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for rows, lo, hi in ((3, 8, 16), (4, 18, 30), (2, 4, 7)):
+        samples = []
+        for _ in range(rows):
+            prompt = torch.randint(1, 211, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+            samples.append((prompt, torch.randint(1, 211, (5,), generator=g).tolist()))
+        out.append(collate(samples, 0))
+    return out
+
+
+def _logprobs_and_grads(model, kind: str, chunk_tokens: int = 0):
+    values, grads = [], []
+    for batch in _batches():
+        model.zero_grad(set_to_none=True)
+        with training_kernels(model, kind):
+            logprobs, _ = completion_logprobs(model, batch, 0.7, chunk_tokens)
+        logprobs.sum().backward()
+        values.append(logprobs.detach().clone())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    return values, grads
+
+
+@pytest.mark.parametrize("chunk_tokens", [0, 4])
+def test_compiled_layers_give_the_eager_log_probs_and_gradients(chunk_tokens):
+    from torch._dynamo.utils import counters
+
+    model = _model()
+    eager, eager_grads = _logprobs_and_grads(model, "eager", chunk_tokens)
+    graphs_before = counters["stats"]["unique_graphs"]
+    compiled, compiled_grads = _logprobs_and_grads(model, "compile", chunk_tokens)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    for a, b in zip(eager_grads, compiled_grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    # Three layers and three widths, one graph: the layers share it, and dynamic shapes spare a compile per width.
+    # (The second parametrization finds the graph already made.)
+    assert counters["stats"]["unique_graphs"] - graphs_before <= 1
+
+
+def test_layers_are_eager_outside_the_training_passes():
+    model = _model(layers=2)
+    layers = decoder_layers(model)
+    eager_forward = [layer.forward for layer in layers]
+    with training_kernels(model, "compile"):
+        assert all(layer.forward != f for layer, f in zip(layers, eager_forward))
+    assert all("forward" not in layer.__dict__ for layer in layers)
+    assert [layer.forward for layer in layers] == eager_forward
+    with training_kernels(model, "eager"):
+        assert all("forward" not in layer.__dict__ for layer in layers)
+
+
+def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze_tokenizer, monkeypatch):
+    """The whole update (old-policy pass, clipped loss, AdamW steps, gradient checkpointing) under both kernels."""
+    import fedagent_flwr.agent.grpo as grpo
+
+    entered = []
+    monkeypatch.setattr(grpo, "training_kernels", lambda model, kind: entered.append(kind) or training_kernels(model, kind))
+    run = RunConfig(minibatch_size=4, micro_batch_size=2, gradient_checkpointing=True, learning_rate=1e-3, kl_beta=0.0)
+    rng = np.random.default_rng(0)
+    samples = [StepSample(list(rng.integers(1, 211, size=int(n))), list(rng.integers(1, 211, size=4)), float(a))
+               for n, a in zip(rng.integers(5, 20, size=8), rng.normal(size=8))]
+    moved = {}
+    for kind in ("eager", "compile"):
+        model = _model(layers=2, vocab=len(maze_tokenizer))
+        start = [p.detach().clone() for p in model.parameters()]
+        trainer = GRPOTrainer(model, maze_tokenizer, replace(run.grpo_config(), training_kernels=kind),
+                              RolloutConfig(history_length=0, max_new_tokens=4))
+        stats = trainer.update(samples, np.random.default_rng(1))
+        assert stats["optimizer_steps"] == 2
+        moved[kind] = [p.detach() - s for p, s in zip(model.parameters(), start)]
+    # the old-policy pass and the update each ran under the chosen kernels
+    assert entered == ["eager", "eager", "compile", "compile"]
+    assert any(d.abs().max() > 0 for d in moved["eager"])
+    for a, b in zip(moved["eager"], moved["compile"]):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-6)
+
+
+def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze_tokenizer):
+    """PEFT's LoRA layers inside the compiled layers, and the KL reference pass with the adapter switched off."""
+    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+
+    run = RunConfig(minibatch_size=4, micro_batch_size=4, learning_rate=1e-2, kl_beta=0.1, kl_reference="base",
+                    finetuning="lora")
+    rng = np.random.default_rng(0)
+    samples = [StepSample(list(rng.integers(1, 200, size=int(n))), list(rng.integers(1, 200, size=4)), float(a))
+               for n, a in zip(rng.integers(5, 20, size=8), rng.normal(size=8))]
+    moved = {}
+    for kind in ("eager", "compile"):
+        with attached_lora(_model(layers=2, vocab=len(maze_tokenizer)), LoRASpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))) as model:
+            trainer = GRPOTrainer(model, maze_tokenizer, replace(run.grpo_config(), training_kernels=kind),
+                                  RolloutConfig(history_length=0, max_new_tokens=4))
+            stats = trainer.update(samples, np.random.default_rng(1))
+            assert stats["optimizer_steps"] == 2 and stats["kl"] > 0
+            moved[kind] = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
+    assert all(v.abs().max() > 0 for v in moved["eager"].values())
+    for name, value in moved["eager"].items():
+        torch.testing.assert_close(moved["compile"][name], value, rtol=1e-3, atol=1e-6)
+
+
+def test_liger_is_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match="training-kernels='liger' runs Triton kernels on a CUDA device"):
+        check_training_kernels("liger", torch.device("cpu"))
+    with pytest.raises(ValueError, match="training-kernels must be one of eager | compile | liger"):
+        check_training_kernels("fused", torch.device("cpu"))
+    defaults = RunConfig().to_run_config()
+    for override, message in (({"training-kernels": "liger", "device": "cpu"}, "training-kernels='liger' is not allowed: expected eager | compile with device='cpu'"),
+                              ({"training-kernels": "compile", "strategy": "fedse-lora"}, "training-kernels='compile' is not allowed: expected eager unless the strategy trains with GRPO"),
+                              ({"training-kernels": "fast"}, "training-kernels='fast'")):
+        with pytest.raises(ValueError) as err:
+            RunConfig.from_run_config(defaults | override)
+        assert message in str(err.value), str(err.value)
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger's kernels are Triton GPU kernels")
+def test_liger_layers_give_the_eager_log_probs_and_gradients_on_a_gpu():
+    pytest.importorskip("liger_kernel")
+    from fedagent_flwr.agent.kernels import apply_liger
+
+    model = _model().cuda()
+    eager, eager_grads = _logprobs_and_grads(model, "eager")
+    apply_liger(model)
+    fused, fused_grads = _logprobs_and_grads(model, "liger")
+    for a, b in zip(eager, fused):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    for a, b in zip(eager_grads, fused_grads):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
