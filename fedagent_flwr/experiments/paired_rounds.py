@@ -6,6 +6,13 @@ evaluation with the first (or `--rounds LATER EARLIER`): each held-out task's su
 t-test over tasks gives the standard error and p (episodes of one task are correlated, tasks are not). The same test
 as `python -m fedagent_flwr.evaluation --paired-with`, without playing both models again; both evaluations must
 have played the same tasks.
+
+`--against OTHER_RUN` compares two runs instead, room by room: this run's last evaluation minus the other's (or
+`--rounds A B`: this run's round A minus the other's round B). Two methods run with the same seed evaluate the same
+held-out rooms, so this is the per-seed paired test between them; across seeds, test the per-seed differences.
+
+    python -m fedagent_flwr.experiments.paired_rounds RUN                      # last minus first evaluation
+    python -m fedagent_flwr.experiments.paired_rounds RUN --against OTHER_RUN  # RUN's last minus OTHER_RUN's last
 """
 
 from __future__ import annotations
@@ -27,17 +34,34 @@ def evaluation_rounds(run_dir: Path) -> list[int]:
     return sorted(int(p.stem.removeprefix("round-")) for p in (run_dir / "episodes").glob("round-*.json"))
 
 
+def _record(run_dir: Path, round_: int) -> dict:
+    return json.loads((run_dir / "episodes" / f"round-{round_:04d}.json").read_text())
+
+
+def _paired(first: dict, second: dict, what: str) -> dict:
+    """first minus second, per task: n, mean, se, ci95, p, both success rates and the episodes an evaluation."""
+    a, b = success_by_task(first), success_by_task(second)
+    if a.keys() != b.keys():
+        raise ValueError(f"{what} evaluated different tasks")
+    out = {k: v for k, v in paired_difference(a, b).items() if k != "seeds"}
+    out.update(tasks=len(a), episodes=len(first["episodes"]),
+               later_success=sum(e["won"] for e in first["episodes"]) / len(first["episodes"]),
+               earlier_success=sum(e["won"] for e in second["episodes"]) / len(second["episodes"]))
+    return out
+
+
 def compare(run_dir: Path, later: int, earlier: int) -> dict:
     """later minus earlier, per task: n, mean, se, ci95, p, and both success rates."""
-    records = {r: json.loads((run_dir / "episodes" / f"round-{r:04d}.json").read_text()) for r in (later, earlier)}
-    a, b = success_by_task(records[later]), success_by_task(records[earlier])
-    if a.keys() != b.keys():
-        raise ValueError(f"rounds {later} and {earlier} of {run_dir} evaluated different tasks")
-    out = {k: v for k, v in paired_difference(a, b).items() if k != "seeds"}
-    out.update(later=later, earlier=earlier, tasks=len(a),
-               episodes=len(records[later]["episodes"]),
-               later_success=sum(e["won"] for e in records[later]["episodes"]) / len(records[later]["episodes"]),
-               earlier_success=sum(e["won"] for e in records[earlier]["episodes"]) / len(records[earlier]["episodes"]))
+    out = _paired(_record(run_dir, later), _record(run_dir, earlier), f"rounds {later} and {earlier} of {run_dir}")
+    out.update(later=later, earlier=earlier)
+    return out
+
+
+def compare_runs(run_dir: Path, other_dir: Path, round_: int, other_round: int) -> dict:
+    """run_dir's evaluation at `round_` minus other_dir's at `other_round`, per task (later_* = run_dir's)."""
+    out = _paired(_record(run_dir, round_), _record(other_dir, other_round),
+                  f"{run_dir} round {round_} and {other_dir} round {other_round}")
+    out.update(later=round_, earlier=other_round)
     return out
 
 
@@ -47,8 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("run_dir", type=Path, help="a run folder (it holds episodes/round-NNNN.json)")
     p.add_argument("--rounds", type=int, nargs=2, metavar=("LATER", "EARLIER"),
                    help="the two evaluations to compare (default: the last and the first)")
+    p.add_argument("--against", type=Path, metavar="OTHER_RUN",
+                   help="compare with another run folder's evaluation instead (default: both runs' last)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
+    if args.against is not None:
+        return _main_against(p, args)
     rounds = evaluation_rounds(args.run_dir)
     if len(rounds) < 2 and not args.rounds:
         p.error(f"run_dir {args.run_dir}: needs two evaluations' episodes/round-NNNN.json, found rounds {rounds}")
@@ -67,6 +95,29 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{d['mean']:+.3f} +- {d['se']:.3f} success per task (95% interval [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]), "
               f"gain / SE {d['mean'] / d['se'] if d['se'] else float('nan'):.1f}, paired t-test over {d['n']} tasks "
               f"p = {d['p']:.2g} ({d['episodes']} episodes an evaluation)")
+    return 0
+
+
+def _main_against(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    mine, theirs = evaluation_rounds(args.run_dir), evaluation_rounds(args.against)
+    for folder, rounds in ((args.run_dir, mine), (args.against, theirs)):
+        if not rounds:
+            p.error(f"{folder}: no episodes/round-NNNN.json (a run folder of this project, evaluated at least once)")
+    first, second = args.rounds or (mine[-1], theirs[-1])
+    for folder, r, rounds in ((args.run_dir, first, mine), (args.against, second, theirs)):
+        if r not in rounds:
+            p.error(f"--rounds: no episodes/round-{r:04d}.json in {folder}; evaluated rounds: {rounds}")
+    try:
+        d = compare_runs(args.run_dir, args.against, first, second)
+    except ValueError as err:
+        p.error(str(err))
+    if args.json:
+        print(json.dumps(d))
+    else:
+        print(f"{args.run_dir.name} round {first} minus {args.against.name} round {second}: {d['later_success']:.3f} - "
+              f"{d['earlier_success']:.3f} = {d['mean']:+.3f} +- {d['se']:.3f} success per task (95% interval "
+              f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]), difference / SE "
+              f"{d['mean'] / d['se'] if d['se'] else float('nan'):.1f}, paired t-test over {d['n']} tasks p = {d['p']:.2g}")
     return 0
 
 

@@ -65,3 +65,34 @@ def test_paired_rounds_refuses_a_round_that_was_not_evaluated(run_dir, capsys):
     with pytest.raises(SystemExit):
         paired_rounds.main([str(run_dir), "--rounds", "5", "0"])
     assert "--rounds: no episodes/round-0005.json" in capsys.readouterr().err
+
+
+def test_paired_rounds_against_another_run_pairs_the_two_runs_room_by_room(run_dir, tmp_path, capsys):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run_dir / "episodes", other / "episodes")
+    record = json.loads((other / "episodes" / "round-0002.json").read_text())
+    for e in record["episodes"][:9]:  # the other run won the first 9 episodes, lost the rest
+        e["won"] = True
+    for e in record["episodes"][9:]:
+        e["won"] = False
+    (other / "episodes" / "round-0002.json").write_text(json.dumps(record))
+    d = paired_rounds.compare_runs(run_dir, other, 2, 2)
+    mine = json.loads((run_dir / "episodes" / "round-0002.json").read_text())
+    by_task = []
+    for rec in (mine, record):
+        wins = {}
+        for e in rec["episodes"]:
+            wins.setdefault(e["task"], []).append(e["won"])
+        by_task.append({t: sum(w) / len(w) for t, w in wins.items()})
+    want = paired_difference(*by_task)
+    assert d["mean"] == pytest.approx(want["mean"]) and d["later_success"] - d["earlier_success"] == pytest.approx(want["mean"])
+    assert paired_rounds.compare_runs(run_dir, run_dir, 2, 2)["mean"] == 0.0
+    assert paired_rounds.main([str(run_dir), "--against", str(other)]) == 0
+    assert "r round 2 minus other round 2" in capsys.readouterr().out
+    record["episodes"] = [e for e in record["episodes"] if e["task"] != record["episodes"][0]["task"]]
+    (other / "episodes" / "round-0002.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit):
+        paired_rounds.main([str(run_dir), "--against", str(other)])
+    assert "evaluated different tasks" in capsys.readouterr().err
