@@ -52,15 +52,14 @@ def _paired(first: dict, second: dict, what: str) -> dict:
 
 def compare(run_dir: Path, later: int, earlier: int) -> dict:
     """later minus earlier, per task: n, mean, se, ci95, p, and both success rates."""
-    out = _paired(_record(run_dir, later), _record(run_dir, earlier), f"rounds {later} and {earlier} of {run_dir}")
-    out.update(later=later, earlier=earlier)
-    return out
+    return compare_runs(run_dir, run_dir, later, earlier)
 
 
 def compare_runs(run_dir: Path, other_dir: Path, round_: int, other_round: int) -> dict:
     """run_dir's evaluation at `round_` minus other_dir's at `other_round`, per task (later_* = run_dir's)."""
-    out = _paired(_record(run_dir, round_), _record(other_dir, other_round),
-                  f"{run_dir} round {round_} and {other_dir} round {other_round}")
+    what = (f"rounds {round_} and {other_round} of {run_dir}" if other_dir == run_dir
+            else f"{run_dir} round {round_} and {other_dir} round {other_round}")
+    out = _paired(_record(run_dir, round_), _record(other_dir, other_round), what)
     out.update(later=round_, earlier=other_round)
     return out
 
@@ -75,49 +74,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="compare with another run folder's evaluation instead (default: both runs' last)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
-    if args.against is not None:
-        return _main_against(p, args)
-    rounds = evaluation_rounds(args.run_dir)
-    if len(rounds) < 2 and not args.rounds:
-        p.error(f"run_dir {args.run_dir}: needs two evaluations' episodes/round-NNNN.json, found rounds {rounds}")
-    later, earlier = args.rounds or (rounds[-1], rounds[0])
-    for r in (later, earlier):
-        if r not in rounds:
-            p.error(f"--rounds: no episodes/round-{r:04d}.json in {args.run_dir}; evaluated rounds: {rounds}")
-    try:
-        d = compare(args.run_dir, later, earlier)
-    except ValueError as err:
-        p.error(str(err))
-    if args.json:
-        print(json.dumps(d))
-    else:
-        print(f"round {later} minus round {earlier}: {d['later_success']:.3f} - {d['earlier_success']:.3f} = "
-              f"{d['mean']:+.3f} +- {d['se']:.3f} success per task (95% interval [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]), "
-              f"gain / SE {d['mean'] / d['se'] if d['se'] else float('nan'):.1f}, paired t-test over {d['n']} tasks "
-              f"p = {d['p']:.2g} ({d['episodes']} episodes an evaluation)")
-    return 0
-
-
-def _main_against(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    mine, theirs = evaluation_rounds(args.run_dir), evaluation_rounds(args.against)
-    for folder, rounds in ((args.run_dir, mine), (args.against, theirs)):
+    other = args.against if args.against is not None else args.run_dir
+    mine, theirs = evaluation_rounds(args.run_dir), evaluation_rounds(other)
+    if args.against is None and len(mine) < 2 and not args.rounds:
+        p.error(f"run_dir {args.run_dir}: needs two evaluations' episodes/round-NNNN.json, found rounds {mine}")
+    for folder, rounds in ((args.run_dir, mine), (other, theirs)):
         if not rounds:
             p.error(f"{folder}: no episodes/round-NNNN.json (a run folder of this project, evaluated at least once)")
-    first, second = args.rounds or (mine[-1], theirs[-1])
-    for folder, r, rounds in ((args.run_dir, first, mine), (args.against, second, theirs)):
+    # one run: its last minus its first evaluation; two runs: each one's last
+    first, second = args.rounds or (mine[-1], theirs[-1] if args.against is not None else theirs[0])
+    for folder, r, rounds in ((args.run_dir, first, mine), (other, second, theirs)):
         if r not in rounds:
             p.error(f"--rounds: no episodes/round-{r:04d}.json in {folder}; evaluated rounds: {rounds}")
     try:
-        d = compare_runs(args.run_dir, args.against, first, second)
+        d = compare_runs(args.run_dir, other, first, second)
     except ValueError as err:
         p.error(str(err))
     if args.json:
         print(json.dumps(d))
-    else:
-        print(f"{args.run_dir.name} round {first} minus {args.against.name} round {second}: {d['later_success']:.3f} - "
-              f"{d['earlier_success']:.3f} = {d['mean']:+.3f} +- {d['se']:.3f} success per task (95% interval "
-              f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]), difference / SE "
-              f"{d['mean'] / d['se'] if d['se'] else float('nan'):.1f}, paired t-test over {d['n']} tasks p = {d['p']:.2g}")
+        return 0
+    what = (f"round {first} minus round {second}" if args.against is None
+            else f"{args.run_dir.name} round {first} minus {other.name} round {second}")
+    print(f"{what}: {d['later_success']:.3f} - {d['earlier_success']:.3f} = {d['mean']:+.3f} +- {d['se']:.3f} success "
+          f"per task (95% interval [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]), difference / SE "
+          f"{d['mean'] / d['se'] if d['se'] else float('nan'):.1f}, paired t-test over {d['n']} tasks p = {d['p']:.2g} "
+          f"({d['episodes']} episodes an evaluation)")
     return 0
 
 
