@@ -471,6 +471,7 @@ class FedSEConfig:
     fedse_loss_tokens: str = _key("completion", "fedse-lora: tokens the SFT loss covers: completion = the whole completion, reasoning included (default: this project's reasoning names the action, so the choice is made there; docs/fedse.md); action = those after </think>, given the reasoning (the paper's Eq. 7)", " | ".join(FEDSE_LOSS_TOKENS))
     fedse_sft_steps: int = _key(20, "fedse-lora: optimizer steps of NLL fine-tuning on the buffer per round", "integer >= 1")
     fedse_sft_batch_size: int = _key(16, "fedse-lora: agent steps per fine-tuning batch", "integer >= 1")
+    fedse_sft_micro_batch_size: int = _key(0, "fedse-lora: agent steps per forward/backward pass of the fine-tuning; a batch is accumulated over batch / micro-batch passes (TRL's gradient accumulation: the same loss, a quarter of the activations at a quarter of the batch); 0 = fedse-sft-batch-size", "0, or an integer >= 1 that divides fedse-sft-batch-size")
     fedse_learning_rate: float = _key(1e-3, "fedse-lora: AdamW learning rate of the LoRA fine-tuning", "> 0")
     fedse_buffer_dir: str = _key("~/.cache/fedagent-flwr/fedse-buffers", "fedse-lora: where each client keeps its buffer (<dir>/run-<run id>/partition-<k>/); absolute or ~ path", "path")
     lora_rank: int = _key(8, "fedse-lora, and fedagent-avg with finetuning=lora: LoRA rank r", "integer >= 1")
@@ -489,6 +490,9 @@ class FedSEConfig:
         for name in ("fedse_sft_steps", "fedse_sft_batch_size", "lora_rank"):
             need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
         need(self.fedse_learning_rate > 0, "fedse-learning-rate", self.fedse_learning_rate, "> 0")
+        need(self.fedse_sft_micro_batch_size >= 0 and (self.fedse_sft_micro_batch_size == 0 or self.fedse_sft_batch_size % self.fedse_sft_micro_batch_size == 0),
+             "fedse-sft-micro-batch-size", self.fedse_sft_micro_batch_size,
+             f"0, or an integer >= 1 that divides fedse-sft-batch-size ({self.fedse_sft_batch_size})")
         need(self.lora_alpha > 0, "lora-alpha", self.lora_alpha, "> 0")
         targets = [t.strip() for t in self.lora_target_modules.split(",")]
         need(self.lora_target_modules.strip() == "all-linear" or (all(targets) and all(" " not in t for t in targets)),
@@ -635,6 +639,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             history=self.fedse_history, steps=self.fedse_steps, loss_tokens=self.fedse_loss_tokens,
             seed_demos=self.fedse_seed_demos,
             sft_steps=self.fedse_sft_steps, sft_batch_size=self.fedse_sft_batch_size,
+            sft_micro_batch_size=self.fedse_sft_micro_batch_size,
             learning_rate=self.fedse_learning_rate, seed=self.seed, precision=compute_precision(self.resolved_precision()),
         )
 
@@ -670,7 +675,8 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             common["finetuning"] = "lora"
         client = client_plan(shape, **common, kl_beta=self.kl_beta if self.traits.grpo else 0.0, kl_reference=self.resolved_kl_reference(),
                              gradient_checkpointing=self.gradient_checkpointing and self.traits.grpo,
-                             micro_batch_size=self.micro_batch_size if self.traits.grpo else self.fedse_sft_batch_size,
+                             micro_batch_size=self.micro_batch_size if self.traits.grpo
+                             else self.fedse_sft_micro_batch_size or self.fedse_sft_batch_size,
                              rollout_batch_size=rows, context_tokens=context_tokens,
                              logprob_chunk_tokens=self.logprob_chunk_tokens if self.traits.grpo else 0,
                              logprob_micro_batch_size=(self.logprob_micro_batch_size or self.micro_batch_size) if self.traits.grpo else 0,

@@ -68,6 +68,7 @@ class SelfEvolutionConfig:
     seed_demos: int = 8  # expert demonstrations in D_k^0
     sft_steps: int = 20
     sft_batch_size: int = 16
+    sft_micro_batch_size: int = 0  # agent steps per forward/backward, the batch accumulated over passes; 0 = the batch
     learning_rate: float = 1e-3
     seed: int = 0
     precision: str = "fp32"  # resolved: fp32 or bf16-mixed (agent/precision.py)
@@ -176,7 +177,8 @@ def self_evolution_round(
         if config.loss_tokens == "action":
             samples = [action_given_reasoning(p, c, agent.tokenizer) for p, c in samples]
         if samples and config.sft_steps:
-            sft = SupervisedConfig(steps=config.sft_steps, batch_size=config.sft_batch_size, learning_rate=config.learning_rate,
+            sft = SupervisedConfig(steps=config.sft_steps, batch_size=config.sft_batch_size,
+                                   micro_batch_size=config.sft_micro_batch_size, learning_rate=config.learning_rate,
                             seed=config.seed * 1_000_003 + server_round, precision=config.precision)
             losses = supervised_finetune(peft_model, samples, agent.tokenizer, sft)
             metrics["loss"] = losses[-1]

@@ -36,6 +36,10 @@ class SupervisedConfig:
 
     steps: int = 300
     batch_size: int = 32
+    # samples per forward/backward pass: a batch is accumulated over batch_size / micro_batch_size passes (TRL's
+    # gradient accumulation; transformers normalises the loss over the whole batch's tokens, so the loss is the
+    # batch's); 0 = batch_size
+    micro_batch_size: int = 0
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -48,13 +52,16 @@ class SupervisedConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
+        if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
+            raise ValueError(f"micro_batch_size must be 0 or divide batch_size ({self.batch_size}), got {self.micro_batch_size}")
         if self.precision not in ("fp32", "bf16-mixed"):
             raise ValueError(f"precision={self.precision!r} is not allowed: expected fp32 | bf16-mixed (resolved)")
 
 
 def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_rate: float, seed: int,
                       device: torch.device, bf16: bool, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
-                      group_by_length: bool = False, gradient_checkpointing: bool = False) -> TRLSFTConfig:
+                      group_by_length: bool = False, gradient_checkpointing: bool = False,
+                      micro_batch_size: int = 0) -> TRLSFTConfig:
     """TRL's configuration for the project's supervised passes: a constant learning rate without warmup (what the
     recipes were tuned with), a loss logged every step, nothing saved or reported, no sequence truncation (prompts
     are as long as the environment makes them), no progress bar: tqdm's carriage-return bar garbles a Flower log
@@ -64,7 +71,8 @@ def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_
     from trl import SFTConfig as TRLSFTConfig
 
     return TRLSFTConfig(
-        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=learning_rate,
+        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=micro_batch_size or batch_size,
+        gradient_accumulation_steps=batch_size // (micro_batch_size or batch_size), learning_rate=learning_rate,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
         logging_steps=1, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
         max_length=None, bf16=bf16, use_cpu=device.type == "cpu", dataloader_num_workers=0, disable_tqdm=True,
@@ -110,7 +118,8 @@ def supervised_finetune(
         args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,
                                  learning_rate=config.learning_rate, seed=config.seed, device=device,
                                  bf16=config.precision != "fp32", weight_decay=config.weight_decay,
-                                 max_grad_norm=config.max_grad_norm, group_by_length=config.group_by_length)
+                                 max_grad_norm=config.max_grad_norm, group_by_length=config.group_by_length,
+                                 micro_batch_size=config.micro_batch_size)
         trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                                    processing_class=tokenizer, callbacks=list(callbacks) or None))
         trainer.train()

@@ -199,12 +199,16 @@ def binomial_se(p: float, n: float) -> float:
 
 
 def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
-    """The console's one line per round, from the round's metric row: clients, training success and reward,
+    """The console's one line per round, from the round's metric row: clients (and how many replies failed),
+    training success and reward,
     held-out success with its standard error (binomial, over the evaluation's episodes) when evaluated, bytes
     moved and seconds so far."""
     parts = [f"round {int(row['round'])}"]
     if sampled:
         parts.append("clients " + ",".join(str(p) for p in sampled))
+    failed = int(row.get("train/failed-replies", 0))
+    if failed:  # said on the round's line: a log of OOM errors above it is easy to miss (issue 34's first Fed-SE runs)
+        parts.append(f"FAILED {failed} of {failed + int(row.get('train/replies', 0))} replies, left out of the aggregate")
     if "train/success_rate" in row:
         parts.append(f"train success {row['train/success_rate']:.3f} reward {row.get('train/mean_reward', float('nan')):.2f}")
     if "eval/success_rate" in row:

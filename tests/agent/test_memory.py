@@ -1,5 +1,6 @@
 """The memory plan: parameter counts of the papers' shapes, its arithmetic by hand, and a run it stops before round 1."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,10 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
     assert plan(5, gradient_checkpointing=True)["activations of a micro-batch"] == 5 * layer
     cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=7, precision="bf16-mixed")
     assert cfg.memory_plans(shape, 10, 5)[0].as_dict()["activations of a micro-batch"] == 7 * layer  # the key reaches it
+    # Fed-SE's fine-tuning: a pass holds fedse-sft-micro-batch-size rows when set, else the whole batch
+    fedse = RunConfig(strategy="fedse-lora", fedse_sft_batch_size=16, precision="bf16-mixed")
+    whole, passes_of_4 = (replace(fedse, fedse_sft_micro_batch_size=m).memory_plans(shape, 10, 5)[0].as_dict() for m in (0, 4))
+    assert whole["training logits"] == 4 * passes_of_4["training logits"] == 2 * 16 * 10 * 32 * 4
 
 
 def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand():

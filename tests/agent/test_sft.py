@@ -106,7 +106,27 @@ def test_length_grouped_batches_cover_every_sample_with_little_padding(tiny_lm, 
     assert padded < 0.5 * random_padded
 
 
-@pytest.mark.parametrize("bad", [{"steps": 0}, {"batch_size": 0}, {"precision": "auto"}, {"precision": "fp16"}])
+def test_micro_batches_accumulate_to_the_batchs_loss_and_weights(tiny_lm, maze_tokenizer):
+    """A batch of 8 in passes of 2 (gradient accumulation) trains as the batch of 8 does: the same losses, the same
+    weights, with 2 samples in a forward pass. Completions of different lengths, so a per-pass mean would differ."""
+    samples = _pairs(maze_tokenizer, 16, seed=3)
+    widths = []
+    trained = {}
+    for micro in (0, 2):
+        widths.clear()
+        model = copy.deepcopy(tiny_lm)
+        model.register_forward_pre_hook(lambda m, args, kwargs: widths.append(len(kwargs["input_ids"])), with_kwargs=True)
+        losses = supervised_finetune(model, samples, maze_tokenizer,
+                                     SupervisedConfig(steps=3, batch_size=8, micro_batch_size=micro, learning_rate=1e-2))
+        trained[micro] = (losses, model.state_dict())
+        assert max(widths) == (micro or 8)
+    assert trained[2][0] == pytest.approx(trained[0][0], rel=1e-5)
+    for (name, x), y in zip(trained[0][1].items(), trained[2][1].values()):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("bad", [{"steps": 0}, {"batch_size": 0}, {"precision": "auto"}, {"precision": "fp16"},
+                                 {"micro_batch_size": 3}, {"micro_batch_size": -1}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SupervisedConfig(**bad)

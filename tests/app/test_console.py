@@ -13,6 +13,14 @@ def test_a_round_line_has_clients_training_held_out_success_with_its_error_bytes
                     "held-out 0.396 +- 0.041 (144 episodes) | 8.8 MB | 158 s")
 
 
+def test_a_round_line_says_how_many_replies_failed():
+    row = {"round": 3, "elapsed_seconds": 2581.0, "train/success_rate": 0.0625, "train/mean_reward": 0.62,
+           "train/replies": 1.0, "train/failed-replies": 3.0}
+    assert round_line(row, [0, 2, 3, 1]) == ("[fedagent] round 3 | clients 0,2,3,1 | FAILED 3 of 4 replies, left out of "
+                                             "the aggregate | train success 0.062 reward 0.62 | 2581 s")
+    assert "FAILED" not in round_line(row | {"train/failed-replies": 0.0}, [0, 2, 3, 1])
+
+
 def test_round_zero_has_only_the_evaluation():
     line = round_line({"round": 0, "elapsed_seconds": 12.0, "eval/success_rate": 0.5, "eval/episodes": 4.0}, None)
     assert line == "[fedagent] round 0 | held-out 0.500 +- 0.250 (4 episodes) | 12 s"
