@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""Peak memory of Fed-SE's fine-tuning step by micro-batch: one batch in one pass against the same batch accumulated
+over passes (`fedse-sft-micro-batch-size`), on the model and LoRA adapter of a run config.
+
+Each setting runs in a fresh process of its own, since a process's peak resident memory (ru_maxrss) only grows; the
+samples are synthetic agent steps of `--prompt-tokens` (uniform over +-10 %) and `--completion-tokens` tokens, the
+same in every process. Printed per setting: the peak resident memory, the memory plan's client total for the same
+setting, the seconds, and the steps' losses (which accumulation must leave as they were).
+
+    python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 0 --micro 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+
+def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, completion_tokens: int, seed: int) -> dict:
+    from envs import make_env
+    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.lora import attached_lora
+    from fedagent_flwr.agent.memory import GB, ModelShape
+    from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
+    from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.methods.fedagent import context_tokens
+
+    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro})
+    agent = load_agent(cfg.model, cfg.env, cfg.device if cfg.device != "auto" else "cpu")
+    env = make_env(cfg.env, cfg.max_steps)
+    plan = cfg.memory_plans(ModelShape.of(agent.model.config), context_tokens(cfg, agent.tokenizer, env, env.tasks_of_split("test")))[0]
+    rng = np.random.default_rng(seed)
+    vocab = agent.model.config.vocab_size
+    lo, hi = int(prompt_tokens * 0.9), int(prompt_tokens * 1.1) + 1
+    samples = [(rng.integers(10, vocab, size=int(rng.integers(lo, hi))).tolist(), rng.integers(10, vocab, size=completion_tokens).tolist())
+               for _ in range(steps * cfg.fedse_sft_batch_size)]
+    started = time.perf_counter()
+    with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
+        losses = supervised_finetune(model, samples, agent.tokenizer, SupervisedConfig(
+            steps=steps, batch_size=cfg.fedse_sft_batch_size, micro_batch_size=micro, learning_rate=cfg.fedse_learning_rate))
+    return {"micro_batch_size": micro or cfg.fedse_sft_batch_size, "batch_size": cfg.fedse_sft_batch_size,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "plan_gib": plan.total / GB,
+            "seconds": time.perf_counter() - started, "losses": losses}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-config", type=Path, required=True, help="a TOML file of run-config keys (a Fed-SE preset)")
+    parser.add_argument("--micro", type=int, action="append", default=[],
+                        help="fedse-sft-micro-batch-size to measure (repeatable; 0 = the whole batch in one pass)")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
+    parser.add_argument("--prompt-tokens", type=int, default=360, help="mean prompt length (default 360, a long buffer step)")
+    parser.add_argument("--completion-tokens", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the child process: one setting, JSON out
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        run_config = tomllib.loads(args.run_config.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        parser.error(f"--run-config {args.run_config}: {err}")
+    if args.one:
+        print(json.dumps(one_setting(run_config, args.micro[0], args.steps, args.prompt_tokens, args.completion_tokens, args.seed)))
+        return []
+    results = []
+    for micro in args.micro or [0]:
+        child = subprocess.run([sys.executable, __file__, "--one", "--run-config", str(args.run_config), "--micro", str(micro),
+                                "--steps", str(args.steps), "--prompt-tokens", str(args.prompt_tokens),
+                                "--completion-tokens", str(args.completion_tokens), "--seed", str(args.seed)],
+                               capture_output=True, text=True)
+        if child.returncode:
+            sys.exit(f"micro-batch {micro}: the measuring process failed:\n{child.stderr[-2000:]}")
+        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(f"Fed-SE fine-tuning of {args.run_config}: {args.steps} steps, prompts of ~{args.prompt_tokens} tokens")
+        print(f"  {'micro-batch':>11s} {'batch':>6s} {'peak RSS GiB':>13s} {'plan GiB':>9s} {'seconds':>8s}  losses")
+        for r in results:
+            print(f"  {r['micro_batch_size']:11d} {r['batch_size']:6d} {r['peak_rss_gib']:13.2f} {r['plan_gib']:9.2f} "
+                  f"{r['seconds']:8.1f}  {', '.join(f'{x:.4f}' for x in r['losses'])}")
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
