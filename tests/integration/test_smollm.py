@@ -84,5 +84,8 @@ def test_the_real_model_presets_run_a_round_end_to_end(preset, tmp_path):
                          "--tasks-per-epoch", "2", "--group-size", "4")
     assert proc.returncode == 0 and (out / preset / "summary.json").exists(), log
     rows = [json.loads(line) for line in (out / preset / "metrics.jsonl").read_text().splitlines()]
-    assert rows[1]["train/replies"] >= 1.0
+    # every sampled client came back: the first Fed-SE preset lost 3 of 4 clients to Ray's memory monitor in most
+    # rounds, and the run went on with one adapter a round
+    assert rows[1].get("train/failed-replies", 0.0) == 0.0, log
+    assert rows[1]["train/replies"] == (2.0 if preset == "smollm2-fedagent-cpu" else 4.0)
     assert (out / preset / "checkpoints" / "round-0001" / "adapter_config.json").exists()
