@@ -1,4 +1,4 @@
-"""Which kernels the decoder layers run with in the training passes (GRPO's log-prob and update passes, SFT).
+"""Which kernels the decoder layers run with in the training passes: GRPO's log-prob and update passes.
 
 Why this exists: on an H100 the 1.5B update ran at 21.9 % model FLOP utilisation and the log-prob passes at 31.0 %
 (docs/gpu.md). Between the GEMMs, a layer spends its time in small elementwise kernels: RMSNorm in fp32, SwiGLU,
