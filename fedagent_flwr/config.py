@@ -147,6 +147,11 @@ def _key(default: Any, doc: str, allowed: str) -> Any:
     return field(default=default, metadata={"doc": doc, "allowed": allowed})
 
 
+def runs_on_cuda(device: str) -> bool:
+    """Whether a device key's value (cuda, cuda:N, or auto on a machine with a GPU) puts the model on CUDA."""
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
 # ----- the run config, one section per concern; each section checks its own fields -----------------
 
 
@@ -692,8 +697,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
     def static_decoder(self, device: str) -> bool:
         """Whether rollouts on `device` run decode.py's static engine (decode-engine static, or auto on CUDA), for the
         memory plan: it keeps its own copy of the weights."""
-        on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-        return self.decode_engine == "static" or (self.decode_engine == "auto" and on_cuda)
+        return self.decode_engine == "static" or (self.decode_engine == "auto" and runs_on_cuda(device))
 
     def base_dtype(self) -> torch.dtype:
         """The dtype every process loads the base model in (bf16 under precision='bf16-base'): the server's and the
@@ -703,8 +707,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
     def resolved_precision(self, device: str | None = None) -> str:
         """fp32 or bf16-mixed: `precision` with auto decided by the device the model runs on (default: `device`)."""
         device = device or self.device
-        on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-        return resolve_precision(self.precision, on_cuda)
+        return resolve_precision(self.precision, runs_on_cuda(device))
 
     @property
     def traits(self) -> Traits:
@@ -724,8 +727,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             need(traits.grpo, "training-kernels", self.training_kernels,
                  "eager unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
         if self.training_kernels == "liger":
-            on_cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
-            need(on_cuda, "training-kernels", self.training_kernels,
+            need(runs_on_cuda(self.device), "training-kernels", self.training_kernels,
                  f"eager | compile with device={self.device!r} (Liger's kernels run on CUDA only)")
             need(importlib.util.find_spec("liger_kernel") is not None, "training-kernels", self.training_kernels,
                  "eager | compile where liger-kernel is not installed (pip install liger-kernel)")
