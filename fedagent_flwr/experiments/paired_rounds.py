@@ -11,8 +11,15 @@ have played the same tasks.
 `--rounds A B`: this run's round A minus the other's round B). Two methods run with the same seed evaluate the same
 held-out rooms, so this is the per-seed paired test between them; across seeds, test the per-seed differences.
 
+Several runs (one per seed) give each seed's line and then the test over seeds: the per-seed changes (or per-seed
+differences between the two methods, runs paired in the order given, which must have the same seeds) with their
+standard error over seeds and a paired t-test, the unit a claim about a method rests on. A run that predates the
+episode records still enters the test over seeds through its metrics.jsonl success rate; its room-by-room line is
+left out.
+
     python -m fedagent_flwr.experiments.paired_rounds RUN                      # last minus first evaluation
     python -m fedagent_flwr.experiments.paired_rounds RUN --against OTHER_RUN  # RUN's last minus OTHER_RUN's last
+    python -m fedagent_flwr.experiments.paired_rounds A-s0 A-s1 A-s2 --against B-s0 B-s1 B-s2   # and over seeds
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedagent_flwr.experiments.seed_statistics import paired_difference
+from fedagent_flwr.experiments.seed_statistics import ALPHA, paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
 
 
@@ -64,41 +71,110 @@ def compare_runs(run_dir: Path, other_dir: Path, round_: int, other_round: int) 
     return out
 
 
+def run_seed(run_dir: Path) -> int | None:
+    """The seed a run folder was run with (its config.json), or None when the folder has no config."""
+    config = run_dir / "config.json"
+    return json.loads(config.read_text()).get("seed") if config.is_file() else None
+
+
+def _metrics_success(run_dir: Path) -> dict[int, float]:
+    """Held-out success by evaluated round from metrics.jsonl: the fallback for runs without episode records."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return {}
+    rows = (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
+    return {int(r["round"]): float(r["eval/success_rate"]) for r in rows if "eval/success_rate" in r}
+
+
+def success_rounds(run_dir: Path) -> dict[int, float]:
+    """Every evaluated round's held-out success: from the episode records where they exist, else metrics.jsonl."""
+    out = _metrics_success(run_dir)
+    for r in evaluation_rounds(run_dir):
+        episodes = _record(run_dir, r)["episodes"]
+        out[r] = sum(e["won"] for e in episodes) / len(episodes)
+    return dict(sorted(out.items()))
+
+
+def over_seeds(pairs: Sequence[tuple[float, float]]) -> dict:
+    """(later, earlier) success, one pair per seed -> later minus earlier over seeds: mean, se, ci95, paired t-test p."""
+    out = paired_difference(dict(enumerate(a for a, _ in pairs)), dict(enumerate(b for _, b in pairs)))
+    return {k: v for k, v in out.items() if k != "seeds"}
+
+
+def _line(d: dict) -> str:
+    ratio = d["mean"] / d["se"] if d["se"] else float("nan")
+    return (f"{d['later_success']:.3f} - {d['earlier_success']:.3f} = {d['mean']:+.3f} +- {d['se']:.3f} success per "
+            f"task (95% interval [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]), difference / SE {ratio:.1f}, paired "
+            f"t-test over {d['n']} tasks p = {d['p']:.2g} ({d['episodes']} episodes an evaluation)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.paired_rounds", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", type=Path, help="a run folder (it holds episodes/round-NNNN.json)")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir",
+                   help="run folders, one per seed (each holds episodes/round-NNNN.json)")
     p.add_argument("--rounds", type=int, nargs=2, metavar=("LATER", "EARLIER"),
                    help="the two evaluations to compare (default: the last and the first)")
-    p.add_argument("--against", type=Path, metavar="OTHER_RUN",
-                   help="compare with another run folder's evaluation instead (default: both runs' last)")
+    p.add_argument("--against", type=Path, nargs="+", metavar="OTHER_RUN",
+                   help="compare with other run folders' evaluations instead, one per run_dir in the same order "
+                        "(default: each run's last)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
-    other = args.against if args.against is not None else args.run_dir
-    mine, theirs = evaluation_rounds(args.run_dir), evaluation_rounds(other)
-    if args.against is None and len(mine) < 2 and not args.rounds:
-        p.error(f"run_dir {args.run_dir}: needs two evaluations' episodes/round-NNNN.json, found rounds {mine}")
-    for folder, rounds in ((args.run_dir, mine), (other, theirs)):
-        if not rounds:
-            p.error(f"{folder}: no episodes/round-NNNN.json (a run folder of this project, evaluated at least once)")
-    # one run: its last minus its first evaluation; two runs: each one's last
-    first, second = args.rounds or (mine[-1], theirs[-1] if args.against is not None else theirs[0])
-    for folder, r, rounds in ((args.run_dir, first, mine), (other, second, theirs)):
-        if r not in rounds:
-            p.error(f"--rounds: no episodes/round-{r:04d}.json in {folder}; evaluated rounds: {rounds}")
-    try:
-        d = compare_runs(args.run_dir, other, first, second)
-    except ValueError as err:
-        p.error(str(err))
+    if args.against is not None and len(args.against) != len(args.run_dirs):
+        p.error(f"--against: {len(args.against)} runs for {len(args.run_dirs)} run_dir; give one per run_dir, "
+                f"in the same seed order")
+    others = args.against if args.against is not None else args.run_dirs
+    results, seeds = [], []
+    for run_dir, other in zip(args.run_dirs, others):
+        mine, theirs = success_rounds(run_dir), success_rounds(other)
+        for folder, rounds in ((run_dir, mine), (other, theirs)):
+            if not rounds:
+                p.error(f"{folder}: no episodes/round-NNNN.json and no evaluated round in metrics.jsonl (a run "
+                        f"folder of this project, evaluated at least once)")
+        if args.against is None and len(mine) < 2 and not args.rounds:
+            p.error(f"run_dir {run_dir}: needs two evaluations, found rounds {list(mine)}")
+        # one run: its last minus its first evaluation; two runs: each one's last
+        first, second = args.rounds or (list(mine)[-1], list(theirs)[-1] if args.against is not None else list(theirs)[0])
+        for folder, r, rounds in ((run_dir, first, mine), (other, second, theirs)):
+            if r not in rounds:
+                p.error(f"--rounds: round {r} of {folder} was not evaluated; evaluated rounds: {list(rounds)}")
+        seed, other_seed = run_seed(run_dir), run_seed(other)
+        if None not in (seed, other_seed) and seed != other_seed:
+            p.error(f"--against: {run_dir} ran seed {seed} and {other} seed {other_seed}; pair runs of the same seed")
+        with_records = all(r in evaluation_rounds(f) for f, r in ((run_dir, first), (other, second)))
+        if with_records:
+            try:
+                d = compare_runs(run_dir, other, first, second)
+            except ValueError as err:
+                p.error(str(err))
+        else:  # no room records: the run still counts over seeds, with its evaluation's success rate
+            d = {"later_success": mine[first], "earlier_success": theirs[second], "later": first, "earlier": second,
+                 "mean": mine[first] - theirs[second]}
+        d.update(seed=seed, run=str(run_dir), other=str(other), rooms=with_records)
+        results.append(d)
+        seeds.append(seed)
+    known = [s for s in seeds if s is not None]
+    if len(results) > 1 and len(set(known)) != len(known):
+        p.error(f"run_dir: seeds {seeds} repeat; give one run per seed")
+    summary = (over_seeds([(d["later_success"], d["earlier_success"]) for d in results])
+               if len(results) > 1 else None)
     if args.json:
-        print(json.dumps(d))
+        print(json.dumps(results[0] if summary is None else {"runs": results, "over_seeds": summary}))
         return 0
-    what = (f"round {first} minus round {second}" if args.against is None
-            else f"{args.run_dir.name} round {first} minus {other.name} round {second}")
-    print(f"{what}: {d['later_success']:.3f} - {d['earlier_success']:.3f} = {d['mean']:+.3f} +- {d['se']:.3f} success "
-          f"per task (95% interval [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]), difference / SE "
-          f"{d['mean'] / d['se'] if d['se'] else float('nan'):.1f}, paired t-test over {d['n']} tasks p = {d['p']:.2g} "
-          f"({d['episodes']} episodes an evaluation)")
+    for d in results:
+        what = (f"round {d['later']} minus round {d['earlier']}" if args.against is None
+                else f"{Path(d['run']).name} round {d['later']} minus {Path(d['other']).name} round {d['earlier']}")
+        prefix = f"seed {d['seed']}: " if summary is not None else ""
+        if d["rooms"]:
+            print(f"{prefix}{what}: {_line(d)}")
+        else:
+            print(f"{prefix}{what}: {d['later_success']:.3f} - {d['earlier_success']:.3f} = {d['mean']:+.3f} (from "
+                  f"metrics.jsonl: no episode records, so no test room by room)")
+    if summary is not None:
+        s = summary
+        verdict = "shown" if s["p"] < ALPHA else "not shown"
+        print(f"over {s['n']} seeds: {s['mean']:+.3f} +- {s['se']:.3f} (95% interval [{s['ci95'][0]:+.3f}, "
+              f"{s['ci95'][1]:+.3f}]), paired t-test over seeds p = {s['p']:.2g}: a change {verdict} at p < {ALPHA}")
     return 0
 
 

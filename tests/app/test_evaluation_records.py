@@ -64,7 +64,7 @@ def test_paired_rounds_is_the_paired_t_test_over_tasks_of_two_records(run_dir, c
 def test_paired_rounds_refuses_a_round_that_was_not_evaluated(run_dir, capsys):
     with pytest.raises(SystemExit):
         paired_rounds.main([str(run_dir), "--rounds", "5", "0"])
-    assert "--rounds: no episodes/round-0005.json" in capsys.readouterr().err
+    assert "--rounds: round 5 of" in capsys.readouterr().err
 
 
 def test_paired_rounds_against_another_run_pairs_the_two_runs_room_by_room(run_dir, tmp_path, capsys):
@@ -96,3 +96,68 @@ def test_paired_rounds_against_another_run_pairs_the_two_runs_room_by_room(run_d
     with pytest.raises(SystemExit):
         paired_rounds.main([str(run_dir), "--against", str(other)])
     assert "evaluated different tasks" in capsys.readouterr().err
+
+
+def _copy_as_seed(run_dir, dest, seed, wins):
+    """A copy of the run's records under another seed, its last evaluation won by `wins` (one bool per episode)."""
+    import shutil
+
+    shutil.copytree(run_dir / "episodes", dest / "episodes")
+    shutil.copy(run_dir / "metrics.jsonl", dest / "metrics.jsonl")
+    config = json.loads((run_dir / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps(config | {"seed": seed}))
+    record = json.loads((dest / "episodes" / "round-0002.json").read_text())
+    for e, won in zip(record["episodes"], wins, strict=True):
+        e["won"] = won
+    (dest / "episodes" / "round-0002.json").write_text(json.dumps(record))
+    return dest
+
+
+def test_paired_rounds_over_seeds_tests_the_per_seed_changes(run_dir, tmp_path, capsys):
+    from fedagent_flwr.experiments.seed_statistics import paired_difference
+
+    runs = [_copy_as_seed(run_dir, tmp_path / f"s{s}", s, [i < k for i in range(18)]) for s, k in ((0, 3), (1, 9), (2, 12))]
+    first = json.loads((run_dir / "episodes" / "round-0000.json").read_text())
+    start = sum(e["won"] for e in first["episodes"]) / 18
+    assert paired_rounds.main([str(r) for r in runs] + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [d["seed"] for d in out["runs"]] == [0, 1, 2]
+    assert [d["later_success"] for d in out["runs"]] == pytest.approx([3 / 18, 9 / 18, 12 / 18])
+    want = paired_difference({0: 3 / 18, 1: 9 / 18, 2: 12 / 18}, {0: start, 1: start, 2: start})
+    assert out["over_seeds"]["mean"] == pytest.approx(want["mean"]) and out["over_seeds"]["se"] == pytest.approx(want["se"])
+    assert out["over_seeds"]["p"] == pytest.approx(want["p"])
+
+    # Two methods: each seed's run against the other method's run of that seed, the difference tested over seeds.
+    others = [_copy_as_seed(run_dir, tmp_path / f"o{s}", s, [i < k for i in range(18)]) for s, k in ((0, 2), (1, 6), (2, 7))]
+    assert paired_rounds.main([str(r) for r in runs] + ["--against"] + [str(o) for o in others] + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = paired_difference({0: 3 / 18, 1: 9 / 18, 2: 12 / 18}, {0: 2 / 18, 1: 6 / 18, 2: 7 / 18})
+    assert out["over_seeds"]["mean"] == pytest.approx(want["mean"]) and out["over_seeds"]["p"] == pytest.approx(want["p"])
+    assert all(d["rooms"] and d["n"] == 6 for d in out["runs"])
+
+
+def test_paired_rounds_over_seeds_refuses_unpaired_seeds_and_counts_a_run_without_records(run_dir, tmp_path, capsys):
+    runs = [_copy_as_seed(run_dir, tmp_path / f"s{s}", s, [True] * 18) for s in (0, 1)]
+    swapped = [_copy_as_seed(run_dir, tmp_path / f"o{s}", s, [False] * 18) for s in (1, 0)]
+    with pytest.raises(SystemExit):
+        paired_rounds.main([str(r) for r in runs] + ["--against"] + [str(o) for o in swapped])
+    assert "ran seed 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        paired_rounds.main([str(runs[0]), "--against", str(swapped[0]), str(swapped[1])])
+    assert "--against: 2 runs for 1 run_dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        paired_rounds.main([str(runs[0]), str(runs[0])])
+    assert "repeat" in capsys.readouterr().err
+
+    # A run from before the episode records: its metrics.jsonl success still counts over seeds, with no room line.
+    import shutil
+
+    shutil.rmtree(runs[1] / "episodes")
+    rows = [json.loads(line) for line in (runs[1] / "metrics.jsonl").read_text().splitlines()]
+    assert paired_rounds.main([str(r) for r in runs] + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"][1]["rooms"] is False
+    assert out["runs"][1]["later_success"] == pytest.approx(rows[-1]["eval/success_rate"])
+    assert out["runs"][1]["earlier_success"] == pytest.approx(rows[0]["eval/success_rate"])
+    assert paired_rounds.main([str(r) for r in runs]) == 0
+    assert "no test room by room" in capsys.readouterr().out
