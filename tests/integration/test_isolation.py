@@ -17,6 +17,20 @@ ENV = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_T
                     "RAY_AUTH_MODE": "disabled"}
 
 
+@contextlib.contextmanager
+def sigint_not_ignored():
+    """Children started inside get SIGINT's default action. A shell without job control (`pytest ... &` in a script,
+    nohup) starts its background commands with SIGINT ignored, and the ignore is inherited through exec: the jobs
+    below would then shrug off the Ctrl-C this test sends and it would fail after 120 s (stop 41, twice). The test
+    plays jobs started from an interactive shell, where Ctrl-C is live. A handler set here (not SIG_IGN) is reset
+    to the default by exec."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class Job:
     """`run_simulation.py` in a session of its own (as a job started from its own shell), its output collected."""
 
@@ -26,8 +40,9 @@ class Job:
                "--eval-samples-per-task", "1", "--eval-every", "1", "--output-dir", str(tmp_path / name / "runs"),
                "--run-name", name]
         (tmp_path / name).mkdir()
-        self.proc = subprocess.Popen(cmd, cwd=tmp_path / name, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        with sigint_not_ignored():
+            self.proc = subprocess.Popen(cmd, cwd=tmp_path / name, env=ENV, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
         self.summary = tmp_path / name / "runs" / name / "summary.json"
@@ -45,7 +60,10 @@ class Job:
     def stopped_cleanly(self) -> None:
         """Exited within two minutes, and nothing started under its FLWR_HOME is alive (SuperLink, simulation, Ray).
         Two minutes, not one: with three Flower jobs on two cores a clean shutdown once took over 60 s (stop 22)."""
-        self.proc.wait(timeout=120)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("still running 120 s after it was stopped:\n" + "".join(self.lines)[-3000:]) from None
         home = self.flwr_home()
         assert processes_of(home) == set() and not Path(home).exists(), "".join(self.lines)[-3000:]
 
