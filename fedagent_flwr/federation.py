@@ -92,8 +92,7 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
             print(f"[fedagent] resuming {reporter.run_dir} after round {done}", flush=True)
 
         def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
-            row: dict[str, float] = {"round": server_round, **method.row_facts(server_round),
-                                     "elapsed_seconds": round(time.time() - started, 1)}
+            row: dict[str, float] = {"round": server_round, **method.row_facts(server_round)}
             for key, value in (strategy.last_train_metrics(server_round) or {}).items():
                 row[f"train/{key}"] = value
             metrics = None
@@ -101,6 +100,9 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
                 metrics = method.evaluate(server_round, arrays)
                 row.update({f"eval/{k}": v for k, v in metrics.items()})
                 method.after_evaluation(reporter, server_round, metrics)
+            # Read after the evaluation: the round line's "seconds so far" then include it (they once said 9 s
+            # for a round 0 whose evaluation took 368 s, and charged that time to round 1).
+            row["elapsed_seconds"] = round(time.time() - started, 1)
             reporter.log(row)
             print(round_line(row, strategy.sampled.get(server_round)), flush=True)
             method.after_round(reporter, server_round, arrays)

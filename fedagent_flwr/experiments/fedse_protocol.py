@@ -175,7 +175,7 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
     started = time.time()
 
     def log(r: int, adapters: list, train: list[dict], agg: dict) -> None:
-        row: dict = {"round": r, "method": method, "elapsed_seconds": round(time.time() - started, 1)}
+        row: dict = {"round": r, "method": method}
         if train:
             for key in sorted({key for m in train for key in m}):
                 vals = [m[key] for m in train if key in m]
@@ -195,6 +195,7 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
                 for key in evals[0]:
                     row[f"eval/{key}"] = sum(e.get(key, 0.0) for e in evals) / len(evals)
             print(f"[fedse-protocol] {method} round {r}: held-out success {row['eval/success_rate']:.3f}", flush=True)
+        row["elapsed_seconds"] = round(time.time() - started, 1)  # after the evaluation, which it includes
         rows.append(row)
         atomic_write_text(out / method / "metrics.jsonl", "".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))
 

@@ -2,6 +2,8 @@
 room from those records (experiments/paired_rounds.py) without playing again."""
 
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,14 +11,18 @@ import torch
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.experiments import paired_rounds
 from fedagent_flwr.experiments.seed_statistics import paired_difference
+from fedagent_flwr.runs.reporting import round_line
+
+EVALUATION_CLOCK = 1000.0
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     from flwr.supercore.task_identity import TaskIdentity
 
+    from fedagent_flwr import federation
+    from fedagent_flwr.agent.evaluation import GlobalEvaluator
     from fedagent_flwr.agent.loading import load_agent
-    from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
 
     out = tmp_path_factory.mktemp("records")
@@ -26,12 +32,34 @@ def run_dir(tmp_path_factory):
     run_config = RunConfig().to_run_config() | {
         "num-server-rounds": 2, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 6,
         "eval-samples-per-task": 3, "eval-every": 1, "num-clients": 2, "output-dir": str(out), "run-name": "r"}
+    # The server's clock jumps EVALUATION_CLOCK seconds inside each evaluation, so a test can tell whether a round's
+    # time includes its evaluation.
+    jump = [0.0]
+    real_time, real_evaluate = time.time, GlobalEvaluator.evaluate
+
+    def evaluate(self, server_round):
+        jump[0] += EVALUATION_CLOCK
+        return real_evaluate(self, server_round)
+
     try:
-        run_federation(LoopbackGrid(run_config, 2), RunConfig.from_run_config(run_config))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(GlobalEvaluator, "evaluate", evaluate)
+            patch.setattr(federation, "time", SimpleNamespace(time=lambda: real_time() + jump[0], sleep=time.sleep))
+            federation.run_federation(LoopbackGrid(run_config, 2), RunConfig.from_run_config(run_config))
     finally:
         load_agent.cache_clear()
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
     return out / "r"
+
+
+def test_a_rounds_time_so_far_includes_its_evaluation(run_dir):
+    """The round line's seconds come after the round's evaluation: the 3-round SmolLM2 run's said 9 s for a round 0
+    whose evaluation took 368 s."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    for r in (0, 1, 2):  # r + 1 evaluations have ended by the end of round r, each EVALUATION_CLOCK long
+        assert (r + 1) * EVALUATION_CLOCK <= rows[r]["elapsed_seconds"] < (r + 2) * EVALUATION_CLOCK
+    assert round_line(rows[0], None).endswith(f"| {rows[0]['elapsed_seconds']:.0f} s")
 
 
 def test_every_evaluation_writes_each_episodes_outcome_matching_its_metrics(run_dir):
