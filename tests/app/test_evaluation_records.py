@@ -1,5 +1,6 @@
 """Each evaluation leaves every episode's outcome in the run folder, and two of a run's evaluations compare room by
-room from those records (experiments/paired_rounds.py) without playing again."""
+room from those records (experiments/paired_rounds.py) without playing again. A round's metric row is written
+after its evaluation and counts its time."""
 
 import json
 import time
