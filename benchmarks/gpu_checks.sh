@@ -13,7 +13,12 @@
 #                 update micro-batches of 16, length-grouped
 #   kernels       training-kernels (agent/kernels.py): its tests (Liger's against eager on the GPU), then update_profile.py
 #                 with FAST's settings under eager, compile and liger (liger needs the liger-kernel wheel in .whl/)
-# Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf.
+#   round-kernels round-fast with the training-kernels choice that kernels measured fastest (log-probs + update);
+#                 run it after kernels, in the same call
+#   profile-fast  update_profile.py's operator table of one micro-batch (forward and backward) at FAST's settings, eager:
+#                 where the update's time goes at the settings a round uses (the update stage profiles micro-batches of 8)
+# Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf; the
+# kernels stage about 165 s on a fresh machine (its tests 90 s).
 # ROUND_SET adds run-config values to both rounds, e.g. ROUND_SET="--set micro-batch-size=32".
 set -u
 OUT=${1:-gpu-checks}; shift || true
@@ -56,7 +61,17 @@ for stage in $STAGES; do
         --variant $UPDATE_FAST,training-kernels=compile --variant $UPDATE_FAST,training-kernels=liger --json \
         > "$OUT/kernels_profile.json" 2> "$OUT/kernels_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st\|arn" "$OUT/kernels_profile.err" | tail -6 ;;
-    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast kernels)"; exit 2 ;;
+    profile-fast)
+      timeout 150 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --profile --top 25 --variant $UPDATE_FAST \
+        --json > "$OUT/profile_fast.json" 2> "$OUT/profile_fast.err"
+      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/profile_fast.err" | tail -4 ;;
+    round-kernels)
+      best=$(python3 benchmarks/fastest_variant.py "$OUT/kernels_profile.json" training-kernels) || { echo "no kernels result to pick from"; continue; }
+      echo "fastest training-kernels: $best"
+      timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static \
+        > "$OUT/round_kernels.json" 2> "$OUT/round_kernels.err"
+      echo "rc $?"; tail -3 "$OUT/round_kernels.err"; cut -c1-700 "$OUT/round_kernels.json" ;;
+    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast kernels round-kernels profile-fast)"; exit 2 ;;
   esac
 done
 stamp done

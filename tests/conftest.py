@@ -11,6 +11,22 @@ from fedagent_flwr.agent.prompts import build_prompt, expert_completion
 from fedagent_flwr.agent.tiny_model import train_tokenizer
 
 
+def pytest_addoption(parser):
+    parser.addoption("--auto-device-as-cuda", action="store_true",
+                     help="resolve device='auto' in run configs as a machine with a GPU does, while models stay where "
+                          "each test puts them: finds tests whose results depend on the machine having a GPU")
+
+
+def pytest_configure(config):
+    # On a GPU machine device='auto' resolves precision='auto' to bf16-mixed, even for a test that builds its model
+    # on the CPU; a test comparing numbers at fp32 tolerances must then say device='cpu'. This option shows which do
+    # not, on a machine without a GPU (subprocesses resolve as the machine does).
+    if config.getoption("--auto-device-as-cuda"):
+        import fedagent_flwr.config as run_config
+
+        run_config.runs_on_cuda = lambda device: device.startswith("cuda") or device == "auto"
+
+
 @pytest.fixture(scope="session")
 def maze_tokenizer():
     env = make_env("maze")

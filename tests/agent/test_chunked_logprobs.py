@@ -126,7 +126,8 @@ def _samples(vocab: int, n: int = 8) -> list[StepSample]:
 def test_a_grpo_update_is_the_same_with_chunked_logprobs(tiny_lm, maze_tokenizer, lora):
     """Two minibatches (old log-probs from a separate pass), a KL term, micro-batches: the loss, the statistics and
     the updated weights match, and the trainer's head really saw chunks."""
-    cfg = replace(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2).grpo_config(),
+    # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
+    cfg = replace(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu").grpo_config(),
                   kl_reference="base" if lora else "round-start")
     samples = _samples(tiny_lm.config.vocab_size)
 

@@ -231,7 +231,8 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
     samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 40))).tolist(),
                           rng.integers(3, vocab, size=int(rng.integers(1, 12))).tolist(),
                           float(rng.normal()), float(rng.uniform(0.2, 1.0))) for _ in range(16)]
-    cfg = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=2).grpo_config()
+    # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
+    cfg = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=2, device="cpu").grpo_config()
     real_collate = grpo.collate
 
     def run(grouped):

@@ -84,7 +84,9 @@ def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze
 
     entered = []
     monkeypatch.setattr(grpo, "training_kernels", lambda model, kind: entered.append(kind) or training_kernels(model, kind))
-    run = RunConfig(minibatch_size=4, micro_batch_size=2, gradient_checkpointing=True, learning_rate=1e-3, kl_beta=0.0)
+    # device="cpu" as the model is: auto would resolve precision to bf16-mixed on a machine with a GPU
+    run = RunConfig(minibatch_size=4, micro_batch_size=2, gradient_checkpointing=True, learning_rate=1e-3, kl_beta=0.0,
+                    device="cpu")
     rng = np.random.default_rng(0)
     samples = [StepSample(list(rng.integers(1, 211, size=int(n))), list(rng.integers(1, 211, size=4)), float(a))
                for n, a in zip(rng.integers(5, 20, size=8), rng.normal(size=8))]
@@ -109,7 +111,7 @@ def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze
     from fedagent_flwr.agent.lora import LoRASpec, attached_lora
 
     run = RunConfig(minibatch_size=4, micro_batch_size=4, learning_rate=1e-2, kl_beta=0.1, kl_reference="base",
-                    finetuning="lora")
+                    finetuning="lora", device="cpu")
     rng = np.random.default_rng(0)
     samples = [StepSample(list(rng.integers(1, 200, size=int(n))), list(rng.integers(1, 200, size=4)), float(a))
                for n, a in zip(rng.integers(5, 20, size=8), rng.normal(size=8))]

@@ -1,0 +1,35 @@
+"""fastest_variant.py picks the variant gpu_checks.sh's round-kernels stage runs a round with."""
+
+import json
+
+import pytest
+
+from benchmark_scripts import load_script
+
+fastest_variant = load_script("fastest_variant")
+fastest, main = fastest_variant.fastest, fastest_variant.main
+
+
+def variant(kernels: str | None, logprobs: float, update: float) -> dict:
+    v = {"micro-batch-size": 16} | ({"training-kernels": kernels} if kernels else {})
+    return {"variant": v, "logprobs_s": logprobs, "update_s": update}
+
+
+def test_it_picks_the_smallest_log_prob_plus_update_time():
+    # compile has the fastest update but not the fastest sum
+    result = {"variants": [variant(None, 12.0, 25.0), variant("compile", 14.0, 20.0), variant("liger", 10.0, 21.0)]}
+    assert fastest(result, "training-kernels") == "liger"
+
+
+def test_a_variant_without_the_key_stands_for_the_default_and_oom_does_not_count():
+    result = {"variants": [variant(None, 5.0, 5.0), {"variant": {"training-kernels": "liger"}, "out_of_memory": True}]}
+    assert fastest(result, "training-kernels") == "eager"
+
+
+def test_no_finished_variant_is_an_error_with_the_file_named(tmp_path, capsys):
+    path = tmp_path / "kernels_profile.json"
+    path.write_text(json.dumps({"variants": [{"variant": {}, "out_of_memory": True}]}))
+    assert main([str(path), "training-kernels"]) == 1
+    assert "kernels_profile.json: no variant finished" in capsys.readouterr().err
+    with pytest.raises(ValueError):
+        fastest({}, "training-kernels")
