@@ -20,10 +20,7 @@ def fastest(result: dict, key: str) -> str:
     if not timed:
         raise ValueError("no variant finished")
     best = min(timed, key=lambda v: v["logprobs_s"] + v["update_s"])
-    if key in best["variant"]:
-        return str(best["variant"][key])
-    attr = key.replace("-", "_")
-    return str(getattr(RunConfig(), attr))
+    return str(best["variant"].get(key, RunConfig().to_run_config()[key]))
 
 
 def main(argv: list[str] | None = None) -> int:
