@@ -15,6 +15,9 @@
 #                 with FAST's settings under eager, compile and liger (liger needs the liger-kernel wheel in .whl/)
 #   round-kernels round-fast with the training-kernels choice that kernels measured fastest (log-probs + update);
 #                 run it after kernels, in the same call
+#   round-auto    a whole paper-size epoch (64 tasks x 8 = 512 episodes) at FAST's settings with rollout-batch-size=0:
+#                 the rows the memory plan fits in the card's free memory (up to 512), the plan against the peak there,
+#                 and the paper-round estimate at those rows (about 4 minutes on an H100, estimated)
 #   profile-fast  update_profile.py's operator table of one micro-batch (forward and backward) at FAST's settings, eager:
 #                 where the update's time goes at the settings a round uses (the update stage profiles micro-batches of 8)
 # Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf; the
@@ -65,13 +68,17 @@ for stage in $STAGES; do
       timeout 150 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --profile --top 25 --variant $UPDATE_FAST \
         --json > "$OUT/profile_fast.json" 2> "$OUT/profile_fast.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/profile_fast.err" | tail -4 ;;
+    round-auto)
+      timeout 330 python3 benchmarks/gpu_round.py $ROUND $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
+        --paper-set rollout-batch-size=0 --decode-engine static > "$OUT/round_auto.json" 2> "$OUT/round_auto.err"
+      echo "rc $?"; tail -3 "$OUT/round_auto.err"; cut -c1-700 "$OUT/round_auto.json" ;;
     round-kernels)
       best=$(python3 benchmarks/fastest_variant.py "$OUT/kernels_profile.json" training-kernels) || { echo "no kernels result to pick from"; continue; }
       echo "fastest training-kernels: $best"
       timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static \
         > "$OUT/round_kernels.json" 2> "$OUT/round_kernels.err"
       echo "rc $?"; tail -3 "$OUT/round_kernels.err"; cut -c1-700 "$OUT/round_kernels.json" ;;
-    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast kernels round-kernels profile-fast)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast round-auto kernels round-kernels profile-fast)"; exit 2 ;;
   esac
 done
 stamp done

@@ -66,7 +66,7 @@ from fedagent_flwr.agent.shaped_model import (
 )
 from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig, parse_overrides
-from fedagent_flwr.methods.fedagent import context_tokens
+from fedagent_flwr.methods.fedagent import context_tokens, memory_budget
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.transfer import decode, encode
 
@@ -126,10 +126,12 @@ def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPE
     random model does: the worst case); a token step costs what it cost here (at this run's rows per step and
     context: a longer context costs more); log-probs and update cost in proportion to their tokens (prompts as
     long as here); each client sends once. Server evaluation and Flower's messaging are not in it.
-    `overrides` replace preset values (e.g. tasks-per-epoch=64, the "64 tasks sampled" reading of the paper)."""
+    `overrides` replace preset values (e.g. tasks-per-epoch=64, the "64 tasks sampled" reading of the paper).
+    rollout-batch-size = 0 (auto) takes the rows this run resolved, capped at the preset's epoch."""
     p = tomllib.loads(preset_path.read_text()) | (overrides or {})
     episodes = p["tasks-per-epoch"] * p["group-size"]
-    token_steps = p["max-steps"] * math.ceil(episodes / p["rollout-batch-size"]) * p["max-new-tokens"]
+    rows = p["rollout-batch-size"] or min(r["rollout_rows"], episodes)
+    token_steps = p["max-steps"] * math.ceil(episodes / rows) * p["max-new-tokens"]
     samples = episodes * p["max-steps"]
     sample_tokens = samples * (r["mean_prompt_tokens"] + p["max-new-tokens"])
     rollout = token_steps * r["rollout_s"] / max(r["token_steps"], 1)
@@ -139,7 +141,8 @@ def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPE
     return {"preset": preset_path.name, "overrides": overrides or {}, "clients": p["clients-per-round"],
             "local_epochs": p["local-epochs"], "episodes_per_epoch": episodes, "max_steps": p["max-steps"],
             "max_new_tokens": p["max-new-tokens"],
-            "rollout_batch_size": p["rollout-batch-size"], "token_steps_per_epoch": token_steps,
+            "rollout_batch_size": rows, "rollout_rows_as_measured": rows == r["rollout_rows"],
+            "token_steps_per_epoch": token_steps,
             "samples_per_epoch": samples, "epoch_rollout_s": round(rollout, 1), "epoch_logprobs_s": round(logprobs, 1),
             "epoch_update_s": round(update, 1), "client_s": round(client, 1),
             "round_s_clients_in_turn": round(p["clients-per-round"] * client, 1),
@@ -203,13 +206,17 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         model.to(cfg.base_dtype())
     shape_facts = ModelShape.of(model.config)
     eval_tasks = env.tasks_of_split("test")[:16]
-    client_plan, _ = cfg.memory_plans(shape_facts, context_tokens(cfg, tokenizer, env, eval_tasks))
+    plan_context = context_tokens(cfg, tokenizer, env, eval_tasks)
+    # rollout-batch-size=0 (auto) resolved as a client resolves it: the most rows the memory plan fits in
+    # client-memory-gb, or else in the GPU memory free now, up to an epoch's episodes
+    rows = cfg.rollout_rows(shape_facts, plan_context, memory_budget(cfg, device))
+    client_plan, _ = cfg.memory_plans(shape_facts, plan_context, rows)
 
     lora = attached_lora(model, cfg.lora_spec(), seed=seed) if cfg.finetuning == "lora" else contextlib.nullcontext()
     with lora as peft_model:
         trained = peft_model if peft_model is not None else model
         memory = PeakMemory(device)
-        trainer = GRPOTrainer(trained, tokenizer, cfg.grpo_config(), cfg.rollout_config())
+        trainer = GRPOTrainer(trained, tokenizer, cfg.grpo_config(), cfg.rollout_config(batch_size=rows))
         clock: dict[str, float] = defaultdict(float)
         timed_method(trainer, "_logprobs", clock)
         rng = np.random.default_rng(seed)
@@ -223,7 +230,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
             started = time.perf_counter()
             with autocast(grpo.precision, device):
                 trajectories = run_episodes(trainer.policy, lambda: make_env(cfg.env, cfg.max_steps), episodes,
-                                            trainer.encoder, cfg.rollout_config())
+                                            trainer.encoder, trainer.rollout)
             release_decoder(trainer.policy.model)  # as GRPOTrainer.train_epoch does before its update
             rollout_s = time.perf_counter() - started
         steps = [s for t in trajectories for s in t.steps if s.completion_ids]
@@ -268,7 +275,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "parameters": shape_facts.parameters, "finetuning": cfg.finetuning, "precision": cfg.resolved_precision(),
         "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
-        "episodes": len(episodes), "agent_steps": len(steps), "generated_tokens": generated,
+        "episodes": len(episodes), "rollout_rows": rows, "agent_steps": len(steps), "generated_tokens": generated,
         "rollout_s": round(rollout_s, 3), "logprobs_s": round(logprob_s, 3), "update_s": round(update_s - logprob_s, 3),
         "transfer_s": round(transfer_s, 3), "generated_tokens_per_s": round(generated / max(rollout_s, 1e-9), 1),
         "decode_engine": engine, "token_steps": token_steps, "sampler_s": round(sampler["sampler_s"], 3),
@@ -294,7 +301,8 @@ def format_report(r: dict) -> str:
     rows = [
         f"shape {r['shape']} ({r['parameters'] / 1e6:,.1f}M parameters) on {r['device']}: {r['finetuning']}, {r['precision']}, "
         f"gradient checkpointing {r['gradient_checkpointing']}, transfer {r['transfer_dtype']}",
-        f"  episodes {r['episodes']}, agent steps {r['agent_steps']}, generated tokens {r['generated_tokens']:,}",
+        f"  episodes {r['episodes']} ({r['rollout_rows']} a generate call), agent steps {r['agent_steps']}, "
+        f"generated tokens {r['generated_tokens']:,}",
         f"  rollout   {r['rollout_s']:10.2f} s   ({r['generated_tokens_per_s']:,.1f} generated tokens/s)",
         f"  log-probs {r['logprobs_s']:10.2f} s",
         f"  update    {r['update_s']:10.2f} s   ({r['optimizer_steps']} optimizer steps, grad norm {r['grad_norm']:.3g}, "
@@ -331,6 +339,9 @@ def format_report(r: dict) -> str:
             "worst case); a token step costs what it cost here (this batch and context); log-probs and update "
             "scale with their tokens; server evaluation and Flower's messaging left out",
         ]
+        if not p["rollout_rows_as_measured"]:
+            rows.append(f"            the preset's rollout batch ({p['rollout_batch_size']} rows) is not the measured one "
+                        f"({r['rollout_rows']}): its token step is assumed to cost the same; measure at its rows")
     return "\n".join(rows)
 
 

@@ -354,9 +354,11 @@ class GRPOTrainer:
         for micro in _chunks(list(order), cfg.logprob_micro_batch_size):
             batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
             with autocast(cfg.precision, self.device), training_kernels(model, cfg.training_kernels):
-                logprobs, mask = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
-            for i, lp, m in zip(micro, logprobs, mask):
-                out[i] = lp[m].cpu()
+                logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
+            # One copy to the host a micro-batch, rows cut there by the host's own mask: a boolean index of a device
+            # row, and its copy, would each wait for the device, 2 x rows times a micro-batch.
+            for i, lp, m in zip(micro, logprobs.cpu(), batch["completion_mask"][:, 1:]):
+                out[i] = lp[m]
         return out
 
     def update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
@@ -413,13 +415,14 @@ class GRPOTrainer:
                 batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
                 with autocast(cfg.precision, self.device):  # backward runs outside autocast, as PyTorch advises
                     logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
-                    old_lp = logprobs.detach() if old is None else _scatter_like(mask, [old[i] for i in micro])
-                    ref_lp = _scatter_like(mask, [ref[i] for i in micro]) if ref is not None else None
+                    host_mask = batch["completion_mask"][:, 1:]
+                    old_lp = logprobs.detach() if old is None else _scatter_like(host_mask, [old[i] for i in micro], mask.device)
+                    ref_lp = _scatter_like(host_mask, [ref[i] for i in micro], mask.device) if ref is not None else None
                     adv = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=logprobs.device)
                     weights = torch.tensor([s.weight for s in chunk], dtype=torch.float32, device=logprobs.device)
                     loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
                 loss.backward()
-                n_tokens = float(mask.sum())
+                n_tokens = float(host_mask.sum())
                 sums["loss"] += float(loss.detach())  # micro-batch shares add up to the minibatch loss
                 sums["kl"] += stats["kl"] * n_tokens
                 sums["clip_frac"] += stats["clip_frac"] * n_tokens
@@ -447,9 +450,10 @@ def _by_length(indices, samples: Sequence[StepSample]) -> list:
     return sorted(indices, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids)))
 
 
-def _scatter_like(mask: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
-    """Place per-sample 1-D completion values back at the mask's positions."""
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+def _scatter_like(host_mask: torch.Tensor, values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Place per-sample 1-D completion values (on the host) back at the mask's positions, on `device`. Built on the
+    host and copied once: per row, a copy and a boolean index on the device would each wait for it."""
+    out = torch.zeros(host_mask.shape, dtype=torch.float32)
     for row, v in enumerate(values):
-        out[row, mask[row]] = v.to(mask.device)
-    return out
+        out[row, host_mask[row]] = v
+    return out.to(device)

@@ -108,9 +108,11 @@ def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.T
     device = next(model.parameters()).device
     input_ids = batch["input_ids"].to(device)
     attention_mask = batch["attention_mask"].to(device)
-    mask = batch["completion_mask"][:, 1:].to(device)
+    host_mask = batch["completion_mask"][:, 1:]
+    mask = host_mask.to(device)
+    # the completion positions from the host's mask: nonzero of the device's would wait for the body's forward
+    rows, cols = (index.to(device) for index in host_mask.nonzero(as_tuple=True))
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    rows, cols = mask.nonzero(as_tuple=True)
     scored = hidden[rows, cols]  # [completion tokens, hidden]: position t predicts token t + 1
     targets = input_ids[rows, cols + 1]
     pieces = []

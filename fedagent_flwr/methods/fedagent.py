@@ -85,9 +85,15 @@ def rollout_rows(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], who: str =
     else the GPU memory free now (memory.device_budget)."""
     if cfg.rollout_batch_size:
         return cfg.rollout_batch_size
-    budget = (cfg.client_memory_gb if who == "client" else cfg.server_memory_gb) * GB or device_budget(agent.device)
     shape = ModelShape.of(agent.model.config)
-    return cfg.rollout_rows(shape, context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks), budget, who)
+    return cfg.rollout_rows(shape, context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks),
+                            memory_budget(cfg, agent.device, who), who)
+
+
+def memory_budget(cfg: RunConfig, device: torch.device, who: str = "client") -> float | None:
+    """Bytes `who` (client or server) may plan with: client-memory-gb (server-memory-gb) where given, or else the
+    GPU memory free now (memory.device_budget; None on a CPU)."""
+    return (cfg.client_memory_gb if who == "client" else cfg.server_memory_gb) * GB or device_budget(device)
 
 
 OPTIMIZER_STATE = "optimizer"  # context.state key of a single learner's AdamW state between rounds

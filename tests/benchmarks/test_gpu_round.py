@@ -73,3 +73,59 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     text = load_script("gpu_round").format_report(r)
     assert "ms per token step (static engine" in text and "bandwidth bound" in text and "model FLOP utilisation" in text
     assert "paper round (fedagent-paper.toml, tasks-per-epoch=64" in text and "with a card each" in text
+
+
+def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
+    """rollout-batch-size=0: the most rows whose memory plan fits client-memory-gb (here a budget between the plans
+    of 1 and 4 rows), not an epoch's episodes; the rollout runs at those rows and the plan printed is theirs."""
+    import torch
+
+    from envs import make_env
+    from fedagent_flwr.agent.memory import GB, ModelShape
+    from fedagent_flwr.agent.shaped_model import environment_tokenizer
+    from fedagent_flwr.config import RunConfig, parse_overrides
+    from fedagent_flwr.methods.fedagent import context_tokens
+
+    gpu_round = load_script("gpu_round")
+    cfg = RunConfig.from_run_config(gpu_round.PAPER_ROUND | parse_overrides(SMALL[1::2]) | {"rollout-batch-size": 0})
+    tokenizer = environment_tokenizer(cfg.env)
+    env = make_env(cfg.env, cfg.max_steps)
+    shape = ModelShape.of(gpu_round.build_model("tiny", tokenizer, torch.device("cpu"), 0).config)
+    context = context_tokens(cfg, tokenizer, env, env.tasks_of_split("test")[:16])
+    one, four = (cfg.memory_plans(shape, context, rows)[0].total for rows in (1, 4))
+    budget = (one + four) / 2
+    r = _run("--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}")
+    assert 1 <= r["rollout_rows"] < 4 == r["episodes"]
+    assert r["rows_per_step"] == r["rollout_rows"]  # every generate call ran at the resolved rows
+    assert r["plan_bytes"]["total"] <= budget
+    # no budget on a CPU: an epoch's episodes, as a client without client-memory-gb plays them
+    assert _run("--set", "rollout-batch-size=0")["rollout_rows"] == 4
+
+
+def test_a_paper_round_with_auto_rows_takes_the_measured_rows_and_says_when_the_preset_differs():
+    gpu_round = load_script("gpu_round")
+    measured = {"rollout_rows": 256, "mean_prompt_tokens": 180.0, "rollout_s": 10.0, "token_steps": 1000,
+                "logprobs_s": 1.0, "update_s": 2.0, "sample_tokens": 10_000, "transfer_s": 1.0}
+    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
+    p = gpu_round.paper_round(measured, {"tasks-per-epoch": 64, "rollout-batch-size": 0})
+    assert p["rollout_batch_size"] == 256 and p["rollout_rows_as_measured"]
+    assert p["token_steps_per_epoch"] == preset["max-steps"] * 2 * preset["max-new-tokens"]  # 512 episodes, 2 calls
+    assert p["epoch_rollout_s"] == pytest.approx(p["token_steps_per_epoch"] * 10.0 / 1000, abs=0.1)
+    # the preset's own rows (128) against a run measured at 256: the estimate says its step cost is assumed
+    p = gpu_round.paper_round(measured, {"tasks-per-epoch": 64})
+    assert p["rollout_batch_size"] == preset["rollout-batch-size"] != 256 and not p["rollout_rows_as_measured"]
+    report = {**measured, "paper_round": p}
+    assert "is not the measured one (256)" in gpu_round.format_report(_with_report_fields(report))
+
+
+def _with_report_fields(r: dict) -> dict:
+    """A measured round's other fields, so format_report can print a fabricated one."""
+    return {"plan_bytes": {"total": 1}, "peak_bytes": {"update": 1}, "shape": "tiny", "parameters": 1, "device": "cpu",
+            "finetuning": "full", "precision": "fp32", "gradient_checkpointing": False, "transfer_dtype": "fp32",
+            "episodes": 512, "agent_steps": 1, "generated_tokens": 1, "generated_tokens_per_s": 1.0,
+            "optimizer_steps": 1, "grad_norm": 1.0, "fraction_of_a_trained_tensor_moved": 1.0, "bytes_sent": 1,
+            "wire_bytes_sent": 1, "peak_bytes_measured_by": "cuda allocator", "peak_flops": 1.0, "update_mfu": 0.1,
+            "update_tflops_per_s": 1.0, "logprobs_mfu": 0.1, "logprobs_tflops_per_s": 1.0, "logprob_passes": 1,
+            "decode_ms_per_token_step": 1.0, "decode_engine": "static", "rows_per_step": 1.0,
+            "rollout_ms_per_token_step": 1.0, "context_tokens": 1.0,
+            "decode_bound": {"bound_ms": 1.0, "weight_bytes": 1, "kv_bytes": 1, "bandwidth": 1.0}} | r
