@@ -4,6 +4,8 @@
 # Stages, in the order given:
 #   tests         the static engine's CUDA graphs against the transformers loop and against eager
 #                 (tests/agent/test_decode.py -k cuda)
+#   waits         the log-prob and update passes do not synchronize with the host between micro-batches
+#                 (tests/agent/test_device_waits.py, on CUDA under torch.cuda.set_sync_debug_mode)
 #   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
 #   update        update_profile.py: log-prob and update MFU by micro-batch setting and attention kernel, one micro-batch
 #                 profiled
@@ -45,6 +47,8 @@ for stage in $STAGES; do
   case $stage in
     tests)
       timeout 90 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
+    waits)
+      timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/agent/test_device_waits.py 2>&1 | tail -15 | tee "$OUT/wait_tests.txt" ;;
     decode)
       timeout 120 python3 benchmarks/decode_profile.py --shape 1.5b --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_profile.err" | tail -6 ;;
@@ -78,7 +82,7 @@ for stage in $STAGES; do
       timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static \
         > "$OUT/round_kernels.json" 2> "$OUT/round_kernels.err"
       echo "rc $?"; tail -3 "$OUT/round_kernels.err"; cut -c1-700 "$OUT/round_kernels.json" ;;
-    *) echo "unknown stage $stage (tests decode update round-static round-hf round-fast round-auto kernels round-kernels profile-fast)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests waits decode update round-static round-hf round-fast round-auto kernels round-kernels profile-fast)"; exit 2 ;;
   esac
 done
 stamp done

@@ -45,7 +45,7 @@ from fedagent_flwr.agent.rollout import (
     Trajectory,
     run_episodes,
 )
-from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.agent.tokens import collate, completion_logprobs, to_device
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
 UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a group whose rewards are all equal
@@ -141,13 +141,15 @@ def grpo_loss(
     kl_beta: float = 0.0,
     token_weights: torch.Tensor | None = None,
     normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip token loss with an optional k3 KL penalty.
 
     logprobs/old_logprobs/ref_logprobs/mask: [batch, tokens]; advantages and
     token_weights: [batch]. The loss is sum(weight * per-token loss over `mask`) /
     normalizer, where the normalizer defaults to sum(weight * mask): a (weighted)
     token mean. Positions outside `mask` contribute nothing, so they get no gradient.
+    The statistics (mean KL and clipped fraction over `mask`) are detached 0-d tensors on the
+    loss's device: reading one waits for the device, so the caller reads them when it is done.
     """
     mask = mask.float()
     weights = mask if token_weights is None else mask * token_weights.unsqueeze(-1)
@@ -163,8 +165,8 @@ def grpo_loss(
     loss = (per_token * weights).sum() / max(denom, 1e-12)
     n = mask.sum().clamp(min=1)
     stats = {
-        "kl": float((kl.detach() * mask).sum() / n),
-        "clip_frac": float((((ratio.detach() - 1).abs() > clip_eps).float() * mask).sum() / n),
+        "kl": (kl.detach() * mask).sum() / n,
+        "clip_frac": (((ratio.detach() - 1).abs() > clip_eps).float() * mask).sum() / n,
     }
     return loss, stats
 
@@ -350,14 +352,18 @@ class GRPOTrainer:
         order = range(len(samples))
         if cfg.length_grouped_micro_batches:
             order = _by_length(order, samples)
-        out: list[torch.Tensor | None] = [None] * len(samples)
+        pending = []  # each micro-batch's sample indices, log-probs (on the device) and completion mask (on the host)
         for micro in _chunks(list(order), cfg.logprob_micro_batch_size):
             batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
             with autocast(cfg.precision, self.device), training_kernels(model, cfg.training_kernels):
                 logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
-            # One copy to the host a micro-batch, rows cut there by the host's own mask: a boolean index of a device
-            # row, and its copy, would each wait for the device, 2 x rows times a micro-batch.
-            for i, lp, m in zip(micro, logprobs.cpu(), batch["completion_mask"][:, 1:]):
+            pending.append((micro, logprobs, batch["completion_mask"][:, 1:]))
+        # Copied to the host once every micro-batch is queued, rows cut there by the host's own mask: a copy waits for
+        # the device, and a wait inside the loop would keep the host from queuing the next micro-batch while the
+        # device computes this one (a boolean index of each row on the device would wait twice a row).
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for micro, logprobs, host_mask in pending:
+            for i, lp, m in zip(micro, logprobs.cpu(), host_mask):
                 out[i] = lp[m]
         return out
 
@@ -400,9 +406,11 @@ class GRPOTrainer:
         old = None if single else self._logprobs(self.model, samples)
         ref = self._reference_logprobs(samples)
         order = rng.permutation(len(samples))
-        total_tokens = 0
-        sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
-        grad_norms: list[float] = []
+        # Each micro-batch's loss and statistics, and each step's gradient norm, stay on the device until every step is
+        # queued: reading one waits for the device, and a wait inside the loop would keep the host from queuing the
+        # next micro-batch while the device computes this one.
+        pending: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]] = []
+        grad_norms: list[torch.Tensor] = []
         steps = 0
         for mb in _chunks(list(order), cfg.minibatch_size):
             self.optimizer.zero_grad(set_to_none=True)
@@ -418,22 +426,25 @@ class GRPOTrainer:
                     host_mask = batch["completion_mask"][:, 1:]
                     old_lp = logprobs.detach() if old is None else _scatter_like(host_mask, [old[i] for i in micro], mask.device)
                     ref_lp = _scatter_like(host_mask, [ref[i] for i in micro], mask.device) if ref is not None else None
-                    adv = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=logprobs.device)
-                    weights = torch.tensor([s.weight for s in chunk], dtype=torch.float32, device=logprobs.device)
+                    adv = to_device(torch.tensor([s.advantage for s in chunk], dtype=torch.float32), logprobs.device)
+                    weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), logprobs.device)
                     loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
                 loss.backward()
-                n_tokens = float(host_mask.sum())
-                sums["loss"] += float(loss.detach())  # micro-batch shares add up to the minibatch loss
-                sums["kl"] += stats["kl"] * n_tokens
-                sums["clip_frac"] += stats["clip_frac"] * n_tokens
-                total_tokens += int(n_tokens)
+                pending.append((loss.detach(), stats, int(host_mask.sum())))
             trainable = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)))
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
             self.optimizer.step()
             steps += 1
+        total_tokens = 0
+        sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
+        for loss, stats, n_tokens in pending:
+            sums["loss"] += float(loss)  # micro-batch shares add up to the minibatch loss
+            sums["kl"] += float(stats["kl"]) * n_tokens
+            sums["clip_frac"] += float(stats["clip_frac"]) * n_tokens
+            total_tokens += n_tokens
         result = {"loss": sums["loss"] / max(1, steps), "kl": sums["kl"] / max(1, total_tokens),
                   "clip_frac": sums["clip_frac"] / max(1, total_tokens)}
-        result["grad_norm"] = float(np.mean(grad_norms))
+        result["grad_norm"] = float(np.mean([float(norm) for norm in grad_norms]))
         result["optimizer_steps"] = float(steps)
         result["train_samples"] = float(len(samples))
         return result
@@ -452,8 +463,8 @@ def _by_length(indices, samples: Sequence[StepSample]) -> list:
 
 def _scatter_like(host_mask: torch.Tensor, values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Place per-sample 1-D completion values (on the host) back at the mask's positions, on `device`. Built on the
-    host and copied once: per row, a copy and a boolean index on the device would each wait for it."""
+    host and copied once without waiting: per row, a copy and a boolean index on the device would each wait for it."""
     out = torch.zeros(host_mask.shape, dtype=torch.float32)
     for row, v in enumerate(values):
         out[row, host_mask[row]] = v
-    return out.to(device)
+    return to_device(out, device)

@@ -47,17 +47,43 @@ def completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], 
         return _full_completion_logprobs(model, batch, temperature, device)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor copied to `device` without the host waiting: a plain copy to a GPU waits for all the work queued
+    before it; one from pinned memory with non_blocking is queued behind that work instead (PyTorch's pinned-memory
+    allocator keeps the host buffer until the copy is done). On a CPU, the tensor itself."""
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """The attention mask to hand `model` for a right-padded batch, built on the host from its 2-D mask.
+
+    Handed a 2-D mask, transformers reads it back in every forward pass to learn whether any token is padded (SDPA's
+    causal kernel needs no mask then), and on a GPU that read waits for all the work queued before it. The host
+    knows the answer: no padding, None (what transformers then picks itself); else, under SDPA, the 4-D mask
+    transformers would build, causal and padding (True = attend), which it passes through as it is. Other attention
+    implementations, whose masks take other forms, get the 2-D mask as before."""
+    if bool(attention_mask.all()):
+        return None
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return to_device(attention_mask, device)
+    length = attention_mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    return to_device(causal & attention_mask.bool()[:, None, None, :], device)
+
+
 def _full_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    input_ids = batch["input_ids"].to(device)
-    attention_mask = batch["attention_mask"].to(device)
+    input_ids = to_device(batch["input_ids"], device)
+    attention_mask = model_attention_mask(model, batch["attention_mask"], device)
     # use_cache=False: a training forward needs no KV cache (transformers would build one for the whole sequence)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:]
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    mask = batch["completion_mask"][:, 1:].to(device)
+    mask = to_device(batch["completion_mask"][:, 1:], device)
     return logprobs * mask, mask
 
 
@@ -106,12 +132,12 @@ def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.T
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     decoder, head = decoder_and_head(model)
     device = next(model.parameters()).device
-    input_ids = batch["input_ids"].to(device)
-    attention_mask = batch["attention_mask"].to(device)
+    input_ids = to_device(batch["input_ids"], device)
+    attention_mask = model_attention_mask(decoder, batch["attention_mask"], device)
     host_mask = batch["completion_mask"][:, 1:]
-    mask = host_mask.to(device)
+    mask = to_device(host_mask, device)
     # the completion positions from the host's mask: nonzero of the device's would wait for the body's forward
-    rows, cols = (index.to(device) for index in host_mask.nonzero(as_tuple=True))
+    rows, cols = (to_device(index, device) for index in host_mask.nonzero(as_tuple=True))
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     scored = hidden[rows, cols]  # [completion tokens, hidden]: position t predicts token t + 1
     targets = input_ids[rows, cols + 1]
