@@ -5,8 +5,9 @@ The model is a Qwen2.5-shaped random model built as gpu_round.py builds it (`--s
 agent steps of the lengths a paper-settings round produces: prompts of `--prompt-tokens` on average (spread
 uniformly over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random
 advantages, so every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g.
-`micro-batch-size=32`; the benchmark's own key `cudnn-attention=true` lets the passes use cuDNN's fused attention,
-which agent/attention.py keeps out of them) gets a fresh GRPOTrainer on the same model and its own samples, and is
+`micro-batch-size=32`; the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention,
+which agent/attention.py keeps out of them, and `host-waits=true` makes the host wait for the device around every
+micro-batch's forward, as the passes did before they queued all their micro-batches) gets a fresh GRPOTrainer on the same model and its own samples, and is
 timed over one call of `GRPOTrainer.update` (its old-policy and KL-reference passes timed apart, as gpu_round does).
 The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant reuses a
 shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round. Printed per
@@ -19,11 +20,13 @@ patches the model for good, so its variants come last.
 
     python benchmarks/update_profile.py --shape tiny                        # CPU, seconds
     python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=8 --variant micro-batch-size=32
+    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=16 --variant micro-batch-size=16,host-waits=true
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 from torch._dynamo.utils import counters
 
+import fedagent_flwr.agent.grpo as grpo_module
 from fedagent_flwr.agent import attention
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
 from fedagent_flwr.agent.kernels import training_kernels
@@ -61,19 +65,47 @@ def synthetic_samples(n: int, prompt_tokens: int, completion_tokens: int, vocab:
 
 
 CUDNN_KEY = "cudnn-attention"  # the benchmark's own variant key: true = the passes may use cuDNN's attention
+# the benchmark's own variant key: true = the host waits for the device before and after every micro-batch's
+# log-prob forward, as the passes did before they queued all their micro-batches (docs/gpu.md); the next forward's
+# wait also meets the end of the backward before it. Measures what such waits cost, side by side.
+WAITS_KEY = "host-waits"
+OWN_KEYS = (CUDNN_KEY, WAITS_KEY)
 
 
 def parse_variant(text: str) -> dict:
-    """Run-config values and the benchmark's cudnn-attention=true|false, comma-separated."""
+    """Run-config values and the benchmark's own keys (OWN_KEYS, each true|false), comma-separated."""
     items = text.split(",")
-    own = [i for i in items if i.split("=", 1)[0].strip() == CUDNN_KEY]
+    own = [i for i in items if i.split("=", 1)[0].strip() in OWN_KEYS]
     values = parse_overrides([i for i in items if i not in own])
     for item in own:
+        key = item.split("=", 1)[0].strip()
         flag = item.split("=", 1)[1].strip().lower() if "=" in item else ""
         if flag not in ("true", "false"):
-            raise ValueError(f"{CUDNN_KEY}={flag!r} is not allowed: expected true | false")
-        values[CUDNN_KEY] = flag == "true"
+            raise ValueError(f"{key}={flag!r} is not allowed: expected true | false")
+        values[key] = flag == "true"
     return values
+
+
+@contextlib.contextmanager
+def host_waits(device: torch.device, on: bool):
+    """With `on`, every log-prob forward of GRPO's passes waits for the device before and after it (WAITS_KEY)."""
+    if not on:
+        yield
+        return
+    inner = grpo_module.completion_logprobs
+
+    def waiting(*args, **kwargs):
+        sync(device)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            sync(device)
+
+    grpo_module.completion_logprobs = waiting
+    try:
+        yield
+    finally:
+        grpo_module.completion_logprobs = inner
 
 
 def padded_tokens(samples: list[StepSample], micro: int, grouped: bool) -> int:
@@ -168,11 +200,13 @@ def format_report(r: dict) -> str:
              f"  {'variant':72s} {'log-probs s':>11s} {'MFU':>6s} {'update s':>9s} {'MFU':>6s} {'padding':>8s} {'peak GiB':>9s}"]
     for v in r["variants"]:
         name = ",".join(f"{k}={x}" for k, x in v["variant"].items()) or "(paper settings)"
+        if len(name) > 72:  # keep the end: variants share their first keys and differ by what is added last
+            name = "..." + name[-69:]
         if v.get("out_of_memory"):
-            lines.append(f"  {name[:72]:72s} out of memory")
+            lines.append(f"  {name:72s} out of memory")
             continue
         peak = "-" if v["peak_bytes"] is None else f"{v['peak_bytes'] / GB:.2f}"
-        lines.append(f"  {name[:72]:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
+        lines.append(f"  {name:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
                      f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s}")
     if r.get("warmup_s"):
         lines.append("  warm-up seconds by training-kernels (compile included): "
@@ -211,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
         device = pick_device(args.device)
         base = PAPER_ROUND | parse_overrides(args.set) | {"device": args.device}
         variants = [parse_variant(v) for v in args.variant] or [{}]
-        configs = [RunConfig.from_run_config(base | {k: x for k, x in v.items() if k != CUDNN_KEY}) for v in variants]
+        configs = [RunConfig.from_run_config(base | {k: x for k, x in v.items() if k not in OWN_KEYS}) for v in variants]
     except ValueError as err:
         parser.error(str(err))
     kernels = [c.training_kernels for c in configs]
@@ -255,7 +289,8 @@ def main(argv: list[str] | None = None) -> dict:
         attention.AVOID_CUDNN = not v.get(CUDNN_KEY, False)
         warm_up(cfg)
         try:
-            r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops)
+            with host_waits(device, v.get(WAITS_KEY, False)):
+                r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops)
         except torch.OutOfMemoryError as err:  # a variant too big for the card: say so, measure the rest
             model.zero_grad(set_to_none=True)
             gc.collect()

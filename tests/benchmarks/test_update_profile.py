@@ -47,6 +47,9 @@ def test_the_variants_never_share_a_shape_and_a_bad_key_is_refused():
     assert up.parse_variant("micro-batch-size=4,cudnn-attention=false") == {"micro-batch-size": 4, "cudnn-attention": False}
     with pytest.raises(ValueError, match="cudnn-attention='maybe' is not allowed"):
         up.parse_variant("cudnn-attention=maybe")
+    assert up.parse_variant("host-waits=true,micro-batch-size=16") == {"micro-batch-size": 16, "host-waits": True}
+    with pytest.raises(ValueError, match="host-waits='' is not allowed"):
+        up.parse_variant("host-waits")
     with pytest.raises(ValueError):
         up.parse_variant("micro-batch-sizes=4")
 
@@ -73,3 +76,31 @@ def test_a_measured_trainer_does_not_outlive_its_variant(tiny_lm, maze_tokenizer
     up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
     up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
     assert trainers[0]() is None  # collected when the second variant started
+
+
+def test_host_waits_wait_for_the_device_around_every_log_prob_forward_and_only_inside(tiny_lm, maze_tokenizer, monkeypatch):
+    """The host-waits variant puts back, side by side, the waits a micro-batch made before the passes queued all their
+    micro-batches: one before and one after each forward of the log-prob and update passes."""
+    import torch
+
+    import fedagent_flwr.agent.grpo as grpo
+    from fedagent_flwr.agent.grpo import GRPOTrainer
+    from fedagent_flwr.agent.rollout import RolloutConfig
+    from fedagent_flwr.config import RunConfig
+
+    up = load_script("update_profile")
+    waits, forwards = [], []
+    monkeypatch.setattr(up, "sync", lambda device: waits.append(device))
+    inner = grpo.completion_logprobs
+    monkeypatch.setattr(grpo, "completion_logprobs", lambda *a, **k: forwards.append(1) or inner(*a, **k))
+    recording = grpo.completion_logprobs
+    cfg = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu").grpo_config()
+    samples = up.synthetic_samples(8, 6, 3, tiny_lm.config.vocab_size, np.random.default_rng(0))
+    cpu = torch.device("cpu")
+    with up.host_waits(cpu, True):
+        GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+    assert len(forwards) == 12 and len(waits) == 2 * len(forwards)  # old-policy, reference, update: 4 each
+    with up.host_waits(cpu, False):
+        GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+    assert len(waits) == 24 and len(forwards) == 24  # off: no waits added
+    assert grpo.completion_logprobs is recording  # the passes' own function is back after each variant
