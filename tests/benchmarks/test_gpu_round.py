@@ -87,19 +87,21 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     from fedagent_flwr.methods.fedagent import context_tokens
 
     gpu_round = load_script("gpu_round")
-    cfg = RunConfig.from_run_config(gpu_round.PAPER_ROUND | parse_overrides(SMALL[1::2]) | {"rollout-batch-size": 0})
+    # device cpu here and in the script: on a GPU machine auto would plan for bf16 and the static decoder
+    cfg = RunConfig.from_run_config(gpu_round.PAPER_ROUND | parse_overrides(SMALL[1::2])
+                                    | {"rollout-batch-size": 0, "device": "cpu"})
     tokenizer = environment_tokenizer(cfg.env)
     env = make_env(cfg.env, cfg.max_steps)
     shape = ModelShape.of(gpu_round.build_model("tiny", tokenizer, torch.device("cpu"), 0).config)
     context = context_tokens(cfg, tokenizer, env, env.tasks_of_split("test")[:16])
     one, four = (cfg.memory_plans(shape, context, rows)[0].total for rows in (1, 4))
     budget = (one + four) / 2
-    r = _run("--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}")
+    r = _run("--device", "cpu", "--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}")
     assert 1 <= r["rollout_rows"] < 4 == r["episodes"]
     assert r["rows_per_step"] == r["rollout_rows"]  # every generate call ran at the resolved rows
     assert r["plan_bytes"]["total"] <= budget
     # no budget on a CPU: an epoch's episodes, as a client without client-memory-gb plays them
-    assert _run("--set", "rollout-batch-size=0")["rollout_rows"] == 4
+    assert _run("--device", "cpu", "--set", "rollout-batch-size=0")["rollout_rows"] == 4
 
 
 def test_a_paper_round_with_auto_rows_takes_the_measured_rows_and_says_when_the_preset_differs():
