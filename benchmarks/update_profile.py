@@ -2,25 +2,26 @@
 """Where GRPO's log-prob and update passes spend their time, and their model FLOP utilisation, setting by setting.
 
 The model is a Qwen2.5-shaped random model built as gpu_round.py builds it (`--shape`). The samples are synthetic
-agent steps of the lengths a paper-settings round produces: prompts of `--prompt-tokens` on average (spread
-uniformly over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random
-advantages, so every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g.
-`micro-batch-size=32`; the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention,
-which agent/attention.py keeps out of them, and `host-waits=true` makes the host wait for the device around every
-micro-batch's forward, as the passes did before they queued all their micro-batches) gets a fresh GRPOTrainer on the same model and its own samples, and is
-timed over one call of `GRPOTrainer.update` (its old-policy and KL-reference passes timed apart, as gpu_round does).
-The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant reuses a
-shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round. Printed per
-variant: seconds and MFU of the no-grad log-prob passes and of the update, the share of computed tokens that are
-padding, and the peak memory (CUDA allocator). `--profile` adds, for the first variant, one micro-batch's forward
-and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
-operators. A variant with `training-kernels=compile` or `=liger` (agent/kernels.py) is warmed up on its own before
-it is timed, so its compile is reported apart (`warmup_s`, per kernel choice) and not counted in its passes; Liger
+agent steps of the lengths a paper-settings round produces: prompts of `--prompt-tokens` on average (spread uniformly
+over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random advantages, so
+every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g. `micro-batch-size=32`;
+the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/attention.py
+keeps out of them, and `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the
+passes did before they queued all their micro-batches) gets a fresh GRPOTrainer on the same model and its own samples,
+and is timed over one call of `GRPOTrainer.update` (its old-policy and KL-reference passes timed apart, as gpu_round
+does). The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant
+reuses a shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round.
+Printed per variant: seconds and MFU of the no-grad log-prob passes and of the update, the share of computed tokens
+that are padding, and the peak memory (CUDA allocator). `--profile` adds, for the first variant, one micro-batch's
+forward and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
+operators. A variant with `training-kernels=compile` or `=liger` (agent/kernels.py) is warmed up on its own before it
+is timed, so its compile is reported apart (`warmup_s`, per kernel choice) and not counted in its passes; Liger
 patches the model for good, so its variants come last.
 
     python benchmarks/update_profile.py --shape tiny                        # CPU, seconds
     python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=8 --variant micro-batch-size=32
-    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=16 --variant micro-batch-size=16,host-waits=true
+    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=16 \
+        --variant micro-batch-size=16,host-waits=true
 """
 
 from __future__ import annotations
