@@ -6,8 +6,9 @@ agent steps of the lengths a paper-settings round produces: prompts of `--prompt
 over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random advantages, so
 every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g. `micro-batch-size=32`;
 the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/attention.py
-keeps out of them, and `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the
-passes did before they queued all their micro-batches) gets a fresh GRPOTrainer on the same model and its own samples,
+keeps out of them; `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the
+passes did before they queued all their micro-batches; `fused-adamw=false` steps with PyTorch's default AdamW instead
+of its fused kernel, which the trainer takes on a GPU) gets a fresh GRPOTrainer on the same model and its own samples,
 and is timed over one call of `GRPOTrainer.update` (its old-policy and KL-reference passes timed apart, as gpu_round
 does). The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant
 reuses a shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round.
@@ -70,7 +71,10 @@ CUDNN_KEY = "cudnn-attention"  # the benchmark's own variant key: true = the pas
 # log-prob forward, as the passes did before they queued all their micro-batches (docs/gpu.md); the next forward's
 # wait also meets the end of the backward before it. Measures what such waits cost, side by side.
 WAITS_KEY = "host-waits"
-OWN_KEYS = (CUDNN_KEY, WAITS_KEY)
+# the benchmark's own variant key: false = AdamW without its fused kernel (PyTorch's default, a loop over tensor lists
+# on a GPU), what the update ran before agent/grpo.py's adamw chose the fused kernel on a GPU
+FUSED_KEY = "fused-adamw"
+OWN_KEYS = (CUDNN_KEY, WAITS_KEY, FUSED_KEY)
 
 
 def parse_variant(text: str) -> dict:
@@ -107,6 +111,20 @@ def host_waits(device: torch.device, on: bool):
         yield
     finally:
         grpo_module.completion_logprobs = inner
+
+
+@contextlib.contextmanager
+def unfused_adamw(on: bool):
+    """With `on`, GRPO's trainers build PyTorch's default AdamW instead of agent/grpo.py's choice (FUSED_KEY=false)."""
+    if not on:
+        yield
+        return
+    inner = grpo_module.adamw
+    grpo_module.adamw = lambda params, lr, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    try:
+        yield
+    finally:
+        grpo_module.adamw = inner
 
 
 def padded_tokens(samples: list[StepSample], micro: int, grouped: bool) -> int:
@@ -290,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
         attention.AVOID_CUDNN = not v.get(CUDNN_KEY, False)
         warm_up(cfg)
         try:
-            with host_waits(device, v.get(WAITS_KEY, False)):
+            with host_waits(device, v.get(WAITS_KEY, False)), unfused_adamw(not v.get(FUSED_KEY, True)):
                 r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops)
         except torch.OutOfMemoryError as err:  # a variant too big for the card: say so, measure the rest
             model.zero_grad(set_to_none=True)

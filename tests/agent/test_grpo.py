@@ -357,3 +357,42 @@ def test_groups_that_only_the_penalty_splits_count_as_informative_but_not_as_dif
              Trajectory(task=task, reward=0.0, episode_reward=0.0), Trajectory(task=task, reward=-0.1, episode_reward=0.0)]
     assert informative_share(trajs, [0, 0, 1, 1]) == 1.0
     assert informative_share(trajs, [0, 0, 1, 1], penalised=False) == 0.5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop(tiny_lm, maze_tokenizer):
+    """On a GPU the trainer's AdamW is PyTorch's fused kernel (agent/grpo.py adamw): in fp32 its steps match the
+    reference loop's to rounding, and AdamW's carried moments load into it (its step count lives on the GPU)."""
+    import copy
+
+    from fedagent_flwr.agent.grpo import StepSample
+
+    rng = np.random.default_rng(7)
+    vocab = tiny_lm.config.vocab_size
+    samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 30))).tolist(),
+                          rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal()))
+               for _ in range(12)]
+    cfg = RunConfig(learning_rate=1e-3, weight_decay=0.01, kl_beta=0.05, minibatch_size=4, micro_batch_size=2,
+                    device="cuda", precision="fp32").grpo_config()
+
+    def trained(fused: bool, carried=None):
+        model = copy.deepcopy(tiny_lm).cuda()
+        trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+        assert bool(trainer.optimizer.defaults["fused"])
+        if not fused:  # the reference loop, on the same parameters
+            trainer.optimizer = torch.optim.AdamW(trainer.optimizer.param_groups[0]["params"], lr=1e-3, weight_decay=0.01)
+        if carried is not None:
+            trainer.load_optimizer_arrays(carried)
+        trainer.update(samples, np.random.default_rng(0))
+        return model, trainer
+
+    fused_model, fused_trainer = trained(True)
+    loop_model, _ = trained(False)
+    base = dict(tiny_lm.named_parameters())
+    for (name, a), (_, b) in zip(fused_model.named_parameters(), loop_model.named_parameters()):
+        assert not torch.equal(a.cpu(), base[name]), name  # every weight moved
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    carried = fused_trainer.optimizer_arrays()
+    assert all(v.item() == 3.0 for k, v in carried.items() if k.endswith("/step"))
+    _, again = trained(True, carried)
+    assert all(v.item() == 6.0 for k, v in again.optimizer_arrays().items() if k.endswith("/step"))

@@ -104,3 +104,31 @@ def test_host_waits_wait_for_the_device_around_every_log_prob_forward_and_only_i
         GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
     assert len(waits) == 24 and len(forwards) == 24  # off: no waits added
     assert grpo.completion_logprobs is recording  # the passes' own function is back after each variant
+
+
+def test_the_unfused_adamw_variant_builds_pytorchs_default_and_puts_the_trainers_choice_back(tiny_lm, maze_tokenizer, monkeypatch):
+    """fused-adamw=false measures the update side by side with PyTorch's default AdamW; after the variant, trainers
+    build agent/grpo.py's choice again. The trainer's choice is stood in for by a fused AdamW, which PyTorch also has
+    on a CPU, so the two can be told apart here."""
+    import torch
+
+    import fedagent_flwr.agent.grpo as grpo
+    from fedagent_flwr.agent.grpo import GRPOTrainer
+    from fedagent_flwr.agent.rollout import RolloutConfig
+    from fedagent_flwr.config import RunConfig
+
+    up = load_script("update_profile")
+    assert up.parse_variant("fused-adamw=false") == {"fused-adamw": False}
+    fused = lambda params, lr, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    monkeypatch.setattr(grpo, "adamw", fused)
+    cfg = RunConfig(learning_rate=1e-3, weight_decay=0.01, device="cpu").grpo_config()
+
+    def optimizer():
+        return GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).optimizer
+
+    with up.unfused_adamw(True):
+        plain = optimizer()
+    assert not plain.defaults["fused"] and plain.defaults["lr"] == 1e-3 and plain.defaults["weight_decay"] == 0.01
+    with up.unfused_adamw(False):
+        assert optimizer().defaults["fused"]
+    assert grpo.adamw is fused and optimizer().defaults["fused"]
