@@ -289,7 +289,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "update_mfu": update_flops / update_only_s / peak_flops,
         "logprobs_tflops_per_s": logprob_flops / max(logprob_s, 1e-9) / 1e12 if logprob_s else 0.0,
         "update_tflops_per_s": update_flops / update_only_s / 1e12,
-        "optimizer_steps": int(stats["optimizer_steps"]), "grad_norm": stats["grad_norm"],
+        "optimizer_steps": int(stats["optimizer_steps"]), "adamw_fused": bool(trainer.optimizer.defaults["fused"]),
+        "grad_norm": stats["grad_norm"],
         "fraction_of_a_trained_tensor_moved": moved, "bytes_sent": sent_payload, "wire_bytes_sent": sent_wire,
         "peak_bytes": memory.peaks, "peak_bytes_measured_by": "cuda allocator" if memory.cuda else "process peak RSS",
         "plan_bytes": client_plan.as_dict(),
@@ -305,7 +306,7 @@ def format_report(r: dict) -> str:
         f"generated tokens {r['generated_tokens']:,}",
         f"  rollout   {r['rollout_s']:10.2f} s   ({r['generated_tokens_per_s']:,.1f} generated tokens/s)",
         f"  log-probs {r['logprobs_s']:10.2f} s",
-        f"  update    {r['update_s']:10.2f} s   ({r['optimizer_steps']} optimizer steps, grad norm {r['grad_norm']:.3g}, "
+        f"  update    {r['update_s']:10.2f} s   ({r['optimizer_steps']} {'fused ' if r.get('adamw_fused') else ''}AdamW steps, grad norm {r['grad_norm']:.3g}, "
         f"{100 * r['fraction_of_a_trained_tensor_moved']:.1f}% of a trained tensor moved)",
         f"  transfer  {r['transfer_s']:10.2f} s   ({r['bytes_sent'] / 1e6:,.1f} MB of tensors sent, {r['wire_bytes_sent'] / 1e6:,.1f} MB serialized)",
         "  peak memory by phase (" + r["peak_bytes_measured_by"] + "): "

@@ -28,6 +28,7 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     for phase in ("rollout_s", "logprobs_s", "update_s", "transfer_s"):
         assert r[phase] > 0, phase
     assert r["optimizer_steps"] == 2  # 8 samples, minibatch 4: the forced advantages keep every sample
+    assert r["adamw_fused"] is False  # the fused kernel on a GPU only
     assert r["fraction_of_a_trained_tensor_moved"] > 0.99  # fp32 weights move at lr 1e-6
     assert set(r["peak_bytes"]) == {"rollout", "update", "transfer"} and min(r["peak_bytes"].values()) > 0
     assert r["plan_bytes"]["total"] > 0 and r["plan_bytes"]["weights (fp32)"] == 4 * r["parameters"]
