@@ -9,7 +9,8 @@
 #                 steps as the reference loop does (tests/agent/test_grpo.py); then, side by side, update_profile.py at
 #                 FAST's settings without and with the old waits put back (host-waits=true), and without again (the
 #                 order's effect); then an optimizer step every micro-batch (minibatch 16, 8 steps) with the fused
-#                 AdamW and with PyTorch's default (fused-adamw=false)
+#                 AdamW and with PyTorch's default (fused-adamw=false); then every layer checkpointed (the paper
+#                 preset's gradient-checkpointing=true) and gradient-checkpointing=auto
 #   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
 #   update        update_profile.py: log-prob and update MFU by micro-batch setting and attention kernel, one micro-batch
 #                 profiled
@@ -21,8 +22,9 @@
 #                 with FAST's settings under eager, compile and liger (liger needs the liger-kernel wheel in .whl/)
 #   round-kernels round-fast with the training-kernels choice that kernels measured fastest (log-probs + update);
 #                 run it after kernels, in the same call
-#   round-auto    a whole paper-size epoch (64 tasks x 8 = 512 episodes) at FAST's settings with rollout-batch-size=0:
-#                 the rows the memory plan fits in the card's free memory (up to 512), the plan against the peak there,
+#   round-auto    a whole paper-size epoch (64 tasks x 8 = 512 episodes) at FAST's settings with rollout-batch-size=0
+#                 and gradient-checkpointing=auto: the rows the memory plan fits in the card's free memory (up to 512),
+#                 the layers each micro-batch checkpoints in the room the plan leaves, the plan against the peak there,
 #                 and the paper-round estimate at those rows (about 4 minutes on an H100, estimated)
 #   profile-fast  update_profile.py's operator table of one micro-batch (forward and backward) at FAST's settings, eager:
 #                 where the update's time goes at the settings a round uses (the update stage profiles micro-batches of 8)
@@ -54,9 +56,10 @@ for stage in $STAGES; do
     waits)
       timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/agent/test_device_waits.py \
         "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" 2>&1 | tail -15 | tee "$OUT/wait_tests.txt"
-      timeout 180 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
+      timeout 240 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST --variant $UPDATE_FAST,minibatch-size=16 \
-        --variant $UPDATE_FAST,minibatch-size=16,fused-adamw=false --json > "$OUT/waits_profile.json" 2> "$OUT/waits_profile.err"
+        --variant $UPDATE_FAST,minibatch-size=16,fused-adamw=false --variant $UPDATE_FAST,gradient-checkpointing=true \
+        --variant $UPDATE_FAST,gradient-checkpointing=auto --json > "$OUT/waits_profile.json" 2> "$OUT/waits_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/waits_profile.err" | tail -4 ;;
     decode)
       timeout 120 python3 benchmarks/decode_profile.py --shape 1.5b --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
@@ -83,7 +86,8 @@ for stage in $STAGES; do
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/profile_fast.err" | tail -4 ;;
     round-auto)
       timeout 330 python3 benchmarks/gpu_round.py $ROUND $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
-        --paper-set rollout-batch-size=0 --decode-engine static > "$OUT/round_auto.json" 2> "$OUT/round_auto.err"
+        --set gradient-checkpointing=auto --paper-set rollout-batch-size=0 --paper-set gradient-checkpointing=auto \
+        --decode-engine static > "$OUT/round_auto.json" 2> "$OUT/round_auto.err"
       echo "rc $?"; tail -3 "$OUT/round_auto.err"; cut -c1-700 "$OUT/round_auto.json" ;;
     round-kernels)
       best=$(python3 benchmarks/fastest_variant.py "$OUT/kernels_profile.json" training-kernels) || { echo "no kernels result to pick from"; continue; }

@@ -81,6 +81,10 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 H100_BANDWIDTH = 3.35e12  # bytes/s: an H100 SXM's HBM3
 H100_BF16_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM: the usual denominator of model FLOP utilisation
 PAPER_PRESET = Path(__file__).resolve().parents[1] / "configs" / "fedagent-paper.toml"
+# the settings that change how long the log-prob and update passes take, not what they compute: the paper-round
+# estimate says which of them the measured run did not share with the preset
+UPDATE_KEYS = ("gradient-checkpointing", "micro-batch-size", "logprob-micro-batch-size", "logprob-chunk-tokens",
+               "length-grouped-micro-batches", "training-kernels", "precision")
 
 
 def decode_bound(facts: ModelShape, tied: bool, rows: float, context: float, value_bytes: int,
@@ -138,15 +142,23 @@ def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPE
     logprobs = sample_tokens * r["logprobs_s"] / max(r["sample_tokens"], 1)
     update = sample_tokens * r["update_s"] / max(r["sample_tokens"], 1)
     client = p["local-epochs"] * (rollout + logprobs + update) + r["transfer_s"]
+    defaults = RunConfig().to_run_config()
+    measured = r.get("update_settings", {})
+    unlike = {k: {"measured": v, "preset": p.get(k, defaults[k])} for k, v in measured.items() if p.get(k, defaults[k]) != v}
     return {"preset": preset_path.name, "overrides": overrides or {}, "clients": p["clients-per-round"],
             "local_epochs": p["local-epochs"], "episodes_per_epoch": episodes, "max_steps": p["max-steps"],
             "max_new_tokens": p["max-new-tokens"],
             "rollout_batch_size": rows, "rollout_rows_as_measured": rows == r["rollout_rows"],
+            "update_settings_unlike_preset": unlike,
             "token_steps_per_epoch": token_steps,
             "samples_per_epoch": samples, "epoch_rollout_s": round(rollout, 1), "epoch_logprobs_s": round(logprobs, 1),
             "epoch_update_s": round(update, 1), "client_s": round(client, 1),
             "round_s_clients_in_turn": round(p["clients-per-round"] * client, 1),
             "round_s_one_card_each": round(client, 1)}
+
+
+def _toml(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def build_model(shape: str, tokenizer, device: torch.device, seed: int):
@@ -216,7 +228,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     with lora as peft_model:
         trained = peft_model if peft_model is not None else model
         memory = PeakMemory(device)
-        trainer = GRPOTrainer(trained, tokenizer, cfg.grpo_config(), cfg.rollout_config(batch_size=rows))
+        room = cfg.activation_room(shape_facts, plan_context, rows, memory_budget(cfg, device))  # auto checkpointing
+        trainer = GRPOTrainer(trained, tokenizer, cfg.grpo_config(room), cfg.rollout_config(batch_size=rows))
         clock: dict[str, float] = defaultdict(float)
         timed_method(trainer, "_logprobs", clock)
         rng = np.random.default_rng(seed)
@@ -275,6 +288,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "parameters": shape_facts.parameters, "finetuning": cfg.finetuning, "precision": cfg.resolved_precision(),
         "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
+        "update_settings": {k: cfg.to_run_config()[k] for k in UPDATE_KEYS},
         "episodes": len(episodes), "rollout_rows": rows, "agent_steps": len(steps), "generated_tokens": generated,
         "rollout_s": round(rollout_s, 3), "logprobs_s": round(logprob_s, 3), "update_s": round(update_s - logprob_s, 3),
         "transfer_s": round(transfer_s, 3), "generated_tokens_per_s": round(generated / max(rollout_s, 1e-9), 1),
@@ -289,6 +303,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "update_mfu": update_flops / update_only_s / peak_flops,
         "logprobs_tflops_per_s": logprob_flops / max(logprob_s, 1e-9) / 1e12 if logprob_s else 0.0,
         "update_tflops_per_s": update_flops / update_only_s / 1e12,
+        "checkpointed_layers": stats.get("checkpointed_layers", 0.0),
         "optimizer_steps": int(stats["optimizer_steps"]), "adamw_fused": bool(trainer.optimizer.defaults["fused"]),
         "grad_norm": stats["grad_norm"],
         "fraction_of_a_trained_tensor_moved": moved, "bytes_sent": sent_payload, "wire_bytes_sent": sent_wire,
@@ -301,7 +316,9 @@ def format_report(r: dict) -> str:
     plan, peak = r["plan_bytes"]["total"], max(r["peak_bytes"].values())
     rows = [
         f"shape {r['shape']} ({r['parameters'] / 1e6:,.1f}M parameters) on {r['device']}: {r['finetuning']}, {r['precision']}, "
-        f"gradient checkpointing {r['gradient_checkpointing']}, transfer {r['transfer_dtype']}",
+        f"gradient checkpointing {r['gradient_checkpointing']}"
+        + (f" ({100 * r['checkpointed_layers']:.0f}% of layer passes checkpointed)" if r["gradient_checkpointing"] else "")
+        + f", transfer {r['transfer_dtype']}",
         f"  episodes {r['episodes']} ({r['rollout_rows']} a generate call), agent steps {r['agent_steps']}, "
         f"generated tokens {r['generated_tokens']:,}",
         f"  rollout   {r['rollout_s']:10.2f} s   ({r['generated_tokens_per_s']:,.1f} generated tokens/s)",
@@ -340,6 +357,9 @@ def format_report(r: dict) -> str:
             "worst case); a token step costs what it cost here (this batch and context); log-probs and update "
             "scale with their tokens; server evaluation and Flower's messaging left out",
         ]
+        if p["update_settings_unlike_preset"]:
+            rows.append("            log-probs and update timed at settings the preset does not have: " + ", ".join(
+                f"{k} {_toml(v['measured'])} (preset {_toml(v['preset'])})" for k, v in p["update_settings_unlike_preset"].items()))
         if not p["rollout_rows_as_measured"]:
             rows.append(f"            the preset's rollout batch ({p['rollout_batch_size']} rows) is not the measured one "
                         f"({r['rollout_rows']}): its token step is assumed to cost the same; measure at its rows")

@@ -13,7 +13,8 @@ and is timed over one call of `GRPOTrainer.update` (its old-policy and KL-refere
 does). The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant
 reuses a shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round.
 Printed per variant: seconds and MFU of the no-grad log-prob passes and of the update, the share of computed tokens
-that are padding, and the peak memory (CUDA allocator). `--profile` adds, for the first variant, one micro-batch's
+that are padding, the peak memory (CUDA allocator), and the share of layer passes checkpointed (gradient-checkpointing
+true: all; auto: as many as the room the plan leaves in client-memory-gb, or else in the card's free memory, needs). `--profile` adds, for the first variant, one micro-batch's
 forward and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
 operators. A variant with `training-kernels=compile` or `=liger` (agent/kernels.py) is warmed up on its own before it
 is timed, so its compile is reported apart (`warmup_s`, per kernel choice) and not counted in its passes; Liger
@@ -49,6 +50,7 @@ from fedagent_flwr.agent.precision import autocast
 from fedagent_flwr.agent.shaped_model import environment_tokenizer
 from fedagent_flwr.agent.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.methods.fedagent import memory_budget
 from decode_profile import LAUNCH_NAMES, device_us
 from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, model_flops, timed_method
 
@@ -146,7 +148,11 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     # its own bound method): collect it, or every variant after the first measures its peak on top of ~19 GiB of it.
     gc.collect()
     graphs = counters["stats"]["unique_graphs"]
-    trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(), cfg.rollout_config())
+    # gradient-checkpointing=auto: the room a client would leave the activations, the plan at these samples' longest
+    # context (it counts the rollout's KV cache and decoder copy, which this benchmark does not hold: a margin)
+    context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    room = cfg.activation_room(ModelShape.of(model.config), context, cfg.rollout_batch_size, memory_budget(cfg, device))
+    trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(room), cfg.rollout_config())
     clock: dict[str, float] = defaultdict(float)
     timed_method(trainer, "_logprobs", clock)
     if device.type == "cuda":
@@ -174,6 +180,8 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         "peak_bytes": int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None,
         # graphs torch.compile made during this call: 0 once warmed up, unless a shape forced a recompile
         "compiled_graphs": int(counters["stats"]["unique_graphs"] - graphs),
+        # the share of layer passes that kept only their input and recomputed (1 = every layer; 0 = none)
+        "checkpointed_layers": stats.get("checkpointed_layers", 0.0),
     }
     del trainer
     return result
@@ -216,7 +224,8 @@ def format_report(r: dict) -> str:
     lines = [f"update profile: shape {r['shape']} ({r['parameters'] / 1e6:,.1f}M parameters) on {r['device']}, "
              f"{r['samples']} samples of ~{r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens, "
              f"MFU against {r['peak_flops'] / 1e12:,.0f} TFLOP/s",
-             f"  {'variant':72s} {'log-probs s':>11s} {'MFU':>6s} {'update s':>9s} {'MFU':>6s} {'padding':>8s} {'peak GiB':>9s}"]
+             f"  {'variant':72s} {'log-probs s':>11s} {'MFU':>6s} {'update s':>9s} {'MFU':>6s} {'padding':>8s} {'peak GiB':>9s}"
+             f" {'ckpt':>5s}"]
     for v in r["variants"]:
         name = ",".join(f"{k}={x}" for k, x in v["variant"].items()) or "(paper settings)"
         if len(name) > 72:  # keep the end: variants share their first keys and differ by what is added last
@@ -226,7 +235,8 @@ def format_report(r: dict) -> str:
             continue
         peak = "-" if v["peak_bytes"] is None else f"{v['peak_bytes'] / GB:.2f}"
         lines.append(f"  {name:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
-                     f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s}")
+                     f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s} "
+                     f"{100 * v.get('checkpointed_layers', 0.0):4.0f}%")
     if r.get("warmup_s"):
         lines.append("  warm-up seconds by training-kernels (compile included): "
                      + ", ".join(f"{k} {x:.1f}" for k, x in r["warmup_s"].items())

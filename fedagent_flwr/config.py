@@ -40,6 +40,7 @@ from fedagent_flwr.agent.grpo import (
 from fedagent_flwr.agent.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.lora import LoRASpec
 from fedagent_flwr.agent.memory import (
+    ACTIVATIONS_ROW,
     GB,
     SHAPES,
     MemoryPlan,
@@ -143,8 +144,9 @@ def unwritable_reason(folder: Path) -> str | None:
     return None
 
 
-def _key(default: Any, doc: str, allowed: str) -> Any:
-    return field(default=default, metadata={"doc": doc, "allowed": allowed})
+def _key(default: Any, doc: str, allowed: str, words: tuple[str, ...] = ()) -> Any:
+    """A run-config key. `words`: strings it also takes besides values of its default's type (a bool key's "auto")."""
+    return field(default=default, metadata={"doc": doc, "allowed": allowed, "words": words})
 
 
 def runs_on_cuda(device: str) -> bool:
@@ -301,7 +303,7 @@ class GRPOSection:
     micro_batch_size: int = _key(64, "agent steps per forward/backward pass", "integer >= 1")
     logprob_micro_batch_size: int = _key(0, "agent steps per no-grad log-prob pass (the old policy's and the KL reference's): these keep no activations for backward, so with logprob-chunk-tokens > 0 they fit several times the update's micro-batch, and a bigger batch keeps a GPU busier (docs/gpu.md); 0 = micro-batch-size", "integer >= 0 (0 = micro-batch-size)")
     max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0")
-    gradient_checkpointing: bool = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute", "true | false")
+    gradient_checkpointing: bool | str = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute; auto = in each GRPO micro-batch only the fewest leading layers whose checkpointing makes its activations fit the memory the rest of the client's plan leaves in client-memory-gb (or else the GPU memory free when the client starts), so short micro-batches skip the recompute; every layer where no memory is known (a CPU without client-memory-gb)", "true | false | auto", words=("auto",))
     finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", " | ".join(FINETUNING))
     kl_reference: str = _key("auto", "the policy the KL term is taken against: round-start = the weights (or adapter) the round started from; base = the run's initial model for the whole run (the FedAgent reference's federated and centralized runs; with lora the adapter switched off, with full fine-tuning a second, frozen copy of the base weights on each client); auto = base for the Centralized and Local baselines (one learner trained T x tau epochs), round-start otherwise", "auto | " + " | ".join(KL_REFERENCES))
     loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean")
@@ -325,6 +327,8 @@ class GRPOSection:
         need(self.logprob_chunk_tokens >= 0, "logprob-chunk-tokens", self.logprob_chunk_tokens, "an integer >= 0 (0 = full logits)")
         need(self.logprob_micro_batch_size >= 0, "logprob-micro-batch-size", self.logprob_micro_batch_size,
              "an integer >= 0 (0 = micro-batch-size)")
+        need(self.gradient_checkpointing in (True, False, "auto"), "gradient-checkpointing", self.gradient_checkpointing,
+             "true | false | auto")
 
 @dataclass(frozen=True)
 class EvaluationConfig:
@@ -578,7 +582,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         values = {}
         for key, raw in run_config.items():
             f = known[key]
-            values[f.name] = _coerce(key, raw, type(f.default))
+            values[f.name] = _coerce(key, raw, type(f.default), f.metadata["words"])
         return cls(**values)
 
     def to_run_config(self) -> dict[str, Any]:
@@ -604,7 +608,9 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             decode_engine=self.decode_engine,
         )
 
-    def grpo_config(self) -> GRPOConfig:
+    def grpo_config(self, activation_room_bytes: float | None = None) -> GRPOConfig:
+        """`activation_room_bytes`: what the update's activations may take under gradient-checkpointing='auto'
+        (activation_room); None checkpoints every layer."""
         return GRPOConfig(
             group_size=self.group_size,
             tasks_per_epoch=self.tasks_per_epoch,
@@ -623,6 +629,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             logprob_chunk_tokens=self.logprob_chunk_tokens,
             length_grouped_micro_batches=self.length_grouped_micro_batches,
             gradient_checkpointing=self.gradient_checkpointing,
+            activation_room_bytes=activation_room_bytes,
             precision=self.resolved_precision(),
             training_kernels=self.training_kernels,
         )
@@ -663,6 +670,16 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         return rows_that_fit(lambda rows: self.memory_plans(shape, context_tokens, rows)[index], budget_bytes,
                              self.epoch_episodes())
 
+    def activation_room(self, shape: ModelShape, context_tokens: int, rollout_rows: int,
+                        budget_bytes: float | None) -> float | None:
+        """Bytes the update's activations may take under gradient-checkpointing='auto': `budget_bytes` less every other
+        row of the client's plan (which counts the rollout's KV cache too, though the update runs after it is freed: a
+        margin). None where checkpointing is not auto or no budget is known: then every layer is checkpointed."""
+        if self.gradient_checkpointing != "auto" or not budget_bytes:
+            return None
+        plan = self.memory_plans(shape, context_tokens, rollout_rows)[0]
+        return budget_bytes - (plan.total - plan.as_dict()[ACTIVATIONS_ROW])
+
     def memory_plans(self, shape: ModelShape, context_tokens: int,
                      rollout_rows: int | None = None) -> tuple[MemoryPlan, MemoryPlan]:
         """(each client's, the server's) memory plan for a model of this shape (agent/memory.py), with `rollout_rows`
@@ -679,7 +696,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.traits.experience_buffer:  # Fed-SE trains a LoRA adapter by SFT: no KL reference
             common["finetuning"] = "lora"
         client = client_plan(shape, **common, kl_beta=self.kl_beta if self.traits.grpo else 0.0, kl_reference=self.resolved_kl_reference(),
-                             gradient_checkpointing=self.gradient_checkpointing and self.traits.grpo,
+                             gradient_checkpointing=self.gradient_checkpointing in (True, "auto") and self.traits.grpo,
                              micro_batch_size=self.micro_batch_size if self.traits.grpo
                              else self.fedse_sft_micro_batch_size or self.fedse_sft_batch_size,
                              rollout_batch_size=rows, context_tokens=context_tokens,
@@ -840,8 +857,10 @@ def invalid(problems: list[str]) -> str:
     return "invalid run config:\n  " + "\n  ".join(problems)
 
 
-def _coerce(key: str, raw: Any, kind: type) -> Any:
+def _coerce(key: str, raw: Any, kind: type, words: tuple[str, ...] = ()) -> Any:
     """Accept the types Flower's TOML parsing produces; ints are fine where floats are expected."""
+    if isinstance(raw, str) and raw in words:
+        return raw
     if kind is bool:
         if isinstance(raw, bool):
             return raw
@@ -856,20 +875,29 @@ def _coerce(key: str, raw: Any, kind: type) -> Any:
     elif kind is str:
         if isinstance(raw, str):
             return raw
-    raise ValueError(f"run-config {key}={raw!r} has type {type(raw).__name__}; expected {kind.__name__}")
+    expected = kind.__name__ + "".join(f" or {w!r}" for w in words)
+    raise ValueError(f"run-config {key}={raw!r} has type {type(raw).__name__}; expected {expected}")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """Run-config values from KEY=VALUE texts (the experiment commands' --set), each typed as its key's default."""
-    known = RunConfig().to_run_config()
+    known = {f.name.replace("_", "-"): f for f in fields(RunConfig)}
     out = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or key not in known:
             raise ValueError(f"--set {item!r}: expected key=value with a run-config key (e.g. learning-rate=1e-5)")
-        kind = type(known[key])
+        kind, words = type(known[key].default), known[key].metadata["words"]
+        if raw in words:
+            out[key] = raw
+            continue
+        if kind is bool:  # strict: a word it does not know is an error, never quietly false
+            if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError(f"--set {item!r}: {key} takes true | false" + "".join(f" | {w}" for w in words))
+            out[key] = raw.lower() in ("1", "true", "yes")
+            continue
         try:
-            out[key] = kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes")
+            out[key] = kind(raw)
         except ValueError:
             raise ValueError(f"--set {item!r}: {key} takes a {kind.__name__}") from None
     return out

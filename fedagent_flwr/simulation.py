@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         group = parser.add_argument_group(title, section.__doc__.splitlines()[0])
         for f in fields(section):
             kind = type(f.default)
-            group.add_argument("--" + f.name.replace("_", "-"), type=_bool if kind is bool else kind, default=None,
+            group.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(kind, f.metadata["words"]), default=None,
                                help=f"{f.metadata['doc']} (default {f.default!r}; {f.metadata['allowed']})")
     sim = parser.add_argument_group("simulation resources")
     sim.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this checkout)")
@@ -58,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--keep-superlink", action="store_true", help="leave the local SuperLink running after the run")
     sim.add_argument("--dry-run", action="store_true", help="print the flwr command and exit")
     return parser
+
+
+def _flag_type(kind: type, words: tuple[str, ...]):
+    """A flag's argparse type: its key's type, also taking the words the key allows (gradient-checkpointing's auto)."""
+    plain = _bool if kind is bool else kind
+    if not words:
+        return plain
+
+    def typed(text: str):
+        return text if text in words else plain(text)
+    typed.__name__ = plain.__name__  # argparse names the type in its error message
+    return typed
 
 
 def _bool(text: str) -> bool:

@@ -23,7 +23,6 @@ reference model), so the loss is written here (about 40 lines).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ import torch
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent import decode
+from fedagent_flwr.agent.checkpointing import Checkpointing, activation_checkpointing
 from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.kernels import apply_liger, check_training_kernels, training_kernels
 from fedagent_flwr.agent.precision import autocast, check_trainable_precision, model_device
@@ -82,7 +82,9 @@ class GRPOConfig:
     # initial model, fixed for the whole run: for a LoRA model the adapter switched off (no second copy of the
     # model in memory), for full fine-tuning a frozen copy of the base weights the trainer is given.
     kl_reference: str
-    gradient_checkpointing: bool  # recompute layer activations in backward (transformers' checkpointing)
+    # recompute layer activations in backward (transformers' checkpointing): True = every layer; "auto" = per
+    # micro-batch the fewest leading layers whose activations fit activation_room_bytes (agent/checkpointing.py)
+    gradient_checkpointing: bool | str
     # A group whose rewards are all equal has advantage 0: "drop" skips its steps (no policy-gradient signal, and
     # the forward/backward passes are saved, but with kl_beta > 0 its KL term goes too, so how many steps the KL
     # pulls back depends on how many groups were informative); "keep" trains on them with advantage 0, so the KL
@@ -104,6 +106,9 @@ class GRPOConfig:
     weight_decay: float  # AdamW's decoupled weight decay (verl's actor default is 0.01)
     # the decoder layers' kernels in the log-prob and update passes: eager | compile | liger (agent/kernels.py)
     training_kernels: str
+    # what the update's activations may take under gradient_checkpointing="auto" (RunConfig.activation_room); None =
+    # no memory known: every layer is checkpointed
+    activation_room_bytes: float | None
     adv_eps: float = 1e-6
 
 
@@ -372,33 +377,12 @@ class GRPOTrainer:
         if not samples:  # every group was uniform: nothing to learn from this batch
             return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
         self.model.eval()  # dropout off: old and new log-probs must come from the same function
-        with self._checkpointing(), training_kernels(self.model, self.config.training_kernels):
-            return self._update(samples, rng)
+        cfg = self.config
+        with activation_checkpointing(self.model, cfg.gradient_checkpointing, cfg.activation_room_bytes, cfg.precision) as ckpt, \
+                training_kernels(self.model, cfg.training_kernels):
+            return self._update(samples, rng, ckpt)
 
-    @contextlib.contextmanager
-    def _checkpointing(self):
-        """transformers checkpoints only in training mode; the models trained here have no dropout to switch on
-        (a model with dropout is refused), so training mode changes nothing else."""
-        if not self.config.gradient_checkpointing:
-            yield
-            return
-        dropout = [getattr(self.model.config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout", "dropout")]
-        if any(dropout):
-            raise ValueError(f"gradient-checkpointing needs a model without dropout (config dropout {dropout})")
-        # transformers 5.24 renamed gradient checkpointing to activation checkpointing (the old names go in v6).
-        if hasattr(self.model, "activation_checkpointing_enable"):
-            enable, disable, kwargs = "activation_checkpointing_enable", "activation_checkpointing_disable", "activation_checkpointing_kwargs"
-        else:
-            enable, disable, kwargs = "gradient_checkpointing_enable", "gradient_checkpointing_disable", "gradient_checkpointing_kwargs"
-        getattr(self.model, enable)(**{kwargs: {"use_reentrant": False}})
-        self.model.train()
-        try:
-            yield
-        finally:
-            getattr(self.model, disable)()
-            self.model.eval()
-
-    def _update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
+    def _update(self, samples: list[StepSample], rng: np.random.Generator, ckpt: Checkpointing | None) -> dict[str, float]:
         cfg = self.config
         # With a single minibatch the policy has not moved before the update, so the
         # "old" log-probs are the current ones (detached): skip a forward pass.
@@ -421,6 +405,8 @@ class GRPOTrainer:
             for micro in _chunks(mb, cfg.micro_batch_size):
                 chunk = [samples[i] for i in micro]
                 batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
+                if ckpt is not None:  # auto: only as many layers as this micro-batch's length needs
+                    ckpt.fit(batch["input_ids"].numel())
                 with autocast(cfg.precision, self.device):  # backward runs outside autocast, as PyTorch advises
                     logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
                     host_mask = batch["completion_mask"][:, 1:]
@@ -447,6 +433,8 @@ class GRPOTrainer:
         result["grad_norm"] = float(np.mean([float(norm) for norm in grad_norms]))
         result["optimizer_steps"] = float(steps)
         result["train_samples"] = float(len(samples))
+        if ckpt is not None:  # the share of layer passes that recomputed (1.0 = every layer, as with true)
+            result["checkpointed_layers"] = float(np.mean(ckpt.counts)) / max(1, len(ckpt.layers)) if ckpt.counts else 0.0
         return result
 
 

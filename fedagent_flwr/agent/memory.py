@@ -22,6 +22,8 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   per token and layer the norm inputs and outputs, q / k / v, attention and MLP outputs and the MLP's
   gate, up, activation and down inputs (H hidden size, I intermediate size); with gradient checkpointing,
   each layer's input (layers x micro-batch x S x H x a) plus one layer's full set, recomputed in backward;
+  gradient-checkpointing = 'auto' checkpoints a micro-batch's first k layers only, k the fewest that fit the memory the
+  rest of the plan leaves (layers_to_checkpoint); the plan counts its worst case, every layer;
 - the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: at most
   one layer's full set for L rows, and training logits for L x S rows (min(C, L x S) when chunked). The plan takes
   the larger of the update's and these passes' activations and logits: they never run at once.
@@ -37,6 +39,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 GB = 1024**3
+ACTIVATIONS_ROW = "activations of a micro-batch"  # the client plan's row that gradient-checkpointing='auto' divides up
 
 # The papers' models, from their published config.json files (facts, for configs written offline).
 SHAPES: dict[str, dict] = {
@@ -147,19 +150,16 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     else:
         reference = adapter * 4 if finetuning == "lora" else P * 4
     S = context_tokens
-    def layer_set(rows: int) -> int:  # one layer's activations for `rows` sequences
-        return rows * S * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * a
 
     def logits_of(rows: int) -> int:  # positions whose vocabulary logits exist at once
         return min(logprob_chunk_tokens, rows * S) if logprob_chunk_tokens > 0 else rows * S
 
-    per_layer = layer_set(micro_batch_size)
-    if gradient_checkpointing:
-        activations = shape.layers * micro_batch_size * S * shape.hidden * a + per_layer
-    else:
-        activations = shape.layers * per_layer
+    # gradient-checkpointing='auto' checkpoints each micro-batch only as far as memory needs (layers_to_checkpoint):
+    # planned here at its worst, every layer, which is what the longest micro-batch may need
+    checkpointed = shape.layers if gradient_checkpointing else 0
+    activations = update_activation_bytes(shape, micro_batch_size * S, checkpointed, a)
     passes = logprob_micro_batch_size or micro_batch_size
-    activations = max(activations, layer_set(passes))
+    activations = max(activations, layer_activation_bytes(shape, passes * S, a))
     logit_rows = max(logits_of(micro_batch_size), logits_of(passes))
     rows = [
         base_weights(shape, precision),
@@ -171,10 +171,36 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         ("KV cache of a rollout batch", 2 * shape.layers * shape.kv_heads * shape.head_dim * S * rollout_batch_size * a),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
         ("training logits", 2 * logit_rows * shape.vocab * 4),
-        ("activations of a micro-batch", activations),
+        (ACTIVATIONS_ROW, activations),
         static_decoder_copy(shape, precision, static_decoder),
     ]
     return MemoryPlan("each client", tuple(rows))
+
+
+def layer_activation_bytes(shape: ModelShape, tokens: int, value_bytes: int) -> int:
+    """What one decoder layer keeps for backward over `tokens` positions (the per-token set in the module's text)."""
+    return tokens * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * value_bytes
+
+
+def update_activation_bytes(shape: ModelShape, tokens: int, checkpointed: int, value_bytes: int) -> int:
+    """The update's activations over `tokens` positions (rows x padded width) with the first `checkpointed` layers
+    checkpointed. A checkpointed layer keeps its input only; the others keep their full set. Backward reaches the first
+    layers last, when every later layer's set is freed, so recomputing one of them adds one layer's set only when no
+    layer keeps its own (all checkpointed): k inputs + max(layers - k, 1) sets for k >= 1, layers sets for k = 0."""
+    full = layer_activation_bytes(shape, tokens, value_bytes)
+    if checkpointed <= 0:
+        return shape.layers * full
+    checkpointed = min(checkpointed, shape.layers)
+    return checkpointed * tokens * shape.hidden * value_bytes + max(shape.layers - checkpointed, 1) * full
+
+
+def layers_to_checkpoint(shape: ModelShape, tokens: int, room_bytes: float, value_bytes: int) -> int:
+    """The fewest leading layers to checkpoint so that the update's activations over `tokens` positions fit
+    `room_bytes` (gradient-checkpointing='auto'); every layer when even that does not fit."""
+    for k in range(shape.layers + 1):
+        if update_activation_bytes(shape, tokens, k, value_bytes) <= room_bytes:
+            return k
+    return shape.layers
 
 
 def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str,

@@ -61,7 +61,8 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     started = time.time()
     rng = seed_everything(cfg.seed, server_round, partition_id)
     rows = rollout_rows(cfg, agent, tasks)
-    trainer = GRPOTrainer(model if model is not None else agent.model, agent.tokenizer, cfg.grpo_config(),
+    trainer = GRPOTrainer(model if model is not None else agent.model, agent.tokenizer,
+                          cfg.grpo_config(activation_room(cfg, agent, tasks, rows)),
                           cfg.rollout_config(batch_size=rows), base_model=base_model)
     if optimizer:
         trainer.load_optimizer_arrays(optimizer)
@@ -88,6 +89,16 @@ def rollout_rows(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], who: str =
     shape = ModelShape.of(agent.model.config)
     return cfg.rollout_rows(shape, context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks),
                             memory_budget(cfg, agent.device, who), who)
+
+
+def activation_room(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], rows: int) -> float | None:
+    """What the update's activations may take under gradient-checkpointing='auto' (RunConfig.activation_room), with
+    the client's budget as rollout_rows finds it; None otherwise (every layer checkpointed, or none)."""
+    if cfg.gradient_checkpointing != "auto":
+        return None
+    shape = ModelShape.of(agent.model.config)
+    return cfg.activation_room(shape, context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks),
+                               rows, memory_budget(cfg, agent.device))
 
 
 def memory_budget(cfg: RunConfig, device: torch.device, who: str = "client") -> float | None:

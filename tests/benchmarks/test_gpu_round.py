@@ -124,7 +124,8 @@ def test_a_paper_round_with_auto_rows_takes_the_measured_rows_and_says_when_the_
 def _with_report_fields(r: dict) -> dict:
     """A measured round's other fields, so format_report can print a fabricated one."""
     return {"plan_bytes": {"total": 1}, "peak_bytes": {"update": 1}, "shape": "tiny", "parameters": 1, "device": "cpu",
-            "finetuning": "full", "precision": "fp32", "gradient_checkpointing": False, "transfer_dtype": "fp32",
+            "finetuning": "full", "precision": "fp32", "gradient_checkpointing": False, "checkpointed_layers": 0.0,
+            "transfer_dtype": "fp32",
             "episodes": 512, "agent_steps": 1, "generated_tokens": 1, "generated_tokens_per_s": 1.0,
             "optimizer_steps": 1, "grad_norm": 1.0, "fraction_of_a_trained_tensor_moved": 1.0, "bytes_sent": 1,
             "wire_bytes_sent": 1, "peak_bytes_measured_by": "cuda allocator", "peak_flops": 1.0, "update_mfu": 0.1,
@@ -132,3 +133,34 @@ def _with_report_fields(r: dict) -> dict:
             "decode_ms_per_token_step": 1.0, "decode_engine": "static", "rows_per_step": 1.0,
             "rollout_ms_per_token_step": 1.0, "context_tokens": 1.0,
             "decode_bound": {"bound_ms": 1.0, "weight_bytes": 1, "kv_bytes": 1, "bandwidth": 1.0}} | r
+
+
+def test_auto_checkpointing_in_a_round_checkpoints_by_the_client_budget():
+    """gradient-checkpointing=auto: with no memory known every layer is checkpointed; with a budget far above the
+    plan none is (the tiny round's micro-batches fit whole), and the report says what share was."""
+    r = _run("--device", "cpu", "--set", "gradient-checkpointing=auto")
+    assert r["gradient_checkpointing"] == "auto" and r["checkpointed_layers"] == 1.0
+    roomy = _run("--device", "cpu", "--set", "gradient-checkpointing=auto", "--set", "client-memory-gb=64")
+    assert roomy["checkpointed_layers"] == 0.0 and roomy["optimizer_steps"] == 2
+    text = load_script("gpu_round").format_report(roomy)
+    assert "gradient checkpointing auto (0% of layer passes checkpointed)" in text
+
+
+def test_a_paper_round_says_which_update_settings_it_was_not_measured_at():
+    """The estimate scales the measured log-prob and update times; where the measured run's settings for them differ
+    from the preset's (the round benchmark's fast settings keep every activation; the preset checkpoints), it says so."""
+    gpu_round = load_script("gpu_round")
+    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
+    settings = {k: preset[k] for k in gpu_round.UPDATE_KEYS if k in preset}
+    measured = {"rollout_rows": 128, "mean_prompt_tokens": 180.0, "rollout_s": 10.0, "token_steps": 1000,
+                "logprobs_s": 1.0, "update_s": 2.0, "sample_tokens": 10_000, "transfer_s": 1.0}
+    same = gpu_round.paper_round({**measured, "update_settings": settings})
+    assert same["update_settings_unlike_preset"] == {}
+    fast = {**settings, "gradient-checkpointing": False, "micro-batch-size": 16}
+    p = gpu_round.paper_round({**measured, "update_settings": fast})
+    assert p["update_settings_unlike_preset"] == {
+        "gradient-checkpointing": {"measured": False, "preset": preset["gradient-checkpointing"]},
+        "micro-batch-size": {"measured": 16, "preset": preset["micro-batch-size"]}}
+    text = gpu_round.format_report(_with_report_fields({**measured, "paper_round": p}))
+    assert (f"timed at settings the preset does not have: gradient-checkpointing false (preset "
+            f"{str(preset['gradient-checkpointing']).lower()}), micro-batch-size 16 (preset {preset['micro-batch-size']})") in text

@@ -16,14 +16,18 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_profile.py
 def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
     done = subprocess.run([sys.executable, str(SCRIPT), "--shape", "tiny", "--json", "--profile", "--samples", "12",
                            "--variant", "micro-batch-size=2,cudnn-attention=true",
-                           "--variant", "micro-batch-size=4,logprob-micro-batch-size=12,length-grouped-micro-batches=true"],
+                           "--variant", "micro-batch-size=4,logprob-micro-batch-size=12,length-grouped-micro-batches=true",
+                           "--variant", "micro-batch-size=4,gradient-checkpointing=true",
+                           "--variant", "micro-batch-size=4,gradient-checkpointing=auto,client-memory-gb=64"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert r["device"] == "cpu" and r["samples"] == 12
-    first, second = r["variants"]
+    first, second, every, auto = r["variants"]
     assert first["variant"] == {"micro-batch-size": 2, "cudnn-attention": True} and first["micro_batch_size"] == 2
-    for v in (first, second):
+    # auto with far more memory than the tiny plan: no layer needs checkpointing
+    assert (first["checkpointed_layers"], every["checkpointed_layers"], auto["checkpointed_layers"]) == (0.0, 1.0, 0.0)
+    for v in (first, second, every, auto):
         # 12 samples, minibatch 64: one minibatch, so only the KL reference's pass runs apart from the update
         assert v["logprob_passes"] == 1 and v["optimizer_steps"] == 1
         assert v["logprobs_s"] > 0 and v["update_s"] > 0 and v["logprobs_mfu"] > 0 and v["update_mfu"] > 0

@@ -1,0 +1,192 @@
+"""gradient-checkpointing = 'auto': each micro-batch checkpoints only the leading layers its memory needs."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from fedagent_flwr.agent.checkpointing import activation_checkpointing
+from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.memory import (
+    ACTIVATIONS_ROW,
+    GB,
+    ModelShape,
+    client_plan,
+    layer_activation_bytes,
+    layers_to_checkpoint,
+    update_activation_bytes,
+)
+from fedagent_flwr.agent.rollout import RolloutConfig
+from fedagent_flwr.config import RunConfig, parse_overrides
+
+LAYERS = 4
+
+
+@pytest.fixture()
+def deep_lm(maze_tokenizer):
+    """conftest's tiny model with 4 layers, so that 'some of the layers' means something."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "qwen2", vocab_size=len(maze_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=maze_tokenizer.pad_token_id, eos_token_id=maze_tokenizer.eos_token_id, bos_token_id=None,
+    )
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _small_shape() -> ModelShape:
+    return ModelShape.of(AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=3, num_attention_heads=2,
+                                              num_key_value_heads=1, intermediate_size=16, vocab_size=32))
+
+
+def test_the_activation_estimate_by_hand_and_the_fewest_layers_that_fit():
+    shape = _small_shape()
+    full = 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2  # one layer's set over 10 positions in bf16
+    kept = 10 * 8 * 2  # a checkpointed layer's input
+    assert layer_activation_bytes(shape, 10, 2) == full
+    assert update_activation_bytes(shape, 10, 0, 2) == 3 * full
+    assert update_activation_bytes(shape, 10, 1, 2) == kept + 2 * full
+    assert update_activation_bytes(shape, 10, 2, 2) == 2 * kept + full
+    # every layer: their inputs plus one layer's set recomputed at a time, as the plan with checkpointing counts it
+    assert update_activation_bytes(shape, 10, 3, 2) == 3 * kept + full
+    planned = client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj",), precision="bf16-mixed",
+                          kl_beta=0.0, kl_reference="round-start", micro_batch_size=2, rollout_batch_size=1,
+                          context_tokens=5, gradient_checkpointing=True).as_dict()[ACTIVATIONS_ROW]
+    assert planned == update_activation_bytes(shape, 10, 3, 2)
+    # the fewest layers: exactly at a bound, one byte under it, plenty of room, too little for anything
+    assert layers_to_checkpoint(shape, 10, 3 * full, 2) == 0
+    assert layers_to_checkpoint(shape, 10, 3 * full - 1, 2) == 1
+    assert layers_to_checkpoint(shape, 10, 2 * kept + full, 2) == 2
+    assert layers_to_checkpoint(shape, 10, 2 * kept + full - 1, 2) == 3
+    assert layers_to_checkpoint(shape, 10, 1, 2) == 3 and layers_to_checkpoint(shape, 10, 10 * GB, 2) == 0
+    # longer micro-batches need more of the layers in the same room
+    room = 2 * full
+    assert [layers_to_checkpoint(shape, t, room, 2) for t in (5, 10, 20)] == [0, 2, 3]
+
+
+def _samples(tokenizer, n: int) -> list[StepSample]:
+    """Prompts of very different lengths, so that length-grouped micro-batches differ in width."""
+    rng = np.random.default_rng(0)
+    vocab = len(tokenizer)
+    lengths = [4, 6, 8, 10, 40, 44, 48, 52][:n]
+    return [StepSample(rng.integers(3, vocab, size=p).tolist(), rng.integers(3, vocab, size=6).tolist(),
+                       1.0 if i % 2 else -1.0, 1.0) for i, p in enumerate(lengths)]
+
+
+def _update(model, tokenizer, checkpointing, room=None, client_gb=0.0):
+    cfg = RunConfig(device="cpu", learning_rate=1e-3, kl_beta=0.1, minibatch_size=8, micro_batch_size=2,
+                    length_grouped_micro_batches=True, gradient_checkpointing=checkpointing, client_memory_gb=client_gb)
+    samples = _samples(tokenizer, 8)
+    trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(room), RolloutConfig(history_length=0))
+    stats = trainer.update(samples, np.random.default_rng(0))
+    return stats, samples
+
+
+def _recomputed_layers(model) -> tuple[list, list[list[int]], list[int]]:
+    """Counters that record, per micro-batch (one forward of the model with grad), how often each layer ran its MLP:
+    a checkpointed layer runs it again when backward recomputes it. The MLP's own forward is wrapped, not hooked:
+    PyTorch's checkpoint runs no module hooks while it recomputes."""
+    layers = list(model.model.layers)
+    calls = [0] * len(layers)
+    per_micro: list[list[int]] = []
+
+    def on_model_forward(module, args, kwargs):
+        if torch.is_grad_enabled():
+            per_micro.append(calls.copy())  # snapshot before: the difference to the next is one micro-batch
+
+    handles = [model.register_forward_pre_hook(on_model_forward, with_kwargs=True)]
+    for i, layer in enumerate(layers):
+        def counted(*args, i=i, inner=layer.mlp.forward, **kwargs):
+            if torch.is_grad_enabled():
+                calls[i] += 1
+            return inner(*args, **kwargs)
+        layer.mlp.forward = counted
+    return handles, per_micro, calls
+
+
+def test_auto_checkpoints_only_the_leading_layers_each_micro_batch_needs_and_updates_as_before(deep_lm, maze_tokenizer):
+    shape = ModelShape.of(deep_lm.config)
+    # fp32 on CPU: 4 bytes a value. The four length-grouped micro-batches of two are 58, 50, 16 and 12 tokens wide
+    # (prompt + completion), so 116, 100, 32 and 24 positions. The room fits the short ones whole, not the long ones.
+    room = update_activation_bytes(shape, 40, 0, 4)
+    expected = {tokens: layers_to_checkpoint(shape, tokens, room, 4) for tokens in (116, 100, 32, 24)}
+    assert expected[24] == expected[32] == 0 and 0 < expected[100] <= expected[116] < LAYERS
+
+    plain = copy.deepcopy(deep_lm)
+    everything = copy.deepcopy(deep_lm)
+    handles, per_micro, calls = _recomputed_layers(deep_lm)
+    stats, samples = _update(deep_lm, maze_tokenizer, "auto", room)
+    for h in handles:
+        h.remove()
+    per_micro.append(calls.copy())
+    widths = sorted((len(s.prompt_ids) + len(s.completion_ids) for s in samples), reverse=True)[::2]
+    assert widths == [58, 50, 16, 12]
+    seen = []
+    for before, after, width in zip(per_micro, per_micro[1:], widths):
+        ran = [a - b for a, b in zip(after, before)]
+        k = expected[2 * width]
+        assert ran == [2] * k + [1] * (LAYERS - k), (width, ran)  # the first k layers recomputed, the rest kept
+        seen.append(k)
+    assert len(seen) == 4 and seen[0] > 0 and seen[-1] == 0
+    assert stats["checkpointed_layers"] == pytest.approx(np.mean(seen) / LAYERS)
+
+    _update(plain, maze_tokenizer, False)
+    _update(everything, maze_tokenizer, True)
+    for key, value in plain.state_dict().items():  # what is recomputed changes memory, not the update
+        torch.testing.assert_close(deep_lm.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(everything.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+    assert not deep_lm.is_activation_checkpointing and not deep_lm.training  # left as it was
+    assert not any(layer.gradient_checkpointing for layer in deep_lm.model.layers)
+
+
+def test_auto_without_a_known_room_checkpoints_every_layer(deep_lm, maze_tokenizer):
+    handles, per_micro, calls = _recomputed_layers(deep_lm)
+    stats, _ = _update(deep_lm, maze_tokenizer, "auto", None)
+    for h in handles:
+        h.remove()
+    per_micro.append(calls.copy())
+    for before, after in zip(per_micro, per_micro[1:]):
+        assert [a - b for a, b in zip(after, before)] == [2] * LAYERS
+    assert stats["checkpointed_layers"] == 1.0
+
+
+def test_the_room_is_the_budget_less_the_rest_of_the_plan():
+    shape = _small_shape()
+    cfg = RunConfig(device="cpu", gradient_checkpointing="auto", micro_batch_size=2)
+    plan = cfg.memory_plans(shape, 20, 4)[0].as_dict()
+    others = plan["total"] - plan[ACTIVATIONS_ROW]
+    assert cfg.activation_room(shape, 20, 4, 10 * GB) == 10 * GB - others
+    # the plan counts the worst case, every layer checkpointed, as with true
+    assert plan == RunConfig(device="cpu", gradient_checkpointing=True, micro_batch_size=2).memory_plans(shape, 20, 4)[0].as_dict()
+    assert cfg.activation_room(shape, 20, 4, None) is None  # no memory known: every layer
+    assert RunConfig(device="cpu", gradient_checkpointing=True).activation_room(shape, 20, 4, 10 * GB) is None
+
+
+def test_auto_is_a_value_of_the_key_and_other_words_are_refused():
+    assert RunConfig.from_run_config({"gradient-checkpointing": "auto"}).gradient_checkpointing == "auto"
+    assert RunConfig.from_run_config({"gradient-checkpointing": True}).gradient_checkpointing is True
+    assert parse_overrides(["gradient-checkpointing=auto"]) == {"gradient-checkpointing": "auto"}
+    assert parse_overrides(["gradient-checkpointing=false"]) == {"gradient-checkpointing": False}
+    with pytest.raises(ValueError, match="gradient-checkpointing='sometimes'.*expected bool or 'auto'"):
+        RunConfig.from_run_config({"gradient-checkpointing": "sometimes"})
+    with pytest.raises(ValueError, match="gradient-checkpointing takes true | false | auto"):
+        parse_overrides(["gradient-checkpointing=sometimes"])
+    with pytest.raises(ValueError, match="length-grouped-micro-batches takes true | false"):
+        parse_overrides(["length-grouped-micro-batches=ture"])  # a typo used to read as false
+    with pytest.raises(ValueError, match="gradient-checkpointing"):
+        RunConfig(gradient_checkpointing="sometimes")
+    with pytest.raises(ValueError, match="must be one of"):
+        with activation_checkpointing(None, "sometimes", None, "fp32"):
+            pass
+
+
+def test_run_simulation_takes_auto_as_the_flag_value():
+    from fedagent_flwr.simulation import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["--gradient-checkpointing", "auto"]).gradient_checkpointing == "auto"
+    assert parse(["--gradient-checkpointing", "true"]).gradient_checkpointing is True
+    with pytest.raises(SystemExit):
+        parse(["--gradient-checkpointing", "sometimes"])
