@@ -10,7 +10,8 @@
 #                 FAST's settings without and with the old waits put back (host-waits=true), and without again (the
 #                 order's effect); then an optimizer step every micro-batch (minibatch 16, 8 steps) with the fused
 #                 AdamW and with PyTorch's default (fused-adamw=false); then every layer checkpointed (the paper
-#                 preset's gradient-checkpointing=true) and gradient-checkpointing=auto
+#                 preset's gradient-checkpointing=true), gradient-checkpointing=auto, and a bf16 working copy over fp32
+#                 master weights instead of autocast (param-dtype=bf16)
 #   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
 #   update        update_profile.py: log-prob and update MFU by micro-batch setting and attention kernel, one micro-batch
 #                 profiled
@@ -55,11 +56,13 @@ for stage in $STAGES; do
       timeout 90 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
     waits)
       timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/agent/test_device_waits.py \
-        "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" 2>&1 | tail -15 | tee "$OUT/wait_tests.txt"
+        "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" \
+        tests/agent/test_master_weights.py 2>&1 | tail -15 | tee "$OUT/wait_tests.txt"
       timeout 240 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST --variant $UPDATE_FAST,minibatch-size=16 \
         --variant $UPDATE_FAST,minibatch-size=16,fused-adamw=false --variant $UPDATE_FAST,gradient-checkpointing=true \
-        --variant $UPDATE_FAST,gradient-checkpointing=auto --json > "$OUT/waits_profile.json" 2> "$OUT/waits_profile.err"
+        --variant $UPDATE_FAST,gradient-checkpointing=auto --variant $UPDATE_FAST,param-dtype=bf16 --json \
+        > "$OUT/waits_profile.json" 2> "$OUT/waits_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/waits_profile.err" | tail -4 ;;
     decode)
       timeout 120 python3 benchmarks/decode_profile.py --shape 1.5b --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"

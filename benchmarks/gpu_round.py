@@ -84,7 +84,7 @@ PAPER_PRESET = Path(__file__).resolve().parents[1] / "configs" / "fedagent-paper
 # the settings that change how long the log-prob and update passes take, not what they compute: the paper-round
 # estimate says which of them the measured run did not share with the preset
 UPDATE_KEYS = ("gradient-checkpointing", "micro-batch-size", "logprob-micro-batch-size", "logprob-chunk-tokens",
-               "length-grouped-micro-batches", "training-kernels", "precision")
+               "length-grouped-micro-batches", "training-kernels", "precision", "param-dtype")
 
 
 def decode_bound(facts: ModelShape, tied: bool, rows: float, context: float, value_bytes: int,

@@ -39,6 +39,7 @@ from fedagent_flwr.agent.grpo import (
 )
 from fedagent_flwr.agent.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.lora import LoRASpec
+from fedagent_flwr.agent.master_weights import PARAM_DTYPES
 from fedagent_flwr.agent.memory import (
     ACTIVATIONS_ROW,
     GB,
@@ -221,8 +222,11 @@ class ModelConfig:
 
     training_kernels: str = _key("eager", "the kernels GRPO's log-prob and update passes run the decoder layers with: eager = the transformers modules as they are; compile = torch.compile of each decoder layer (one graph shared by all layers, dynamic shapes) in those passes only; liger = Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE (CUDA, Qwen2 and Llama models, pip install liger-kernel). The same function up to float rounding (agent/kernels.py); speed is measured in docs/gpu.md", " | ".join(TRAINING_KERNELS))
 
+    param_dtype: str = _key("fp32", "the weights GRPO's log-prob and update passes compute with under bf16-mixed: fp32 = the fp32 weights, which bf16 autocast casts in every forward (PyTorch AMP; the embedding's output, the residual stream and the norms stay fp32); bf16 = a bf16 working copy of every weight refreshed after each optimizer step, gradients accumulated in fp32 beside the fp32 master weights AdamW steps (FSDP's param_dtype=bf16, Megatron's bf16): no casts per forward, every activation in bf16 (agent/master_weights.py; docs/gpu.md)", " | ".join(PARAM_DTYPES) + "; bf16 with precision resolving to bf16-mixed, finetuning='full' and a GRPO strategy")
+
     def check(self, need: Need) -> None:
         need(self.training_kernels in TRAINING_KERNELS, "training-kernels", self.training_kernels, " | ".join(TRAINING_KERNELS))
+        need(self.param_dtype in PARAM_DTYPES, "param-dtype", self.param_dtype, " | ".join(PARAM_DTYPES))
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
         need(self.server_device in ("same", *DEVICES) or self.server_device.startswith("cuda:"), "server-device",
              self.server_device, "same | " + " | ".join(DEVICES) + " | cuda:N")
@@ -632,6 +636,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             activation_room_bytes=activation_room_bytes,
             precision=self.resolved_precision(),
             training_kernels=self.training_kernels,
+            param_dtype=self.param_dtype,
         )
 
     def resolved_kl_reference(self) -> str:
@@ -743,6 +748,11 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.training_kernels != "eager" and traits:
             need(traits.grpo, "training-kernels", self.training_kernels,
                  "eager unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
+        if self.param_dtype == "bf16" and traits:  # a working copy of every weight: full fine-tuning under bf16 compute
+            need(traits.grpo and self.finetuning == "full" and self.resolved_precision() == "bf16-mixed", "param-dtype",
+                 self.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
+                 f"'bf16-mixed' (here strategy={self.strategy!r}, finetuning={self.finetuning!r}, precision resolves to "
+                 f"{self.resolved_precision()!r})")
         if self.training_kernels == "liger":
             need(runs_on_cuda(self.device), "training-kernels", self.training_kernels,
                  f"eager | compile with device={self.device!r} (Liger's kernels run on CUDA only)")

@@ -23,6 +23,7 @@ reference model), so the loss is written here (about 40 lines).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from envs import Task, TextEnv
 from fedagent_flwr.agent import decode
 from fedagent_flwr.agent.checkpointing import Checkpointing, activation_checkpointing
 from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.master_weights import PARAM_DTYPES, Bf16WorkingCopy, bf16_view
 from fedagent_flwr.agent.kernels import apply_liger, check_training_kernels, training_kernels
 from fedagent_flwr.agent.precision import autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.rollout import (
@@ -106,6 +108,9 @@ class GRPOConfig:
     weight_decay: float  # AdamW's decoupled weight decay (verl's actor default is 0.01)
     # the decoder layers' kernels in the log-prob and update passes: eager | compile | liger (agent/kernels.py)
     training_kernels: str
+    # what the log-prob and update passes compute with under bf16 autocast: "fp32" = the fp32 weights, cast by
+    # autocast in every forward; "bf16" = a bf16 working copy over fp32 masters (agent/master_weights.py)
+    param_dtype: str
     # what the update's activations may take under gradient_checkpointing="auto" (RunConfig.activation_room); None =
     # no memory known: every layer is checkpointed
     activation_room_bytes: float | None
@@ -258,6 +263,11 @@ class GRPOTrainer:
         if config.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = unchunked), got {config.logprob_chunk_tokens}")
         check_trainable_precision(model, config.precision)
+        if config.param_dtype not in PARAM_DTYPES:
+            raise ValueError(f"param_dtype must be one of {PARAM_DTYPES}, got {config.param_dtype!r}")
+        if config.param_dtype == "bf16" and (config.precision != "bf16-mixed" or not all(p.requires_grad for p in model.parameters())):
+            raise ValueError(f"param_dtype='bf16' needs precision 'bf16-mixed' (got {config.precision!r}) and full "
+                             "fine-tuning (every weight trained; a LoRA base has bf16-base)")
         check_training_kernels(config.training_kernels, self.device)
         if config.training_kernels == "liger":
             apply_liger(model)
@@ -294,6 +304,9 @@ class GRPOTrainer:
         if self.config.kl_beta <= 0:
             return None
         if self.reference is not None:
+            if self.config.param_dtype == "bf16":  # as the policy computes: on bf16 weights, or the KL sees rounding
+                with bf16_view(self.reference):
+                    return self._logprobs(self.reference, samples)
             return self._logprobs(self.reference, samples)
         if self.reference_adapter is None:  # base: the LoRA model with its adapter switched off
             with self.model.disable_adapter():
@@ -378,11 +391,13 @@ class GRPOTrainer:
             return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
         self.model.eval()  # dropout off: old and new log-probs must come from the same function
         cfg = self.config
+        copy_of = Bf16WorkingCopy(self.model) if cfg.param_dtype == "bf16" else contextlib.nullcontext()
         with activation_checkpointing(self.model, cfg.gradient_checkpointing, cfg.activation_room_bytes, cfg.precision) as ckpt, \
-                training_kernels(self.model, cfg.training_kernels):
-            return self._update(samples, rng, ckpt)
+                training_kernels(self.model, cfg.training_kernels), copy_of as working:
+            return self._update(samples, rng, ckpt, working)
 
-    def _update(self, samples: list[StepSample], rng: np.random.Generator, ckpt: Checkpointing | None) -> dict[str, float]:
+    def _update(self, samples: list[StepSample], rng: np.random.Generator, ckpt: Checkpointing | None,
+                working: Bf16WorkingCopy | None) -> dict[str, float]:
         cfg = self.config
         # With a single minibatch the policy has not moved before the update, so the
         # "old" log-probs are the current ones (detached): skip a forward pass.
@@ -417,9 +432,13 @@ class GRPOTrainer:
                     loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
                 loss.backward()
                 pending.append((loss.detach(), stats, int(host_mask.sum())))
+            if working is not None:  # param-dtype bf16: clip and step the fp32 masters with their fp32 gradients
+                working.master_view()
             trainable = [p for p in self.model.parameters() if p.requires_grad]
             grad_norms.append(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
             self.optimizer.step()
+            if working is not None:
+                working.refresh()
             steps += 1
         total_tokens = 0
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}

@@ -8,7 +8,8 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   ends only when the weight requires grad (checked here on CPU in tests/agent/test_memory.py, and on an H200: a
   7B LoRA round peaked 16.7 GiB below a plan that counted P x 2). So: P x 2 with full fine-tuning; with LoRA, the
   adapter's A x 2 plus one frozen matrix at a time, the largest being the output head (vocab x H x 2); under
-  bf16-base the frozen weights are bf16 already, so only the adapter's A x 2;
+  bf16-base the frozen weights are bf16 already, so only the adapter's A x 2; with param-dtype = 'bf16' (full
+  fine-tuning) the row is the working copy GRPO's passes compute on, P x 2 as well (agent/master_weights.py);
 - gradients: T x 4; AdamW moments: 2 x T x 4;
 - KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4; round-start with LoRA =
   the round-start adapter, A x 4; base with LoRA = nothing (the adapter switched off);
