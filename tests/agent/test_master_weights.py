@@ -133,3 +133,17 @@ def test_on_a_gpu_the_masters_take_fused_adamw_steps_and_all_move(tiny_lm, maze_
     assert all(p.dtype == torch.float32 and p.is_cuda for p in model.parameters())
     changed = torch.cat([(model.state_dict()[k] != v).flatten() for k, v in before.items()]).float().mean()
     assert changed > 0.99
+
+
+def test_the_working_copy_and_gradient_checkpointing_give_the_same_update(tiny_lm, maze_tokenizer):
+    """A checkpointed layer's gradients reach the fp32 sum through the same hook: recomputing changes memory only."""
+    results = []
+    for checkpointing in (False, True):
+        model = copy.deepcopy(tiny_lm)
+        cfg = RunConfig(device="cpu", precision="bf16-mixed", param_dtype="bf16", learning_rate=1e-3, kl_beta=0.0,
+                        minibatch_size=4, micro_batch_size=2, gradient_checkpointing=checkpointing)
+        GRPOTrainer(model, maze_tokenizer, cfg.grpo_config(), RolloutConfig(history_length=0)).update(
+            _samples(maze_tokenizer, 8), np.random.default_rng(0))
+        results.append(model.state_dict())
+    for key, value in results[0].items():
+        torch.testing.assert_close(results[1][key], value, rtol=0, atol=0)
