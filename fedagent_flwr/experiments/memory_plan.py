@@ -3,6 +3,8 @@
     python -m fedagent_flwr.experiments.memory_plan --shape qwen2.5-1.5b
     python -m fedagent_flwr.experiments.memory_plan --shape qwen2.5-7b --set finetuning=lora --set lora-rank=8 \\
         --set kl-reference=base --set precision=bf16-mixed --context-tokens 2048
+    python -m fedagent_flwr.experiments.memory_plan --shape qwen2.5-1.5b --run-config configs/fedagent-paper.toml \\
+        --set gradient-checkpointing=auto --set client-memory-gb=80
 
 The shapes are the papers' Qwen2.5 models (agent/memory.py); `--set` takes any run-config key. The run
 itself computes the same plan from its own model and prompts before round 1 (docs/gpu.md).
@@ -12,22 +14,25 @@ from __future__ import annotations
 
 import argparse
 
-from fedagent_flwr.agent.memory import GB, SHAPES, ModelShape, shape_config
+from fedagent_flwr.agent.memory import BF16_COMPUTE, GB, SHAPES, ModelShape, layers_to_checkpoint, shape_config
 from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.simulation import read_run_config_file
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.memory_plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    p.add_argument("--run-config", default=None, metavar="FILE", help="a TOML preset (e.g. configs/fedagent-paper.toml); --set overrides it")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config key")
     p.add_argument("--context-tokens", type=int, default=2048, help="prompt + generated tokens of the longest step (default 2048)")
     args = p.parse_args(argv)
     try:
+        preset = read_run_config_file(args.run_config) if args.run_config else {}
         overrides = parse_overrides(args.set)
+        cfg = RunConfig.from_run_config(RunConfig().to_run_config() | {"precision": "bf16-mixed"} | preset | overrides)
     except ValueError as err:
         p.error(str(err))
-    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | {"precision": "bf16-mixed"} | overrides)
     shape = ModelShape.of(shape_config(args.shape))
     print(f"{args.shape}: {shape.parameters:,} parameters; finetuning={cfg.finetuning}, precision={cfg.resolved_precision()}, "
           f"micro-batch-size={cfg.micro_batch_size}, rollout-batch-size={cfg.rollout_batch_size}, context {args.context_tokens} tokens")
@@ -36,7 +41,21 @@ def main(argv: list[str] | None = None) -> int:
     client = cfg.memory_plans(shape, args.context_tokens)[0]
     for gb in (24, 40, 80):
         print(f"fits a {gb} GiB GPU per client: {'yes' if client.total <= gb * GB else 'no'}")
+    if cfg.gradient_checkpointing == "auto":
+        print(auto_checkpointing(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0))
     return 0
+
+
+def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float) -> str:
+    """What gradient-checkpointing='auto' would do in `budget_gb`: the layers a micro-batch checkpoints, by width."""
+    budget = budget_gb * GB
+    room = cfg.activation_room(shape, context, cfg.rollout_rows(shape, context, budget), budget)
+    value_bytes = 2 if cfg.resolved_precision() in BF16_COMPUTE else 4
+    widths = sorted({w for w in (256, 512, 1024) if w < context} | {context})
+    layers = [layers_to_checkpoint(shape, cfg.micro_batch_size * w, room, value_bytes) for w in widths]
+    return (f"gradient-checkpointing=auto in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations): a "
+            f"micro-batch of {cfg.micro_batch_size} rows checkpoints " + ", ".join(
+                f"{k} of {shape.layers} layers at {w} tokens" for k, w in zip(layers, widths)))
 
 
 if __name__ == "__main__":

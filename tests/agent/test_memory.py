@@ -187,6 +187,26 @@ def test_the_command_prints_the_plans_of_the_papers_models(capsys):
     assert "fits a 80 GiB GPU per client: yes" in lora  # LoRA, no reference copy, small batches
 
 
+def test_the_command_says_what_auto_checkpointing_does_with_the_paper_preset(capsys):
+    """--run-config reads a preset; with gradient-checkpointing=auto the command prints the layers a micro-batch
+    checkpoints by width in the memory given: none of the short ones, more of the long ones, more in less memory."""
+    import re
+
+    from fedagent_flwr.experiments.memory_plan import main
+
+    def layers(gb: int) -> list[int]:
+        preset = Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"
+        main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "gradient-checkpointing=auto",
+              "--set", f"client-memory-gb={gb}", "--set", "device=cuda"])
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        assert line.startswith(f"gradient-checkpointing=auto in {gb} GiB") and "a micro-batch of 8 rows" in line
+        return [int(k) for k in re.findall(r"(\d+) of 28 layers at \d+ tokens", line)]
+
+    roomy, tight = layers(80), layers(56)
+    assert len(roomy) == len(tight) == 4 and roomy[0] == tight[0] == 0  # 256, 512, 1024 and the 2048-token context
+    assert roomy == sorted(roomy) and tight == sorted(tight) and tight[-1] > roomy[-1] and tight[-1] <= 28
+
+
 def test_a_run_whose_plan_does_not_fit_stops_before_round_1(tmp_path, run_identity):
     from fedagent_flwr.agent.loading import load_agent
     from fedagent_flwr.federation import run_federation
