@@ -707,7 +707,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                              rollout_batch_size=rows, context_tokens=context_tokens,
                              logprob_chunk_tokens=self.logprob_chunk_tokens if self.traits.grpo else 0,
                              logprob_micro_batch_size=(self.logprob_micro_batch_size or self.micro_batch_size) if self.traits.grpo else 0,
-                             static_decoder=self.static_decoder(self.device))
+                             static_decoder=self.static_decoder(self.device), param_dtype=self.param_dtype)
         server = server_plan(shape, **(common | {"precision": self.resolved_precision(self.evaluation_device())}), eval_batch_size=rows, context_tokens=context_tokens,
                              static_decoder=self.static_decoder(self.evaluation_device()))
         return client, server

@@ -296,6 +296,8 @@ class GRPOTrainer:
                     p.requires_grad_(False)
             else:
                 self.reference = copy.deepcopy(model).eval()
+                if config.param_dtype == "bf16":  # it computes on bf16 weights anyway: hold it so, half the memory
+                    self.reference.to(torch.bfloat16)
                 for p in self.reference.parameters():
                     p.requires_grad_(False)
 
@@ -305,7 +307,7 @@ class GRPOTrainer:
             return None
         if self.reference is not None:
             if self.config.param_dtype == "bf16":  # as the policy computes: on bf16 weights, or the KL sees rounding
-                with bf16_view(self.reference):
+                with bf16_view(self.reference):  # (the round-start copy is bf16 already; the base's is not)
                     return self._logprobs(self.reference, samples)
             return self._logprobs(self.reference, samples)
         if self.reference_adapter is None:  # base: the LoRA model with its adapter switched off

@@ -11,7 +11,8 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   bf16-base the frozen weights are bf16 already, so only the adapter's A x 2; with param-dtype = 'bf16' (full
   fine-tuning) the row is the working copy GRPO's passes compute on, P x 2 as well (agent/master_weights.py);
 - gradients: T x 4; AdamW moments: 2 x T x 4;
-- KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4; round-start with LoRA =
+- KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4 (P x 2 with param-dtype =
+  'bf16', which computes on bf16 weights and holds the copy so); round-start with LoRA =
   the round-start adapter, A x 4; base with LoRA = nothing (the adapter switched off);
 - KV cache of a rollout batch: 2 x layers x kv-heads x head-dim x S x rollout-batch-size x a, with S the
   context (prompt + generated tokens) and a = 2 bytes under bf16-mixed and bf16-base, 4 in fp32;
@@ -139,8 +140,9 @@ def _check_base_precision(finetuning: str, precision: str) -> None:
 def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str, kl_beta: float,
                 kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int = 0,
-                static_decoder: bool = False, logprob_micro_batch_size: int = 0) -> MemoryPlan:
-    """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size."""
+                static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32") -> MemoryPlan:
+    """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
+    holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py)."""
     _check_base_precision(finetuning, precision)
     a = 2 if precision in BF16_COMPUTE else 4
     P = shape.parameters
@@ -148,8 +150,10 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     T = adapter if finetuning == "lora" else P
     if kl_beta <= 0 or (finetuning == "lora" and kl_reference == "base"):
         reference = 0
+    elif finetuning == "lora":
+        reference = adapter * 4
     else:
-        reference = adapter * 4 if finetuning == "lora" else P * 4
+        reference = P * 2 if param_dtype == "bf16" and kl_reference == "round-start" else P * 4
     S = context_tokens
 
     def logits_of(rows: int) -> int:  # positions whose vocabulary logits exist at once

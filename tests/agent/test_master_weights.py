@@ -93,7 +93,17 @@ def test_the_old_policy_and_the_kl_reference_compute_on_bf16_weights_too(tiny_lm
     stats = trainer.update(_samples(maze_tokenizer, 8), np.random.default_rng(0))
     assert stats["optimizer_steps"] == 4  # several minibatches: the old policy's pass ran apart
     assert stats["kl"] == 0.0 and stats["clip_frac"] == 0.0
-    assert all(p.dtype == torch.float32 for p in trainer.reference.parameters())  # the reference keeps fp32 weights
+    # the round-start reference is held in bf16, as it computes (half its memory; the plan counts P x 2)
+    assert all(p.dtype == torch.bfloat16 for p in trainer.reference.parameters())
+
+
+def test_the_plan_holds_the_round_start_reference_in_bf16_with_a_working_copy():
+    from fedagent_flwr.agent.memory import ModelShape, shape_config
+
+    shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
+    rows = {dtype: RunConfig(device="cpu", precision="bf16-mixed", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start")
+            .memory_plans(shape, 512, 8)[0].as_dict()["KL reference"] for dtype in ("fp32", "bf16")}
+    assert rows == {"fp32": 4 * shape.parameters, "bf16": 2 * shape.parameters}
 
 
 def test_bf16_view_leaves_a_frozen_model_as_it_was(tiny_lm):
