@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-from fedagent_flwr.agent.memory import BF16_COMPUTE, ModelShape, layers_to_checkpoint
+from fedagent_flwr.agent.memory import ModelShape, layers_to_checkpoint, value_bytes
 
 CHECKPOINTING = (False, True, "auto")
 
@@ -73,7 +73,7 @@ def activation_checkpointing(model, mode: bool | str, room_bytes: float | None, 
     shape = ModelShape.of(model.config) if auto else None
     model.train()
     try:
-        yield Checkpointing(layers, shape, room_bytes if auto else None, 2 if precision in BF16_COMPUTE else 4)
+        yield Checkpointing(layers, shape, room_bytes if auto else None, value_bytes(precision))
     finally:
         getattr(model, disable)()
         model.eval()

@@ -306,10 +306,11 @@ class GRPOTrainer:
         if self.config.kl_beta <= 0:
             return None
         if self.reference is not None:
-            if self.config.param_dtype == "bf16":  # as the policy computes: on bf16 weights, or the KL sees rounding
-                with bf16_view(self.reference):  # (the round-start copy is bf16 already; the base's is not)
-                    return self._logprobs(self.reference, samples)
-            return self._logprobs(self.reference, samples)
+            # param-dtype bf16: as the policy computes, on bf16 weights, or the KL sees rounding (the round-start copy
+            # is bf16 already; the base's is not)
+            view = bf16_view(self.reference) if self.config.param_dtype == "bf16" else contextlib.nullcontext()
+            with view:
+                return self._logprobs(self.reference, samples)
         if self.reference_adapter is None:  # base: the LoRA model with its adapter switched off
             with self.model.disable_adapter():
                 return self._logprobs(self.model, samples)

@@ -114,6 +114,11 @@ class MemoryPlan:
 BF16_COMPUTE = ("bf16-mixed", "bf16-base")  # the precisions whose forward passes run under bf16 autocast
 
 
+def value_bytes(precision: str) -> int:
+    """Bytes of an activation, a KV-cache entry or a compute copy's weight: 2 under bf16 compute, 4 in fp32."""
+    return 2 if precision in BF16_COMPUTE else 4
+
+
 def autocast_copies(shape: ModelShape, finetuning: str, adapter: int, precision: str) -> int:
     """Bytes of bf16 weight copies autocast holds: cached for weights that require grad, transient for frozen ones."""
     if precision not in BF16_COMPUTE:
@@ -144,7 +149,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
     holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py)."""
     _check_base_precision(finetuning, precision)
-    a = 2 if precision in BF16_COMPUTE else 4
+    a = value_bytes(precision)
     P = shape.parameters
     adapter = shape.lora_parameters(lora_rank, lora_targets) if finetuning == "lora" else 0
     T = adapter if finetuning == "lora" else P
@@ -211,7 +216,7 @@ def layers_to_checkpoint(shape: ModelShape, tokens: int, room_bytes: float, valu
 def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str,
                 eval_batch_size: int, context_tokens: int, static_decoder: bool = False) -> MemoryPlan:
     _check_base_precision(finetuning, precision)
-    a = 2 if precision in BF16_COMPUTE else 4
+    a = value_bytes(precision)
     adapter = shape.lora_parameters(lora_rank, lora_targets) if finetuning == "lora" else 0
     rows = [
         base_weights(shape, precision),
@@ -227,7 +232,7 @@ def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
 def static_decoder_copy(shape: ModelShape, precision: str, used: bool) -> tuple[str, int]:
     """The static decode engine's own copy of the weights (agent/decode.py), in the rollout's dtype: bf16 under bf16
     compute, else fp32. Its KV cache takes the place of the KV-cache row (preallocated to the batch's context)."""
-    return ("static decoder's weight copy", shape.parameters * (2 if precision in BF16_COMPUTE else 4) if used else 0)
+    return ("static decoder's weight copy", shape.parameters * value_bytes(precision) if used else 0)
 
 
 def rows_that_fit(plan_for: Callable[[int], MemoryPlan], budget_bytes: float, most: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedagent_flwr.agent.memory import BF16_COMPUTE, GB, SHAPES, ModelShape, layers_to_checkpoint, shape_config
+from fedagent_flwr.agent.memory import GB, SHAPES, ModelShape, layers_to_checkpoint, shape_config, value_bytes
 from fedagent_flwr.config import RunConfig, parse_overrides
 from fedagent_flwr.simulation import read_run_config_file
 
@@ -50,9 +50,8 @@ def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_g
     """What gradient-checkpointing='auto' would do in `budget_gb`: the layers a micro-batch checkpoints, by width."""
     budget = budget_gb * GB
     room = cfg.activation_room(shape, context, cfg.rollout_rows(shape, context, budget), budget)
-    value_bytes = 2 if cfg.resolved_precision() in BF16_COMPUTE else 4
     widths = sorted({w for w in (256, 512, 1024) if w < context} | {context})
-    layers = [layers_to_checkpoint(shape, cfg.micro_batch_size * w, room, value_bytes) for w in widths]
+    layers = [layers_to_checkpoint(shape, cfg.micro_batch_size * w, room, value_bytes(cfg.resolved_precision())) for w in widths]
     return (f"gradient-checkpointing=auto in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations): a "
             f"micro-batch of {cfg.micro_batch_size} rows checkpoints " + ", ".join(
                 f"{k} of {shape.layers} layers at {w} tokens" for k, w in zip(layers, widths)))
