@@ -1,10 +1,13 @@
-"""Print the value of one run-config key in the fastest variant of an update_profile.py --json result.
+"""Print the value of one run-config key in the fastest variant of an update_profile.py --json result, or with
+`--sets` the whole fastest variant as gpu_round.py arguments.
 
     python benchmarks/fastest_variant.py RESULT.json training-kernels
+    python benchmarks/fastest_variant.py RESULT.json --sets          # --set micro-batch-tokens=24576 --set ...
 
 "Fastest" is the smallest log-prob plus update time; variants that ran out of memory do not count. A variant
 without the key ran with the run config's default, so that default is printed: gpu_checks.sh passes the value on
-as `--set KEY=VALUE`.
+as `--set KEY=VALUE`. `--sets` leaves out update_profile.py's own keys (host-waits, cudnn-attention, fused-adamw),
+which are no run-config keys.
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ def fastest(result: dict, key: str) -> str:
     if not timed:
         raise ValueError("no variant finished")
     best = min(timed, key=lambda v: v["logprobs_s"] + v["update_s"])
+    if key == "--sets":
+        keys = RunConfig().to_run_config()
+        return " ".join(f"--set {k}={str(x).lower() if isinstance(x, bool) else x}"
+                        for k, x in best["variant"].items() if k in keys)
     return str(best["variant"].get(key, RunConfig().to_run_config()[key]))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: fastest_variant.py RESULT.json KEY", file=sys.stderr)
+        print("usage: fastest_variant.py RESULT.json KEY|--sets", file=sys.stderr)
         return 2
     try:
         with open(args[0]) as f:

@@ -14,7 +14,9 @@ does). The variants' samples differ only in their lengths' remainder modulo the 
 reuses a shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round.
 Printed per variant: seconds and MFU of the no-grad log-prob passes and of the update, the share of computed tokens
 that are padding, the peak memory (CUDA allocator), and the share of layer passes checkpointed (gradient-checkpointing
-true: all; auto: as many as the room the plan leaves in client-memory-gb, or else in the card's free memory, needs). `--profile` adds, for the first variant, one micro-batch's
+true: all; auto: as many as the room the plan leaves in client-memory-gb, or else in the card's free memory, needs)
+and the update's forward/backward passes (micro-batches; `micro-batch-tokens` cuts them by padded tokens, each pass
+as full as that allows). `--profile` adds, for the first variant, one micro-batch's
 forward and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
 operators. A variant with `training-kernels=compile` or `=liger` (agent/kernels.py) is warmed up on its own before it
 is timed, so its compile is reported apart (`warmup_s`, per kernel choice) and not counted in its passes; Liger
@@ -24,6 +26,8 @@ patches the model for good, so its variants come last.
     python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=8 --variant micro-batch-size=32
     python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=16 \
         --variant micro-batch-size=16,host-waits=true
+    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=16 \
+        --variant micro-batch-tokens=16384,gradient-checkpointing=auto
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from torch._dynamo.utils import counters
 
 import fedagent_flwr.agent.grpo as grpo_module
 from fedagent_flwr.agent import attention
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, StepSample, micro_batches
 from fedagent_flwr.agent.kernels import training_kernels
 from fedagent_flwr.agent.memory import GB, ModelShape
 from fedagent_flwr.agent.models import pick_device
@@ -129,12 +133,31 @@ def unfused_adamw(on: bool):
         grpo_module.adamw = inner
 
 
-def padded_tokens(samples: list[StepSample], micro: int, grouped: bool) -> int:
-    """Tokens the passes compute over (padding included), for micro-batches of `micro` in this order or by length."""
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-    if grouped:
-        lengths = sorted(lengths, reverse=True)
-    return sum(max(lengths[i:i + micro]) * len(lengths[i:i + micro]) for i in range(0, len(lengths), micro))
+def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[list[int]]:
+    """The micro-batches the trainer would cut the samples into taken as one minibatch, in this order or by length
+    (micro-batch-size rows, or micro-batch-tokens padded tokens): the profiled micro-batch is the first of them."""
+    order = list(range(len(samples)))
+    if grpo.length_grouped_micro_batches:
+        order = sorted(order, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids)))
+    return micro_batches(order, samples, grpo.micro_batch_size, grpo.micro_batch_tokens)
+
+
+@contextlib.contextmanager
+def recorded_passes(shapes: list[tuple[int, int]]):
+    """Record the [rows, padded width] of every forward the update runs with gradients (its micro-batches as the
+    trainer cut them, per minibatch), not of the no-grad log-prob passes."""
+    inner = grpo_module.completion_logprobs
+
+    def recording(model, batch, *args, **kwargs):
+        if torch.is_grad_enabled():
+            shapes.append(tuple(batch["input_ids"].shape))
+        return inner(model, batch, *args, **kwargs)
+
+    grpo_module.completion_logprobs = recording
+    try:
+        yield shapes
+    finally:
+        grpo_module.completion_logprobs = inner
 
 
 def sync(device: torch.device) -> None:
@@ -160,18 +183,21 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         torch.cuda.reset_peak_memory_stats()
     sync(device)
     started = time.perf_counter()
-    stats = trainer.update(samples, np.random.default_rng(seed))
-    sync(device)
+    with recorded_passes([]) as passes_run:
+        stats = trainer.update(samples, np.random.default_rng(seed))
+        sync(device)
     total = time.perf_counter() - started
     grpo = cfg.grpo_config()
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    computed = padded_tokens(samples, grpo.micro_batch_size, grpo.length_grouped_micro_batches)
+    computed = sum(rows * width for rows, width in passes_run)  # padding included
     parameters = ModelShape.of(model.config).parameters
     update_s = max(total - clock["_logprobs"], 1e-9)
     passes = clock["_logprobs_calls"]
     lora = cfg.finetuning == "lora"
     result = {
-        "variant": {}, "micro_batch_size": grpo.micro_batch_size, "samples": len(samples), "tokens": tokens,
+        "variant": {}, "micro_batch_size": grpo.micro_batch_size, "micro_batch_tokens": grpo.micro_batch_tokens,
+        "micro_batches": len(passes_run), "largest_pass_tokens": max(rows * width for rows, width in passes_run),
+        "samples": len(samples), "tokens": tokens,
         "padding_share": 1 - tokens / computed if computed else 0.0,
         "logprob_passes": int(passes), "logprobs_s": round(clock["_logprobs"], 3), "update_s": round(update_s, 3),
         "optimizer_steps": int(stats["optimizer_steps"]),
@@ -190,7 +216,7 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
 def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device: torch.device, top: int) -> dict:
     """One micro-batch's forward (completion log-probs) and backward under torch.profiler."""
     grpo = cfg.grpo_config()
-    batch = collate([(s.prompt_ids, s.completion_ids) for s in samples[:grpo.micro_batch_size]], 0)
+    batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in update_micro_batches(samples, grpo)[0]], 0)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -211,7 +237,7 @@ def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device
     events = prof.key_averages()
     rows = sorted(events, key=lambda e: -(device_us(e) if device.type == "cuda" else e.self_cpu_time_total))[:top]
     launches = sum(e.count for e in events if e.key in LAUNCH_NAMES)
-    return {"micro_batch_size": grpo.micro_batch_size, "wall_ms": wall * 1e3,
+    return {"rows": len(batch["input_ids"]), "tokens": batch["input_ids"].numel(), "wall_ms": wall * 1e3,
             "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
             "self_device_ms": sum(device_us(e) for e in events) / 1e3 if device.type == "cuda" else None,
             "kernel_launches": launches if device.type == "cuda" else None,
@@ -225,10 +251,14 @@ def format_report(r: dict) -> str:
              f"{r['samples']} samples of ~{r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens, "
              f"MFU against {r['peak_flops'] / 1e12:,.0f} TFLOP/s",
              f"  {'variant':72s} {'log-probs s':>11s} {'MFU':>6s} {'update s':>9s} {'MFU':>6s} {'padding':>8s} {'peak GiB':>9s}"
-             f" {'ckpt':>5s}"]
+             f" {'ckpt':>5s} {'passes':>6s}"]
+    # each variant named by what it does not share with every other: the shared values are printed once, below
+    shared = {k: x for k, x in r["variants"][0]["variant"].items()
+              if len(r["variants"]) > 1 and all(v["variant"].get(k, object()) == x for v in r["variants"])}
     for v in r["variants"]:
-        name = ",".join(f"{k}={x}" for k, x in v["variant"].items()) or "(paper settings)"
-        if len(name) > 72:  # keep the end: variants share their first keys and differ by what is added last
+        name = ",".join(f"{k}={x}" for k, x in v["variant"].items() if k not in shared) or (
+            "(the shared settings)" if shared else "(paper settings)")
+        if len(name) > 72:
             name = "..." + name[-69:]
         if v.get("out_of_memory"):
             lines.append(f"  {name:72s} out of memory")
@@ -236,7 +266,9 @@ def format_report(r: dict) -> str:
         peak = "-" if v["peak_bytes"] is None else f"{v['peak_bytes'] / GB:.2f}"
         lines.append(f"  {name:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
                      f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s} "
-                     f"{100 * v.get('checkpointed_layers', 0.0):4.0f}%")
+                     f"{100 * v.get('checkpointed_layers', 0.0):4.0f}% {v.get('micro_batches', 0):6d}")
+    if shared:
+        lines.append("  every variant: " + ",".join(f"{k}={x}" for k, x in shared.items()))
     if r.get("warmup_s"):
         lines.append("  warm-up seconds by training-kernels (compile included): "
                      + ", ".join(f"{k} {x:.1f}" for k, x in r["warmup_s"].items())
@@ -245,7 +277,7 @@ def format_report(r: dict) -> str:
     if p:
         device = "" if p["self_device_ms"] is None else f", self device time {p['self_device_ms']:.1f} ms, " \
                                                          f"{p['kernel_launches']:,} kernel launches"
-        lines.append(f"one micro-batch of {p['micro_batch_size']} forward + backward: wall {p['wall_ms']:.1f} ms, "
+        lines.append(f"one micro-batch of {p['rows']} rows ({p['tokens']:,} padded tokens) forward + backward: wall {p['wall_ms']:.1f} ms, "
                      f"self CPU time {p['self_cpu_ms']:.1f} ms (profiled){device}, {p['aten_calls']:,} aten calls")
         for e in p["top"]:
             dev = "" if e["self_device_ms"] is None else f" {e['self_device_ms']:9.2f} ms device"

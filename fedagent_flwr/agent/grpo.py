@@ -72,6 +72,9 @@ class GRPOConfig:
     kl_beta: float  # weight of the KL to the reference (round-start) policy; 0 disables it
     minibatch_size: int  # agent steps per optimizer step
     micro_batch_size: int  # agent steps per forward/backward (gradient accumulation)
+    # > 0: the update's micro-batches are cut by padded tokens (rows x the longest row) instead of by micro_batch_size:
+    # as many consecutive samples as fit this many, a longer sample alone (micro_batches below)
+    micro_batch_tokens: int
     # agent steps per no-grad log-prob pass (old policy, KL reference): no activations are kept for backward, so a
     # bigger batch fits and keeps a GPU busier (docs/gpu.md: on an H100, 16.9 % MFU at 8 rows, 25.5 % at 64)
     logprob_micro_batch_size: int
@@ -260,6 +263,8 @@ class GRPOTrainer:
         self.device = model_device(model)
         if config.logprob_micro_batch_size < 1:
             raise ValueError(f"logprob_micro_batch_size must be >= 1, got {config.logprob_micro_batch_size}")
+        if config.micro_batch_tokens < 0:
+            raise ValueError(f"micro_batch_tokens must be >= 0 (0 = micro_batch_size), got {config.micro_batch_tokens}")
         if config.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = unchunked), got {config.logprob_chunk_tokens}")
         check_trainable_precision(model, config.precision)
@@ -420,7 +425,7 @@ class GRPOTrainer:
             normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
             if cfg.length_grouped_micro_batches:
                 mb = _by_length(mb, samples)
-            for micro in _chunks(mb, cfg.micro_batch_size):
+            for micro in micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens):
                 chunk = [samples[i] for i in micro]
                 batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
                 if ckpt is not None:  # auto: only as many layers as this micro-batch's length needs
@@ -471,6 +476,43 @@ def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> t
 def _chunks(items: Sequence, size: int):
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+def micro_batches(indices: Sequence[int], samples: Sequence[StepSample], size: int, tokens: int = 0) -> list[list[int]]:
+    """`indices`, in their order, cut into the update's micro-batches: `size` samples each, or, with `tokens` > 0, runs
+    of consecutive samples of at most `tokens` padded positions each (rows x the longest row's prompt and completion:
+    what collate pads a batch to and the forward computes over), a sample longer than that alone.
+
+    A budget in tokens rather than rows is verl's dynamic batch size (ppo_max_token_len_per_gpu): short agent steps
+    share a pass by the dozen and long ones go a few at a time, so a GPU runs fewer, larger kernels. The fewest passes
+    the budget allows, evened out: the cut is that of the smallest budget that needs no more passes than the full one,
+    so a minibatch that needs two passes gets two of about half its tokens, not a full one and a remnant. Cuts are
+    contiguous: with the order by length (length-grouped-micro-batches) each pass holds samples of similar length."""
+    if tokens <= 0:
+        return [list(c) for c in _chunks(list(indices), size)]
+    lengths = [len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in indices]
+
+    def cut(budget: int) -> list[list[int]]:  # greedy: each pass as long as the budget allows
+        out: list[list[int]] = []
+        current: list[int] = []
+        longest = 0
+        for i, length in zip(indices, lengths):
+            if current and (len(current) + 1) * max(longest, length) > budget:
+                out.append(current)
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, length)
+        return out + [current] if current else out
+
+    # greedy's count of passes never rises with the budget, so bisect for the smallest budget with as few as `tokens`
+    fewest, low, high = len(cut(tokens)), 1, tokens
+    while low < high:
+        middle = (low + high) // 2
+        if len(cut(middle)) <= fewest:
+            high = middle
+        else:
+            low = middle + 1
+    return cut(low)
 
 
 def _by_length(indices, samples: Sequence[StepSample]) -> list:

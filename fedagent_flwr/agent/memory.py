@@ -25,7 +25,9 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   gate, up, activation and down inputs (H hidden size, I intermediate size); with gradient checkpointing,
   each layer's input (layers x micro-batch x S x H x a) plus one layer's full set, recomputed in backward;
   gradient-checkpointing = 'auto' checkpoints a micro-batch's first k layers only, k the fewest that fit the memory the
-  rest of the plan leaves (layers_to_checkpoint); the plan counts its worst case, every layer;
+  rest of the plan leaves (layers_to_checkpoint); the plan counts its worst case, every layer; with
+  micro-batch-tokens = B > 0 a pass holds at most max(B, S) padded tokens in place of micro-batch x S, here and in
+  the training logits;
 - the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: at most
   one layer's full set for L rows, and training logits for L x S rows (min(C, L x S) when chunked). The plan takes
   the larger of the update's and these passes' activations and logits: they never run at once.
@@ -145,9 +147,11 @@ def _check_base_precision(finetuning: str, precision: str) -> None:
 def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str, kl_beta: float,
                 kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int = 0,
-                static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32") -> MemoryPlan:
+                static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32",
+                micro_batch_tokens: int = 0) -> MemoryPlan:
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
-    holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py)."""
+    holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py). `micro_batch_tokens` > 0:
+    the update's passes are cut by padded tokens (grpo.micro_batches), so one holds at most max(that, the context)."""
     _check_base_precision(finetuning, precision)
     a = value_bytes(precision)
     P = shape.parameters
@@ -161,16 +165,18 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         reference = P * 2 if param_dtype == "bf16" and kl_reference == "round-start" else P * 4
     S = context_tokens
 
-    def logits_of(rows: int) -> int:  # positions whose vocabulary logits exist at once
-        return min(logprob_chunk_tokens, rows * S) if logprob_chunk_tokens > 0 else rows * S
+    def logits_of(tokens: int) -> int:  # positions whose vocabulary logits exist at once
+        return min(logprob_chunk_tokens, tokens) if logprob_chunk_tokens > 0 else tokens
 
+    # a pass of the update: micro-batch rows at the full context, or a token budget (a longer row alone)
+    update_tokens = max(micro_batch_tokens, S) if micro_batch_tokens > 0 else micro_batch_size * S
     # gradient-checkpointing='auto' checkpoints each micro-batch only as far as memory needs (layers_to_checkpoint):
     # planned here at its worst, every layer, which is what the longest micro-batch may need
     checkpointed = shape.layers if gradient_checkpointing else 0
-    activations = update_activation_bytes(shape, micro_batch_size * S, checkpointed, a)
+    activations = update_activation_bytes(shape, update_tokens, checkpointed, a)
     passes = logprob_micro_batch_size or micro_batch_size
     activations = max(activations, layer_activation_bytes(shape, passes * S, a))
-    logit_rows = max(logits_of(micro_batch_size), logits_of(passes))
+    logit_rows = max(logits_of(update_tokens), logits_of(passes * S))
     rows = [
         base_weights(shape, precision),
         ("adapter (fp32)", adapter * 4),

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(err))
     shape = ModelShape.of(shape_config(args.shape))
     print(f"{args.shape}: {shape.parameters:,} parameters; finetuning={cfg.finetuning}, precision={cfg.resolved_precision()}, "
-          f"micro-batch-size={cfg.micro_batch_size}, rollout-batch-size={cfg.rollout_batch_size}, context {args.context_tokens} tokens")
+          f"micro-batch-size={cfg.micro_batch_size}, micro-batch-tokens={cfg.micro_batch_tokens}, rollout-batch-size={cfg.rollout_batch_size}, context {args.context_tokens} tokens")
     for plan in cfg.memory_plans(shape, args.context_tokens):
         print(plan.table())
     client = cfg.memory_plans(shape, args.context_tokens)[0]
@@ -51,10 +51,19 @@ def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_g
     budget = budget_gb * GB
     room = cfg.activation_room(shape, context, cfg.rollout_rows(shape, context, budget), budget)
     widths = sorted({w for w in (256, 512, 1024) if w < context} | {context})
-    layers = [layers_to_checkpoint(shape, cfg.micro_batch_size * w, room, value_bytes(cfg.resolved_precision())) for w in widths]
+    # rows a pass holds at each width: micro-batch-size, or as many as micro-batch-tokens allows (one at least, a
+    # minibatch at most)
+    if cfg.micro_batch_tokens:
+        rows = [min(cfg.minibatch_size, max(1, cfg.micro_batch_tokens // w)) for w in widths]
+        who = f"pass of at most {cfg.micro_batch_tokens:,} padded tokens (micro-batch-tokens)"
+    else:
+        rows = [cfg.micro_batch_size] * len(widths)
+        who = f"micro-batch of {cfg.micro_batch_size} rows"
+    layers = [layers_to_checkpoint(shape, n * w, room, value_bytes(cfg.resolved_precision())) for n, w in zip(rows, widths)]
     return (f"gradient-checkpointing=auto in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations): a "
-            f"micro-batch of {cfg.micro_batch_size} rows checkpoints " + ", ".join(
-                f"{k} of {shape.layers} layers at {w} tokens" for k, w in zip(layers, widths)))
+            f"{who} checkpoints " + ", ".join(
+                f"{k} of {shape.layers} layers at {w} tokens" + (f" ({n} rows)" if cfg.micro_batch_tokens else "")
+                for k, w, n in zip(layers, widths, rows)))
 
 
 if __name__ == "__main__":

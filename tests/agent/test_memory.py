@@ -276,3 +276,26 @@ def test_the_plan_counts_the_static_decoders_weight_copy():
         assert with_copy.total - plain.total == 4 * shape.parameters  # fp32 on a CPU: the copy is in the model's dtype
         assert with_copy.as_dict()["static decoder's weight copy"] == 4 * shape.parameters
     assert [p.total for p in auto_cpu] == [p.total for p in hf]  # auto decodes with hf on a CPU
+
+
+def test_the_command_says_what_auto_checkpointing_does_with_passes_cut_by_tokens(capsys):
+    """With micro-batch-tokens a pass holds the budget's tokens at every width (up to a minibatch of rows), so auto
+    checkpoints as much at short widths as at long ones, and more for a bigger budget."""
+    import re
+
+    from fedagent_flwr.experiments.memory_plan import main
+
+    def layers(tokens: int) -> tuple[list[int], list[int]]:
+        preset = Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"
+        main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "gradient-checkpointing=auto",
+              "--set", "client-memory-gb=80", "--set", "device=cuda", "--set", f"micro-batch-tokens={tokens}"])
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        assert f"a pass of at most {tokens:,} padded tokens" in line
+        found = re.findall(r"(\d+) of 28 layers at (\d+) tokens \((\d+) rows\)", line)
+        assert [int(w) for _, w, _ in found] == [256, 512, 1024, 2048]
+        return [int(k) for k, _, _ in found], [int(n) for _, _, n in found]
+
+    (small, small_rows), (big, big_rows) = layers(12288), layers(49152)
+    assert small_rows == [48, 24, 12, 6] and big_rows == [64, 64, 48, 24]  # the paper preset's minibatch is 64
+    assert small == [0, 0, 0, 0]  # 12,288 tokens keep every activation in the 37.3 GiB left
+    assert all(b >= s for b, s in zip(big, small)) and big[-1] > 0

@@ -33,3 +33,12 @@ def test_no_finished_variant_is_an_error_with_the_file_named(tmp_path, capsys):
     assert "kernels_profile.json: no variant finished" in capsys.readouterr().err
     with pytest.raises(ValueError):
         fastest({}, "training-kernels")
+
+
+def test_sets_gives_the_whole_fastest_variant_as_round_arguments_without_the_benchmarks_own_keys():
+    # the passes stage hands the fastest pass setting, whatever keys it varies, to a round as --set arguments
+    slow = {"variant": {"micro-batch-size": 16, "host-waits": True}, "logprobs_s": 1.0, "update_s": 2.0}
+    quick = {"variant": {"micro-batch-tokens": 24576, "gradient-checkpointing": "auto",
+                         "length-grouped-micro-batches": True, "host-waits": False}, "logprobs_s": 1.0, "update_s": 1.5}
+    assert fastest({"variants": [slow, quick]}, "--sets") == (
+        "--set micro-batch-tokens=24576 --set gradient-checkpointing=auto --set length-grouped-micro-batches=true")

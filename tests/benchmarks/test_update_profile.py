@@ -18,26 +18,29 @@ def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
                            "--variant", "micro-batch-size=2,cudnn-attention=true",
                            "--variant", "micro-batch-size=4,logprob-micro-batch-size=12,length-grouped-micro-batches=true",
                            "--variant", "micro-batch-size=4,gradient-checkpointing=true",
-                           "--variant", "micro-batch-size=4,gradient-checkpointing=auto,client-memory-gb=64"],
+                           "--variant", "micro-batch-size=4,gradient-checkpointing=auto,client-memory-gb=64",
+                           "--variant", "micro-batch-size=2,micro-batch-tokens=100000"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert r["device"] == "cpu" and r["samples"] == 12
-    first, second, every, auto = r["variants"]
+    first, second, every, auto, tokens = r["variants"]
     assert first["variant"] == {"micro-batch-size": 2, "cudnn-attention": True} and first["micro_batch_size"] == 2
     # auto with far more memory than the tiny plan: no layer needs checkpointing
     assert (first["checkpointed_layers"], every["checkpointed_layers"], auto["checkpointed_layers"]) == (0.0, 1.0, 0.0)
-    for v in (first, second, every, auto):
+    # passes cut by rows (12 samples in 2s), or by a token budget all 12 fit in
+    assert (first["micro_batches"], tokens["micro_batches"]) == (6, 1)
+    for v in (first, second, every, auto, tokens):
         # 12 samples, minibatch 64: one minibatch, so only the KL reference's pass runs apart from the update
         assert v["logprob_passes"] == 1 and v["optimizer_steps"] == 1
         assert v["logprobs_s"] > 0 and v["update_s"] > 0 and v["logprobs_mfu"] > 0 and v["update_mfu"] > 0
         assert 0 <= v["padding_share"] < 1 and v["peak_bytes"] is None  # no CUDA allocator on a CPU
     assert second["padding_share"] < first["padding_share"] or second["padding_share"] < 0.2  # grouped by length
     p = r["profile"]
-    assert p["micro_batch_size"] == 2 and p["aten_calls"] > 0 and p["self_device_ms"] is None
+    assert p["rows"] == 2 and p["tokens"] > 2 and p["aten_calls"] > 0 and p["self_device_ms"] is None
     assert any(e["op"] == "aten::mm" for e in p["top"]) or any(e["op"] == "aten::addmm" for e in p["top"])
     text = load_script("update_profile").format_report(r)
-    assert "micro-batch-size=2,cudnn-attention=True" in text and "one micro-batch of 2" in text
+    assert "micro-batch-size=2,cudnn-attention=True" in text and "one micro-batch of 2 rows" in text
 
 
 def test_the_variants_never_share_a_shape_and_a_bad_key_is_refused():

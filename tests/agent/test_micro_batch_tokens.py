@@ -1,0 +1,113 @@
+"""micro-batch-tokens: the update's passes cut by padded tokens (rows x the longest row) instead of by rows."""
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig
+
+from fedagent_flwr.agent import grpo
+from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample, micro_batches
+from fedagent_flwr.agent.memory import ACTIVATIONS_ROW, ModelShape, client_plan, update_activation_bytes
+from fedagent_flwr.agent.rollout import RolloutConfig
+from fedagent_flwr.config import RunConfig
+
+
+def _samples(lengths: list[int]) -> list[StepSample]:
+    """Samples of these total lengths (prompt + one completion token)."""
+    return [StepSample(list(range(3, 3 + n - 1)), [3], 1.0) for n in lengths]
+
+
+def test_micro_batches_hold_as_many_consecutive_samples_as_the_padded_budget_allows():
+    samples = _samples([10, 9, 8, 8, 7, 30, 2, 2, 2])
+    # Within 32 padded tokens (rows x longest) the fewest passes are 4: [10, 9, 8] = 30 (adding 8 makes 40),
+    # [8, 7] = 16 (adding 30 makes 90), 30 alone (longer than the budget), [2, 2, 2] = 6. Evened out, the 4 passes
+    # are those of the smallest budget that needs no more, 24: [10, 9] = 20, [8, 8, 7] = 24, [30], [2, 2, 2]
+    assert micro_batches(range(9), samples, size=2, tokens=32) == [[0, 1], [2, 3, 4], [5], [6, 7, 8]]
+    # a minibatch that needs two passes gets two halves, not a full pass and a remnant
+    assert micro_batches(range(10), _samples([10] * 10), size=2, tokens=90) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    # the order given is kept (the trainer sorts by length first when asked), and every sample is in one pass
+    order = [8, 5, 0, 6, 1]
+    cut = micro_batches(order, samples, size=2, tokens=32)
+    assert [i for m in cut for i in m] == order
+    assert all(len(m) == 1 or len(m) * max(len(samples[i].prompt_ids) + 1 for i in m) <= 32 for m in cut)
+    # 0 = cut by rows, as before
+    assert micro_batches(range(9), samples, size=4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert micro_batches(range(9), samples, size=4, tokens=0) == micro_batches(range(9), samples, size=4)
+
+
+def test_an_update_cut_by_tokens_runs_fewer_fuller_passes_and_trains_as_one_cut_by_rows(tiny_lm, maze_tokenizer, monkeypatch):
+    """The loss of a minibatch is one weighted token mean however it is cut, so passes cut by a token budget give the
+    statistics and weights of passes cut by rows; each pass stays within the budget (a longer sample alone)."""
+    rng = np.random.default_rng(11)
+    vocab = tiny_lm.config.vocab_size
+    samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 40))).tolist(),
+                          rng.integers(3, vocab, size=int(rng.integers(1, 12))).tolist(),
+                          float(rng.normal()), float(rng.uniform(0.2, 1.0))) for _ in range(16)]
+    # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
+    base = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=2, device="cpu",
+                     length_grouped_micro_batches=True)
+    real = grpo.completion_logprobs
+
+    def run(tokens):
+        shapes = []
+
+        def recording(model, batch, *args):
+            if torch.is_grad_enabled():  # the update's passes, not the no-grad log-prob passes
+                shapes.append(tuple(batch["input_ids"].shape))
+            return real(model, batch, *args)
+
+        monkeypatch.setattr(grpo, "completion_logprobs", recording)
+        model = copy.deepcopy(tiny_lm)
+        trainer = GRPOTrainer(model, maze_tokenizer, replace(base, micro_batch_tokens=tokens).grpo_config(),
+                              RolloutConfig(history_length=0))
+        stats = trainer.update(samples, np.random.default_rng(0))
+        return stats, dict(model.named_parameters()), shapes
+
+    by_rows, rows_weights, rows_shapes = run(0)
+    by_tokens, tokens_weights, tokens_shapes = run(96)
+    assert all(rows == 2 for rows, _ in rows_shapes) and len(rows_shapes) == 8
+    assert all(rows == 1 or rows * width <= 96 for rows, width in tokens_shapes), tokens_shapes
+    assert len(tokens_shapes) < len(rows_shapes) and max(rows for rows, _ in tokens_shapes) > 2, tokens_shapes
+    assert sum(rows for rows, _ in tokens_shapes) == 16  # every sample trained once
+    assert by_tokens["optimizer_steps"] == by_rows["optimizer_steps"] == 2 and by_rows["kl"] > 0
+    for key in ("loss", "kl", "clip_frac", "grad_norm"):
+        assert by_tokens[key] == pytest.approx(by_rows[key], rel=1e-5, abs=1e-8), key
+    # AdamW divides by the gradient's size: near zero, rounding moves a weight by a fraction of a step (lr 1e-3); 1 % of
+    # a step is the tolerance, as in test_grpo.py
+    for name, weight in rows_weights.items():
+        torch.testing.assert_close(tokens_weights[name], weight, rtol=0, atol=1e-5, msg=name)
+
+
+def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_context():
+    config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                  intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
+    shape = ModelShape.of(config)
+
+    def plan(**kw):
+        return client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj",), precision="bf16-mixed",
+                           kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
+                           context_tokens=10, logprob_micro_batch_size=1, **kw).as_dict()
+
+    assert plan(micro_batch_tokens=0) == plan()  # 0 = 3 rows x 10 tokens, as before
+    assert plan(micro_batch_tokens=50)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, 2)
+    assert plan(micro_batch_tokens=50)["training logits"] == 2 * 50 * 32 * 4
+    # a budget under the context still lets one whole row through, alone
+    assert plan(micro_batch_tokens=4)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 10, 0, 2)
+    assert plan(micro_batch_tokens=50, gradient_checkpointing=True)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 2, 2)
+    assert plan(micro_batch_tokens=50, logprob_chunk_tokens=16)["training logits"] == 2 * 16 * 32 * 4
+    # the run-config key reaches the plan
+    cfg = RunConfig(micro_batch_size=3, micro_batch_tokens=50, logprob_micro_batch_size=1, precision="bf16-mixed")
+    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, 2)
+
+
+@pytest.mark.parametrize("overrides, allowed", [
+    ({"micro-batch-tokens": -1}, "expected an integer >= 0 (0 = micro-batch-size)"),
+    ({"micro-batch-tokens": 4096, "strategy": "fedse-lora"}, "expected 0 unless the strategy trains with GRPO"),
+])
+def test_a_bad_token_budget_is_refused_before_work_starts(overrides, allowed):
+    with pytest.raises(ValueError, match="micro-batch-tokens") as err:
+        RunConfig.from_run_config(overrides)
+    assert allowed in str(err.value)
