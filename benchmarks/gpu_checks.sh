@@ -29,9 +29,11 @@
 #                 and the paper-round estimate at those rows (about 4 minutes on an H100, estimated)
 #   passes        update_profile.py at FAST's settings with fewer, fuller update passes: micro-batches of 16 rows (FAST)
 #                 and 32, micro-batch-tokens (passes cut by padded tokens) of 12,288 (4 passes of the 128 samples, no
-#                 layer checkpointed in the plan) and of 28,672 under gradient-checkpointing=auto (one pass a minibatch
-#                 of 64), each also with param-dtype=bf16 (on an H100 the update's MFU rose from 13.5 % to about 21 %
-#                 when micro-batches went from 8 rows to 16, across calls)
+#                 layer checkpointed in the plan), also with the log-prob passes cut at 65,536 tokens
+#                 (logprob-micro-batch-tokens: one pass of the 128 samples, against two of 64 rows), and of 28,672
+#                 under gradient-checkpointing=auto (one pass a minibatch of 64), also with param-dtype=bf16 (on an
+#                 H100 the update's MFU rose from 13.5 % to about 21 % when micro-batches went from 8 rows to 16,
+#                 across calls)
 #   round-passes  round-fast with the pass setting that passes measured fastest (log-probs + update); run it after
 #                 passes, in the same call
 #   profile-fast  update_profile.py's operator table of one micro-batch (forward and backward) at FAST's settings, eager:
@@ -97,7 +99,7 @@ for stage in $STAGES; do
     passes)
       timeout 240 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,micro-batch-size=32 --variant $UPDATE_FAST,micro-batch-tokens=12288 \
-        --variant $UPDATE_FAST,micro-batch-tokens=12288,param-dtype=bf16 \
+        --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 --json \
         > "$OUT/passes_profile.json" 2> "$OUT/passes_profile.err"

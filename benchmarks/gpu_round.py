@@ -83,7 +83,8 @@ H100_BF16_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM: the us
 PAPER_PRESET = Path(__file__).resolve().parents[1] / "configs" / "fedagent-paper.toml"
 # the settings that change how long the log-prob and update passes take, not what they compute: the paper-round
 # estimate says which of them the measured run did not share with the preset
-UPDATE_KEYS = ("gradient-checkpointing", "micro-batch-size", "micro-batch-tokens", "logprob-micro-batch-size", "logprob-chunk-tokens",
+UPDATE_KEYS = ("gradient-checkpointing", "micro-batch-size", "micro-batch-tokens", "logprob-micro-batch-size",
+               "logprob-micro-batch-tokens", "logprob-chunk-tokens",
                "length-grouped-micro-batches", "training-kernels", "precision", "param-dtype")
 
 

@@ -307,6 +307,7 @@ class GRPOSection:
     micro_batch_size: int = _key(64, "agent steps per forward/backward pass", "integer >= 1")
     micro_batch_tokens: int = _key(0, "GRPO's update: > 0 cuts each minibatch into forward/backward passes of at most this many padded tokens (rows x the longest row) instead of micro-batch-size rows, a longer agent step alone (verl's dynamic batch size, ppo_max_token_len_per_gpu): short steps share a pass by the dozen, long ones go a few at a time, so each pass is about as full as memory allows (fewer, larger kernels on a GPU); with length-grouped-micro-batches the padding is least. The memory plan counts max(this, the context) tokens a pass; 0 = micro-batch-size", "integer >= 0 (0 = micro-batch-size)")
     logprob_micro_batch_size: int = _key(0, "agent steps per no-grad log-prob pass (the old policy's and the KL reference's): these keep no activations for backward, so with logprob-chunk-tokens > 0 they fit several times the update's micro-batch, and a bigger batch keeps a GPU busier (docs/gpu.md); 0 = micro-batch-size", "integer >= 0 (0 = micro-batch-size)")
+    logprob_micro_batch_tokens: int = _key(0, "the no-grad log-prob passes as micro-batch-tokens cuts the update's: > 0 = passes of at most this many padded tokens instead of logprob-micro-batch-size rows, a longer agent step alone; they keep no activations for backward, so a budget several times the update's fits. The memory plan counts max(this, the context) tokens a pass; 0 = logprob-micro-batch-size", "integer >= 0 (0 = logprob-micro-batch-size)")
     max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0")
     gradient_checkpointing: bool | str = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute; auto = in each GRPO micro-batch only the fewest leading layers whose checkpointing makes its activations fit the memory the rest of the client's plan leaves in client-memory-gb (or else the GPU memory free when the client starts), so short micro-batches skip the recompute; every layer where no memory is known (a CPU without client-memory-gb)", "true | false | auto", words=("auto",))
     finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", " | ".join(FINETUNING))
@@ -332,6 +333,8 @@ class GRPOSection:
         need(self.logprob_chunk_tokens >= 0, "logprob-chunk-tokens", self.logprob_chunk_tokens, "an integer >= 0 (0 = full logits)")
         need(self.micro_batch_tokens >= 0, "micro-batch-tokens", self.micro_batch_tokens,
              "an integer >= 0 (0 = micro-batch-size)")
+        need(self.logprob_micro_batch_tokens >= 0, "logprob-micro-batch-tokens", self.logprob_micro_batch_tokens,
+             "an integer >= 0 (0 = logprob-micro-batch-size)")
         need(self.logprob_micro_batch_size >= 0, "logprob-micro-batch-size", self.logprob_micro_batch_size,
              "an integer >= 0 (0 = micro-batch-size)")
         need(self.gradient_checkpointing in (True, False, "auto"), "gradient-checkpointing", self.gradient_checkpointing,
@@ -628,6 +631,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             micro_batch_size=self.micro_batch_size,
             micro_batch_tokens=self.micro_batch_tokens,
             logprob_micro_batch_size=self.logprob_micro_batch_size or self.micro_batch_size,
+            logprob_micro_batch_tokens=self.logprob_micro_batch_tokens,
             max_grad_norm=self.max_grad_norm,
             loss_aggregation=self.loss_aggregation,
             uniform_groups=self.uniform_groups,
@@ -712,6 +716,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                              rollout_batch_size=rows, context_tokens=context_tokens,
                              logprob_chunk_tokens=self.logprob_chunk_tokens if self.traits.grpo else 0,
                              logprob_micro_batch_size=(self.logprob_micro_batch_size or self.micro_batch_size) if self.traits.grpo else 0,
+                             logprob_micro_batch_tokens=self.logprob_micro_batch_tokens if self.traits.grpo else 0,
                              static_decoder=self.static_decoder(self.device), param_dtype=self.param_dtype)
         server = server_plan(shape, **(common | {"precision": self.resolved_precision(self.evaluation_device())}), eval_batch_size=rows, context_tokens=context_tokens,
                              static_decoder=self.static_decoder(self.evaluation_device()))
@@ -753,9 +758,10 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.training_kernels != "eager" and traits:
             need(traits.grpo, "training-kernels", self.training_kernels,
                  "eager unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
-        if self.micro_batch_tokens and traits:  # Fed-SE's fine-tuning passes are fedse-sft-micro-batch-size rows
-            need(traits.grpo, "micro-batch-tokens", self.micro_batch_tokens,
-                 "0 unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
+        for key in ("micro_batch_tokens", "logprob_micro_batch_tokens"):  # Fed-SE's passes: fedse-sft-micro-batch-size rows
+            if getattr(self, key) and traits:
+                need(traits.grpo, key.replace("_", "-"), getattr(self, key),
+                     "0 unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
         if self.param_dtype == "bf16" and traits:  # a working copy of every weight: full fine-tuning under bf16 compute
             need(traits.grpo and self.finetuning == "full" and self.resolved_precision() == "bf16-mixed", "param-dtype",
                  self.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "

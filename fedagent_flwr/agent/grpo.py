@@ -78,6 +78,8 @@ class GRPOConfig:
     # agent steps per no-grad log-prob pass (old policy, KL reference): no activations are kept for backward, so a
     # bigger batch fits and keeps a GPU busier (docs/gpu.md: on an H100, 16.9 % MFU at 8 rows, 25.5 % at 64)
     logprob_micro_batch_size: int
+    # > 0: the no-grad passes cut by padded tokens instead of by logprob_micro_batch_size (micro_batches below)
+    logprob_micro_batch_tokens: int
     max_grad_norm: float
     # "token-mean": every generated token weighs the same (verl's default), so long
     # failed episodes dominate; "trajectory-mean": every trajectory weighs the same,
@@ -263,8 +265,9 @@ class GRPOTrainer:
         self.device = model_device(model)
         if config.logprob_micro_batch_size < 1:
             raise ValueError(f"logprob_micro_batch_size must be >= 1, got {config.logprob_micro_batch_size}")
-        if config.micro_batch_tokens < 0:
-            raise ValueError(f"micro_batch_tokens must be >= 0 (0 = micro_batch_size), got {config.micro_batch_tokens}")
+        if config.micro_batch_tokens < 0 or config.logprob_micro_batch_tokens < 0:
+            raise ValueError(f"micro_batch_tokens and logprob_micro_batch_tokens must be >= 0 (0 = cut by rows), got "
+                             f"{config.micro_batch_tokens} and {config.logprob_micro_batch_tokens}")
         if config.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = unchunked), got {config.logprob_chunk_tokens}")
         check_trainable_precision(model, config.precision)
@@ -379,7 +382,7 @@ class GRPOTrainer:
         if cfg.length_grouped_micro_batches:
             order = _by_length(order, samples)
         pending = []  # each micro-batch's sample indices, log-probs (on the device) and completion mask (on the host)
-        for micro in _chunks(list(order), cfg.logprob_micro_batch_size):
+        for micro in micro_batches(list(order), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens):
             batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
             with autocast(cfg.precision, self.device), training_kernels(model, cfg.training_kernels):
                 logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)

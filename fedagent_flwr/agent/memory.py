@@ -27,7 +27,7 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   gradient-checkpointing = 'auto' checkpoints a micro-batch's first k layers only, k the fewest that fit the memory the
   rest of the plan leaves (layers_to_checkpoint); the plan counts its worst case, every layer; with
   micro-batch-tokens = B > 0 a pass holds at most max(B, S) padded tokens in place of micro-batch x S, here and in
-  the training logits;
+  the training logits (logprob-micro-batch-tokens likewise for the no-grad passes below);
 - the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: at most
   one layer's full set for L rows, and training logits for L x S rows (min(C, L x S) when chunked). The plan takes
   the larger of the update's and these passes' activations and logits: they never run at once.
@@ -148,10 +148,11 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
                 kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int = 0,
                 static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32",
-                micro_batch_tokens: int = 0) -> MemoryPlan:
+                micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0) -> MemoryPlan:
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
     holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py). `micro_batch_tokens` > 0:
-    the update's passes are cut by padded tokens (grpo.micro_batches), so one holds at most max(that, the context)."""
+    the update's passes are cut by padded tokens (grpo.micro_batches), so one holds at most max(that, the context);
+    `logprob_micro_batch_tokens` likewise for the no-grad passes."""
     _check_base_precision(finetuning, precision)
     a = value_bytes(precision)
     P = shape.parameters
@@ -174,9 +175,9 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     # planned here at its worst, every layer, which is what the longest micro-batch may need
     checkpointed = shape.layers if gradient_checkpointing else 0
     activations = update_activation_bytes(shape, update_tokens, checkpointed, a)
-    passes = logprob_micro_batch_size or micro_batch_size
-    activations = max(activations, layer_activation_bytes(shape, passes * S, a))
-    logit_rows = max(logits_of(update_tokens), logits_of(passes * S))
+    passes = max(logprob_micro_batch_tokens, S) if logprob_micro_batch_tokens > 0 else (logprob_micro_batch_size or micro_batch_size) * S
+    activations = max(activations, layer_activation_bytes(shape, passes, a))
+    logit_rows = max(logits_of(update_tokens), logits_of(passes))
     rows = [
         base_weights(shape, precision),
         ("adapter (fp32)", adapter * 4),

@@ -1,4 +1,5 @@
-"""micro-batch-tokens: the update's passes cut by padded tokens (rows x the longest row) instead of by rows."""
+"""micro-batch-tokens and logprob-micro-batch-tokens: GRPO's passes cut by padded tokens (rows x the longest row)
+instead of by rows."""
 
 import copy
 from dataclasses import replace
@@ -10,7 +11,13 @@ from transformers import AutoConfig
 
 from fedagent_flwr.agent import grpo
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample, micro_batches
-from fedagent_flwr.agent.memory import ACTIVATIONS_ROW, ModelShape, client_plan, update_activation_bytes
+from fedagent_flwr.agent.memory import (
+    ACTIVATIONS_ROW,
+    ModelShape,
+    client_plan,
+    layer_activation_bytes,
+    update_activation_bytes,
+)
 from fedagent_flwr.agent.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 
@@ -51,27 +58,29 @@ def test_an_update_cut_by_tokens_runs_fewer_fuller_passes_and_trains_as_one_cut_
                      length_grouped_micro_batches=True)
     real = grpo.completion_logprobs
 
-    def run(tokens):
-        shapes = []
+    def run(tokens, logprob_tokens):
+        shapes = {True: [], False: []}  # the update's passes (with gradients), the no-grad log-prob passes'
 
         def recording(model, batch, *args):
-            if torch.is_grad_enabled():  # the update's passes, not the no-grad log-prob passes
-                shapes.append(tuple(batch["input_ids"].shape))
+            shapes[torch.is_grad_enabled()].append(tuple(batch["input_ids"].shape))
             return real(model, batch, *args)
 
         monkeypatch.setattr(grpo, "completion_logprobs", recording)
         model = copy.deepcopy(tiny_lm)
-        trainer = GRPOTrainer(model, maze_tokenizer, replace(base, micro_batch_tokens=tokens).grpo_config(),
-                              RolloutConfig(history_length=0))
+        cfg = replace(base, micro_batch_tokens=tokens, logprob_micro_batch_tokens=logprob_tokens).grpo_config()
+        trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
         stats = trainer.update(samples, np.random.default_rng(0))
-        return stats, dict(model.named_parameters()), shapes
+        return stats, dict(model.named_parameters()), shapes[True], shapes[False]
 
-    by_rows, rows_weights, rows_shapes = run(0)
-    by_tokens, tokens_weights, tokens_shapes = run(96)
-    assert all(rows == 2 for rows, _ in rows_shapes) and len(rows_shapes) == 8
+    by_rows, rows_weights, rows_shapes, rows_no_grad = run(0, 0)
+    by_tokens, tokens_weights, tokens_shapes, tokens_no_grad = run(96, 160)
+    assert all(rows == 2 for rows, _ in rows_shapes + rows_no_grad) and len(rows_shapes) == 8 and len(rows_no_grad) == 16
     assert all(rows == 1 or rows * width <= 96 for rows, width in tokens_shapes), tokens_shapes
     assert len(tokens_shapes) < len(rows_shapes) and max(rows for rows, _ in tokens_shapes) > 2, tokens_shapes
     assert sum(rows for rows, _ in tokens_shapes) == 16  # every sample trained once
+    # the no-grad passes (old policy, KL reference: 16 samples each) by their own budget
+    assert all(rows == 1 or rows * width <= 160 for rows, width in tokens_no_grad), tokens_no_grad
+    assert len(tokens_no_grad) < len(rows_no_grad) and sum(rows for rows, _ in tokens_no_grad) == 32, tokens_no_grad
     assert by_tokens["optimizer_steps"] == by_rows["optimizer_steps"] == 2 and by_rows["kl"] > 0
     for key in ("loss", "kl", "clip_frac", "grad_norm"):
         assert by_tokens[key] == pytest.approx(by_rows[key], rel=1e-5, abs=1e-8), key
@@ -89,7 +98,7 @@ def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_conte
     def plan(**kw):
         return client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj",), precision="bf16-mixed",
                            kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
-                           context_tokens=10, logprob_micro_batch_size=1, **kw).as_dict()
+                           context_tokens=10, **({"logprob_micro_batch_size": 1} | kw)).as_dict()
 
     assert plan(micro_batch_tokens=0) == plan()  # 0 = 3 rows x 10 tokens, as before
     assert plan(micro_batch_tokens=50)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, 2)
@@ -98,16 +107,25 @@ def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_conte
     assert plan(micro_batch_tokens=4)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 10, 0, 2)
     assert plan(micro_batch_tokens=50, gradient_checkpointing=True)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 2, 2)
     assert plan(micro_batch_tokens=50, logprob_chunk_tokens=16)["training logits"] == 2 * 16 * 32 * 4
-    # the run-config key reaches the plan
+    # the no-grad passes by their own budget: one layer's set of 200 tokens outweighs the update's 2 layers of 30
+    assert plan(logprob_micro_batch_tokens=200)[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, 2)
+    assert plan(logprob_micro_batch_tokens=200)["training logits"] == 2 * 200 * 32 * 4
+    assert plan(logprob_micro_batch_tokens=4) == plan(logprob_micro_batch_size=1)  # one whole row at least, alone
+    # the run-config keys reach the plan
     cfg = RunConfig(micro_batch_size=3, micro_batch_tokens=50, logprob_micro_batch_size=1, precision="bf16-mixed")
     assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, 2)
+    cfg = replace(cfg, micro_batch_tokens=0, logprob_micro_batch_tokens=200)
+    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, 2)
 
 
 @pytest.mark.parametrize("overrides, allowed", [
     ({"micro-batch-tokens": -1}, "expected an integer >= 0 (0 = micro-batch-size)"),
     ({"micro-batch-tokens": 4096, "strategy": "fedse-lora"}, "expected 0 unless the strategy trains with GRPO"),
+    ({"logprob-micro-batch-tokens": -5}, "expected an integer >= 0 (0 = logprob-micro-batch-size)"),
+    ({"logprob-micro-batch-tokens": 4096, "strategy": "fedse-lora"}, "expected 0 unless the strategy trains with GRPO"),
 ])
 def test_a_bad_token_budget_is_refused_before_work_starts(overrides, allowed):
-    with pytest.raises(ValueError, match="micro-batch-tokens") as err:
+    key = next(iter(overrides))
+    with pytest.raises(ValueError, match=f"{key}={overrides[key]} is not allowed") as err:
         RunConfig.from_run_config(overrides)
     assert allowed in str(err.value)
