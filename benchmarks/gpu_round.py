@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import fedagent_flwr.agent.grpo as grpo_module
 import fedagent_flwr.agent.rollout as rollout_module
 from fedagent_flwr.agent import attention
 from fedagent_flwr.agent.decode import release as release_decoder
@@ -203,6 +204,24 @@ def timed_method(obj, name: str, clock: dict[str, float]) -> None:
     setattr(obj, name, wrapper)
 
 
+@contextlib.contextmanager
+def recorded_passes():
+    """The [rows, padded width] of every forward GRPO's trainer runs inside: under True the update's passes (with
+    gradients: its micro-batches as cut per minibatch), under False the no-grad log-prob passes'."""
+    shapes: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
+    inner = grpo_module.completion_logprobs
+
+    def recording(model, batch, *args, **kwargs):
+        shapes[torch.is_grad_enabled()].append(tuple(batch["input_ids"].shape))
+        return inner(model, batch, *args, **kwargs)
+
+    grpo_module.completion_logprobs = recording
+    try:
+        yield shapes
+    finally:
+        grpo_module.completion_logprobs = inner
+
+
 def model_flops(parameters: int, tokens: int, passes: float) -> float:
     """The usual model-FLOP count: 2 FLOPs per parameter per token per forward-equivalent pass (attention's
     quadratic part left out). A forward is 1 pass; training a full model is 3 (backward costs two forwards); training
@@ -252,7 +271,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         before = [p.detach().clone() for p in trained.parameters() if p.requires_grad][:1]
         with memory.phase("update"):
             started = time.perf_counter()
-            stats = trainer.update(samples, rng)
+            with recorded_passes() as passes:
+                stats = trainer.update(samples, rng)
             update_s = time.perf_counter() - started
         moved = float((before[0] != [p for p in trained.parameters() if p.requires_grad][0].detach()).float().mean())
 
@@ -300,6 +320,9 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "mean_prompt_tokens": round(mean_prompt, 1), "sample_tokens": sample_tokens,
         "decode_bound": bound,
         "logprob_passes": int(clock["_logprobs_calls"]), "peak_flops": peak_flops,
+        # forward passes as the trainer cut them (micro-batches: rows, or padded tokens with the *-tokens keys)
+        "update_micro_batches": len(passes[True]), "logprob_micro_batches": len(passes[False]),
+        "largest_update_pass_tokens": max((r * w for r, w in passes[True]), default=0),
         "logprobs_mfu": logprob_flops / max(logprob_s, 1e-9) / peak_flops if logprob_s else 0.0,
         "update_mfu": update_flops / update_only_s / peak_flops,
         "logprobs_tflops_per_s": logprob_flops / max(logprob_s, 1e-9) / 1e12 if logprob_s else 0.0,
@@ -323,8 +346,9 @@ def format_report(r: dict) -> str:
         f"  episodes {r['episodes']} ({r['rollout_rows']} a generate call), agent steps {r['agent_steps']}, "
         f"generated tokens {r['generated_tokens']:,}",
         f"  rollout   {r['rollout_s']:10.2f} s   ({r['generated_tokens_per_s']:,.1f} generated tokens/s)",
-        f"  log-probs {r['logprobs_s']:10.2f} s",
-        f"  update    {r['update_s']:10.2f} s   ({r['optimizer_steps']} {'fused ' if r.get('adamw_fused') else ''}AdamW steps, grad norm {r['grad_norm']:.3g}, "
+        f"  log-probs {r['logprobs_s']:10.2f} s   ({r['logprob_micro_batches']} forward passes)",
+        f"  update    {r['update_s']:10.2f} s   ({r['optimizer_steps']} {'fused ' if r.get('adamw_fused') else ''}AdamW steps, "
+        f"{r['update_micro_batches']} forward/backward passes, the largest {r['largest_update_pass_tokens']:,} padded tokens, grad norm {r['grad_norm']:.3g}, "
         f"{100 * r['fraction_of_a_trained_tensor_moved']:.1f}% of a trained tensor moved)",
         f"  transfer  {r['transfer_s']:10.2f} s   ({r['bytes_sent'] / 1e6:,.1f} MB of tensors sent, {r['wire_bytes_sent'] / 1e6:,.1f} MB serialized)",
         "  peak memory by phase (" + r["peak_bytes_measured_by"] + "): "

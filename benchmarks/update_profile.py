@@ -56,7 +56,7 @@ from fedagent_flwr.agent.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig, parse_overrides
 from fedagent_flwr.methods.fedagent import memory_budget
 from decode_profile import LAUNCH_NAMES, device_us
-from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, model_flops, timed_method
+from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, model_flops, recorded_passes, timed_method
 
 
 def synthetic_samples(n: int, prompt_tokens: int, completion_tokens: int, vocab: int, rng: np.random.Generator,
@@ -142,24 +142,6 @@ def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[li
     return micro_batches(order, samples, grpo.micro_batch_size, grpo.micro_batch_tokens)
 
 
-@contextlib.contextmanager
-def recorded_passes(shapes: list[tuple[int, int]]):
-    """Record the [rows, padded width] of every forward the update runs with gradients (its micro-batches as the
-    trainer cut them, per minibatch), not of the no-grad log-prob passes."""
-    inner = grpo_module.completion_logprobs
-
-    def recording(model, batch, *args, **kwargs):
-        if torch.is_grad_enabled():
-            shapes.append(tuple(batch["input_ids"].shape))
-        return inner(model, batch, *args, **kwargs)
-
-    grpo_module.completion_logprobs = recording
-    try:
-        yield shapes
-    finally:
-        grpo_module.completion_logprobs = inner
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -183,9 +165,10 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         torch.cuda.reset_peak_memory_stats()
     sync(device)
     started = time.perf_counter()
-    with recorded_passes([]) as passes_run:
+    with recorded_passes() as passes:
         stats = trainer.update(samples, np.random.default_rng(seed))
         sync(device)
+    passes_run = passes[True]
     total = time.perf_counter() - started
     grpo = cfg.grpo_config()
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)

@@ -28,6 +28,8 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     for phase in ("rollout_s", "logprobs_s", "update_s", "transfer_s"):
         assert r[phase] > 0, phase
     assert r["optimizer_steps"] == 2  # 8 samples, minibatch 4: the forced advantages keep every sample
+    # passes of 2 rows: 2 a minibatch in the update; 4 in each of the old-policy and KL-reference sweeps
+    assert (r["update_micro_batches"], r["logprob_micro_batches"]) == (4, 8) and r["largest_update_pass_tokens"] > 2
     assert r["adamw_fused"] is False  # the fused kernel on a GPU only
     assert r["fraction_of_a_trained_tensor_moved"] > 0.99  # fp32 weights move at lr 1e-6
     assert set(r["peak_bytes"]) == {"rollout", "update", "transfer"} and min(r["peak_bytes"].values()) > 0
@@ -130,6 +132,7 @@ def _with_report_fields(r: dict) -> dict:
             "optimizer_steps": 1, "grad_norm": 1.0, "fraction_of_a_trained_tensor_moved": 1.0, "bytes_sent": 1,
             "wire_bytes_sent": 1, "peak_bytes_measured_by": "cuda allocator", "peak_flops": 1.0, "update_mfu": 0.1,
             "update_tflops_per_s": 1.0, "logprobs_mfu": 0.1, "logprobs_tflops_per_s": 1.0, "logprob_passes": 1,
+            "update_micro_batches": 1, "logprob_micro_batches": 1, "largest_update_pass_tokens": 1,
             "decode_ms_per_token_step": 1.0, "decode_engine": "static", "rows_per_step": 1.0,
             "rollout_ms_per_token_step": 1.0, "context_tokens": 1.0,
             "decode_bound": {"bound_ms": 1.0, "weight_bytes": 1, "kv_bytes": 1, "bandwidth": 1.0}} | r
@@ -144,6 +147,13 @@ def test_auto_checkpointing_in_a_round_checkpoints_by_the_client_budget():
     assert roomy["checkpointed_layers"] == 0.0 and roomy["optimizer_steps"] == 2
     text = load_script("gpu_round").format_report(roomy)
     assert "gradient checkpointing auto (0% of layer passes checkpointed)" in text
+
+
+def test_a_round_with_token_budgets_runs_one_pass_a_minibatch_and_says_so():
+    r = _run("--set", "micro-batch-tokens=100000", "--set", "logprob-micro-batch-tokens=100000")
+    assert (r["update_micro_batches"], r["logprob_micro_batches"], r["optimizer_steps"]) == (2, 2, 2)
+    assert r["update_settings"]["micro-batch-tokens"] == 100000
+    assert "2 forward/backward passes, the largest" in load_script("gpu_round").format_report(r)
 
 
 def test_a_paper_round_says_which_update_settings_it_was_not_measured_at():
