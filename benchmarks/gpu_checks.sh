@@ -40,6 +40,7 @@
 #                 where the update's time goes at the settings a round uses (the update stage profiles micro-batches of 8)
 # Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf; the
 # kernels stage about 165 s on a fresh machine (its tests 90 s).
+# On a lent machine, carry the wheels scripts/gpu_wheels.sh downloads (.whl) and install them first (docs/gpu.md).
 # ROUND_SET adds run-config values to both rounds, e.g. ROUND_SET="--set micro-batch-size=32".
 set -u
 OUT=${1:-gpu-checks}; shift || true
