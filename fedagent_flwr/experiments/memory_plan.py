@@ -13,8 +13,17 @@ itself computes the same plan from its own model and prompts before round 1 (doc
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from fedagent_flwr.agent.memory import GB, SHAPES, ModelShape, layers_to_checkpoint, shape_config, value_bytes
+from fedagent_flwr.agent.memory import (
+    GB,
+    SHAPES,
+    ModelShape,
+    layers_to_checkpoint,
+    shape_config,
+    update_activation_bytes,
+    value_bytes,
+)
 from fedagent_flwr.config import RunConfig, parse_overrides
 from fedagent_flwr.simulation import read_run_config_file
 
@@ -41,9 +50,24 @@ def main(argv: list[str] | None = None) -> int:
     client = cfg.memory_plans(shape, args.context_tokens)[0]
     for gb in (24, 40, 80):
         print(f"fits a {gb} GiB GPU per client: {'yes' if client.total <= gb * GB else 'no'}")
+    if cfg.traits.grpo:
+        print(token_budgets(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0))
     if cfg.gradient_checkpointing == "auto":
         print(auto_checkpointing(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0))
     return 0
+
+
+def token_budgets(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float) -> str:
+    """The largest micro-batch-tokens whose pass keeps every activation, and with every layer checkpointed, in the room
+    the rest of the plan leaves in `budget_gb` (the update's activations grow linearly with a pass's tokens)."""
+    budget = budget_gb * GB
+    # the room is the same whatever checkpointing says: every row of the plan but the activations
+    room = replace(cfg, gradient_checkpointing="auto").activation_room(shape, context, cfg.rollout_rows(shape, context, budget), budget)
+    a = value_bytes(cfg.resolved_precision())
+    whole, every = (max(0, int(room // update_activation_bytes(shape, 1, k, a))) for k in (0, shape.layers))
+    return (f"in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations) a pass keeps every activation up to "
+            f"{whole:,} padded tokens and up to {every:,} with every layer checkpointed (micro-batch-tokens = {whole:,} or "
+            f"less checkpoints nothing)")
 
 
 def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float) -> str:

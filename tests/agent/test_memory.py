@@ -299,3 +299,24 @@ def test_the_command_says_what_auto_checkpointing_does_with_passes_cut_by_tokens
     assert small_rows == [48, 24, 12, 6] and big_rows == [64, 64, 48, 24]  # the paper preset's minibatch is 64
     assert small == [0, 0, 0, 0]  # 12,288 tokens keep every activation in the 37.3 GiB left
     assert all(b >= s for b, s in zip(big, small)) and big[-1] > 0
+
+
+def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
+    """The printed budgets are the most tokens a pass can hold in the room the plan leaves: whole, and with every layer
+    checkpointed; one token more would checkpoint a layer (or not fit)."""
+    import re
+
+    from fedagent_flwr.agent.memory import layers_to_checkpoint, update_activation_bytes
+    from fedagent_flwr.experiments.memory_plan import token_budgets
+    from fedagent_flwr.simulation import read_run_config_file
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"
+    cfg = RunConfig.from_run_config(read_run_config_file(str(preset)) | {"device": "cuda", "client-memory-gb": 80,
+                                                                         "gradient-checkpointing": "auto"})
+    shape = ModelShape.of(shape_config("qwen2.5-1.5b"))
+    line = token_budgets(cfg, shape, 2048, 80.0)
+    whole, every = (int(x.replace(",", "")) for x in re.findall(r"up to ([\d,]+)", line))
+    room = cfg.activation_room(shape, 2048, cfg.rollout_rows(shape, 2048, 80 * GB), 80 * GB)
+    assert f"({room / GB:.1f} GiB left" in line and 2048 < whole < every
+    assert layers_to_checkpoint(shape, whole, room, 2) == 0 and layers_to_checkpoint(shape, whole + 1, room, 2) >= 1
+    assert update_activation_bytes(shape, every, 28, 2) <= room < update_activation_bytes(shape, every + 1, 28, 2)
