@@ -46,7 +46,7 @@ from torch._dynamo.utils import counters
 
 import fedagent_flwr.agent.grpo as grpo_module
 from fedagent_flwr.agent import attention
-from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, StepSample, micro_batches
+from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
 from fedagent_flwr.agent.kernels import training_kernels
 from fedagent_flwr.agent.memory import GB, ModelShape
 from fedagent_flwr.agent.models import pick_device
@@ -138,7 +138,7 @@ def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[li
     (micro-batch-size rows, or micro-batch-tokens padded tokens): the profiled micro-batch is the first of them."""
     order = list(range(len(samples)))
     if grpo.length_grouped_micro_batches:
-        order = sorted(order, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids)))
+        order = by_length(order, samples)
     return micro_batches(order, samples, grpo.micro_batch_size, grpo.micro_batch_tokens)
 
 

@@ -380,7 +380,7 @@ class GRPOTrainer:
         cfg = self.config
         order = range(len(samples))
         if cfg.length_grouped_micro_batches:
-            order = _by_length(order, samples)
+            order = by_length(order, samples)
         pending = []  # each micro-batch's sample indices, log-probs (on the device) and completion mask (on the host)
         for micro in micro_batches(list(order), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens):
             batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
@@ -427,7 +427,7 @@ class GRPOTrainer:
             # The minibatch loss is one weighted token mean, however it is split into micro-batches.
             normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
             if cfg.length_grouped_micro_batches:
-                mb = _by_length(mb, samples)
+                mb = by_length(mb, samples)
             for micro in micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens):
                 chunk = [samples[i] for i in micro]
                 batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
@@ -518,7 +518,7 @@ def micro_batches(indices: Sequence[int], samples: Sequence[StepSample], size: i
     return cut(low)
 
 
-def _by_length(indices, samples: Sequence[StepSample]) -> list:
+def by_length(indices, samples: Sequence[StepSample]) -> list:
     """Sample indices longest first (stable: equal lengths keep their shuffled order), so that consecutive
     micro-batches hold samples of similar length; longest first also meets a micro-batch that does not fit at once."""
     return sorted(indices, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids)))
