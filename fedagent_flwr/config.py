@@ -755,13 +755,14 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                 need(getattr(self, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(self, key),
                      f"{WARM_RECIPE[key]!r} with model={self.model!r} (the warm start's prompts; agent/warm_start.py)")
         traits = STRATEGIES.get(self.strategy)
+        grpo_strategies = " | ".join(n for n, t in STRATEGIES.items() if t.grpo)  # named where a GRPO-only key is refused
         if self.training_kernels != "eager" and traits:
             need(traits.grpo, "training-kernels", self.training_kernels,
-                 "eager unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
+                 "eager unless the strategy trains with GRPO (" + grpo_strategies + ")")
         for key in ("micro_batch_tokens", "logprob_micro_batch_tokens"):  # Fed-SE's passes: fedse-sft-micro-batch-size rows
             if getattr(self, key) and traits:
                 need(traits.grpo, key.replace("_", "-"), getattr(self, key),
-                     "0 unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo) + ")")
+                     "0 unless the strategy trains with GRPO (" + grpo_strategies + ")")
         if self.param_dtype == "bf16" and traits:  # a working copy of every weight: full fine-tuning under bf16 compute
             need(traits.grpo and self.finetuning == "full" and self.resolved_precision() == "bf16-mixed", "param-dtype",
                  self.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
@@ -802,7 +803,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                  + " | ".join(n for n, t in STRATEGIES.items() if t.baselines) + "; Fed-SE's Local / Centralized / FedAvg baselines: python -m fedagent_flwr.experiments.fedse_protocol)")
         if self.finetuning != "full" and traits:
             need(traits.grpo, "finetuning", self.finetuning,
-                 "full unless the strategy trains with GRPO (" + " | ".join(n for n, t in STRATEGIES.items() if t.grpo)
+                 "full unless the strategy trains with GRPO (" + grpo_strategies
                  + "); fedse-lora always trains a LoRA adapter")
             need(not self.secure_aggregation, "finetuning", self.finetuning, "full with secure-aggregation=true")
         if self.transfer_dtype != "fp32":
