@@ -34,6 +34,7 @@ import torch
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent import decode
+from fedagent_flwr.agent.attention import variable_shape_attention
 from fedagent_flwr.agent.checkpointing import Checkpointing, activation_checkpointing
 from fedagent_flwr.agent.evaluation import summarize
 from fedagent_flwr.agent.master_weights import PARAM_DTYPES, Bf16WorkingCopy, bf16_view
@@ -441,7 +442,11 @@ class GRPOTrainer:
                     adv = to_device(torch.tensor([s.advantage for s in chunk], dtype=torch.float32), logprobs.device)
                     weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), logprobs.device)
                     loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
-                loss.backward()
+                # A checkpointed layer runs its forward again inside backward: it must pick the attention kernel the
+                # first forward picked, or torch's checkpoint finds other saved tensors and stops (seen on an H100,
+                # where cuDNN's attention is allowed outside this context: attention.py)
+                with variable_shape_attention(self.device):
+                    loss.backward()
                 pending.append((loss.detach(), stats, int(host_mask.sum())))
             if working is not None:  # param-dtype bf16: clip and step the fp32 masters with their fp32 gradients
                 working.master_view()

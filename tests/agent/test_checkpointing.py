@@ -190,3 +190,40 @@ def test_run_simulation_takes_auto_as_the_flag_value():
     assert parse(["--gradient-checkpointing", "true"]).gradient_checkpointing is True
     with pytest.raises(SystemExit):
         parse(["--gradient-checkpointing", "sometimes"])
+
+
+def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its_forward(deep_lm, maze_tokenizer,
+                                                                                          monkeypatch):
+    """On a GPU the passes exclude cuDNN's attention (agent/attention.py). Backward recomputes a checkpointed layer's
+    forward, so it must run in that context too: outside it SDPA picks another kernel, and torch's checkpoint stops
+    on the saved tensors it did not expect (seen on an H100). On a CPU the context changes nothing, so here it is
+    replaced by one that marks where it holds, and every attention call, recomputed ones included, must be marked."""
+    import contextlib
+
+    import fedagent_flwr.agent.grpo as grpo_module
+    import fedagent_flwr.agent.tokens as tokens_module
+
+    depth = []
+
+    @contextlib.contextmanager
+    def marked(device):
+        depth.append(device)
+        try:
+            yield
+        finally:
+            depth.pop()
+
+    monkeypatch.setattr(grpo_module, "variable_shape_attention", marked)
+    monkeypatch.setattr(tokens_module, "variable_shape_attention", marked)
+    seen: list[bool] = []
+    for layer in deep_lm.model.layers:
+        def recorded(*args, inner=layer.self_attn.forward, **kwargs):
+            if torch.is_grad_enabled():
+                seen.append(bool(depth))
+            return inner(*args, **kwargs)
+        layer.self_attn.forward = recorded
+    stats, samples = _update(deep_lm, maze_tokenizer, True)
+    micro = len(samples) // 2
+    assert stats["checkpointed_layers"] == 1.0
+    assert len(seen) == 2 * LAYERS * micro  # each layer's forward, and its recompute in backward
+    assert all(seen), seen
