@@ -139,7 +139,9 @@ def test_on_a_gpu_the_masters_take_fused_adamw_steps_and_all_move(tiny_lm, maze_
     assert trainer.optimizer.defaults["fused"]  # the fused kernel steps the fp32 masters with their fp32 gradients
     for _ in range(3):
         stats = trainer.update(_samples(maze_tokenizer, 4), np.random.default_rng(0))
-    assert stats["kl"] == 0.0  # the working copy cannot hold steps of 1e-6: policy and reference agree exactly
+    # bf16 holds a step of 1e-6 only in weights under about 1e-4 in size, so the working copy barely moves from the
+    # reference (the H100 measured 6.5e-8; it is not exactly 0 there)
+    assert 0.0 <= stats["kl"] < 1e-6
     assert all(p.dtype == torch.float32 and p.is_cuda for p in model.parameters())
     changed = torch.cat([(model.state_dict()[k] != v).flatten() for k, v in before.items()]).float().mean()
     assert changed > 0.99
