@@ -4,7 +4,7 @@
     python benchmarks/fastest_variant.py RESULT.json training-kernels
     python benchmarks/fastest_variant.py RESULT.json --sets          # --set micro-batch-tokens=24576 --set ...
 
-"Fastest" is the smallest log-prob plus update time; variants that ran out of memory do not count. A variant
+"Fastest" is the smallest log-prob plus update time; variants that ran out of memory or failed do not count. A variant
 without the key ran with the run config's default, so that default is printed: gpu_checks.sh passes the value on
 as `--set KEY=VALUE`. `--sets` leaves out update_profile.py's own keys (host-waits, cudnn-attention, fused-adamw),
 which are no run-config keys.
@@ -19,7 +19,7 @@ from fedagent_flwr.config import RunConfig
 
 
 def fastest(result: dict, key: str) -> str:
-    timed = [v for v in result.get("variants", []) if not v.get("out_of_memory")]
+    timed = [v for v in result.get("variants", []) if not v.get("out_of_memory") and not v.get("failed")]
     if not timed:
         raise ValueError("no variant finished")
     best = min(timed, key=lambda v: v["logprobs_s"] + v["update_s"])

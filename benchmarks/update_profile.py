@@ -8,7 +8,8 @@ every sample trains. Each `--variant` (run-config values over gpu_round's paper 
 the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/attention.py
 keeps out of them; `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the
 passes did before they queued all their micro-batches; `fused-adamw=false` steps with PyTorch's default AdamW instead
-of its fused kernel, which the trainer takes on a GPU) gets a fresh GRPOTrainer on the same model and its own samples,
+of its fused kernel, which the trainer takes on a GPU; `padding-mask=true` hands a Qwen model the 4-D padding mask
+that right-padded batches now go without) gets a fresh GRPOTrainer on the same model and its own samples,
 and is timed over one call of `GRPOTrainer.update` (its old-policy and KL-reference passes timed apart, as gpu_round
 does). The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant
 reuses a shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round.
@@ -45,6 +46,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import fedagent_flwr.agent.grpo as grpo_module
+import fedagent_flwr.agent.tokens as tokens_module
 from fedagent_flwr.agent import attention
 from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
 from fedagent_flwr.agent.kernels import training_kernels
@@ -80,7 +82,11 @@ WAITS_KEY = "host-waits"
 # the benchmark's own variant key: false = AdamW without its fused kernel (PyTorch's default, a loop over tensor lists
 # on a GPU), what the update ran before agent/grpo.py's adamw chose the fused kernel on a GPU
 FUSED_KEY = "fused-adamw"
-OWN_KEYS = (CUDNN_KEY, WAITS_KEY, FUSED_KEY)
+# the benchmark's own variant key: true = right-padded batches reach a Qwen model with the 4-D causal-and-padding mask
+# (the memory-efficient attention kernel with a per-head bias), as they did before they went without one (the mask
+# mapping of agent/tokens.py: the causal kernel)
+MASK_KEY = "padding-mask"
+OWN_KEYS = (CUDNN_KEY, WAITS_KEY, FUSED_KEY, MASK_KEY)
 
 
 def parse_variant(text: str) -> dict:
@@ -131,6 +137,20 @@ def unfused_adamw(on: bool):
         yield
     finally:
         grpo_module.adamw = inner
+
+
+@contextlib.contextmanager
+def padding_mask(on: bool):
+    """With `on`, the passes hand every model the padding mask, Qwen models included (MASK_KEY=true)."""
+    if not on:
+        yield
+        return
+    inner = tokens_module.MASK_MAPPING_MODELS
+    tokens_module.MASK_MAPPING_MODELS = ()
+    try:
+        yield
+    finally:
+        tokens_module.MASK_MAPPING_MODELS = inner
 
 
 def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[list[int]]:
@@ -243,8 +263,8 @@ def format_report(r: dict) -> str:
             "(the shared settings)" if shared else "(paper settings)")
         if len(name) > 72:
             name = "..." + name[-69:]
-        if v.get("out_of_memory"):
-            lines.append(f"  {name:72s} out of memory")
+        if v.get("out_of_memory") or v.get("failed"):
+            lines.append(f"  {name:72s} {'out of memory' if v.get('out_of_memory') else 'failed: ' + v['failed'][:60]}")
             continue
         peak = "-" if v["peak_bytes"] is None else f"{v['peak_bytes'] / GB:.2f}"
         lines.append(f"  {name:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
@@ -331,15 +351,22 @@ def main(argv: list[str] | None = None) -> dict:
         result["profile"] = profile_micro_batch(model, configs[0], sets[0], device, args.top)
     for v, cfg, samples in zip(variants, configs, sets):
         attention.AVOID_CUDNN = not v.get(CUDNN_KEY, False)
-        warm_up(cfg)
         try:
-            with host_waits(device, v.get(WAITS_KEY, False)), unfused_adamw(not v.get(FUSED_KEY, True)):
+            warm_up(cfg)
+            with host_waits(device, v.get(WAITS_KEY, False)), unfused_adamw(not v.get(FUSED_KEY, True)), \
+                    padding_mask(v.get(MASK_KEY, False)):
                 r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops)
         except torch.OutOfMemoryError as err:  # a variant too big for the card: say so, measure the rest
             model.zero_grad(set_to_none=True)
             gc.collect()
             print(f"{v}: out of memory ({str(err).splitlines()[0][:120]})", file=sys.stderr, flush=True)
             result["variants"].append({"variant": v, "out_of_memory": True})
+            continue
+        except Exception as err:  # a variant that cannot run here (a missing package, a bug): the others still count
+            model.zero_grad(set_to_none=True)
+            failure = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+            print(f"{v}: failed ({failure})", file=sys.stderr, flush=True)
+            result["variants"].append({"variant": v, "failed": failure})
             continue
         r["variant"] = v
         result["variants"].append(r)

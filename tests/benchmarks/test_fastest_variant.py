@@ -21,8 +21,9 @@ def test_it_picks_the_smallest_log_prob_plus_update_time():
     assert fastest(result, "training-kernels") == "liger"
 
 
-def test_a_variant_without_the_key_stands_for_the_default_and_oom_does_not_count():
-    result = {"variants": [variant(None, 5.0, 5.0), {"variant": {"training-kernels": "liger"}, "out_of_memory": True}]}
+def test_a_variant_without_the_key_stands_for_the_default_and_oom_or_a_failure_does_not_count():
+    result = {"variants": [variant(None, 5.0, 5.0), {"variant": {"training-kernels": "liger"}, "out_of_memory": True},
+                           {"variant": {"training-kernels": "compile"}, "failed": "ImportError: no triton"}]}
     assert fastest(result, "training-kernels") == "eager"
 
 

@@ -139,3 +139,39 @@ def test_the_unfused_adamw_variant_builds_pytorchs_default_and_puts_the_trainers
     with up.unfused_adamw(False):
         assert optimizer().defaults["fused"]
     assert grpo.adamw is fused and optimizer().defaults["fused"]
+
+
+def test_the_padding_mask_variant_hands_a_qwen_model_the_4d_mask_and_puts_the_mapping_back(tiny_lm):
+    import torch
+
+    from fedagent_flwr.agent.tokens import collate, model_attention_mask
+
+    up = load_script("update_profile")
+    assert up.parse_variant("micro-batch-size=2,padding-mask=true") == {"micro-batch-size": 2, "padding-mask": True}
+    mask = collate([([5, 6, 7], [8]), ([5], [9])], pad_id=0)["attention_mask"]
+    cpu = torch.device("cpu")
+    with up.padding_mask(True):
+        assert model_attention_mask(tiny_lm, mask, cpu).shape == (2, 1, 4, 4)
+    with up.padding_mask(False):
+        assert model_attention_mask(tiny_lm, mask, cpu) == {"full_attention": None}
+    assert model_attention_mask(tiny_lm, mask, cpu) == {"full_attention": None}
+
+
+def test_a_variant_that_fails_is_reported_and_the_others_still_are(monkeypatch, capsys):
+    """One variant that breaks (on an H100, a checkpointing error in one of nine) must not take the measured ones with
+    it: the run goes on and the result says which variant failed and why."""
+    up = load_script("update_profile")
+    real = up.measure
+
+    def breaks_at_three_rows(model, tokenizer, cfg, samples, *args):
+        if cfg.micro_batch_size == 3 and len(samples) > 4:  # the variant itself, not the warm-up
+            raise RuntimeError("recomputed values differ\nsecond line")
+        return real(model, tokenizer, cfg, samples, *args)
+
+    monkeypatch.setattr(up, "measure", breaks_at_three_rows)
+    r = up.main(["--shape", "tiny", "--samples", "8", "--variant", "micro-batch-size=2",
+                 "--variant", "micro-batch-size=3", "--variant", "micro-batch-size=4"])
+    first, failed, last = r["variants"]
+    assert failed == {"variant": {"micro-batch-size": 3}, "failed": "RuntimeError: recomputed values differ"}
+    assert first["micro_batch_size"] == 2 and last["micro_batch_size"] == 4 and last["update_s"] > 0
+    assert "failed: RuntimeError: recomputed values differ" in capsys.readouterr().out
