@@ -56,14 +56,38 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
-def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-    """The attention mask to hand `model` for a right-padded batch, built on the host from its 2-D mask.
+# Model types whose body takes a prepared mask mapping ({layer type: mask}) in place of a 2-D mask (transformers 5's
+# Qwen2 and Qwen3 bodies check for one: "it may already have been prepared by e.g. generate"). Llama's does not.
+MASK_MAPPING_MODELS = ("qwen2", "qwen3")
 
-    Handed a 2-D mask, transformers reads it back in every forward pass to learn whether any token is padded (SDPA's
-    causal kernel needs no mask then), and on a GPU that read waits for all the work queued before it. The host
-    knows the answer: no padding, None (what transformers then picks itself); else, under SDPA, the 4-D mask
-    transformers would build, causal and padding (True = attend), which it passes through as it is. Other attention
-    implementations, whose masks take other forms, get the 2-D mask as before."""
+
+def _takes_mask_mapping(model: torch.nn.Module) -> bool:
+    config = model.config
+    return (getattr(config, "model_type", None) in MASK_MAPPING_MODELS
+            and getattr(config, "_attn_implementation", None) == "sdpa"
+            and set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"})
+
+
+def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
+                         device: torch.device) -> torch.Tensor | dict | None:
+    """The attention mask to hand `model` for a batch of `collate`'s, built on the host from its 2-D mask.
+
+    A right-padded batch needs no padding mask: its pads come after every real token of their row, and the causal mask
+    already keeps a token from attending to anything after it, so every real token's output is the same without it
+    (a pad's differs, and no loss or log-prob reads it). A Qwen2 or Qwen3 model under SDPA gets the mask mapping
+    {"full_attention": None}: SDPA then runs its causal kernel (flash attention on a GPU). With a mask, PyTorch's
+    memory-efficient kernel takes it as a bias that it copies out to every head and keeps for backward: rows x heads x
+    width^2 values a layer, 0.25 GB a layer at 64 rows of about 400 tokens on an H100, and copy kernels besides
+    (docs/gpu.md). The mapping, not None: handed no mask, transformers looks for packed sequences in the position ids
+    and reads the answer back, a wait for the device in every forward pass (seen on an H100).
+
+    Other models: None when no row is padded; else, under SDPA, the 4-D causal-and-padding mask transformers would
+    build (True = attend), which it passes through as it is (handed the 2-D mask, transformers would read it back to
+    learn whether any token is padded); under other attention kernels the 2-D mask."""
+    lengths = attention_mask.sum(dim=1, keepdim=True)
+    right_padded = bool((attention_mask.bool() == (torch.arange(attention_mask.shape[1]) < lengths)).all())
+    if right_padded and _takes_mask_mapping(model):
+        return {"full_attention": None}
     if bool(attention_mask.all()):
         return None
     if getattr(model.config, "_attn_implementation", None) != "sdpa":

@@ -10,6 +10,7 @@ passes and the host's waits are recorded in order.
 
 import copy
 import itertools
+import traceback
 from dataclasses import replace
 
 import numpy as np
@@ -35,17 +36,20 @@ class DeviceWaits(TorchDispatchMode):
     """Records "forward" (a model's pass begins) and "wait" (the host waits for the "device"), in order.
 
     On the "device": the models' parameters and buffers, what `.to(a torch.device)` returns (a copy to the device),
-    and what any op computes from such a tensor. The host waits when it reads one (`.cpu()` included: its result is
+    what a factory op makes inside a model's body, and what any op computes from such a tensor. The host waits when it reads one (`.cpu()` included: its result is
     on the host), and when it copies a host tensor to the device without non_blocking."""
 
     def __init__(self, models, monkeypatch):
         super().__init__()
         self.events: list[str] = []
         self.on_device = WeakIdKeyDictionary()
+        self.in_body = 0  # inside a model's body (its decoder) now
         for model in models:
             for tensor in itertools.chain(model.parameters(), model.buffers()):
                 self.on_device[tensor] = True
             model.get_input_embeddings().register_forward_pre_hook(lambda *_: self.events.append("forward"))
+            model.get_decoder().register_forward_pre_hook(lambda *_: setattr(self, "in_body", self.in_body + 1))
+            model.get_decoder().register_forward_hook(lambda *_: setattr(self, "in_body", self.in_body - 1))
         inner_cpu, inner_to = torch.Tensor.cpu, torch.Tensor.to
 
         def cpu(tensor, *args, **kwargs):  # on a CPU, .cpu() and .to(device) return the tensor itself: copy instead
@@ -77,7 +81,9 @@ class DeviceWaits(TorchDispatchMode):
         if func in READS or boolean_index:
             self._note_wait(inputs)
         out = func(*args, **kwargs)
-        if any(t in self.on_device for t in inputs):
+        # what a factory op makes inside a model's body (transformers' torch.arange(..., device=embeddings.device)) is
+        # made on the device
+        if any(t in self.on_device for t in inputs) or (not inputs and self.in_body and kwargs.get("device") is not None):
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self.on_device[t] = True
@@ -109,31 +115,54 @@ def test_the_passes_do_not_wait_for_the_device_between_their_micro_batches(tiny_
     assert runs == ["forward", "wait", "forward", "wait", "forward", "wait"], runs
 
 
-def test_the_mask_built_on_the_host_gives_the_model_the_same_values(tiny_lm):
-    """model_attention_mask hands SDPA the 4-D causal-and-padding mask transformers would build from the 2-D one (so
-    transformers reads nothing back), None when no row is padded, and the 2-D mask to other attention kernels."""
+def test_a_right_padded_batch_goes_without_a_padding_mask_and_a_real_tokens_values_stay_the_same(tiny_lm):
+    """collate's right-padded batches reach a Qwen2 model under SDPA as the mask mapping {"full_attention": None} (the
+    causal kernel: flash attention on a GPU, no per-head bias kept for backward; no mask preparation in transformers).
+    Every real token's logits are those the 2-D mask gives, bit for bit, and so are the gradients. Other models keep
+    what they had: a Llama model under SDPA the 4-D causal-and-padding mask transformers would build, eager attention
+    the 2-D mask; a batch padded on the left gets the 4-D mask under SDPA too; an unpadded one, None."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from fedagent_flwr.agent.tokens import model_attention_mask
 
     torch.manual_seed(0)
-    gqa = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        "qwen2", vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2)).eval()
+    shape = dict(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+                 num_key_value_heads=2)
+    gqa = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen2", **shape)).eval()
+    eager = AutoModelForCausalLM.from_config(copy.deepcopy(gqa.config), attn_implementation="eager").eval()
+    eager.load_state_dict(gqa.state_dict())
+    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **shape)).eval()
     batch = collate([([5, 6, 7, 8], [9, 10]), ([5, 6], [11]), ([12, 13, 14, 15, 16, 17], [18, 19])], pad_id=0)
+    real = batch["attention_mask"].bool()
     cpu = torch.device("cpu")
-    for model in (tiny_lm, gqa):
-        assert model.config._attn_implementation == "sdpa"
-        mask = model_attention_mask(model, batch["attention_mask"], cpu)
+    for model in (tiny_lm, gqa, eager, llama):
+        given = model_attention_mask(model, batch["attention_mask"], cpu)
+        if model is eager:
+            assert given.shape == (3, 8)
+        elif model is llama:
+            assert given.shape == (3, 1, 8, 8) and given.dtype == torch.bool
+        else:
+            assert given == {"full_attention": None}
+        values = []
+        for mask in (batch["attention_mask"], given):
+            model.zero_grad(set_to_none=True)
+            logits = model(input_ids=batch["input_ids"], attention_mask=mask).logits
+            logits[real].float().pow(2).mean().backward()
+            values.append((logits[real].detach(), [p.grad.clone() for p in model.parameters()]))
+        (expected, expected_grads), (got, grads) = values
+        assert torch.equal(got, expected)
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads, expected_grads))
+    left = batch["attention_mask"].flip(1)  # the same rows padded on the left
+    for model in (tiny_lm, gqa, llama):
+        mask = model_attention_mask(model, left, cpu)
         assert mask.shape == (3, 1, 8, 8) and mask.dtype == torch.bool
+        ids = batch["input_ids"].flip(1)
         with torch.no_grad():
-            expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            got = model(input_ids=batch["input_ids"], attention_mask=mask).logits
-        real = batch["attention_mask"].bool()
-        assert torch.equal(got[real], expected[real])  # every real token's logits, bit for bit
-        assert model_attention_mask(model, torch.ones(2, 5, dtype=torch.long), cpu) is None
-    eager = AutoModelForCausalLM.from_config(gqa.config, attn_implementation="eager")
-    assert model_attention_mask(eager, batch["attention_mask"], cpu).shape == (3, 8)
+            expected = model(input_ids=ids, attention_mask=left).logits
+            got = model(input_ids=ids, attention_mask=mask).logits
+        assert torch.equal(got[left.bool()], expected[left.bool()])
+    assert model_attention_mask(eager, left, cpu).shape == (3, 8)
+    assert model_attention_mask(llama, torch.ones(2, 5, dtype=torch.long), cpu) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -148,8 +177,20 @@ def test_on_a_gpu_the_passes_do_not_synchronize_between_their_micro_batches(tiny
     trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
     samples = _samples(tiny_lm.config.vocab_size, 12)
     trainer.update(samples, np.random.default_rng(1))  # warm-up: first-use allocations and lazy initialisation
-    with warnings.catch_warnings(record=True) as events:
+    events: list[str] = []
+    waits: list[str] = []  # where each wait was asked for: the innermost frame of this project's code
+
+    def on_warning(message, *_args, **_kwargs):
+        # Only the trainer's own waits count: on an H100 one more came before the first pass with no frame of this
+        # project's code on the stack (the test's own calls into torch), which no change to the passes can remove.
+        ours = [f for f in traceback.extract_stack() if "fedagent_flwr" in f.filename]
+        if "synchroniz" in str(message) and ours:
+            events.append("wait")
+            waits.append(f"{ours[-1].filename.rsplit('fedagent_flwr', 1)[-1]}:{ours[-1].lineno}")
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = on_warning
         for m in (model, trainer.reference):
             m.get_input_embeddings().register_forward_pre_hook(lambda *_: events.append("forward"))
         torch.cuda.set_sync_debug_mode("warn")
@@ -157,8 +198,6 @@ def test_on_a_gpu_the_passes_do_not_synchronize_between_their_micro_batches(tiny
             stats = trainer.update(samples, np.random.default_rng(0))
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    kinds = [e if e == "forward" else "wait" for e in events
-             if e == "forward" or "synchroniz" in str(e.message)]
-    assert stats["optimizer_steps"] == 3 and kinds.count("forward") == 18
-    runs = [kind for kind, _ in itertools.groupby(kinds)]
-    assert runs == ["forward", "wait", "forward", "wait", "forward", "wait"], runs
+    assert stats["optimizer_steps"] == 3 and events.count("forward") == 18
+    runs = [kind for kind, _ in itertools.groupby(events)]
+    assert runs == ["forward", "wait", "forward", "wait", "forward", "wait"], (runs, sorted(set(waits)))
