@@ -36,6 +36,17 @@
 #                 across calls)
 #   round-passes  round-fast with the pass setting that passes measured fastest (log-probs + update); run it after
 #                 passes, in the same call
+#   wait-tests    the waits stage's tests alone (no host waits inside the passes on CUDA, fused AdamW against the loop,
+#                 the bf16 working copy's master weights)
+#   levers        one update_profile.py process with every lever built since the last GPU measurement, side by side at
+#                 FAST's settings: FAST; the old host waits put back; the old 4-D padding mask put back;
+#                 param-dtype=bf16; micro-batches of 32 rows;
+#                 micro-batch-tokens=12288 with log-prob passes of 65,536 tokens, in fp32 and bf16 working weights;
+#                 28,672 under gradient-checkpointing=auto, fp32 and bf16; 32 rows in bf16; FAST again (the order's
+#                 effect); bf16 with Liger's kernels (last: Liger patches the model for good; without the liger-kernel
+#                 wheel in .whl/ that variant fails alone). Built for a
+#                 session with one call's device time: it stands for waits' and passes' profiles in one process
+#   round-levers  round-fast with the fastest levers variant (log-probs + update); run it after levers, in the same call
 #   profile-fast  update_profile.py's operator table of one micro-batch (forward and backward) at FAST's settings, eager:
 #                 where the update's time goes at the settings a round uses (the update stage profiles micro-batches of 8)
 # Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf; the
@@ -48,10 +59,24 @@ STAGES=${*:-tests decode update round-static}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD:$PWD/benchmarks
 T0=$(date +%s)
+wait_tests() {
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/agent/test_device_waits.py \
+    "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" \
+    tests/agent/test_master_weights.py > "$OUT/wait_tests.txt" 2>&1; tail -15 "$OUT/wait_tests.txt"
+}
+# round_at_fastest NAME RESULT: a round at FAST's settings with the fastest variant of an update_profile.py result
+round_at_fastest() {
+  best=$(python3 benchmarks/fastest_variant.py "$2" --sets) || { echo "no $1 result to pick from"; return; }
+  echo "fastest $1: $best"
+  timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST $best --decode-engine static \
+    > "$OUT/round_$1.json" 2> "$OUT/round_$1.err"
+  echo "rc $?"; tail -3 "$OUT/round_$1.err"; cut -c1-700 "$OUT/round_$1.json"
+}
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)" | tee -a "$OUT/card.txt"
-ROUND="--shape 1.5b --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --paper-set max-steps=15 --paper-set max-new-tokens=128 --json ${ROUND_SET:-}"
+SHAPE=${SHAPE:-1.5b}  # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers
+ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --paper-set max-steps=15 --paper-set max-new-tokens=128 --json ${ROUND_SET:-}"
 UPDATE_COMMON="micro-batch-size=8,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
 UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
                  --variant $UPDATE_COMMON
@@ -65,20 +90,18 @@ for stage in $STAGES; do
     tests)
       timeout 90 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
     waits)
-      timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/agent/test_device_waits.py \
-        "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" \
-        tests/agent/test_master_weights.py 2>&1 | tail -15 | tee "$OUT/wait_tests.txt"
-      timeout 240 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
+      wait_tests
+      timeout 240 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST --variant $UPDATE_FAST,minibatch-size=16 \
         --variant $UPDATE_FAST,minibatch-size=16,fused-adamw=false --variant $UPDATE_FAST,gradient-checkpointing=true \
         --variant $UPDATE_FAST,gradient-checkpointing=auto --variant $UPDATE_FAST,param-dtype=bf16 --json \
         > "$OUT/waits_profile.json" 2> "$OUT/waits_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/waits_profile.err" | tail -4 ;;
     decode)
-      timeout 120 python3 benchmarks/decode_profile.py --shape 1.5b --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
+      timeout 120 python3 benchmarks/decode_profile.py --shape $SHAPE --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_profile.err" | tail -6 ;;
     update)
-      timeout 100 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json > "$OUT/update_profile.json" 2> "$OUT/update_profile.err"
+      timeout 100 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json > "$OUT/update_profile.json" 2> "$OUT/update_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/update_profile.err" | tail -8 ;;
     round-static|round-hf)
       engine=${stage#round-}
@@ -89,16 +112,16 @@ for stage in $STAGES; do
       echo "rc $?"; tail -3 "$OUT/round_fast.err"; cut -c1-700 "$OUT/round_fast.json" ;;
     kernels)
       timeout 120 python3 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
-      timeout 300 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
+      timeout 300 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,training-kernels=compile --variant $UPDATE_FAST,training-kernels=liger --json \
         > "$OUT/kernels_profile.json" 2> "$OUT/kernels_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st\|arn" "$OUT/kernels_profile.err" | tail -6 ;;
     profile-fast)
-      timeout 150 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --profile --top 25 --variant $UPDATE_FAST \
+      timeout 150 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile --top 25 --variant $UPDATE_FAST \
         --json > "$OUT/profile_fast.json" 2> "$OUT/profile_fast.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/profile_fast.err" | tail -4 ;;
     passes)
-      timeout 240 python3 benchmarks/update_profile.py --shape 1.5b --prompt-tokens 180 --variant $UPDATE_FAST \
+      timeout 240 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,micro-batch-size=32 --variant $UPDATE_FAST,micro-batch-tokens=12288 \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
@@ -106,11 +129,22 @@ for stage in $STAGES; do
         > "$OUT/passes_profile.json" 2> "$OUT/passes_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/passes_profile.err" | tail -8 ;;
     round-passes)
-      best=$(python3 benchmarks/fastest_variant.py "$OUT/passes_profile.json" --sets) || { echo "no passes result to pick from"; continue; }
-      echo "fastest passes: $best"
-      timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST $best --decode-engine static \
-        > "$OUT/round_passes.json" 2> "$OUT/round_passes.err"
-      echo "rc $?"; tail -3 "$OUT/round_passes.err"; cut -c1-700 "$OUT/round_passes.json" ;;
+      round_at_fastest passes "$OUT/passes_profile.json" ;;
+    wait-tests)
+      wait_tests ;;
+    levers)
+      timeout 270 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+        --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST,padding-mask=true \
+        --variant $UPDATE_FAST,param-dtype=bf16 --variant $UPDATE_FAST,micro-batch-size=32 \
+        --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
+        --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536,param-dtype=bf16 \
+        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
+        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 \
+        --variant $UPDATE_FAST,micro-batch-size=32,param-dtype=bf16 --variant $UPDATE_FAST \
+        --variant $UPDATE_FAST,param-dtype=bf16,training-kernels=liger --json > "$OUT/levers_profile.json" 2> "$OUT/levers_profile.err"
+      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/levers_profile.err" | tail -12 ;;
+    round-levers)
+      round_at_fastest levers "$OUT/levers_profile.json" ;;
     round-auto)
       timeout 330 python3 benchmarks/gpu_round.py $ROUND $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
         --set gradient-checkpointing=auto --paper-set rollout-batch-size=0 --paper-set gradient-checkpointing=auto \
@@ -122,7 +156,7 @@ for stage in $STAGES; do
       timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static \
         > "$OUT/round_kernels.json" 2> "$OUT/round_kernels.err"
       echo "rc $?"; tail -3 "$OUT/round_kernels.err"; cut -c1-700 "$OUT/round_kernels.json" ;;
-    *) echo "unknown stage $stage (tests waits decode update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes profile-fast)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests waits decode update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast)"; exit 2 ;;
   esac
 done
 stamp done
