@@ -145,6 +145,9 @@ def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPE
     update = sample_tokens * r["update_s"] / max(r["sample_tokens"], 1)
     client = p["local-epochs"] * (rollout + logprobs + update) + r["transfer_s"]
     defaults = RunConfig().to_run_config()
+    if p.get("param-dtype") == "auto":  # what the preset resolves to where this ran
+        where = {"device": "cpu" if r.get("device") == "cpu" else "cuda"}
+        p = p | {"param-dtype": RunConfig.from_run_config(p | where).resolved_param_dtype()}
     measured = r.get("update_settings", {})
     unlike = {k: {"measured": v, "preset": p.get(k, defaults[k])} for k, v in measured.items() if p.get(k, defaults[k]) != v}
     return {"preset": preset_path.name, "overrides": overrides or {}, "clients": p["clients-per-round"],
@@ -309,7 +312,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "parameters": shape_facts.parameters, "finetuning": cfg.finetuning, "precision": cfg.resolved_precision(),
         "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
-        "update_settings": {k: cfg.to_run_config()[k] for k in UPDATE_KEYS},
+        # param-dtype as it ran (auto resolved), so that the paper round compares like with like
+        "update_settings": {k: cfg.to_run_config()[k] for k in UPDATE_KEYS} | {"param-dtype": cfg.resolved_param_dtype()},
         "episodes": len(episodes), "rollout_rows": rows, "agent_steps": len(steps), "generated_tokens": generated,
         "rollout_s": round(rollout_s, 3), "logprobs_s": round(logprob_s, 3), "update_s": round(update_s - logprob_s, 3),
         "transfer_s": round(transfer_s, 3), "generated_tokens_per_s": round(generated / max(rollout_s, 1e-9), 1),

@@ -129,6 +129,38 @@ def test_param_dtype_bf16_is_refused_where_it_does_not_apply(tiny_lm, maze_token
         GRPOTrainer(tiny_lm, maze_tokenizer, replace(cfg, param_dtype="bf16"), RolloutConfig(history_length=0))
 
 
+def test_param_dtype_auto_takes_the_working_copy_where_it_applies_and_fp32_elsewhere():
+    """auto = bf16 where a working copy applies (a GRPO strategy, full fine-tuning, precision resolving to bf16-mixed),
+    fp32 elsewhere, so one preset runs on a GPU with the copy and on a CPU without; the trainer and the plan get the
+    resolved value."""
+    from pathlib import Path
+
+    from fedagent_flwr.agent.memory import ModelShape, shape_config
+    from fedagent_flwr.simulation import read_run_config_file
+
+    def resolved(**kw):
+        cfg = RunConfig(param_dtype="auto", **kw)
+        return cfg.resolved_param_dtype(), cfg.grpo_config().param_dtype
+
+    assert resolved(device="cuda") == ("bf16", "bf16")
+    assert resolved(device="cpu", precision="bf16-mixed") == ("bf16", "bf16")
+    assert resolved(device="cpu") == ("fp32", "fp32")  # precision auto resolves to fp32 on a CPU
+    assert resolved(device="cuda", precision="fp32") == ("fp32", "fp32")
+    assert resolved(device="cuda", finetuning="lora") == ("fp32", "fp32")
+    assert RunConfig(param_dtype="auto", device="cuda", strategy="fedse-lora").resolved_param_dtype() == "fp32"
+    assert RunConfig().resolved_param_dtype() == "fp32"  # the default stays fp32
+    shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
+    plans = {dtype: RunConfig(device="cuda", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start")
+             .memory_plans(shape, 512, 8)[0].as_dict()["KL reference"] for dtype in ("auto", "bf16", "fp32")}
+    assert plans["auto"] == plans["bf16"] == plans["fp32"] / 2
+    preset = read_run_config_file(str(Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"))
+    assert preset["param-dtype"] == "auto"
+    assert RunConfig.from_run_config(preset | {"device": "cpu"}).resolved_param_dtype() == "fp32"
+    assert RunConfig.from_run_config(preset | {"device": "cuda"}).resolved_param_dtype() == "bf16"
+    with pytest.raises(ValueError, match=r"param-dtype='bf8' is not allowed: expected fp32 \| bf16 \| auto"):
+        RunConfig(param_dtype="bf8")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_masters_take_fused_adamw_steps_and_all_move(tiny_lm, maze_tokenizer):
     model = copy.deepcopy(tiny_lm).cuda()

@@ -164,8 +164,14 @@ def test_a_paper_round_says_which_update_settings_it_was_not_measured_at():
     settings = {k: preset[k] for k in gpu_round.UPDATE_KEYS if k in preset}
     measured = {"rollout_rows": 128, "mean_prompt_tokens": 180.0, "rollout_s": 10.0, "token_steps": 1000,
                 "logprobs_s": 1.0, "update_s": 2.0, "sample_tokens": 10_000, "transfer_s": 1.0}
-    same = gpu_round.paper_round({**measured, "update_settings": settings})
+    # the preset's param-dtype = "auto" is the bf16 working copy on a GPU and fp32 on a CPU; a round reports what ran
+    assert settings["param-dtype"] == "auto"
+    settings["param-dtype"] = "bf16"
+    same = gpu_round.paper_round({**measured, "device": "NVIDIA H100 80GB HBM3", "update_settings": settings})
     assert same["update_settings_unlike_preset"] == {}
+    on_cpu = gpu_round.paper_round({**measured, "device": "cpu", "update_settings": settings})
+    assert on_cpu["update_settings_unlike_preset"] == {"param-dtype": {"measured": "bf16", "preset": "fp32"}}
+    measured["device"] = "NVIDIA H100 80GB HBM3"
     fast = {**settings, "gradient-checkpointing": False, "micro-batch-size": 16}
     p = gpu_round.paper_round({**measured, "update_settings": fast})
     assert p["update_settings_unlike_preset"] == {
