@@ -104,11 +104,21 @@ def parse_variant(text: str) -> dict:
 
 
 @contextlib.contextmanager
-def host_waits(device: torch.device, on: bool):
+def _replaced(module, name: str, value):
+    """`module.name` is `value` inside the block and what it was after: how a variant key swaps one piece of the
+    trainer for the old or the other way, side by side in one process."""
+    inner = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, inner)
+
+
+def host_waits(device: torch.device, on: bool) -> contextlib.AbstractContextManager:
     """With `on`, every log-prob forward of GRPO's passes waits for the device before and after it (WAITS_KEY)."""
     if not on:
-        yield
-        return
+        return contextlib.nullcontext()
     inner = grpo_module.completion_logprobs
 
     def waiting(*args, **kwargs):
@@ -118,39 +128,20 @@ def host_waits(device: torch.device, on: bool):
         finally:
             sync(device)
 
-    grpo_module.completion_logprobs = waiting
-    try:
-        yield
-    finally:
-        grpo_module.completion_logprobs = inner
+    return _replaced(grpo_module, "completion_logprobs", waiting)
 
 
-@contextlib.contextmanager
-def unfused_adamw(on: bool):
+def unfused_adamw(on: bool) -> contextlib.AbstractContextManager:
     """With `on`, GRPO's trainers build PyTorch's default AdamW instead of agent/grpo.py's choice (FUSED_KEY=false)."""
     if not on:
-        yield
-        return
-    inner = grpo_module.adamw
-    grpo_module.adamw = lambda params, lr, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    try:
-        yield
-    finally:
-        grpo_module.adamw = inner
+        return contextlib.nullcontext()
+    return _replaced(grpo_module, "adamw",
+                     lambda params, lr, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay))
 
 
-@contextlib.contextmanager
-def padding_mask(on: bool):
+def padding_mask(on: bool) -> contextlib.AbstractContextManager:
     """With `on`, the passes hand every model the padding mask, Qwen models included (MASK_KEY=true)."""
-    if not on:
-        yield
-        return
-    inner = tokens_module.MASK_MAPPING_MODELS
-    tokens_module.MASK_MAPPING_MODELS = ()
-    try:
-        yield
-    finally:
-        tokens_module.MASK_MAPPING_MODELS = inner
+    return _replaced(tokens_module, "MASK_MAPPING_MODELS", ()) if on else contextlib.nullcontext()
 
 
 def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[list[int]]:
