@@ -36,8 +36,9 @@ class DeviceWaits(TorchDispatchMode):
     """Records "forward" (a model's pass begins) and "wait" (the host waits for the "device"), in order.
 
     On the "device": the models' parameters and buffers, what `.to(a torch.device)` returns (a copy to the device),
-    what a factory op makes inside a model's body, and what any op computes from such a tensor. The host waits when it reads one (`.cpu()` included: its result is
-    on the host), and when it copies a host tensor to the device without non_blocking."""
+    what a factory op makes inside a model's body, and what any op computes from such a tensor. The host waits when it
+    reads one (`.cpu()` included: its result is on the host), and when it copies a host tensor to the device without
+    non_blocking."""
 
     def __init__(self, models, monkeypatch):
         super().__init__()
@@ -118,7 +119,8 @@ def test_the_passes_do_not_wait_for_the_device_between_their_micro_batches(tiny_
 def test_a_right_padded_batch_goes_without_a_padding_mask_and_a_real_tokens_values_stay_the_same(tiny_lm):
     """collate's right-padded batches reach a Qwen2 model under SDPA as the mask mapping {"full_attention": None} (the
     causal kernel: flash attention on a GPU, no per-head bias kept for backward; no mask preparation in transformers).
-    Every real token's logits are those the 2-D mask gives, bit for bit, and so are the gradients. Other models keep
+    Every real token's logits are those the 2-D mask gives, bit for bit, and the gradients agree to float rounding
+    (the backward sums in another order; the default job's update statistics move from the seventh digit). Others keep
     what they had: a Llama model under SDPA the 4-D causal-and-padding mask transformers would build, eager attention
     the 2-D mask; a batch padded on the left gets the 4-D mask under SDPA too; an unpadded one, None."""
     from transformers import AutoConfig, AutoModelForCausalLM
