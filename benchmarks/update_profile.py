@@ -83,7 +83,7 @@ WAITS_KEY = "host-waits"
 # on a GPU), what the update ran before agent/grpo.py's adamw chose the fused kernel on a GPU
 FUSED_KEY = "fused-adamw"
 # the benchmark's own variant key: true = right-padded batches reach a Qwen model with the 4-D causal-and-padding mask
-# (the memory-efficient attention kernel with a per-head bias), as they did before they went without one (the mask
+# (the memory-efficient attention kernel, the mask kept per head), as they did before they went without one (the mask
 # mapping of agent/tokens.py: the causal kernel)
 MASK_KEY = "padding-mask"
 OWN_KEYS = (CUDNN_KEY, WAITS_KEY, FUSED_KEY, MASK_KEY)

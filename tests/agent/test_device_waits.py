@@ -118,7 +118,7 @@ def test_the_passes_do_not_wait_for_the_device_between_their_micro_batches(tiny_
 
 def test_a_right_padded_batch_goes_without_a_padding_mask_and_a_real_tokens_values_stay_the_same(tiny_lm):
     """collate's right-padded batches reach a Qwen2 model under SDPA as the mask mapping {"full_attention": None} (the
-    causal kernel: flash attention on a GPU, no per-head bias kept for backward; no mask preparation in transformers).
+    causal kernel: flash attention on a GPU, no per-head mask kept for backward; no mask preparation in transformers).
     Every real token's logits are those the 2-D mask gives, bit for bit, and the gradients agree to float rounding
     (the backward sums in another order; the default job's update statistics move from the seventh digit). Others keep
     what they had: a Llama model under SDPA the 4-D causal-and-padding mask transformers would build, eager attention
