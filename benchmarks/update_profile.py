@@ -50,7 +50,7 @@ import fedagent_flwr.agent.tokens as tokens_module
 from fedagent_flwr.agent import attention
 from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
 from fedagent_flwr.agent.kernels import training_kernels
-from fedagent_flwr.agent.memory import GB, ModelShape
+from fedagent_flwr.agent.memory import GB, ModelShape, layers_to_checkpoint, update_activation_bytes, value_bytes
 from fedagent_flwr.agent.models import pick_device
 from fedagent_flwr.agent.precision import autocast
 from fedagent_flwr.agent.shaped_model import environment_tokenizer
@@ -207,6 +207,27 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     return result
 
 
+def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.device) -> dict | None:
+    """What the memory plan decided for a gradient-checkpointing=auto variant, so that a peak (or an out-of-memory) can be
+    set beside it: the budget, the room it left the activations, and at the largest pass the trainer cuts from these
+    samples the layers checkpointed and the activations planned; the plan's rows too (it counts a rollout's KV cache
+    and decoder copy, which this benchmark does not hold). None for other variants or without a known budget."""
+    shape = ModelShape.of(model.config)
+    context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    budget = memory_budget(cfg, device)
+    room = cfg.activation_room(shape, context, cfg.rollout_batch_size, budget)
+    if room is None:
+        return None
+    largest = max(len(micro) * max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)
+                  for micro in update_micro_batches(samples, cfg.grpo_config()))
+    vbytes = value_bytes(cfg.resolved_precision())
+    layers = layers_to_checkpoint(shape, largest, room, vbytes)
+    plan = cfg.memory_plans(shape, context, cfg.rollout_batch_size)[0].as_dict()
+    return {"budget_bytes": int(budget), "room_bytes": int(room), "largest_pass_tokens": largest,
+            "layers": layers, "activation_bytes": update_activation_bytes(shape, largest, layers, vbytes),
+            "plan_bytes": {k: int(v) for k, v in plan.items()}}
+
+
 def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device: torch.device, top: int) -> dict:
     """One micro-batch's forward (completion log-probs) and backward under torch.profiler."""
     grpo = cfg.grpo_config()
@@ -342,6 +363,12 @@ def main(argv: list[str] | None = None) -> dict:
         result["profile"] = profile_micro_batch(model, configs[0], sets[0], device, args.top)
     for v, cfg, samples in zip(variants, configs, sets):
         attention.AVOID_CUDNN = not v.get(CUDNN_KEY, False)
+        planned = auto_plan(model, cfg, samples, device)
+        if planned:
+            print(f"{v}: auto plans {planned['layers']} of {model.config.num_hidden_layers} layers checkpointed at "
+                  f"{planned['largest_pass_tokens']} tokens, {planned['activation_bytes'] / GB:.1f} GiB of activations in "
+                  f"a room of {planned['room_bytes'] / GB:.1f} GiB (budget {planned['budget_bytes'] / GB:.1f} GiB)",
+                  file=sys.stderr, flush=True)
         try:
             warm_up(cfg)
             with host_waits(device, v.get(WAITS_KEY, False)), unfused_adamw(not v.get(FUSED_KEY, True)), \
@@ -351,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
             model.zero_grad(set_to_none=True)
             gc.collect()
             print(f"{v}: out of memory ({str(err).splitlines()[0][:120]})", file=sys.stderr, flush=True)
-            result["variants"].append({"variant": v, "out_of_memory": True})
+            result["variants"].append({"variant": v, "out_of_memory": True, "auto_plan": planned})
             continue
         except Exception as err:  # a variant that cannot run here (a missing package, a bug): the others still count
             model.zero_grad(set_to_none=True)
@@ -360,6 +387,7 @@ def main(argv: list[str] | None = None) -> dict:
             result["variants"].append({"variant": v, "failed": failure})
             continue
         r["variant"] = v
+        r["auto_plan"] = planned
         result["variants"].append(r)
         print(f"{v or '(paper settings)'}: log-probs {r['logprobs_s']:.2f} s ({100 * r['logprobs_mfu']:.1f}% MFU), "
               f"update {r['update_s']:.2f} s ({100 * r['update_mfu']:.1f}% MFU)", file=sys.stderr, flush=True)
