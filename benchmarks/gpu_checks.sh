@@ -44,14 +44,14 @@
 #                 micro-batch-tokens=12288 with log-prob passes of 65,536 tokens, in fp32 and bf16 working weights;
 #                 28,672 under gradient-checkpointing=auto, fp32 and bf16; 32 rows in bf16; FAST again (the order's
 #                 effect); bf16 with Liger's kernels (last: Liger patches the model for good; without the liger-kernel
-#                 wheel in .whl/ that variant fails alone). Built for a
-#                 session with one call's device time: it stands for waits' and passes' profiles in one process
+#                 wheel in .whl/ that variant fails alone). Built for a session with one call's device time: it
+#                 stands for waits' and passes' profiles in one process
 #   round-levers  round-fast with the fastest levers variant (log-probs + update); run it after levers, in the same call
 #   profile-fast  update_profile.py's operator table of one micro-batch (forward and backward) at FAST's settings, eager:
 #                 where the update's time goes at the settings a round uses (the update stage profiles micro-batches of 8)
 # Seen on an H100 (2026-11-27): a gpu_round call took about 130 s with the static engine and 200 s with hf; the
 # kernels stage about 165 s on a fresh machine (its tests 90 s). 2026-11-28 (H100): wait-tests 20-25 s, levers (11
-# variants) 60-65 s, a round about 100 s; `wait-tests levers round-levers round-fast` 291 s after the wheels' install.
+# variants then) 60-65 s, a round about 100 s; `wait-tests levers round-levers round-fast` 291 s after the wheels' install.
 # On a lent machine, carry the wheels scripts/gpu_wheels.sh downloads (.whl) and install them first (docs/gpu.md).
 # ROUND_SET adds run-config values to both rounds, e.g. ROUND_SET="--set micro-batch-size=32".
 set -u
