@@ -44,9 +44,11 @@ from fedagent_flwr.agent.memory import (
     ACTIVATIONS_ROW,
     GB,
     SHAPES,
+    LayerActivations,
     MemoryPlan,
     ModelShape,
     client_plan,
+    layer_activations,
     rows_that_fit,
     server_plan,
 )
@@ -695,6 +697,13 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         index = 0 if who == "client" else 1
         return rows_that_fit(lambda rows: self.memory_plans(shape, context_tokens, rows)[index], budget_bytes,
                              self.epoch_episodes())
+
+    def layer_activations(self, shape: ModelShape) -> LayerActivations:
+        """What a decoder layer of a client's training passes keeps for backward per token (memory.layer_activations):
+        this run's precision and param-dtype, and its adapter's targets where a LoRA adapter learns."""
+        lora = self.finetuning == "lora" or self.traits.experience_buffer
+        lora_args = (self.lora_spec().target_modules, self.lora_rank) if lora else ()
+        return layer_activations(shape, self.resolved_precision(), self.resolved_param_dtype(), *lora_args)
 
     def activation_room(self, shape: ModelShape, context_tokens: int, rollout_rows: int,
                         budget_bytes: float | None) -> float | None:

@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-from fedagent_flwr.agent.memory import ModelShape, layers_to_checkpoint, value_bytes
+from fedagent_flwr.agent.memory import LayerActivations, ModelShape, layer_activations, layers_to_checkpoint
 
 CHECKPOINTING = (False, True, "auto")
 
@@ -28,19 +28,19 @@ class Checkpointing:
     checkpointed in each micro-batch so far."""
 
     def __init__(self, layers: list[torch.nn.Module], shape: ModelShape | None, room_bytes: float | None,
-                 value_bytes: int) -> None:
+                 per_token: LayerActivations | None) -> None:
         self.layers = layers
         self.shape = shape
         self.room_bytes = room_bytes
-        self.value_bytes = value_bytes
+        self.per_token = per_token
         self.counts: list[int] = []
 
     def fit(self, tokens: int) -> int:
         """Checkpoint the fewest leading layers that fit a micro-batch of `tokens` positions (rows x padded width);
         returns how many. Without a room (mode True, or no memory known) every layer stays checkpointed."""
         k = len(self.layers)
-        if self.shape is not None and self.room_bytes is not None:
-            k = layers_to_checkpoint(self.shape, tokens, self.room_bytes, self.value_bytes)
+        if self.shape is not None and self.room_bytes is not None and self.per_token is not None:
+            k = layers_to_checkpoint(self.shape, tokens, self.room_bytes, self.per_token)
             for i, layer in enumerate(self.layers):
                 layer.gradient_checkpointing = i < k
         self.counts.append(k)
@@ -48,9 +48,10 @@ class Checkpointing:
 
 
 @contextlib.contextmanager
-def activation_checkpointing(model, mode: bool | str, room_bytes: float | None, precision: str):
+def activation_checkpointing(model, mode: bool | str, room_bytes: float | None, precision: str,
+                             param_dtype: str = "fp32"):
     """Checkpointing switched on for the block (mode True or "auto"), off again after it; yields a `Checkpointing`,
-    or None for mode False. transformers checkpoints only in training mode; the models trained here have no dropout
+    or None for mode False. `precision` and `param_dtype` say what a layer keeps (memory.layer_activations). transformers checkpoints only in training mode; the models trained here have no dropout
     to switch on (a model with dropout is refused), so training mode changes nothing else."""
     if mode not in CHECKPOINTING:
         raise ValueError(f"gradient_checkpointing must be one of {CHECKPOINTING}, got {mode!r}")
@@ -71,9 +72,20 @@ def activation_checkpointing(model, mode: bool | str, room_bytes: float | None, 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     auto = mode == "auto" and room_bytes is not None and bool(layers)
     shape = ModelShape.of(model.config) if auto else None
+    per_token = layer_activations(shape, precision, param_dtype, *lora_adapter(model)) if auto else None
     model.train()
     try:
-        yield Checkpointing(layers, shape, room_bytes if auto else None, value_bytes(precision))
+        yield Checkpointing(layers, shape, room_bytes if auto else None, per_token)
     finally:
         getattr(model, disable)()
         model.eval()
+
+
+def lora_adapter(model) -> tuple[tuple[str, ...] | str | None, int]:
+    """The module names a PEFT model's active LoRA adapter targets and its rank; (None, 0) for a model trained whole."""
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        return None, 0
+    config = configs[getattr(model, "active_adapter", "default")]
+    targets = config.target_modules
+    return (targets if isinstance(targets, str) else tuple(sorted(targets))), config.r

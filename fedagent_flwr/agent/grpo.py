@@ -404,7 +404,8 @@ class GRPOTrainer:
         self.model.eval()  # dropout off: old and new log-probs must come from the same function
         cfg = self.config
         copy_of = Bf16WorkingCopy(self.model) if cfg.param_dtype == "bf16" else contextlib.nullcontext()
-        with activation_checkpointing(self.model, cfg.gradient_checkpointing, cfg.activation_room_bytes, cfg.precision) as ckpt, \
+        with activation_checkpointing(self.model, cfg.gradient_checkpointing, cfg.activation_room_bytes, cfg.precision,
+                                      cfg.param_dtype) as ckpt, \
                 training_kernels(self.model, cfg.training_kernels), copy_of as working:
             return self._update(samples, rng, ckpt, working)
 

@@ -20,10 +20,22 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
 - training logits: 2 x micro-batch x S x vocab x 4 (fp32 logits and their log-softmax over the sequence); with
   chunked log-probs (logprob-chunk-tokens = C > 0) the head scores C completion tokens at a time and
   checkpointing recomputes them one chunk at a time in backward: 2 x min(C, micro-batch x S) x vocab x 4;
-- activations kept for backward: layers x micro-batch x S x (8 H + 2 kv-heads x head-dim + 4 I) x a, counting
-  per token and layer the norm inputs and outputs, q / k / v, attention and MLP outputs and the MLP's
-  gate, up, activation and down inputs (H hidden size, I intermediate size); with gradient checkpointing,
-  each layer's input (layers x micro-batch x S x H x a) plus one layer's full set, recomputed in backward;
+- activations kept for backward, per token and layer (layer_activations; counted tensor by tensor, as autograd saves
+  them, on CPU in tests/agent/test_layer_activations.py): SDPA's q, k, v and output and its fp32 log-sum-exp per head;
+  the MLP's gate output, its activation, the up projection's output and their product (down's input, kept when down or
+  its adapter learns); and the two RMSNorms, which is where the precision tells. With H the hidden size, in the
+  compute dtype (c bytes: 2 under bf16 compute, 4 in fp32) and the residual stream's dtype (r: the weights' dtype, so 4
+  under bf16-mixed's fp32 weights and 2 under param-dtype = 'bf16' or bf16-base): every norm keeps its input upcast to
+  fp32 (4H); with a trained norm weight also the normalized value and its output, in fp32 (4H) under fp32 weights,
+  where each linear reading the output then keeps its own bf16 cast (2H each: q, k, v, gate, up), or 2H + 2H under
+  bf16 weights. Under LoRA (frozen norms and base linears) every adapted linear keeps its own bf16 copy of its input
+  under bf16 compute (PEFT hands the adapter its input in the adapter's fp32, autocast casts it back), and the fp32
+  norm output it reads otherwise. For the 1.5B shape under bf16-mixed that is 116 KiB a token and layer with fp32
+  weights and 101 KiB with the bf16 working copy (an earlier plan counted 95 for both; a pass planned so ran out of
+  memory on an H100). Models other than Qwen2/Qwen3 get a 4-D padding mask (agent/tokens.py), with which SDPA gets
+  the KV heads expanded to every query head: k and v are counted so; the copy of the mask SDPA keeps per layer (rows x
+  S x S) is not. The update keeps layers x micro-batch x S of these; with gradient checkpointing each checkpointed
+  layer keeps only its input (H x r) and one layer's full set is recomputed in backward;
   gradient-checkpointing = 'auto' checkpoints a micro-batch's first k layers only, k the fewest that fit the memory the
   rest of the plan leaves (layers_to_checkpoint); the plan counts its worst case, every layer; with
   micro-batch-tokens = B > 0 a pass holds at most max(B, S) padded tokens in place of micro-batch x S, here and in
@@ -41,6 +53,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from fedagent_flwr.agent.tokens import MASK_MAPPING_MODELS  # the models handed no 4-D mask, so no expanded KV heads
 
 GB = 1024**3
 ACTIVATIONS_ROW = "activations of a micro-batch"  # the client plan's row that gradient-checkpointing='auto' divides up
@@ -75,6 +89,8 @@ class ModelShape:
     head_dim: int
     vocab: int
     linear_shapes: tuple[tuple[str, int, int], ...]  # (module name, in, out) of every nn.Linear but the head
+    heads: int = 0  # query heads (0: as many as the KV heads)
+    model_type: str = ""
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> ModelShape:
@@ -88,7 +104,7 @@ class ModelShape:
                    hidden=config.hidden_size, intermediate=config.intermediate_size,
                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                   vocab=config.vocab_size, linear_shapes=linears)
+                   vocab=config.vocab_size, linear_shapes=linears, heads=heads, model_type=config.model_type)
 
     def lora_parameters(self, rank: int, targets: tuple[str, ...] | str) -> int:
         """r x (in + out) for every targeted linear layer (PEFT's all-linear leaves the head out)."""
@@ -150,9 +166,9 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
                 static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32",
                 micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0) -> MemoryPlan:
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
-    holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py). `micro_batch_tokens` > 0:
-    the update's passes are cut by padded tokens (grpo.micro_batches), so one holds at most max(that, the context);
-    `logprob_micro_batch_tokens` likewise for the no-grad passes."""
+    holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py) and a bf16 residual stream
+    (layer_activations). `micro_batch_tokens` > 0: the update's passes are cut by padded tokens (grpo.micro_batches), so
+    one holds at most max(that, the context); `logprob_micro_batch_tokens` likewise for the no-grad passes."""
     _check_base_precision(finetuning, precision)
     a = value_bytes(precision)
     P = shape.parameters
@@ -174,9 +190,11 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     # gradient-checkpointing='auto' checkpoints each micro-batch only as far as memory needs (layers_to_checkpoint):
     # planned here at its worst, every layer, which is what the longest micro-batch may need
     checkpointed = shape.layers if gradient_checkpointing else 0
-    activations = update_activation_bytes(shape, update_tokens, checkpointed, a)
+    lora = (lora_targets, lora_rank) if finetuning == "lora" else ()
+    per_token = layer_activations(shape, precision, param_dtype, *lora)
+    activations = update_activation_bytes(shape, update_tokens, checkpointed, per_token)
     passes = max(logprob_micro_batch_tokens, S) if logprob_micro_batch_tokens > 0 else (logprob_micro_batch_size or micro_batch_size) * S
-    activations = max(activations, layer_activation_bytes(shape, passes, a))
+    activations = max(activations, layer_activation_bytes(shape, passes, per_token))
     logit_rows = max(logits_of(update_tokens), logits_of(passes))
     rows = [
         base_weights(shape, precision),
@@ -194,28 +212,74 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     return MemoryPlan("each client", tuple(rows))
 
 
-def layer_activation_bytes(shape: ModelShape, tokens: int, value_bytes: int) -> int:
-    """What one decoder layer keeps for backward over `tokens` positions (the per-token set in the module's text)."""
-    return tokens * (8 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 4 * shape.intermediate) * value_bytes
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one decoder layer keeps for backward per token: `full`, its whole set; `kept`, its input alone (what a
+    checkpointed layer keeps)."""
+    full: int
+    kept: int
 
 
-def update_activation_bytes(shape: ModelShape, tokens: int, checkpointed: int, value_bytes: int) -> int:
+_ATTENTION_READERS = ("q_proj", "k_proj", "v_proj")  # the linears reading the first norm's output
+_MLP_READERS = ("gate_proj", "up_proj")  # and the second's
+_LINEARS = _ATTENTION_READERS + ("o_proj",) + _MLP_READERS + ("down_proj",)
+
+
+def layer_activations(shape: ModelShape, precision: str, param_dtype: str = "fp32",
+                      lora_targets: tuple[str, ...] | str | None = None, lora_rank: int = 0) -> LayerActivations:
+    """What a Qwen2/Llama-style decoder layer keeps for backward per token, as the module's text counts it (the
+    eager modules; compiled or Liger layers keep less). `lora_targets`: None for full fine-tuning, else the adapted
+    module names or 'all-linear', with adapters of rank `lora_rank` (each keeps its A's output for B). The norms'
+    per-token fp32 rsqrt is counted; RoPE's cos and sin are one tensor for all layers and are not."""
+    c = value_bytes(precision)
+    r = 2 if precision == "bf16-base" or param_dtype == "bf16" else 4
+    H, I = shape.hidden, shape.intermediate
+    heads = shape.heads or shape.kv_heads
+    width = heads * shape.head_dim
+    kv = shape.kv_heads * shape.head_dim if shape.model_type in MASK_MAPPING_MODELS else width
+    adapted = set(_LINEARS) if lora_targets is None or lora_targets == "all-linear" else set(lora_targets)
+    attention = (2 * width + 2 * kv) * c + 4 * heads  # q, k, v, the output; fp32 log-sum-exp a head
+    mlp = 3 * I * c + (I * c if "down_proj" in adapted else 0)  # gate out, its activation, up out; down's input
+    norms = 2 * (4 * H + 4)  # each norm's input in fp32 (the residual itself under fp32 weights) and its rsqrt
+    if lora_targets is None:  # a learning norm weight keeps the normalized value; the output feeds the linears
+        if c == 4:
+            norms += 2 * (4 * H + 4 * H)  # normalized and output, read by the linears as they are
+        elif r == 4:
+            # the fp32 normalized values; a bf16 cast of the output for each linear reading it
+            norms += 2 * 4 * H + 2 * H * (len(_ATTENTION_READERS) + len(_MLP_READERS))
+        else:
+            norms += 2 * (2 * H + 2 * H)  # normalized and output in bf16
+    elif c == 4:  # frozen norms; an adapter reads the fp32 output as it is
+        norms += 4 * H * (bool(adapted & set(_ATTENTION_READERS)) + bool(adapted & set(_MLP_READERS)))
+    else:  # each adapter keeps its own bf16 copy of its input (o's beside SDPA's output; down's counted in mlp)
+        norms += 2 * H * len(adapted & set(_ATTENTION_READERS + _MLP_READERS))
+        norms += 2 * width if "o_proj" in adapted else 0
+    adapters = 0 if lora_targets is None else len(adapted) * lora_rank * c
+    return LayerActivations(full=attention + mlp + norms + adapters, kept=H * r)
+
+
+def layer_activation_bytes(shape: ModelShape, tokens: int, per_token: LayerActivations) -> int:
+    """What one decoder layer keeps for backward over `tokens` positions."""
+    return tokens * per_token.full
+
+
+def update_activation_bytes(shape: ModelShape, tokens: int, checkpointed: int, per_token: LayerActivations) -> int:
     """The update's activations over `tokens` positions (rows x padded width) with the first `checkpointed` layers
     checkpointed. A checkpointed layer keeps its input only; the others keep their full set. Backward reaches the first
     layers last, when every later layer's set is freed, so recomputing one of them adds one layer's set only when no
     layer keeps its own (all checkpointed): k inputs + max(layers - k, 1) sets for k >= 1, layers sets for k = 0."""
-    full = layer_activation_bytes(shape, tokens, value_bytes)
+    full = layer_activation_bytes(shape, tokens, per_token)
     if checkpointed <= 0:
         return shape.layers * full
     checkpointed = min(checkpointed, shape.layers)
-    return checkpointed * tokens * shape.hidden * value_bytes + max(shape.layers - checkpointed, 1) * full
+    return checkpointed * tokens * per_token.kept + max(shape.layers - checkpointed, 1) * full
 
 
-def layers_to_checkpoint(shape: ModelShape, tokens: int, room_bytes: float, value_bytes: int) -> int:
+def layers_to_checkpoint(shape: ModelShape, tokens: int, room_bytes: float, per_token: LayerActivations) -> int:
     """The fewest leading layers to checkpoint so that the update's activations over `tokens` positions fit
     `room_bytes` (gradient-checkpointing='auto'); every layer when even that does not fit."""
     for k in range(shape.layers + 1):
-        if update_activation_bytes(shape, tokens, k, value_bytes) <= room_bytes:
+        if update_activation_bytes(shape, tokens, k, per_token) <= room_bytes:
             return k
     return shape.layers
 

@@ -22,7 +22,6 @@ from fedagent_flwr.agent.memory import (
     layers_to_checkpoint,
     shape_config,
     update_activation_bytes,
-    value_bytes,
 )
 from fedagent_flwr.config import RunConfig, parse_overrides
 from fedagent_flwr.simulation import read_run_config_file
@@ -44,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(err))
     shape = ModelShape.of(shape_config(args.shape))
     print(f"{args.shape}: {shape.parameters:,} parameters; finetuning={cfg.finetuning}, precision={cfg.resolved_precision()}, "
-          f"micro-batch-size={cfg.micro_batch_size}, micro-batch-tokens={cfg.micro_batch_tokens}, rollout-batch-size={cfg.rollout_batch_size}, context {args.context_tokens} tokens")
+          f"param-dtype={cfg.resolved_param_dtype()}, micro-batch-size={cfg.micro_batch_size}, "
+          f"micro-batch-tokens={cfg.micro_batch_tokens}, rollout-batch-size={cfg.rollout_batch_size}, context {args.context_tokens} tokens")
+    per_token = cfg.layer_activations(shape)
+    print(f"a decoder layer keeps {per_token.full:,} bytes a token for backward ({per_token.kept:,} as a checkpointed "
+          f"layer's input)")
     for plan in cfg.memory_plans(shape, args.context_tokens):
         print(plan.table())
     client = cfg.memory_plans(shape, args.context_tokens)[0]
@@ -63,8 +66,8 @@ def token_budgets(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: fl
     budget = budget_gb * GB
     # the room is the same whatever checkpointing says: every row of the plan but the activations
     room = replace(cfg, gradient_checkpointing="auto").activation_room(shape, context, cfg.rollout_rows(shape, context, budget), budget)
-    a = value_bytes(cfg.resolved_precision())
-    whole, every = (max(0, int(room // update_activation_bytes(shape, 1, k, a))) for k in (0, shape.layers))
+    per_token = cfg.layer_activations(shape)
+    whole, every = (max(0, int(room // update_activation_bytes(shape, 1, k, per_token))) for k in (0, shape.layers))
     return (f"in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations) a pass keeps every activation up to "
             f"{whole:,} padded tokens and up to {every:,} with every layer checkpointed (micro-batch-tokens = {whole:,} or "
             f"less checkpoints nothing)")
@@ -83,7 +86,7 @@ def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_g
     else:
         rows = [cfg.micro_batch_size] * len(widths)
         who = f"micro-batch of {cfg.micro_batch_size} rows"
-    layers = [layers_to_checkpoint(shape, n * w, room, value_bytes(cfg.resolved_precision())) for n, w in zip(rows, widths)]
+    layers = [layers_to_checkpoint(shape, n * w, room, cfg.layer_activations(shape)) for n, w in zip(rows, widths)]
     return (f"gradient-checkpointing=auto in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations): a "
             f"{who} checkpoints " + ", ".join(
                 f"{k} of {shape.layers} layers at {w} tokens" + (f" ({n} rows)" if cfg.micro_batch_tokens else "")

@@ -15,6 +15,7 @@ from fedagent_flwr.agent.memory import (
     ModelShape,
     client_plan,
     layer_activation_bytes,
+    layer_activations,
     layers_to_checkpoint,
     update_activation_bytes,
 )
@@ -43,27 +44,32 @@ def _small_shape() -> ModelShape:
 
 def test_the_activation_estimate_by_hand_and_the_fewest_layers_that_fit():
     shape = _small_shape()
-    full = 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2  # one layer's set over 10 positions in bf16
-    kept = 10 * 8 * 2  # a checkpointed layer's input
-    assert layer_activation_bytes(shape, 10, 2) == full
-    assert update_activation_bytes(shape, 10, 0, 2) == 3 * full
-    assert update_activation_bytes(shape, 10, 1, 2) == kept + 2 * full
-    assert update_activation_bytes(shape, 10, 2, 2) == 2 * kept + full
+    per_token = layer_activations(shape, "bf16-mixed")  # fp32 weights under bf16 autocast
+    # H 8, 2 heads of 4 (2 x 4 = 8 wide), 1 KV head, I 16; c = 2 (bf16 compute), r = 4 (fp32 residual stream):
+    # SDPA's q, k, v and output (2 x 8 + 2 x 4) x 2 + fp32 log-sum-exp 2 x 4; the MLP's 4 x 16 x 2; two norms with
+    # fp32 input and rsqrt 2 x (4 x 8 + 4), fp32 normalized 2 x 4 x 8, and q, k, v, gate and up's own bf16 casts 5 x 2 x 8
+    assert per_token.full == (2 * 8 + 2 * 4) * 2 + 2 * 4 + 4 * 16 * 2 + 2 * (4 * 8 + 4) + 2 * 4 * 8 + 5 * 2 * 8 == 400
+    assert per_token.kept == 8 * 4  # a checkpointed layer's fp32 input
+    full, kept = 10 * per_token.full, 10 * per_token.kept  # over 10 positions
+    assert layer_activation_bytes(shape, 10, per_token) == full
+    assert update_activation_bytes(shape, 10, 0, per_token) == 3 * full
+    assert update_activation_bytes(shape, 10, 1, per_token) == kept + 2 * full
+    assert update_activation_bytes(shape, 10, 2, per_token) == 2 * kept + full
     # every layer: their inputs plus one layer's set recomputed at a time, as the plan with checkpointing counts it
-    assert update_activation_bytes(shape, 10, 3, 2) == 3 * kept + full
+    assert update_activation_bytes(shape, 10, 3, per_token) == 3 * kept + full
     planned = client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj",), precision="bf16-mixed",
                           kl_beta=0.0, kl_reference="round-start", micro_batch_size=2, rollout_batch_size=1,
                           context_tokens=5, gradient_checkpointing=True).as_dict()[ACTIVATIONS_ROW]
-    assert planned == update_activation_bytes(shape, 10, 3, 2)
+    assert planned == update_activation_bytes(shape, 10, 3, per_token)
     # the fewest layers: exactly at a bound, one byte under it, plenty of room, too little for anything
-    assert layers_to_checkpoint(shape, 10, 3 * full, 2) == 0
-    assert layers_to_checkpoint(shape, 10, 3 * full - 1, 2) == 1
-    assert layers_to_checkpoint(shape, 10, 2 * kept + full, 2) == 2
-    assert layers_to_checkpoint(shape, 10, 2 * kept + full - 1, 2) == 3
-    assert layers_to_checkpoint(shape, 10, 1, 2) == 3 and layers_to_checkpoint(shape, 10, 10 * GB, 2) == 0
+    assert layers_to_checkpoint(shape, 10, 3 * full, per_token) == 0
+    assert layers_to_checkpoint(shape, 10, 3 * full - 1, per_token) == 1
+    assert layers_to_checkpoint(shape, 10, 2 * kept + full, per_token) == 2
+    assert layers_to_checkpoint(shape, 10, 2 * kept + full - 1, per_token) == 3
+    assert layers_to_checkpoint(shape, 10, 1, per_token) == 3 and layers_to_checkpoint(shape, 10, 10 * GB, per_token) == 0
     # longer micro-batches need more of the layers in the same room
     room = 2 * full
-    assert [layers_to_checkpoint(shape, t, room, 2) for t in (5, 10, 20)] == [0, 2, 3]
+    assert [layers_to_checkpoint(shape, t, room, per_token) for t in (5, 10, 20)] == [0, 2, 3]
 
 
 def _samples(tokenizer, n: int) -> list[StepSample]:
@@ -110,8 +116,9 @@ def test_auto_checkpoints_only_the_leading_layers_each_micro_batch_needs_and_upd
     shape = ModelShape.of(deep_lm.config)
     # fp32 on CPU: 4 bytes a value. The four length-grouped micro-batches of two are 58, 50, 16 and 12 tokens wide
     # (prompt + completion), so 116, 100, 32 and 24 positions. The room fits the short ones whole, not the long ones.
-    room = update_activation_bytes(shape, 40, 0, 4)
-    expected = {tokens: layers_to_checkpoint(shape, tokens, room, 4) for tokens in (116, 100, 32, 24)}
+    per_token = layer_activations(shape, "fp32")
+    room = update_activation_bytes(shape, 40, 0, per_token)
+    expected = {tokens: layers_to_checkpoint(shape, tokens, room, per_token) for tokens in (116, 100, 32, 24)}
     assert expected[24] == expected[32] == 0 and 0 < expected[100] <= expected[116] < LAYERS
 
     plain = copy.deepcopy(deep_lm)
@@ -227,3 +234,20 @@ def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its
     assert stats["checkpointed_layers"] == 1.0
     assert len(seen) == 2 * LAYERS * micro  # each layer's forward, and its recompute in backward
     assert all(seen), seen
+
+
+def test_auto_counts_what_the_trained_model_keeps_its_precision_working_copy_and_adapter(deep_lm):
+    """The trainer's auto plans each pass with the count of what its own layers keep (memory.layer_activations): the
+    precision's, the bf16 working copy's (a bf16 residual stream), a LoRA adapter's."""
+    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+
+    shape = ModelShape.of(deep_lm.config)
+    for precision, param_dtype in (("fp32", "fp32"), ("bf16-mixed", "fp32"), ("bf16-mixed", "bf16")):
+        with activation_checkpointing(deep_lm, "auto", GB, precision, param_dtype) as ckpt:
+            assert ckpt.per_token == layer_activations(shape, precision, param_dtype)
+    assert layer_activations(shape, "bf16-mixed", "bf16") != layer_activations(shape, "bf16-mixed", "fp32")
+    with attached_lora(deep_lm, LoRASpec(rank=4, target_modules=("q_proj", "down_proj"))) as peft_model:
+        with activation_checkpointing(peft_model, "auto", GB, "bf16-mixed") as ckpt:
+            assert ckpt.per_token == layer_activations(shape, "bf16-mixed", "fp32", ("down_proj", "q_proj"), 4)
+    with activation_checkpointing(deep_lm, "auto", None, "bf16-mixed") as ckpt:  # no room known: every layer, no count
+        assert ckpt.per_token is None and ckpt.fit(100) == LAYERS

@@ -7,7 +7,7 @@ import pytest
 from flwr.app import MessageType
 from transformers import AutoConfig
 
-from fedagent_flwr.agent.memory import GB, ModelShape, client_plan, server_plan, shape_config
+from fedagent_flwr.agent.memory import GB, ModelShape, client_plan, layer_activations, server_plan, shape_config
 from fedagent_flwr.config import RunConfig
 
 
@@ -30,17 +30,22 @@ def test_the_plan_adds_up_as_computed_by_hand():
     assert rows["gradients"] == 1480 * 4 and rows["AdamW moments"] == 1480 * 8 and rows["KL reference"] == 1480 * 4
     assert rows["KV cache of a rollout batch"] == 2 * 2 * 1 * 4 * 10 * 5 * 2  # k and v, layers, kv heads, head dim, tokens, batch, bf16
     assert rows["generation logits"] == 5 * 32 * 4 and rows["training logits"] == 2 * 3 * 10 * 32 * 4
-    assert rows["activations of a micro-batch"] == 2 * 3 * 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2
+    # a layer keeps 400 bytes a token under bf16-mixed's fp32 weights (tests/agent/test_checkpointing.py counts them)
+    assert rows["activations of a micro-batch"] == 2 * 3 * 10 * 400
     assert full.total == sum(v for k, v in rows.items() if k != "total")
     checkpointed = client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="bf16-mixed",
                                kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
                                context_tokens=10, gradient_checkpointing=True).as_dict()
     # each layer's input kept, one layer's full set recomputed at a time
-    assert checkpointed["activations of a micro-batch"] == 2 * 3 * 10 * 8 * 2 + 3 * 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2
+    assert checkpointed["activations of a micro-batch"] == 2 * 3 * 10 * 8 * 4 + 3 * 10 * 400  # fp32 inputs
     lora = client_plan(shape, finetuning="lora", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="fp32",
                        kl_beta=0.01, kl_reference="base", micro_batch_size=3, rollout_batch_size=5, context_tokens=10).as_dict()
     assert lora["gradients"] == 112 * 4 and lora["AdamW moments"] == 112 * 8 and lora["KL reference"] == 0
     assert lora["autocast bf16 weight copies"] == 0 and lora["KV cache of a rollout batch"] == 2 * 2 * 4 * 10 * 5 * 4
+    # fp32, frozen norms and MLP: SDPA's (2 x 8 + 2 x 4) x 4 + 2 x 4, the MLP's 3 x 16 x 4 (down is frozen, so the
+    # product is not kept), the norms' fp32 inputs and rsqrt 2 x (4 x 8 + 4), the first norm's output that q and v's
+    # adapters read 4 x 8, and the two adapters' A outputs 2 x 2 x 4
+    assert lora["activations of a micro-batch"] == 2 * 3 * 10 * (104 + 192 + 72 + 32 + 16)
     server = server_plan(shape, finetuning="lora", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="fp32",
                          eval_batch_size=5, context_tokens=10).as_dict()
     assert server["total"] == 1480 * 4 + 112 * 4 + 2 * 2 * 4 * 10 * 5 * 4 + 5 * 32 * 4
@@ -53,7 +58,7 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
     config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                   intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
     shape = ModelShape.of(config)
-    layer = 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2  # one layer's set for one row of 10 tokens, bf16
+    layer = 10 * 400  # one layer's set for one row of 10 tokens under bf16-mixed's fp32 weights (test above)
 
     def plan(rows, **kw):
         return client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj",), precision="bf16-mixed",
@@ -92,7 +97,10 @@ def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand()
     assert base["adapter (fp32)"] == 112 * 4 and base["gradients"] == 112 * 4 and base["AdamW moments"] == 112 * 8
     assert base["KL reference"] == 112 * 4  # the round-start adapter
     assert base["autocast bf16 weight copies"] == 112 * 2  # the adapter only: the frozen base is bf16 already
-    assert base["KV cache of a rollout batch"] == 2 * 2 * 4 * 10 * 5 * 2 and base["activations of a micro-batch"] == 2 * 3 * 10 * (8 * 8 + 2 * 1 * 4 + 4 * 16) * 2
+    assert base["KV cache of a rollout batch"] == 2 * 2 * 4 * 10 * 5 * 2
+    # bf16 compute: SDPA's 48 + 8, the MLP's 3 x 16 x 2, the norms' 2 x (4 x 8 + 4), q and v's adapters' own bf16 copies
+    # of their input 2 x 2 x 8 and their A outputs 2 x 2 x 2
+    assert base["activations of a micro-batch"] == 2 * 3 * 10 * (56 + 96 + 72 + 32 + 8)
     server = server_plan(shape, finetuning="lora", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="bf16-base",
                          eval_batch_size=5, context_tokens=10).as_dict()
     assert server["weights (bf16 base)"] == 1480 * 2 and server["autocast bf16 weight copies"] == 112 * 2
@@ -102,7 +110,7 @@ def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand()
 
 def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_base():
     """Qwen2.5-7B, LoRA r 8 on q/k/v/o, kl-reference base, micro-batch 1, rollout batch 8, 1,024 tokens (the
-    command docs/gpu.md prints): 36.7 GiB with the fp32 base of bf16-mixed, 21.5 GiB with a bf16 base."""
+    command docs/gpu.md prints): 36.1 GiB with the fp32 base of bf16-mixed, 20.9 GiB with a bf16 base."""
     from fedagent_flwr.agent.lora import LoRASpec
 
     shape = ModelShape.of(shape_config("qwen2.5-7b"))
@@ -111,7 +119,7 @@ def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_b
     fp32_base = client_plan(shape, precision="bf16-mixed", **common)
     bf16_base = client_plan(shape, precision="bf16-base", **common)
     assert fp32_base.total > 24 * GB > bf16_base.total
-    assert round(fp32_base.total / GB, 1) == 36.7 and round(bf16_base.total / GB, 1) == 21.5
+    assert round(fp32_base.total / GB, 1) == 36.1 and round(bf16_base.total / GB, 1) == 20.9
     # the base's halving (P x 2 = 14.2 GiB) and the output head's transient bf16 copy (1.0 GiB) are the difference
     assert fp32_base.total - bf16_base.total == shape.parameters * 2 + shape.vocab * shape.hidden * 2
 
@@ -185,6 +193,14 @@ def test_the_command_prints_the_plans_of_the_papers_models(capsys):
     lora = capsys.readouterr().out
     assert "7,615,616,512 parameters" in full and "AdamW moments" in full and "fits a 80 GiB GPU per client: no" in full
     assert "fits a 80 GiB GPU per client: yes" in lora  # LoRA, no reference copy, small batches
+    # what a layer keeps a token, for this run's precision, param-dtype and adapter (memory.layer_activations)
+    from fedagent_flwr.agent.lora import LoRASpec
+
+    shape = ModelShape.of(shape_config("qwen2.5-7b"))
+    for out, per in ((full, layer_activations(shape, "bf16-mixed")),
+                     (lora, layer_activations(shape, "bf16-mixed", "fp32", LoRASpec().target_modules, 8))):
+        assert f"a decoder layer keeps {per.full:,} bytes a token for backward ({per.kept:,} as a checkpointed" in out
+    assert "param-dtype=fp32" in full
 
 
 def test_the_command_says_what_auto_checkpointing_does_with_the_paper_preset(capsys):
@@ -306,7 +322,7 @@ def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
     checkpointed; one token more would checkpoint a layer (or not fit)."""
     import re
 
-    from fedagent_flwr.agent.memory import layers_to_checkpoint, update_activation_bytes
+    from fedagent_flwr.agent.memory import layer_activations, layers_to_checkpoint, update_activation_bytes
     from fedagent_flwr.experiments.memory_plan import token_budgets
     from fedagent_flwr.simulation import read_run_config_file
 
@@ -318,5 +334,7 @@ def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
     whole, every = (int(x.replace(",", "")) for x in re.findall(r"up to ([\d,]+)", line))
     room = cfg.activation_room(shape, 2048, cfg.rollout_rows(shape, 2048, 80 * GB), 80 * GB)
     assert f"({room / GB:.1f} GiB left" in line and 2048 < whole < every
-    assert layers_to_checkpoint(shape, whole, room, 2) == 0 and layers_to_checkpoint(shape, whole + 1, room, 2) >= 1
-    assert update_activation_bytes(shape, every, 28, 2) <= room < update_activation_bytes(shape, every + 1, 28, 2)
+    per = cfg.layer_activations(shape)  # the preset's param-dtype auto: the bf16 working copy on a GPU
+    assert per == layer_activations(shape, "bf16-mixed", "bf16")
+    assert layers_to_checkpoint(shape, whole, room, per) == 0 and layers_to_checkpoint(shape, whole + 1, room, per) >= 1
+    assert update_activation_bytes(shape, every, 28, per) <= room < update_activation_bytes(shape, every + 1, 28, per)

@@ -16,6 +16,7 @@ from fedagent_flwr.agent.memory import (
     ModelShape,
     client_plan,
     layer_activation_bytes,
+    layer_activations,
     update_activation_bytes,
 )
 from fedagent_flwr.agent.rollout import RolloutConfig
@@ -100,22 +101,25 @@ def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_conte
                            kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
                            context_tokens=10, **({"logprob_micro_batch_size": 1} | kw)).as_dict()
 
+    per = layer_activations(shape, "bf16-mixed")  # client_plan's param_dtype: fp32 weights
     assert plan(micro_batch_tokens=0) == plan()  # 0 = 3 rows x 10 tokens, as before
-    assert plan(micro_batch_tokens=50)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, 2)
+    assert plan(micro_batch_tokens=50)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
     assert plan(micro_batch_tokens=50)["training logits"] == 2 * 50 * 32 * 4
     # a budget under the context still lets one whole row through, alone
-    assert plan(micro_batch_tokens=4)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 10, 0, 2)
-    assert plan(micro_batch_tokens=50, gradient_checkpointing=True)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 2, 2)
+    assert plan(micro_batch_tokens=4)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 10, 0, per)
+    assert plan(micro_batch_tokens=50, gradient_checkpointing=True)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 2, per)
     assert plan(micro_batch_tokens=50, logprob_chunk_tokens=16)["training logits"] == 2 * 16 * 32 * 4
     # the no-grad passes by their own budget: one layer's set of 200 tokens outweighs the update's 2 layers of 30
-    assert plan(logprob_micro_batch_tokens=200)[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, 2)
+    assert plan(logprob_micro_batch_tokens=200)[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, per)
     assert plan(logprob_micro_batch_tokens=200)["training logits"] == 2 * 200 * 32 * 4
     assert plan(logprob_micro_batch_tokens=4) == plan(logprob_micro_batch_size=1)  # one whole row at least, alone
     # the run-config keys reach the plan
     cfg = RunConfig(micro_batch_size=3, micro_batch_tokens=50, logprob_micro_batch_size=1, precision="bf16-mixed")
-    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, 2)
+    per = cfg.layer_activations(shape)
+    assert per == layer_activations(shape, "bf16-mixed")
+    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
     cfg = replace(cfg, micro_batch_tokens=0, logprob_micro_batch_tokens=200)
-    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, 2)
+    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, per)
 
 
 @pytest.mark.parametrize("overrides, allowed", [
