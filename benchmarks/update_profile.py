@@ -50,7 +50,14 @@ import fedagent_flwr.agent.tokens as tokens_module
 from fedagent_flwr.agent import attention
 from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
 from fedagent_flwr.agent.kernels import training_kernels
-from fedagent_flwr.agent.memory import GB, ModelShape, layers_to_checkpoint, update_activation_bytes, value_bytes
+from fedagent_flwr.agent.memory import (
+    ACTIVATIONS_ROW,
+    GB,
+    ModelShape,
+    layer_activation_bytes,
+    layers_to_checkpoint,
+    update_activation_bytes,
+)
 from fedagent_flwr.agent.models import pick_device
 from fedagent_flwr.agent.precision import autocast
 from fedagent_flwr.agent.shaped_model import environment_tokenizer
@@ -179,7 +186,7 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     with recorded_passes() as passes:
         stats = trainer.update(samples, np.random.default_rng(seed))
         sync(device)
-    passes_run = passes[True]
+    passes_all, passes_run = passes, passes[True]
     total = time.perf_counter() - started
     grpo = cfg.grpo_config()
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
@@ -198,6 +205,8 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         "logprobs_mfu": model_flops(parameters, tokens, passes) / max(clock["_logprobs"], 1e-9) / peak_flops if passes else 0.0,
         "update_mfu": model_flops(parameters, tokens, 2.0 if lora else 3.0) / update_s / peak_flops,
         "peak_bytes": int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None,
+        # the memory plan's count of that peak, at the passes as run (planned_peak): the check of the plan on a card
+        "planned_peak_bytes": planned_peak(model, cfg, samples, device, {k: list(v) for k, v in passes_all.items()}),
         # graphs torch.compile made during this call: 0 once warmed up, unless a shape forced a recompile
         "compiled_graphs": int(counters["stats"]["unique_graphs"] - graphs),
         # the share of layer passes that kept only their input and recomputed (1 = every layer; 0 = none)
@@ -220,12 +229,46 @@ def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.de
         return None
     largest = max(len(micro) * max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)
                   for micro in update_micro_batches(samples, cfg.grpo_config()))
-    vbytes = value_bytes(cfg.resolved_precision())
-    layers = layers_to_checkpoint(shape, largest, room, vbytes)
+    per_token = cfg.layer_activations(shape)
+    layers = layers_to_checkpoint(shape, largest, room, per_token)
     plan = cfg.memory_plans(shape, context, cfg.rollout_batch_size)[0].as_dict()
     return {"budget_bytes": int(budget), "room_bytes": int(room), "largest_pass_tokens": largest,
-            "layers": layers, "activation_bytes": update_activation_bytes(shape, largest, layers, vbytes),
+            "layers": layers, "activation_bytes": update_activation_bytes(shape, largest, layers, per_token),
             "plan_bytes": {k: int(v) for k, v in plan.items()}}
+
+
+# the client plan's rows a rollout holds and this benchmark does not
+ROLLOUT_ROWS = ("KV cache of a rollout batch", "generation logits", "static decoder's weight copy")
+
+
+def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch.device,
+                 passes: dict[bool, list[tuple[int, int]]] | None = None) -> int:
+    """The memory plan's count of what this benchmark's update holds at its peak: the client plan's rows but the
+    rollout's, with the activations of the largest passes (the update's with the layers checkpointed as the run
+    decides them: none, every layer, or auto's k; the no-grad passes' one layer). `passes`: the [rows, width] of the
+    passes as run (gpu_round.recorded_passes); None for the ones the trainer would cut from all samples as one
+    minibatch (a variant that ran out of memory). Set beside the measured peak, it checks the plan's count on a card."""
+    shape = ModelShape.of(model.config)
+    context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    plan = cfg.memory_plans(shape, context, cfg.rollout_batch_size)[0].as_dict()
+    per_token = cfg.layer_activations(shape)
+    grpo = cfg.grpo_config()
+    if passes is None:
+        order = by_length(list(range(len(samples))), samples) if grpo.length_grouped_micro_batches else list(range(len(samples)))
+        width = lambda micro: max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)  # noqa: E731
+        passes = {True: [(len(m), width(m)) for m in update_micro_batches(samples, grpo)],
+                  False: [(len(m), width(m)) for m in micro_batches(order, samples, grpo.logprob_micro_batch_size,
+                                                                     grpo.logprob_micro_batch_tokens)]}
+    update = max(rows * width for rows, width in passes[True])
+    logprob = max((rows * width for rows, width in passes[False]), default=0)
+    if cfg.gradient_checkpointing == "auto":
+        room = cfg.activation_room(shape, context, cfg.rollout_batch_size, memory_budget(cfg, device))
+        layers = shape.layers if room is None else layers_to_checkpoint(shape, update, room, per_token)
+    else:
+        layers = shape.layers if cfg.gradient_checkpointing else 0
+    activations = max(update_activation_bytes(shape, update, layers, per_token), layer_activation_bytes(shape, logprob, per_token))
+    held = plan["total"] - plan[ACTIVATIONS_ROW] - sum(plan[row] for row in ROLLOUT_ROWS)
+    return int(held + activations)
 
 
 def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device: torch.device, top: int) -> dict:
@@ -266,7 +309,7 @@ def format_report(r: dict) -> str:
              f"{r['samples']} samples of ~{r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens, "
              f"MFU against {r['peak_flops'] / 1e12:,.0f} TFLOP/s",
              f"  {'variant':72s} {'log-probs s':>11s} {'MFU':>6s} {'update s':>9s} {'MFU':>6s} {'padding':>8s} {'peak GiB':>9s}"
-             f" {'ckpt':>5s} {'passes':>6s}"]
+             f" {'plan GiB':>9s} {'ckpt':>5s} {'passes':>6s}"]
     # each variant named by what it does not share with every other: the shared values are printed once, below
     shared = {k: x for k, x in r["variants"][0]["variant"].items()
               if len(r["variants"]) > 1 and all(v["variant"].get(k, object()) == x for v in r["variants"])}
@@ -275,12 +318,14 @@ def format_report(r: dict) -> str:
             "(the shared settings)" if shared else "(paper settings)")
         if len(name) > 72:
             name = "..." + name[-69:]
+        plan = f"{v['planned_peak_bytes'] / GB:.2f}" if v.get("planned_peak_bytes") else "-"
         if v.get("out_of_memory") or v.get("failed"):
-            lines.append(f"  {name:72s} {'out of memory' if v.get('out_of_memory') else 'failed: ' + v['failed'][:60]}")
+            what = "out of memory" if v.get("out_of_memory") else "failed: " + v["failed"][:60]
+            lines.append(f"  {name:72s} {what:58s} {plan:>9s}" if v.get("out_of_memory") else f"  {name:72s} {what}")
             continue
         peak = "-" if v["peak_bytes"] is None else f"{v['peak_bytes'] / GB:.2f}"
         lines.append(f"  {name:72s} {v['logprobs_s']:11.2f} {100 * v['logprobs_mfu']:5.1f}% {v['update_s']:9.2f} "
-                     f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s} "
+                     f"{100 * v['update_mfu']:5.1f}% {100 * v['padding_share']:7.1f}% {peak:>9s} {plan:>9s} "
                      f"{100 * v.get('checkpointed_layers', 0.0):4.0f}% {v.get('micro_batches', 0):6d}")
     if shared:
         lines.append("  every variant: " + ",".join(f"{k}={x}" for k, x in shared.items()))
@@ -378,7 +423,8 @@ def main(argv: list[str] | None = None) -> dict:
             model.zero_grad(set_to_none=True)
             gc.collect()
             print(f"{v}: out of memory ({str(err).splitlines()[0][:120]})", file=sys.stderr, flush=True)
-            result["variants"].append({"variant": v, "out_of_memory": True, "auto_plan": planned})
+            result["variants"].append({"variant": v, "out_of_memory": True, "auto_plan": planned,
+                                       "planned_peak_bytes": planned_peak(model, cfg, samples, device)})
             continue
         except Exception as err:  # a variant that cannot run here (a missing package, a bug): the others still count
             model.zero_grad(set_to_none=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from benchmark_scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_profile.py"
@@ -36,6 +37,9 @@ def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
                                                               - planned["plan_bytes"]["activations of a micro-batch"])
     assert 0 < planned["activation_bytes"] < planned["room_bytes"] and planned["largest_pass_tokens"] > 0
     assert "auto plans 0 of" in done.stderr
+    # the plan's count of each variant's peak: every layer checkpointed holds less than the same passes kept whole
+    assert all(v["planned_peak_bytes"] > 0 for v in r["variants"])
+    assert every["planned_peak_bytes"] < auto["planned_peak_bytes"]
     # passes cut by rows (12 samples in 2s), or by a token budget all 12 fit in
     assert (first["micro_batches"], tokens["micro_batches"]) == (6, 1)
     for v in (first, second, every, auto, tokens):
@@ -48,7 +52,7 @@ def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
     assert p["rows"] == 2 and p["tokens"] > 2 and p["aten_calls"] > 0 and p["self_device_ms"] is None
     assert any(e["op"] == "aten::mm" for e in p["top"]) or any(e["op"] == "aten::addmm" for e in p["top"])
     text = load_script("update_profile").format_report(r)
-    assert "micro-batch-size=2,cudnn-attention=True" in text and "one micro-batch of 2 rows" in text
+    assert "micro-batch-size=2,cudnn-attention=True" in text and "one micro-batch of 2 rows" in text and "plan GiB" in text
 
 
 def test_the_variants_never_share_a_shape_and_a_bad_key_is_refused():
@@ -183,3 +187,30 @@ def test_a_variant_that_fails_is_reported_and_the_others_still_are(monkeypatch, 
     assert failed == {"variant": {"micro-batch-size": 3}, "failed": "RuntimeError: recomputed values differ"}
     assert first["micro_batch_size"] == 2 and last["micro_batch_size"] == 4 and last["update_s"] > 0
     assert "failed: RuntimeError: recomputed values differ" in capsys.readouterr().out
+
+
+def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations_of_its_largest_passes(tiny_lm):
+    """planned_peak: the client plan less its rollout rows (KV cache, generation logits, the decoder's copy) and its
+    own activations row, plus the activations of the passes as run: the largest update pass's with its checkpointed
+    layers, or one layer of the largest no-grad pass where that is more."""
+    from fedagent_flwr.agent.memory import ModelShape, layer_activation_bytes, update_activation_bytes
+    from fedagent_flwr.config import RunConfig
+
+    up = load_script("update_profile")
+    samples = up.synthetic_samples(8, 20, 6, 50, np.random.default_rng(0))
+    shape = ModelShape.of(tiny_lm.config)
+    cfg = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8)
+    context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    plan = cfg.memory_plans(shape, context, 8)[0].as_dict()
+    held = plan["total"] - plan["activations of a micro-batch"] - sum(plan[row] for row in up.ROLLOUT_ROWS)
+    assert plan["KV cache of a rollout batch"] > 0 and held < plan["total"] - plan["activations of a micro-batch"]
+    per = cfg.layer_activations(shape)
+    passes = {True: [(2, 30), (2, 28)], False: [(2, 30)]}
+    assert up.planned_peak(tiny_lm, cfg, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, 0, per)
+    # every layer checkpointed: their inputs and one layer's set, unless the no-grad pass of 40 rows holds more
+    every = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8, gradient_checkpointing=True)
+    assert up.planned_peak(tiny_lm, every, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, shape.layers, per)
+    wide = {True: [(2, 30)], False: [(40, 30)]}
+    assert up.planned_peak(tiny_lm, every, samples, torch.device("cpu"), wide) == held + layer_activation_bytes(shape, 1200, per)
+    # without passes: those the trainer would cut, two rows of the longest samples first
+    assert up.planned_peak(tiny_lm, cfg, samples, torch.device("cpu")) == held + update_activation_bytes(shape, 2 * context, 0, per)
