@@ -13,6 +13,8 @@
 #                 preset's gradient-checkpointing=true), gradient-checkpointing=auto, and a bf16 working copy over fp32
 #                 master weights instead of autocast (param-dtype=bf16)
 #   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
+#   prefill       prefill_profile.py: a later turn's prefill of 16 tasks x 8 episodes, each group's shared prefix computed
+#                 once (what the rollout runs) beside every prompt whole, and the log-prob gap between the two
 #   update        update_profile.py: log-prob and update MFU by micro-batch setting and attention kernel, one micro-batch
 #                 profiled
 #   round-static  one client epoch on the 1.5B shape with the static engine (gpu_round.py)
@@ -101,6 +103,9 @@ for stage in $STAGES; do
     decode)
       timeout 120 python3 benchmarks/decode_profile.py --shape $SHAPE --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_profile.err" | tail -6 ;;
+    prefill)
+      timeout 90 python3 benchmarks/prefill_profile.py --shape $SHAPE --json > "$OUT/prefill_profile.json" 2> "$OUT/prefill_profile.err"
+      echo "rc $?"; tail -3 "$OUT/prefill_profile.err"; cat "$OUT/prefill_profile.json" ;;
     update)
       timeout 100 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json > "$OUT/update_profile.json" 2> "$OUT/update_profile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/update_profile.err" | tail -8 ;;
@@ -157,7 +162,7 @@ for stage in $STAGES; do
       timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static \
         > "$OUT/round_kernels.json" 2> "$OUT/round_kernels.err"
       echo "rc $?"; tail -3 "$OUT/round_kernels.err"; cut -c1-700 "$OUT/round_kernels.json" ;;
-    *) echo "unknown stage $stage (tests waits decode update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests waits decode prefill update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast)"; exit 2 ;;
   esac
 done
 stamp done

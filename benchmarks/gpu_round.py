@@ -51,6 +51,7 @@ import torch
 import fedagent_flwr.agent.grpo as grpo_module
 import fedagent_flwr.agent.rollout as rollout_module
 from fedagent_flwr.agent import attention
+from fedagent_flwr.agent.decode import StaticDecoder
 from fedagent_flwr.agent.decode import release as release_decoder
 from envs import make_env
 from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
@@ -105,7 +106,10 @@ def sampler_clock(engine: str, record: dict):
     """Time every sampler call of the rollout and count its token steps, with the sampler on `engine`.
 
     `--decode-engine` wins over the run config's decode-engine here, around LMPolicy's call, so that one flag
-    compares engines on the same settings."""
+    compares engines on the same settings. On the static engine it also times the decoder's `start` (the prefill,
+    and on CUDA the graphs captured in it, each timed apart) with the device synchronised around it, and adds up
+    the positions its prefill computed (padding included) beside what prefilling each distinct prompt whole
+    would have (agent/prefill_plan.py)."""
     def timed(model, prompts, *args, **kwargs):
         started = time.perf_counter()
         rows = sample_batch(model, prompts, *args, **{**kwargs, "engine": engine})  # lists: the device is done
@@ -118,11 +122,41 @@ def sampler_clock(engine: str, record: dict):
         record["calls"] += 1
         return rows
 
+    def synchronize(decoder):
+        if decoder.device.type == "cuda":
+            torch.cuda.synchronize(decoder.device)
+
+    def timed_start(decoder, *args, **kwargs):
+        synchronize(decoder)
+        started = time.perf_counter()
+        logits = inner_start(decoder, *args, **kwargs)
+        synchronize(decoder)
+        record["start_s"] += time.perf_counter() - started
+        plan = decoder.last_plan
+        record["prefill_positions"] += plan.cost
+        record["prefill_positions_whole"] += len(plan.prompts) * max(len(p) for p in plan.prompts)
+        record["prefill_prompt_tokens"] += sum(len(p) for p in plan.prompts)  # distinct prompts
+        record["prefill_shared_tokens"] += sum(plan.shared(j) for j in range(len(plan.prompts)))
+        record["prefill_groups"] += len(plan.prefixes)
+        record["prefill_group_prefix_tokens"] += sum(len(p) for p in plan.prefixes)
+        return logits
+
+    def timed_capture(decoder, *args, **kwargs):
+        synchronize(decoder)
+        started = time.perf_counter()
+        inner_capture(decoder, *args, **kwargs)
+        synchronize(decoder)
+        record["capture_s"] += time.perf_counter() - started
+        record["graphs_captured"] += 1
+
     inner, rollout_module.sample_batch = rollout_module.sample_batch, timed
+    inner_start, StaticDecoder.start = StaticDecoder.start, timed_start
+    inner_capture, StaticDecoder._capture = StaticDecoder._capture, timed_capture
     try:
         yield
     finally:
         rollout_module.sample_batch = inner
+        StaticDecoder.start, StaticDecoder._capture = inner_start, inner_capture
 
 
 def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPER_PRESET) -> dict:
@@ -320,6 +354,16 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "decode_engine": engine, "token_steps": token_steps, "sampler_s": round(sampler["sampler_s"], 3),
         "decode_ms_per_token_step": round(sampler["sampler_s"] / max(token_steps, 1) * 1e3, 3),
         "rollout_ms_per_token_step": round(rollout_s / max(token_steps, 1) * 1e3, 3),
+        # the static engine's start (prefill and graph capture) apart from its token steps; 0 on the hf engine
+        "prefill_s": round(sampler["start_s"] - sampler["capture_s"], 3), "capture_s": round(sampler["capture_s"], 3),
+        "graphs_captured": int(sampler["graphs_captured"]),
+        "step_ms_per_token_step": round((sampler["sampler_s"] - sampler["start_s"]) / max(token_steps, 1) * 1e3, 3)
+        if sampler["start_s"] else None,
+        "prefill_positions": int(sampler["prefill_positions"]),
+        "prefill_positions_whole": int(sampler["prefill_positions_whole"]),
+        # how much of the distinct prompts' tokens the group prefixes held, and a prefix's mean length
+        "prefill_shared_fraction": sampler["prefill_shared_tokens"] / max(sampler["prefill_prompt_tokens"], 1),
+        "prefill_mean_group_prefix": sampler["prefill_group_prefix_tokens"] / max(sampler["prefill_groups"], 1),
         "rows_per_step": round(rows_per_step, 1), "context_tokens": round(context, 1),
         "mean_prompt_tokens": round(mean_prompt, 1), "sample_tokens": sample_tokens,
         "decode_bound": bound,
@@ -367,6 +411,15 @@ def format_report(r: dict) -> str:
         f"  decode    {r['decode_ms_per_token_step']:10.3f} ms per token step ({r['decode_engine']} engine; "
         f"{r['token_steps']:,} token steps at {r['rows_per_step']:,.1f} rows, prefill included; "
         f"rollout with environment steps {r['rollout_ms_per_token_step']:,.3f} ms)",
+    ]
+    if r.get("step_ms_per_token_step") is not None:
+        rows.append(
+            f"            of which prefill {r['prefill_s']:,.2f} s ({r['prefill_positions']:,} positions computed, "
+            f"{r['prefill_positions_whole']:,} with every distinct prompt whole; group prefixes of "
+            f"{r['prefill_mean_group_prefix']:,.0f} tokens held {100 * r['prefill_shared_fraction']:.0f}% of the prompt tokens), "
+            f"graph capture {r['capture_s']:,.2f} s "
+            f"({r['graphs_captured']} graphs), token steps {r['step_ms_per_token_step']:,.3f} ms each")
+    rows += [
         f"            bandwidth bound {b['bound_ms']:.3f} ms per token step: {b['weight_bytes'] / 1e9:,.3f} GB of weights "
         f"+ {b['kv_bytes'] / 1e9:,.3f} GB of KV cache ({r['rows_per_step']:,.1f} rows x {r['context_tokens']:,.0f} tokens) "
         f"at {b['bandwidth']:.3g} B/s",

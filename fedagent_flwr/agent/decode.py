@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from fedagent_flwr.agent.attention import variable_shape_attention
+from fedagent_flwr.agent.prefill_plan import PrefillPlan, plan_prefill
 
 SUPPORTED = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 # The cache grows in steps of this many columns (a reallocation drops the CUDA graphs, which hold its address).
@@ -216,7 +217,7 @@ class StaticDecoder:
     """
 
     def __init__(self, model, dtype: torch.dtype | None = None, cuda_graphs: bool = True,
-                 bucketed: bool | None = None) -> None:
+                 bucketed: bool | None = None, share_prefixes: bool = True) -> None:
         check_supported(model)
         base = _base_model(model)
         self.shape = _shape(base)
@@ -227,6 +228,9 @@ class StaticDecoder:
         # Bucketed: steps over power-of-two row counts and a fixed attention window, as a graph replays them.
         # On by itself only with graphs; tests switch it on without them to run the same bookkeeping on a CPU.
         self.bucketed = self.graphs_on or bool(bucketed)
+        # Prefill the prefixes that groups of prompts share once per group (prefill_plan.py); off: every distinct
+        # prompt whole, for benchmarks/prefill_profile.py to set beside it.
+        self.share_prefixes = share_prefixes
         with torch.no_grad():
             self._allocate_weights(src)
             self.refresh(model, src)
@@ -402,13 +406,14 @@ class StaticDecoder:
     # ----- the public steps
     @torch.no_grad()
     def start(self, prompts: Sequence[Sequence[int]], pad_id: int, max_new_tokens: int) -> torch.Tensor:
-        """Prefill the prompts (each distinct prompt once) and return every row's next-token logits [n, V]."""
+        """Prefill the prompts (each distinct prompt once; a prefix that several share once, prefill_plan.py) and
+        return every row's next-token logits [n, V]."""
         with torch.autocast(self.device.type, enabled=False):  # dtypes are this decoder's own
             return self._start(prompts, pad_id, max_new_tokens)
 
     def _start(self, prompts, pad_id: int, max_new_tokens: int) -> torch.Tensor:
         n = len(prompts)
-        width = max(len(p) for p in prompts)  # prompts are left-padded to this many columns
+        width = max(len(p) for p in prompts)  # every row's tokens end in column width - 1, left-padded
         steps = max(max_new_tokens - 1, 0)  # the last sampled token is never fed back
         needed = width + steps
         if self.bucketed:
@@ -422,49 +427,123 @@ class StaticDecoder:
                 if (b, self.window) not in self.graphs:
                     self._capture(b, self.window)
 
-        self.valid[:n].zero_()
         distinct: dict[tuple[int, ...], int] = {}
         source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        uniques = list(distinct)
-        logits = torch.empty((len(uniques), self.shape.vocab), dtype=self.dtype, device=self.device)
+        plan = plan_prefill(list(distinct)) if self.share_prefixes else PrefillPlan.whole(list(distinct))
+        self.last_plan = plan
+        lengths = torch.as_tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
+        self.valid[:n].zero_()
+        self.valid[:n, :width] = torch.arange(width, device=self.device) >= width - lengths[:, None]
+        if plan.prefixes:  # each group's prefix once, into the columns it takes in every member's row
+            self._prefill_prefixes(plan, source, pad_id, width)
+        shared = [plan.shared(j) for j in range(len(plan.prompts))]
+        rests = [p[k:] for p, k in zip(plan.prompts, shared)]
+        logits = torch.empty((len(rests), self.shape.vocab), dtype=self.dtype, device=self.device)
         per_chunk = max(1, PREFILL_TOKENS // width)
-        for lo in range(0, len(uniques), per_chunk):
-            ids = list(range(lo, min(lo + per_chunk, len(uniques))))
-            rows = [r for r, s in enumerate(source) if lo <= s < lo + per_chunk]
-            logits[lo:lo + len(ids)] = self._prefill([uniques[i] for i in ids], pad_id, width, rows,
-                                                     [source[r] - lo for r in rows])
-        self.pos[:n] = torch.as_tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
+        for lo in range(0, len(rests), per_chunk):
+            hi = min(lo + per_chunk, len(rests))
+            rows = [r for r, s in enumerate(source) if lo <= s < hi]
+            logits[lo:hi] = self._prefill(rests[lo:hi], shared[lo:hi], pad_id, width, rows,
+                                          [source[r] - lo for r in rows], after_prefixes=bool(plan.prefixes))
+        self.pos[:n] = lengths
         self.col.fill_(width)
         self.live = torch.arange(n, device=self.device)  # the cache row of each live row, ascending
         self.width = self._bucket(n)
         self.next_col = width  # host copy of self.col, for the eager window
         return logits[torch.as_tensor(source, device=self.device)]
 
-    def _prefill(self, prompts: list, pad_id: int, width: int, rows: list[int], src: list[int]) -> torch.Tensor:
-        """Run left-padded prompts through the layers, write their keys and values into the cache rows `rows`
-        (row rows[j] gets prompt src[j]) and return the last position's logits of each prompt."""
-        dev, n = self.device, len(prompts)
-        ids = torch.full((n, width), pad_id, dtype=torch.long)
-        key_valid = torch.zeros((n, width), dtype=torch.bool)
+    def _padded(self, prompts: list, pad_id: int, first_pos: list[int]):
+        """Left-padded ids [n, w], which of them are real [n, w] and their RoPE positions, prompt i's from
+        first_pos[i] on; w is the longest prompt's length."""
+        w = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), w), pad_id, dtype=torch.long)
+        real = torch.zeros((len(prompts), w), dtype=torch.bool)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            key_valid[i, width - len(p):] = True
-        ids, key_valid = ids.to(dev), key_valid.to(dev)
-        positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones((width, width), dtype=torch.bool, device=dev).tril()
-        # A padding position attends to itself only: its row stays finite, and no real token attends to it.
-        mask = self._fold_mask((causal & key_valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=dev))
+            ids[i, w - len(p):] = torch.as_tensor(p, dtype=torch.long)
+            real[i, w - len(p):] = True
+        ids, real = ids.to(self.device), real.to(self.device)
+        first = torch.as_tensor(first_pos, dtype=torch.long, device=self.device)
+        return ids, real, first[:, None] + (real.long().cumsum(-1) - 1).clamp(min=0)
+
+    def _causal_mask(self, real: torch.Tensor) -> torch.Tensor:
+        """Each real position attends to the real ones up to itself; a padding position to itself only, so that
+        its row stays finite (no real position attends to it)."""
+        w = real.shape[1]
+        causal = torch.ones((w, w), dtype=torch.bool, device=self.device).tril()
+        return self._fold_mask((causal & real[:, None, :]) | torch.eye(w, dtype=torch.bool, device=self.device))
+
+    def _prefill_prefixes(self, plan: PrefillPlan, source: list[int], pad_id: int, width: int) -> None:
+        """Run the plan's group prefixes through the layers and write each one's keys and values into every member
+        row, at the columns the prefix takes there (a row's prompt ends in column width - 1)."""
+        dev, sh = self.device, self.shape
+        prefixes = [list(p) for p in plan.prefixes]
+        per_chunk = max(1, PREFILL_TOKENS // plan.prefix_width)
+        for lo in range(0, len(prefixes), per_chunk):
+            chunk = prefixes[lo:lo + per_chunk]
+            rows = [r for r, s in enumerate(source) if lo <= plan.group_of[s] < lo + len(chunk)]
+            group = torch.as_tensor([plan.group_of[source[r]] - lo for r in rows], dtype=torch.long, device=dev)
+            first = torch.as_tensor([width - len(plan.prompts[source[r]]) for r in rows], dtype=torch.long, device=dev)
+            ids, real, positions = self._padded(chunk, pad_id, [0] * len(chunk))
+            w = ids.shape[1]
+            # cache column c of a row holds its prefix's token t = c - (the row's first column) where 0 <= t < the
+            # prefix's length, found in column w - length + t of this pass
+            length = torch.as_tensor([len(p) for p in chunk], dtype=torch.long, device=dev)[group][:, None]
+            t = torch.arange(width, device=dev)[None, :] - first[:, None]
+            placed = ((t >= 0) & (t < length))[:, None, :, None]
+            index = (w - length + t).clamp(0, w - 1)[:, None, :, None].expand(len(rows), sh.kv_heads, width, sh.head_dim)
+            rows_t = torch.as_tensor(rows, dtype=torch.long, device=dev)
+            mask = self._causal_mask(real)
+            h = F.embedding(ids, self.embed).float()
+            cos, sin = self._rope(positions)
+            with variable_shape_attention(dev):  # each turn's prompts have a width of their own (attention.py)
+                for i, layer in enumerate(self.layers):
+                    q, k, v = self._qkv(layer, h, cos, sin)
+                    for cache, new in ((self.k, k), (self.v, v)):
+                        old = cache[i, rows_t, :, :width]
+                        cache[i, rows_t, :, :width] = torch.where(placed, new[group].gather(2, index), old)
+                    if i + 1 < len(self.layers):  # the last layer's output feeds no logits here
+                        h = self._finish_layer(layer, h, self._attend(q, k, v, mask))
+
+    def _prefill(self, prompts: list, first_pos: list[int], pad_id: int, width: int, rows: list[int], src: list[int],
+                 after_prefixes: bool) -> torch.Tensor:
+        """Run left-padded prompts through the layers into the last columns of the cache rows `rows` (row rows[j]
+        gets prompt src[j]) and return the last position's logits of each. Prompt i's tokens take RoPE positions
+        first_pos[i], first_pos[i] + 1, ... After a prefix pass, they attend to everything valid before them in
+        their row (their group's prefix) and are written only where they are real, keeping that prefix."""
+        dev, n = self.device, len(prompts)
+        ids, real, positions = self._padded(prompts, pad_id, first_pos)
+        w = ids.shape[1]
+        col0 = width - w
         rows_t = torch.as_tensor(rows, dtype=torch.long, device=dev)
         src_t = torch.as_tensor(src, dtype=torch.long, device=dev)
-        self.valid[rows_t, :width] = key_valid[src_t]
+        if after_prefixes:
+            first_row: dict[int, int] = {}  # every row of a prompt holds the same prefix: read it from one
+            for r, s in zip(rows, src):
+                first_row.setdefault(s, r)
+            reads = torch.as_tensor([first_row[i] for i in range(n)], dtype=torch.long, device=dev)
+            columns = torch.arange(width, device=dev)
+            query_columns = col0 + torch.arange(w, device=dev)
+            up_to = columns[None, :] <= query_columns[:, None]  # [w, width]
+            allowed = (self.valid[reads, None, :width] & up_to) | (columns[None, :] == query_columns[:, None])
+            mask = self._fold_mask(allowed)
+            written = real[src_t][:, None, :, None]
+        else:
+            mask = self._causal_mask(real)
         h = F.embedding(ids, self.embed).float()
         cos, sin = self._rope(positions)
         with variable_shape_attention(dev):  # each turn's prompts have a width of their own (attention.py)
             for i, layer in enumerate(self.layers):
                 q, k, v = self._qkv(layer, h, cos, sin)
-                self.k[i, rows_t, :, :width] = k[src_t]
-                self.v[i, rows_t, :, :width] = v[src_t]
-                h = self._finish_layer(layer, h, self._attend(q, k, v, mask))
+                if after_prefixes:
+                    for cache, new in ((self.k, k), (self.v, v)):
+                        old = cache[i, rows_t, :, col0:width]
+                        cache[i, rows_t, :, col0:width] = torch.where(written, new[src_t], old)
+                    keys, values = self.k[i, reads, :, :width], self.v[i, reads, :, :width]
+                else:
+                    self.k[i, rows_t, :, col0:width] = k[src_t]
+                    self.v[i, rows_t, :, col0:width] = v[src_t]
+                    keys, values = k, v
+                h = self._finish_layer(layer, h, self._attend(q, keys, values, mask))
         return self._logits(h[:, -1:])[:, 0]
 
     @torch.no_grad()

@@ -43,6 +43,24 @@ def _prompts():
     return prompts
 
 
+def _grouped_prompts():
+    """A rollout batch's shape: one system text, two tasks with three and two episodes each (their histories of
+    different lengths), an episode alone on its task, a repeated prompt and one that shares nothing. Prefilled as
+    the two tasks' prefixes, then every prompt's rest (the two without a group whole)."""
+    g = torch.Generator().manual_seed(4)
+
+    def tokens(n):
+        return torch.randint(3, VOCAB, (n,), generator=g).tolist()
+
+    system, task_a, task_b = tokens(9), tokens(11), tokens(6)
+    prompts = [system + task_a + tokens(n) for n in (5, 13, 1)] + [system + task_b + tokens(n) for n in (8, 3)]
+    prompts += [system + tokens(3), list(prompts[1]), tokens(4)]
+    return prompts
+
+
+PROMPT_SETS = {"random": _prompts, "grouped": _grouped_prompts}
+
+
 def _stops_that_end_rows_early(model, prompts, cap):
     """Two ids the greedy rows emit part-way (found with the hf engine, no stops): rows end at different steps."""
     free = hf_sample_batch(model, prompts, 0, [], cap, 0.0)
@@ -54,8 +72,9 @@ def _decoders(model):
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_greedy_tokens_equal_the_hf_engine_with_padding_stops_and_repeats(kind, monkeypatch):
-    model, prompts, cap = _model(kind), _prompts(), 16
+@pytest.mark.parametrize("prompt_set", PROMPT_SETS)
+def test_greedy_tokens_equal_the_hf_engine_with_padding_stops_and_repeats(kind, prompt_set, monkeypatch):
+    model, prompts, cap = _model(kind), PROMPT_SETS[prompt_set](), 16
     stops = [1] + _stops_that_end_rows_early(model, prompts, cap)
     want = hf_sample_batch(model, prompts, 0, stops, cap, 0.0)
     lengths = [len(r) for r in want]
@@ -87,10 +106,12 @@ def _hf_logprobs(model, sequence):
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 @pytest.mark.parametrize("bucketed", [False, True])
-def test_every_steps_log_probs_match_the_hf_forward_within_1e_4(kind, bucketed):
+@pytest.mark.parametrize("prompt_set", PROMPT_SETS)
+def test_every_steps_log_probs_match_the_hf_forward_within_1e_4(kind, bucketed, prompt_set):
     """Teacher-forced: feed fixed tokens, drop rows part-way, compare each live row's next-token log-probs with
-    the transformers forward over that row's unpadded prompt + tokens so far."""
-    model, prompts = _model(kind), _prompts()
+    the transformers forward over that row's unpadded prompt + tokens so far. The grouped prompts are prefilled in
+    two passes (their groups' prefixes, then the rest on top of them), the random ones whole."""
+    model, prompts = _model(kind), PROMPT_SETS[prompt_set]()
     decoder = StaticDecoder(model, bucketed=bucketed)
     steps = 10
     fed = torch.randint(3, VOCAB, (len(prompts), steps), generator=torch.Generator().manual_seed(2))
@@ -98,6 +119,7 @@ def test_every_steps_log_probs_match_the_hf_forward_within_1e_4(kind, bucketed):
     want = [_hf_logprobs(model, p + fed[i].tolist())[len(p) - 1:] for i, p in enumerate(prompts)]
     rows = list(range(len(prompts)))
     logits = decoder.start(prompts, 0, steps + 1)
+    assert len(decoder.last_plan.prefixes) == {"random": 0, "grouped": 2}[prompt_set]
     worst = 0.0
     for t in range(steps + 1):
         for j, row in enumerate(rows):
@@ -200,10 +222,11 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @needs_cuda
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_cuda_graphs_give_the_hf_engines_greedy_tokens_in_fp32(kind):
+@pytest.mark.parametrize("prompt_set", PROMPT_SETS)
+def test_cuda_graphs_give_the_hf_engines_greedy_tokens_in_fp32(kind, prompt_set):
     """Replayed graphs (rows riding along in their bucket, then compacted) against the transformers loop, on the GPU,
     in fp32 with TF32 off, so that only the graphs' bookkeeping could make them differ."""
-    model, prompts, cap = _model(kind).cuda(), _prompts(), 16
+    model, prompts, cap = _model(kind).cuda(), PROMPT_SETS[prompt_set](), 16
     stops = [1] + _stops_that_end_rows_early(model, prompts, cap)
     want = hf_sample_batch(model, prompts, 0, stops, cap, 0.0)
     assert len({len(r) for r in want}) >= 3
@@ -215,10 +238,11 @@ def test_cuda_graphs_give_the_hf_engines_greedy_tokens_in_fp32(kind):
 
 
 @needs_cuda
-def test_cuda_graph_replay_equals_the_eager_static_step_in_bf16():
+@pytest.mark.parametrize("prompt_set", PROMPT_SETS)
+def test_cuda_graph_replay_equals_the_eager_static_step_in_bf16(prompt_set):
     """The rollout's setting: a bf16 weight copy. Graph replay and the eager step run the same kernels on the same
     numbers, so their log-probs agree to bf16 rounding at every step, with rows dropping part-way."""
-    model, prompts = _model("qwen2").cuda(), _prompts()
+    model, prompts = _model("qwen2").cuda(), PROMPT_SETS[prompt_set]()
     graphs, eager = StaticDecoder(model, torch.bfloat16), StaticDecoder(model, torch.bfloat16, cuda_graphs=False)
     steps = 10
     fed = torch.randint(3, VOCAB, (len(prompts), steps), generator=torch.Generator().manual_seed(2)).cuda()

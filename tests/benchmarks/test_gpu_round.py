@@ -42,6 +42,8 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     assert bound["weight_bytes"] == 4 * r["parameters"] and bound["kv_bytes"] > 0
     assert bound["bound_ms"] == pytest.approx((bound["weight_bytes"] + bound["kv_bytes"]) / 3.35e12 * 1e3)
     assert "paper_round" not in r
+    # the hf engine (auto on CPU) has no decoder start to time apart
+    assert r["step_ms_per_token_step"] is None and r["prefill_positions"] == 0
     # model FLOP utilisation: 2 x parameters x sample tokens per forward pass; full training counts 3 passes
     assert r["logprob_passes"] >= 1 and r["peak_flops"] == 989e12
     flops = 2 * r["parameters"] * r["sample_tokens"] * 3
@@ -63,6 +65,11 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     r = _run("--decode-engine", "static", "--paper-round", "--paper-set", "tasks-per-epoch=64", "--bandwidth", "1e12")
     assert r["decode_engine"] == "static" and r["agent_steps"] == 8 and r["decode_ms_per_token_step"] > 0
     assert r["decode_bound"]["bandwidth"] == 1e12
+    # its start timed apart from its token steps: the prefill, no graphs on a CPU, and what the prefill computed
+    assert r["prefill_s"] > 0 and r["capture_s"] == 0 and r["graphs_captured"] == 0
+    assert 0 < r["step_ms_per_token_step"] < r["decode_ms_per_token_step"]
+    assert 0 < r["prefill_positions"] <= r["prefill_positions_whole"]
+    assert 0 <= r["prefill_shared_fraction"] < 1 and r["prefill_mean_group_prefix"] >= 0
     preset = tomllib.loads((SCRIPT.parents[1] / "configs" / "fedagent-paper.toml").read_text())
     p = r["paper_round"]
     assert p["clients"] == preset["clients-per-round"] and p["local_epochs"] == preset["local-epochs"]
@@ -75,6 +82,7 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert p["round_s_clients_in_turn"] == pytest.approx(p["clients"] * p["client_s"], rel=0.01)
     text = load_script("gpu_round").format_report(r)
     assert "ms per token step (static engine" in text and "bandwidth bound" in text and "model FLOP utilisation" in text
+    assert "of which prefill" in text and "positions computed" in text
     assert "paper round (fedagent-paper.toml, tasks-per-epoch=64" in text and "with a card each" in text
 
 
