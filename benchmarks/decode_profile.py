@@ -53,6 +53,16 @@ def build(shape: str, device: torch.device, seed: int):
     return random_model(config, device, seed)
 
 
+def device_and_precision(parser: argparse.ArgumentParser, device: str, precision: str) -> tuple[torch.device, str]:
+    """The --device and --precision flags resolved (auto: the GPU and bf16-mixed where there is one), or the
+    parser's error naming what is wrong."""
+    try:
+        resolved = pick_device(device)
+        return resolved, resolve_precision(precision, resolved.type == "cuda")
+    except ValueError as err:
+        parser.error(str(err))
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -203,11 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the tables")
     args = parser.parse_args(argv)
-    try:
-        device = pick_device(args.device)
-        precision = resolve_precision(args.precision, device.type == "cuda")
-    except ValueError as err:
-        parser.error(str(err))
+    device, precision = device_and_precision(parser, args.device, args.precision)
     torch.set_num_threads(args.threads)
     cuda = device.type == "cuda"
     batch = args.batch or (128 if cuda else 32)

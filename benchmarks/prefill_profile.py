@@ -28,10 +28,9 @@ import time
 
 import torch
 
-from decode_profile import build, sync
+from decode_profile import build, device_and_precision, sync
 from fedagent_flwr.agent.decode import StaticDecoder
-from fedagent_flwr.agent.models import pick_device
-from fedagent_flwr.agent.precision import autocast, resolve_precision
+from fedagent_flwr.agent.precision import autocast
 from fedagent_flwr.agent.sampling import _rollout_dtype
 from gpu_round import SHAPE_NAMES
 
@@ -79,11 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     args = parser.parse_args(argv)
-    try:
-        device = pick_device(args.device)
-        precision = resolve_precision(args.precision, device.type == "cuda")
-    except ValueError as err:
-        parser.error(str(err))
+    device, precision = device_and_precision(parser, args.device, args.precision)
     for key in ("tasks", "group", "history", "repeats"):
         if getattr(args, key) < 1:
             parser.error(f"--{key} must be at least 1, got {getattr(args, key)}")

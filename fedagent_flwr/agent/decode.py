@@ -472,6 +472,26 @@ class StaticDecoder:
         causal = torch.ones((w, w), dtype=torch.bool, device=self.device).tril()
         return self._fold_mask((causal & real[:, None, :]) | torch.eye(w, dtype=torch.bool, device=self.device))
 
+    def _write(self, cache: torch.Tensor, layer: int, rows: torch.Tensor, lo: int, hi: int, new: torch.Tensor,
+               where: torch.Tensor | None = None) -> None:
+        """cache[layer, rows, :, lo:hi] = new, or only where `where` is true (keeping what else is there)."""
+        if where is not None:
+            new = torch.where(where, new, cache[layer, rows, :, lo:hi])
+        cache[layer, rows, :, lo:hi] = new
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, store, last_output: bool = True):
+        """A prefill's forward through the layers; `store(i, k, v)` writes layer i's keys and values into the cache
+        and returns the keys and values its queries attend to. Returns the last hidden states (last_output)."""
+        h = F.embedding(ids, self.embed).float()
+        cos, sin = self._rope(positions)
+        with variable_shape_attention(self.device):  # each turn's prompts have a width of their own (attention.py)
+            for i, layer in enumerate(self.layers):
+                q, k, v = self._qkv(layer, h, cos, sin)
+                keys, values = store(i, k, v)
+                if last_output or i + 1 < len(self.layers):  # else the last layer's output feeds nothing
+                    h = self._finish_layer(layer, h, self._attend(q, keys, values, mask))
+        return h
+
     def _prefill_prefixes(self, plan: PrefillPlan, source: list[int], pad_id: int, width: int) -> None:
         """Run the plan's group prefixes through the layers and write each one's keys and values into every member
         row, at the columns the prefix takes there (a row's prompt ends in column width - 1)."""
@@ -492,17 +512,13 @@ class StaticDecoder:
             placed = ((t >= 0) & (t < length))[:, None, :, None]
             index = (w - length + t).clamp(0, w - 1)[:, None, :, None].expand(len(rows), sh.kv_heads, width, sh.head_dim)
             rows_t = torch.as_tensor(rows, dtype=torch.long, device=dev)
-            mask = self._causal_mask(real)
-            h = F.embedding(ids, self.embed).float()
-            cos, sin = self._rope(positions)
-            with variable_shape_attention(dev):  # each turn's prompts have a width of their own (attention.py)
-                for i, layer in enumerate(self.layers):
-                    q, k, v = self._qkv(layer, h, cos, sin)
-                    for cache, new in ((self.k, k), (self.v, v)):
-                        old = cache[i, rows_t, :, :width]
-                        cache[i, rows_t, :, :width] = torch.where(placed, new[group].gather(2, index), old)
-                    if i + 1 < len(self.layers):  # the last layer's output feeds no logits here
-                        h = self._finish_layer(layer, h, self._attend(q, k, v, mask))
+
+            def store(i, k, v):  # each member row gets its group's prefix, at its own columns
+                self._write(self.k, i, rows_t, 0, width, k[group].gather(2, index), placed)
+                self._write(self.v, i, rows_t, 0, width, v[group].gather(2, index), placed)
+                return k, v
+
+            self._layers(ids, positions, self._causal_mask(real), store, last_output=False)
 
     def _prefill(self, prompts: list, first_pos: list[int], pad_id: int, width: int, rows: list[int], src: list[int],
                  after_prefixes: bool) -> torch.Tensor:
@@ -527,23 +543,19 @@ class StaticDecoder:
             allowed = (self.valid[reads, None, :width] & up_to) | (columns[None, :] == query_columns[:, None])
             mask = self._fold_mask(allowed)
             written = real[src_t][:, None, :, None]
+
+            def store(i, k, v):  # the real tokens only, after the prefix; attend to the whole row as it now is
+                self._write(self.k, i, rows_t, col0, width, k[src_t], written)
+                self._write(self.v, i, rows_t, col0, width, v[src_t], written)
+                return self.k[i, reads, :, :width], self.v[i, reads, :, :width]
         else:
             mask = self._causal_mask(real)
-        h = F.embedding(ids, self.embed).float()
-        cos, sin = self._rope(positions)
-        with variable_shape_attention(dev):  # each turn's prompts have a width of their own (attention.py)
-            for i, layer in enumerate(self.layers):
-                q, k, v = self._qkv(layer, h, cos, sin)
-                if after_prefixes:
-                    for cache, new in ((self.k, k), (self.v, v)):
-                        old = cache[i, rows_t, :, col0:width]
-                        cache[i, rows_t, :, col0:width] = torch.where(written, new[src_t], old)
-                    keys, values = self.k[i, reads, :, :width], self.v[i, reads, :, :width]
-                else:
-                    self.k[i, rows_t, :, col0:width] = k[src_t]
-                    self.v[i, rows_t, :, col0:width] = v[src_t]
-                    keys, values = k, v
-                h = self._finish_layer(layer, h, self._attend(q, keys, values, mask))
+
+            def store(i, k, v):
+                self._write(self.k, i, rows_t, col0, width, k[src_t])
+                self._write(self.v, i, rows_t, col0, width, v[src_t])
+                return k, v
+        h = self._layers(ids, positions, mask, store)
         return self._logits(h[:, -1:])[:, 0]
 
     @torch.no_grad()
