@@ -12,6 +12,8 @@ each of those causes:
 - a KV cache preallocated as [layers, rows, kv_heads, max_len, head_dim]: a token step writes one column;
 - per-row positions (each row's RoPE position is its own token count, so left padding changes nothing) and a
   boolean mask of the key slots each row may attend to;
+- a prefill of each distinct prompt once, and of a prefix that a group of prompts shares (a task's text under
+  its episodes' histories) once per group (prefill_plan.py), into the cache layout of whole prompts;
 - attention through `scaled_dot_product_attention` with the query heads that share a KV head folded into the
   query-length axis, so the KV heads are never expanded. Why not `enable_gqa=True`: combined with a mask, torch
   sends `enable_gqa` to its math kernel, which expands the heads itself (torch's memory-efficient and flash
