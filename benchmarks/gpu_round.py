@@ -334,6 +334,15 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     logprob_flops = model_flops(shape_facts.parameters, sample_tokens, clock["_logprobs_calls"])
     update_flops = model_flops(shape_facts.parameters, sample_tokens, 2.0 if cfg.finetuning == "lora" else 3.0)
     update_only_s = max(update_s - logprob_s, 1e-9)
+    # The prefill runs every layer at every position it computes and the head once a prompt: its model FLOPs count
+    # the parameters less the embedding and head matrices (a lookup is no FLOPs; one head row per prompt is noise)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    body_parameters = shape_facts.parameters - shape_facts.vocab * shape_facts.hidden * (1 if tied else 2)
+    prefill_s = sampler["start_s"] - sampler["capture_s"]
+    prefill_flops = model_flops(body_parameters, int(sampler["prefill_positions"]), 1.0)
+    # the passes' padding: positions computed (rows x each pass's width) that hold no sample token
+    computed = {grad: sum(r * w for r, w in passes[grad]) for grad in (True, False)}
+    logprob_tokens = sample_tokens * int(clock["_logprobs_calls"])
     token_steps = int(sampler["token_steps"])
     rows_per_step = sampler["row_steps"] / max(token_steps, 1)
     mean_prompt = sampler["prompt_tokens"] / max(sampler["rows"], 1)
@@ -344,7 +353,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
                          value_bytes, bandwidth)
     return {
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "parameters": shape_facts.parameters, "finetuning": cfg.finetuning, "precision": cfg.resolved_precision(),
+        "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.finetuning, "precision": cfg.resolved_precision(),
         "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
         # param-dtype as it ran (auto resolved), so that the paper round compares like with like
         "update_settings": {k: cfg.to_run_config()[k] for k in UPDATE_KEYS} | {"param-dtype": cfg.resolved_param_dtype()},
@@ -355,7 +364,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "decode_ms_per_token_step": round(sampler["sampler_s"] / max(token_steps, 1) * 1e3, 3),
         "rollout_ms_per_token_step": round(rollout_s / max(token_steps, 1) * 1e3, 3),
         # the static engine's start (prefill and graph capture) apart from its token steps; 0 on the hf engine
-        "prefill_s": round(sampler["start_s"] - sampler["capture_s"], 3), "capture_s": round(sampler["capture_s"], 3),
+        "prefill_s": round(prefill_s, 3), "capture_s": round(sampler["capture_s"], 3),
+        "prefill_mfu": prefill_flops / prefill_s / peak_flops if prefill_s > 0 else 0.0,
         "graphs_captured": int(sampler["graphs_captured"]),
         "step_ms_per_token_step": round((sampler["sampler_s"] - sampler["start_s"]) / max(token_steps, 1) * 1e3, 3)
         if sampler["start_s"] else None,
@@ -371,6 +381,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         # forward passes as the trainer cut them (micro-batches: rows, or padded tokens with the *-tokens keys)
         "update_micro_batches": len(passes[True]), "logprob_micro_batches": len(passes[False]),
         "largest_update_pass_tokens": max((r * w for r, w in passes[True]), default=0),
+        "update_padding_fraction": 1 - sample_tokens / computed[True] if computed[True] else 0.0,
+        "logprob_padding_fraction": 1 - logprob_tokens / computed[False] if computed[False] else 0.0,
         "logprobs_mfu": logprob_flops / max(logprob_s, 1e-9) / peak_flops if logprob_s else 0.0,
         "update_mfu": update_flops / update_only_s / peak_flops,
         "logprobs_tflops_per_s": logprob_flops / max(logprob_s, 1e-9) / 1e12 if logprob_s else 0.0,
@@ -394,9 +406,11 @@ def format_report(r: dict) -> str:
         f"  episodes {r['episodes']} ({r['rollout_rows']} a generate call), agent steps {r['agent_steps']}, "
         f"generated tokens {r['generated_tokens']:,}",
         f"  rollout   {r['rollout_s']:10.2f} s   ({r['generated_tokens_per_s']:,.1f} generated tokens/s)",
-        f"  log-probs {r['logprobs_s']:10.2f} s   ({r['logprob_micro_batches']} forward passes)",
+        f"  log-probs {r['logprobs_s']:10.2f} s   ({r['logprob_micro_batches']} forward passes, "
+        f"{100 * r['logprob_padding_fraction']:.1f}% of their positions padding)",
         f"  update    {r['update_s']:10.2f} s   ({r['optimizer_steps']} {'fused ' if r.get('adamw_fused') else ''}AdamW steps, "
-        f"{r['update_micro_batches']} forward/backward passes, the largest {r['largest_update_pass_tokens']:,} padded tokens, grad norm {r['grad_norm']:.3g}, "
+        f"{r['update_micro_batches']} forward/backward passes, the largest {r['largest_update_pass_tokens']:,} padded tokens, "
+        f"{100 * r['update_padding_fraction']:.1f}% of their positions padding, grad norm {r['grad_norm']:.3g}, "
         f"{100 * r['fraction_of_a_trained_tensor_moved']:.1f}% of a trained tensor moved)",
         f"  transfer  {r['transfer_s']:10.2f} s   ({r['bytes_sent'] / 1e6:,.1f} MB of tensors sent, {r['wire_bytes_sent'] / 1e6:,.1f} MB serialized)",
         "  peak memory by phase (" + r["peak_bytes_measured_by"] + "): "
@@ -414,7 +428,8 @@ def format_report(r: dict) -> str:
     ]
     if r.get("step_ms_per_token_step") is not None:
         rows.append(
-            f"            of which prefill {r['prefill_s']:,.2f} s ({r['prefill_positions']:,} positions computed, "
+            f"            of which prefill {r['prefill_s']:,.2f} s ({100 * r['prefill_mfu']:.1f}% model FLOP utilisation; "
+            f"{r['prefill_positions']:,} positions computed, "
             f"{r['prefill_positions_whole']:,} with every distinct prompt whole; group prefixes of "
             f"{r['prefill_mean_group_prefix']:,.0f} tokens held {100 * r['prefill_shared_fraction']:.0f}% of the prompt tokens), "
             f"graph capture {r['capture_s']:,.2f} s "

@@ -164,6 +164,25 @@ def test_the_kept_decoder_follows_weight_updates():
     assert model not in decode._DECODERS
 
 
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_a_kept_decoder_grows_its_cache_when_a_later_call_needs_more_rows_and_columns(bucketed, monkeypatch):
+    """A rollout calls one kept decoder once per environment step with more history each time: a later call may need
+    more rows or more key slots than the cache holds. The cache is then reallocated (the graphs dropped) and the
+    samples stay the hf engine's. Cache steps of 16 columns and windows of 8 make a short test cross them."""
+    monkeypatch.setattr(decode, "CAPACITY_STEP", 16)
+    monkeypatch.setattr(decode, "WINDOW_STEP", 8)
+    model, prompts = _model("llama"), _grouped_prompts()
+    decoder = StaticDecoder(model, bucketed=bucketed)
+    # widths 33, 33 and 42 tokens: 3 rows in 48 columns, then 8 rows, then 64 columns
+    calls = [(prompts[:3], 4), (prompts, 6), ([p + p[:9] for p in prompts[:2]], 12)]
+    seen = []
+    for batch, cap in calls:
+        want = hf_sample_batch(model, batch, 0, [], cap, 0.0)
+        assert fast_sample_batch(model, batch, 0, [], cap, 0.0, decoder=decoder) == want
+        seen.append(decoder.capacity)
+    assert seen == [(4 if bucketed else 3, 48), (8, 48), (8, 64)]
+
+
 def test_a_lora_model_is_decoded_with_its_adapter_merged():
     from peft import LoraConfig, get_peft_model
 

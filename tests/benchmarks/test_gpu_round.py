@@ -30,6 +30,8 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     assert r["optimizer_steps"] == 2  # 8 samples, minibatch 4: the forced advantages keep every sample
     # passes of 2 rows: 2 a minibatch in the update; 4 in each of the old-policy and KL-reference sweeps
     assert (r["update_micro_batches"], r["logprob_micro_batches"]) == (4, 8) and r["largest_update_pass_tokens"] > 2
+    # every pass pads its rows to its longest; samples of one episode differ in length, so some padding is computed
+    assert 0 < r["update_padding_fraction"] < 0.5 and 0 < r["logprob_padding_fraction"] < 0.5
     assert r["adamw_fused"] is False  # the fused kernel on a GPU only
     assert r["fraction_of_a_trained_tensor_moved"] > 0.99  # fp32 weights move at lr 1e-6
     assert set(r["peak_bytes"]) == {"rollout", "update", "transfer"} and min(r["peak_bytes"].values()) > 0
@@ -43,7 +45,7 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     assert bound["bound_ms"] == pytest.approx((bound["weight_bytes"] + bound["kv_bytes"]) / 3.35e12 * 1e3)
     assert "paper_round" not in r
     # the hf engine (auto on CPU) has no decoder start to time apart
-    assert r["step_ms_per_token_step"] is None and r["prefill_positions"] == 0
+    assert r["step_ms_per_token_step"] is None and r["prefill_positions"] == 0 and r["prefill_mfu"] == 0
     # model FLOP utilisation: 2 x parameters x sample tokens per forward pass; full training counts 3 passes
     assert r["logprob_passes"] >= 1 and r["peak_flops"] == 989e12
     flops = 2 * r["parameters"] * r["sample_tokens"] * 3
@@ -70,6 +72,11 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert 0 < r["step_ms_per_token_step"] < r["decode_ms_per_token_step"]
     assert 0 < r["prefill_positions"] <= r["prefill_positions_whole"]
     assert 0 <= r["prefill_shared_fraction"] < 1 and r["prefill_mean_group_prefix"] >= 0
+    # the prefill's FLOPs: every position through the layers (the tied embedding and head matrix left out)
+    assert 0 < r["body_parameters"] < r["parameters"]
+    flops = 2 * r["body_parameters"] * r["prefill_positions"]
+    seconds = (r["prefill_s"] - 5e-4, r["prefill_s"] + 5e-4)  # the report rounds seconds to 3 decimals
+    assert flops / (seconds[1] * 989e12) <= r["prefill_mfu"] <= flops / (seconds[0] * 989e12)
     preset = tomllib.loads((SCRIPT.parents[1] / "configs" / "fedagent-paper.toml").read_text())
     p = r["paper_round"]
     assert p["clients"] == preset["clients-per-round"] and p["local_epochs"] == preset["local-epochs"]
@@ -82,7 +89,7 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert p["round_s_clients_in_turn"] == pytest.approx(p["clients"] * p["client_s"], rel=0.01)
     text = load_script("gpu_round").format_report(r)
     assert "ms per token step (static engine" in text and "bandwidth bound" in text and "model FLOP utilisation" in text
-    assert "of which prefill" in text and "positions computed" in text
+    assert "of which prefill" in text and "positions computed" in text and "% of their positions padding" in text
     assert "paper round (fedagent-paper.toml, tasks-per-epoch=64" in text and "with a card each" in text
 
 
@@ -141,6 +148,7 @@ def _with_report_fields(r: dict) -> dict:
             "wire_bytes_sent": 1, "peak_bytes_measured_by": "cuda allocator", "peak_flops": 1.0, "update_mfu": 0.1,
             "update_tflops_per_s": 1.0, "logprobs_mfu": 0.1, "logprobs_tflops_per_s": 1.0, "logprob_passes": 1,
             "update_micro_batches": 1, "logprob_micro_batches": 1, "largest_update_pass_tokens": 1,
+            "update_padding_fraction": 0.0, "logprob_padding_fraction": 0.0,
             "decode_ms_per_token_step": 1.0, "decode_engine": "static", "rows_per_step": 1.0,
             "rollout_ms_per_token_step": 1.0, "context_tokens": 1.0,
             "decode_bound": {"bound_ms": 1.0, "weight_bytes": 1, "kv_bytes": 1, "bandwidth": 1.0}} | r
