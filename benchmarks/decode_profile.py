@@ -181,6 +181,9 @@ def format_report(r: dict) -> str:
     lines.append(f"static engine's first-token log-probs vs transformers': max difference {r['first_token_logprob_gap']:.2e}")
     lines.append(f"static engine {r['replay_gap_between']}, fed the same tokens with rows dropping: max log-prob "
                  f"difference {r['replay_logprob_gap']:.2e}")
+    if r.get("compile_logprob_gap") is not None:
+        lines.append(f"static engine with decode-kernels=compile vs eager kernels, the same check: max log-prob difference "
+                     f"{r['compile_logprob_gap']:.2e} (that first check took {r['compile_check_s']:.1f} s, compilation included)")
     names = [e["engine"] for e in engines]
     fields = [("self_cpu_us", "self CPU")] + ([("self_device_us", "self device")] if r["device"] != "cpu" else [])
     if not any(e["ops"] for e in engines):
@@ -211,6 +214,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="CPU threads for torch (tiny operators on a busy machine time best on 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true",
+                        help="also the static engine with decode-kernels=compile (its token step's element-wise work "
+                             "fused by torch.compile; on CUDA in graphs too), timed after its compilation")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the tables")
     args = parser.parse_args(argv)
     device, precision = device_and_precision(parser, args.device, args.precision)
@@ -233,6 +239,9 @@ def main(argv: list[str] | None = None) -> dict:
         static = StaticDecoder(model, dtype)
         engines = {"hf": lambda n: hf_sample_batch(model, prompts, 0, [], n, args.temperature),
                    "static": lambda n: fast_sample_batch(model, prompts, 0, [], n, args.temperature, decoder=static)}
+        if args.compile:
+            fused = StaticDecoder(model, dtype, kernels="compile")
+            engines["static-compile"] = lambda n: fast_sample_batch(model, prompts, 0, [], n, args.temperature, decoder=fused)
         if cuda:
             eager = StaticDecoder(model, dtype, cuda_graphs=False)
             engines["static-eager"] = lambda n: fast_sample_batch(model, prompts, 0, [], n, args.temperature, decoder=eager)
@@ -245,6 +254,13 @@ def main(argv: list[str] | None = None) -> dict:
             replay = replay_gap(prompts, StaticDecoder(model, dtype, bucketed=True), static)
             between = "bucketed (the graphs' bookkeeping, run eagerly) vs eager"
         print(f"first-token log-prob gap {gap:.2e}; {between}: {replay:.2e}", file=sys.stderr, flush=True)
+        compile_s = compile_gap = None
+        if args.compile:  # compiled against eager kernels, both as the rollout runs them (graphs on CUDA)
+            started = time.perf_counter()
+            compile_gap = replay_gap(prompts, fused, StaticDecoder(model, dtype))
+            compile_s = time.perf_counter() - started  # the compilation, for the first bucket sizes
+            print(f"decode-kernels=compile vs eager: {compile_gap:.2e} ({compile_s:.1f} s, compilation included)",
+                  file=sys.stderr, flush=True)
         for name, run in engines.items():
             results.append(measure(name, run, device, new, args.repeats, args.profile_tokens))
 
@@ -257,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
               "prompt_tokens": prompt, "new_tokens": new, "temperature": args.temperature, "value_bytes": value_bytes,
               "context_tokens": context, "threads": args.threads, "bound": bound, "first_token_logprob_gap": gap,
               "replay_logprob_gap": replay, "replay_gap_between": between, "top": args.top,
+              "compile_logprob_gap": compile_gap, "compile_check_s": compile_s,
               "engines": results}
     if args.json:
         print(json.dumps(result), flush=True)

@@ -2,8 +2,8 @@
 # The GPU checks of issue 35, each bounded in time, each result saved:
 #   bash benchmarks/gpu_checks.sh OUT_FOLDER [STAGE ...]      (default stages: tests decode update round-static)
 # Stages, in the order given:
-#   tests         the static engine's CUDA graphs against the transformers loop and against eager
-#                 (tests/agent/test_decode.py -k cuda)
+#   tests         the static engine's CUDA graphs against the transformers loop and against eager, with eager and with
+#                 compiled kernels (tests/agent/test_decode.py -k cuda)
 #   waits         the log-prob and update passes do not synchronize with the host between micro-batches
 #                 (tests/agent/test_device_waits.py, on CUDA under torch.cuda.set_sync_debug_mode), and the fused AdamW
 #                 steps as the reference loop does (tests/agent/test_grpo.py); then, side by side, update_profile.py at
@@ -13,6 +13,10 @@
 #                 preset's gradient-checkpointing=true), gradient-checkpointing=auto, and a bf16 working copy over fp32
 #                 master weights instead of autocast (param-dtype=bf16)
 #   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
+#   decode-compile decode_profile.py --compile: the static engine's token step with decode-kernels=compile (its
+#                 element-wise work fused by torch.compile, in CUDA graphs) beside eager kernels and the hf loop, the
+#                 compiled step's log-prob gap to the eager one and the seconds its first use took (compilation)
+#   round-compile round-fast with decode-kernels=compile: the compilation lands in capture_s, the token steps apart
 #   prefill       prefill_profile.py: a later turn's prefill of 16 tasks x 8 episodes, each group's shared prefix computed
 #                 once (what the rollout runs) beside every prompt whole, and the log-prob gap between the two
 #   update        update_profile.py: log-prob and update MFU by micro-batch setting and attention kernel, one micro-batch
@@ -91,7 +95,15 @@ for stage in $STAGES; do
   stamp "$stage"
   case $stage in
     tests)
-      timeout 90 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
+      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
+    decode-compile)
+      timeout 200 python3 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json \
+        > "$OUT/decode_compile.json" 2> "$OUT/decode_compile.err"
+      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_compile.err" | tail -8 ;;
+    round-compile)
+      timeout 240 python3 benchmarks/gpu_round.py $ROUND $FAST --set decode-kernels=compile --decode-engine static \
+        > "$OUT/round_compile.json" 2> "$OUT/round_compile.err"
+      echo "rc $?"; tail -3 "$OUT/round_compile.err"; cut -c1-700 "$OUT/round_compile.json" ;;
     waits)
       wait_tests
       timeout 240 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
@@ -162,7 +174,7 @@ for stage in $STAGES; do
       timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static \
         > "$OUT/round_kernels.json" 2> "$OUT/round_kernels.err"
       echo "rc $?"; tail -3 "$OUT/round_kernels.err"; cut -c1-700 "$OUT/round_kernels.json" ;;
-    *) echo "unknown stage $stage (tests waits decode prefill update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests waits decode decode-compile round-compile prefill update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast)"; exit 2 ;;
   esac
 done
 stamp done

@@ -360,7 +360,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "episodes": len(episodes), "rollout_rows": rows, "agent_steps": len(steps), "generated_tokens": generated,
         "rollout_s": round(rollout_s, 3), "logprobs_s": round(logprob_s, 3), "update_s": round(update_s - logprob_s, 3),
         "transfer_s": round(transfer_s, 3), "generated_tokens_per_s": round(generated / max(rollout_s, 1e-9), 1),
-        "decode_engine": engine, "token_steps": token_steps, "sampler_s": round(sampler["sampler_s"], 3),
+        "decode_engine": engine, "decode_kernels": cfg.decode_kernels, "token_steps": token_steps, "sampler_s": round(sampler["sampler_s"], 3),
         "decode_ms_per_token_step": round(sampler["sampler_s"] / max(token_steps, 1) * 1e3, 3),
         "rollout_ms_per_token_step": round(rollout_s / max(token_steps, 1) * 1e3, 3),
         # the static engine's start (prefill and graph capture) apart from its token steps; 0 on the hf engine
@@ -422,7 +422,8 @@ def format_report(r: dict) -> str:
     ]
     b = r["decode_bound"]
     rows += [
-        f"  decode    {r['decode_ms_per_token_step']:10.3f} ms per token step ({r['decode_engine']} engine; "
+        f"  decode    {r['decode_ms_per_token_step']:10.3f} ms per token step ({r['decode_engine']} engine"
+        + (f", {r['decode_kernels']} kernels" if r.get("decode_kernels", "eager") != "eager" else "") + "; "
         f"{r['token_steps']:,} token steps at {r['rows_per_step']:,.1f} rows, prefill included; "
         f"rollout with environment steps {r['rollout_ms_per_token_step']:,.3f} ms)",
     ]

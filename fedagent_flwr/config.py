@@ -55,6 +55,7 @@ from fedagent_flwr.agent.memory import (
 from fedagent_flwr.agent.precision import ALL_PRECISIONS, base_dtype, compute_precision, resolve_precision
 from fedagent_flwr.agent.prompts import ANSWER_PARSING, PROMPT_ROLES
 from fedagent_flwr.agent.warm_start import WARM_PREFIX, WARM_RECIPE
+from fedagent_flwr.agent.decode import KERNELS
 from fedagent_flwr.agent.sampling import ENGINES
 from fedagent_flwr.agent.rollout import INVALID_ACTIONS, PENALTY_SCOPES, REWARD_MODES, RolloutConfig
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
@@ -276,6 +277,7 @@ class RolloutSection:
     invalid_action: str = _key("inadmissible", "which step is invalid: inadmissible = not well formed, or an action the environment rejects or closest matching repaired; malformed = not well formed (no single <think> and <action> block) only, whatever the environment makes of the action (the FedAgent reference's projection)", " | ".join(INVALID_ACTIONS))
     invalid_penalty_scope: str = _key("trajectory", "where the penalty is taken off: trajectory = summed over the episode and taken off its reward, so every step shares it; step = each step's sample scores the episode's reward less its own penalty and GRPO normalises over the group's step samples (the FedAgent reference, verl-agent)", " | ".join(PENALTY_SCOPES))
     decode_engine: str = _key("auto", "how rollouts decode: hf = a KV-cache loop over the transformers model that drops finished rows (agent/sampling.py); static = the project's decoder with a preallocated KV cache, a bf16 copy of the weights under bf16 autocast, and on CUDA one graph launch per token step (agent/decode.py; the same tokens as hf on CPU and, greedy in fp32, on an H100, where a token step took 5.5 ms against hf's 26.8, docs/gpu.md); auto = static on CUDA where the model is supported, else hf", " | ".join(ENGINES))
+    decode_kernels: str = _key("eager", "how the static engine's token step runs the element-wise work around its matrix products (norms, RoPE, SiLU, residual adds): eager = one kernel each, as written; compile = torch.compile fuses each layer half's into a few kernels (agent/decode.py), compiled once per process at the first token step (torch caches it on disk for later processes; its time on a GPU is not yet measured, docs/gpu.md). Only where the static engine runs: with decode-engine=hf it must stay eager", " | ".join(KERNELS))
     rollout_batch_size: int = _key(64, "episodes per generate call; on a GPU tokens/s grows almost with it (docs/gpu.md). 0 = auto: as many as the memory plan leaves room for in client-memory-gb (server-memory-gb for the server's evaluation), or else on a GPU in the memory free when the client starts, up to an epoch's episodes (tasks-per-epoch x group-size); on a CPU with no memory given, an epoch's episodes", "integer >= 0 (0 = auto)")
 
     def check(self, need: Need) -> None:
@@ -292,6 +294,9 @@ class RolloutSection:
         need(self.invalid_penalty >= 0, "invalid-penalty", self.invalid_penalty, ">= 0")
         need(self.invalid_action in INVALID_ACTIONS, "invalid-action", self.invalid_action, " | ".join(INVALID_ACTIONS))
         need(self.decode_engine in ENGINES, "decode-engine", self.decode_engine, " | ".join(ENGINES))
+        need(self.decode_kernels in KERNELS, "decode-kernels", self.decode_kernels, " | ".join(KERNELS))
+        need(self.decode_kernels == "eager" or self.decode_engine != "hf", "decode-kernels", self.decode_kernels,
+             "eager with decode-engine='hf' (the kernels are the static engine's)")
         need(self.invalid_penalty_scope in PENALTY_SCOPES, "invalid-penalty-scope", self.invalid_penalty_scope, " | ".join(PENALTY_SCOPES))
 
 @dataclass(frozen=True)
@@ -620,6 +625,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             invalid_action=self.invalid_action,
             penalty_scope=self.invalid_penalty_scope,
             decode_engine=self.decode_engine,
+            decode_kernels=self.decode_kernels,
         )
 
     def grpo_config(self, activation_room_bytes: float | None = None) -> GRPOConfig:

@@ -38,6 +38,7 @@ The sampling loop that drives it is `sampling.fast_sample_batch`.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import weakref
@@ -58,6 +59,8 @@ CAPACITY_STEP = 1024
 WINDOW_STEP = 256
 # Prefill processes the distinct prompts in chunks of about this many (padded) tokens, bounding its activations.
 PREFILL_TOKENS = 16384
+# How a token step runs its element-wise operations (the run-config key decode-kernels; _layer_halves).
+KERNELS = ("eager", "compile")
 
 
 class UnsupportedModel(ValueError):
@@ -190,6 +193,40 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
+@functools.cache
+def _layer_halves(heads: int, kv_heads: int, head_dim: int, eps: tuple[float, float], dtype: torch.dtype,
+                  compiled: bool):
+    """A decoder layer's two halves around its attention, as functions of tensors alone: (attention_inputs,
+    layer_output). Compiled (`kernels="compile"`), torch.compile fuses each half's element-wise operations (the
+    norms and their casts, RoPE, SiLU times up, the residual adds) into a few kernels around the matrix products:
+    in a token step they are small, so their number, not their bytes, sets their time. Dynamo keeps what it
+    compiles with the functions' code, guarded on the shapes and on these constants, so every layer and every later
+    decoder of the model (a rollout builds one per call) reuses it; the batch dimension turns dynamic at the second
+    bucket size. Eager, they are the same code run as it is."""
+    split = (heads + kv_heads) * head_dim
+
+    def attention_inputs(h, norm, qkv, qkv_b, cos, sin):
+        x = _rms_norm(h, norm, eps[0]).to(dtype)
+        y = F.linear(x, qkv, qkv_b)
+        qk = y[..., :split].unflatten(-1, (heads + kv_heads, head_dim))  # [n, S, heads + kv, D]
+        # RoPE on q and k at once, in fp32 (a bf16 q times fp32 cos is computed in fp32, as under autocast)
+        qk = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin).to(dtype)
+        q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
+        v = y[..., split:].unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)
+        return q, k, v
+
+    def layer_output(h, attended, out, out_b, norm, gate_up, gate_up_b, down, down_b):
+        # the residual stream stays fp32: adding a bf16 output to it promotes inside the one add kernel
+        h = h + F.linear(attended, out, out_b)
+        x = _rms_norm(h, norm, eps[1]).to(dtype)
+        gate, up = F.linear(x, gate_up, gate_up_b).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, down, down_b)
+
+    if compiled:
+        return torch.compile(attention_inputs, fullgraph=True), torch.compile(layer_output, fullgraph=True)
+    return attention_inputs, layer_output
+
+
 def _fused(parts: list[tuple[torch.Tensor, torch.Tensor | None]], dtype, device):
     """Buffers for the row-stacked weights of `parts` and, if any part has a bias, their stacked biases."""
     rows = sum(w.shape[0] for w, _ in parts)
@@ -219,8 +256,13 @@ class StaticDecoder:
     """
 
     def __init__(self, model, dtype: torch.dtype | None = None, cuda_graphs: bool = True,
-                 bucketed: bool | None = None, share_prefixes: bool = True) -> None:
+                 bucketed: bool | None = None, share_prefixes: bool = True, kernels: str = "eager") -> None:
+        if kernels not in KERNELS:
+            raise ValueError(f"decode-kernels={kernels!r} is not allowed: expected {' | '.join(KERNELS)}")
         check_supported(model)
+        # The token step's element-wise work: "eager" as written, "compile" fused by torch.compile (_layer_halves).
+        # The prefill stays eager: its matrix products dominate, and its shapes change with every batch of prompts.
+        self.kernels = kernels
         base = _base_model(model)
         self.shape = _shape(base)
         src = _sources(model)
@@ -316,26 +358,20 @@ class StaticDecoder:
             allowed = allowed[:, None].expand(n, group, s, t).reshape(n, group * s, t)
         return self._additive_mask(allowed[:, None])  # S = 1: [n, 1, 1, T] broadcasts over the group's rows
 
-    def _qkv(self, layer: dict, h: torch.Tensor, cos, sin):
+    def _qkv(self, layer: dict, h: torch.Tensor, cos, sin, compiled: bool = False):
         """The layer's normed input projected to RoPE'd q [n, heads, S, D], k and v [n, kv, S, D]."""
-        sh = self.shape
-        x = _rms_norm(h, layer["norm_attn"], layer["eps"][0]).to(self.dtype)
-        y = F.linear(x, layer["qkv"], layer["qkv_b"])
-        split = (sh.heads + sh.kv_heads) * sh.head_dim
-        qk = y[..., :split].unflatten(-1, (sh.heads + sh.kv_heads, sh.head_dim))  # [n, S, heads + kv, D]
-        # RoPE on q and k at once, in fp32 (a bf16 q times fp32 cos is computed in fp32, as under autocast)
-        qk = (qk * cos + qk.roll(sh.head_dim // 2, dims=-1) * sin).to(self.dtype)
-        q, k = qk[:, :, :sh.heads].transpose(1, 2), qk[:, :, sh.heads:].transpose(1, 2)
-        v = y[..., split:].unflatten(-1, (sh.kv_heads, sh.head_dim)).transpose(1, 2)
-        return q, k, v
+        attention_inputs = self._halves(layer, compiled)[0]
+        return attention_inputs(h, layer["norm_attn"], layer["qkv"], layer["qkv_b"], cos, sin)
 
-    def _finish_layer(self, layer: dict, h: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Output projection, residual, MLP, residual. The residual stream stays fp32: adding a bf16 output
-        to it promotes inside the one add kernel."""
-        h = h + F.linear(attended, layer["out"], layer["out_b"])
-        x = _rms_norm(h, layer["norm_mlp"], layer["eps"][1]).to(self.dtype)
-        gate, up = F.linear(x, layer["gate_up"], layer["gate_up_b"]).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, layer["down"], layer["down_b"])
+    def _finish_layer(self, layer: dict, h: torch.Tensor, attended: torch.Tensor, compiled: bool = False) -> torch.Tensor:
+        """Output projection, residual, MLP, residual."""
+        layer_output = self._halves(layer, compiled)[1]
+        return layer_output(h, attended, layer["out"], layer["out_b"], layer["norm_mlp"], layer["gate_up"],
+                            layer["gate_up_b"], layer["down"], layer["down_b"])
+
+    def _halves(self, layer: dict, compiled: bool):
+        sh = self.shape
+        return _layer_halves(sh.heads, sh.kv_heads, sh.head_dim, tuple(layer["eps"]), self.dtype, compiled)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(_rms_norm(h, self.norm, self.shape.eps).to(self.dtype), self.head)
@@ -376,12 +412,13 @@ class StaticDecoder:
         h = F.embedding(self.tokens[rows, None], self.embed).float()  # [width, 1, hidden]
         cos, sin = self._rope(self.pos[rows, None])
         mask = self._fold_mask(valid[:, None, :window])
+        compiled = self.kernels == "compile"
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)
+            q, k, v = self._qkv(layer, h, cos, sin, compiled)
             self.k[i, rows].index_copy_(2, self.col, k)
             self.v[i, rows].index_copy_(2, self.col, v)
             attended = self._attend(q, self.k[i, rows, :, :window], self.v[i, rows, :, :window], mask)
-            h = self._finish_layer(layer, h, attended)
+            h = self._finish_layer(layer, h, attended, compiled)
         logits = self._logits(h)[:, 0]
         self.pos[rows].add_(1)
         self.col.add_(1)
@@ -595,15 +632,15 @@ class StaticDecoder:
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def decoder_for(model, dtype: torch.dtype | None = None, cuda_graphs: bool = True) -> StaticDecoder:
+def decoder_for(model, dtype: torch.dtype | None = None, cuda_graphs: bool = True, kernels: str = "eager") -> StaticDecoder:
     """The model's decoder, built on first use and kept (with its KV cache and graphs) while the model lives;
     its weights are refreshed from the model on every call."""
     d = _DECODERS.get(model)
     want = dtype or next(model.parameters()).dtype
     if d is None or d.dtype != want or d.graphs_on != (cuda_graphs and d.device.type == "cuda") \
-            or d.device != next(model.parameters()).device:
+            or d.device != next(model.parameters()).device or d.kernels != kernels:
         _DECODERS.pop(model, None)
-        d = StaticDecoder(model, want, cuda_graphs)
+        d = StaticDecoder(model, want, cuda_graphs, kernels=kernels)
         _DECODERS[model] = d
     else:
         d.refresh(model)

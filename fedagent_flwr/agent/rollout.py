@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent.action_matching import ACTION_MATCHING, match_action
+from fedagent_flwr.agent.decode import KERNELS
 from fedagent_flwr.agent.prompts import (
     PROMPT_ROLES,
     build_prompt,
@@ -108,6 +109,7 @@ class RolloutConfig:
     invalid_action: str = "inadmissible"  # see INVALID_ACTIONS
     penalty_scope: str = "trajectory"  # see PENALTY_SCOPES; agent/grpo.py reads it
     decode_engine: str = "hf"  # see sampling.ENGINES: hf = the KV-cache loop over the transformers model; static = decode.py
+    decode_kernels: str = "eager"  # the static engine's token step: eager, or compile (decode.KERNELS)
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_MODES:
@@ -122,6 +124,8 @@ class RolloutConfig:
             raise ValueError(f"penalty_scope must be one of {PENALTY_SCOPES}, got {self.penalty_scope!r}")
         if self.decode_engine not in ENGINES:
             raise ValueError(f"decode_engine must be one of {ENGINES}, got {self.decode_engine!r}")
+        if self.decode_kernels not in KERNELS:
+            raise ValueError(f"decode_kernels must be one of {KERNELS}, got {self.decode_kernels!r}")
 
     def episode_reward(self, traj: Trajectory) -> float:
         """The episode's reward before any invalid-action penalty."""
@@ -197,7 +201,7 @@ class LMPolicy:
         self.model.eval()
         try:
             rows = sample_batch(self.model, prompts, self.pad_id, self.stop_ids, cfg.max_new_tokens,
-                                cfg.temperature, cfg.top_p, engine=cfg.decode_engine)
+                                cfg.temperature, cfg.top_p, engine=cfg.decode_engine, kernels=cfg.decode_kernels)
         finally:
             self.model.train(was_training)
         return [(ids, self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in rows]

@@ -91,13 +91,16 @@ def sample_batch(
     temperature: float,
     top_p: float = 1.0,
     engine: str = "auto",
+    kernels: str = "eager",
 ) -> list[list[int]]:
-    """Completion token ids per prompt, each ending at its first stop token (kept) or at the cap."""
+    """Completion token ids per prompt, each ending at its first stop token (kept) or at the cap. `kernels`: the
+    static engine's token step (decode.KERNELS); the hf engine has none to choose."""
     if engine not in ENGINES:
         raise ValueError(f"decode engine must be one of {ENGINES}, got {engine!r}")
     if engine == "static" or (engine == "auto" and _device_type(model) == "cuda"):
         try:
-            return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p)
+            return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p,
+                                     kernels=kernels)
         except UnsupportedModel as err:
             if engine == "static":
                 raise
@@ -126,18 +129,19 @@ def fast_sample_batch(
     temperature: float,
     top_p: float = 1.0,
     decoder: StaticDecoder | None = None,
+    kernels: str = "eager",
 ) -> list[list[int]]:
     """`sample_batch` on decode.py's static decoder (raises UnsupportedModel for a model it does not reproduce).
 
     The loop is the hf engine's step for step: the same rows reach `pick_tokens` in the same order at every
     step, so with the same seed it draws the same random numbers; only the logits' rounding differs.
     `decoder`: one the caller built from this model (benchmarks and tests pick its mode); by default the
-    model's own (decode.decoder_for), with CUDA graphs on a GPU."""
+    model's own (decode.decoder_for), with CUDA graphs on a GPU and the token step's `kernels`."""
     n_rows = len(prompts)
     if max_new_tokens <= 0 or n_rows == 0:
         return [[] for _ in range(n_rows)]
     device = next(model.parameters()).device
-    decoder = decoder or decoder_for(model, _rollout_dtype(device))
+    decoder = decoder or decoder_for(model, _rollout_dtype(device), kernels=kernels)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     logits = decoder.start([list(p) for p in prompts], pad_id, max_new_tokens)
     return _sample_rows(decoder, logits, n_rows, stops, max_new_tokens, temperature, top_p)

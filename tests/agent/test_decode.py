@@ -137,6 +137,59 @@ def test_every_steps_log_probs_match_the_hf_forward_within_1e_4(kind, bucketed, 
     assert worst < 1e-4, worst
 
 
+def _fed_log_probs(decoder, prompts, fed, drops):
+    """Each step's log-probs [live rows, V] with tokens `fed` teacher-forced and rows dropped at the steps `drops`
+    names (positions in the live rows)."""
+    rows, out = list(range(len(prompts))), []
+    logits = decoder.start(prompts, 0, fed.shape[1] + 1)
+    for t in range(fed.shape[1] + 1):
+        out.append(logits.float().log_softmax(-1))
+        if t == fed.shape[1]:
+            break
+        if t in drops:
+            keep = [j for j in range(len(rows)) if j not in drops[t]]
+            decoder.keep(torch.tensor(keep, device=decoder.device))
+            rows = [rows[j] for j in keep]
+        logits = decoder.step(fed[rows, t].to(decoder.device))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_compiled_token_steps_equal_the_eager_ones_and_a_new_decoder_compiles_nothing(kind):
+    """decode-kernels=compile: torch.compile fuses each layer half of the token step. Fed the same tokens, with rows
+    dropping through the buckets, every step's log-probs equal the eager step's within 1e-5 (fp32); the greedy
+    tokens equal the hf engine's; a second decoder of the same shape (a rollout builds one per call) reuses the
+    compiled graphs."""
+    from torch._dynamo.utils import counters
+
+    model, prompts = _model(kind), _grouped_prompts()
+    fed = torch.randint(3, VOCAB, (len(prompts), 8), generator=torch.Generator().manual_seed(2))
+    drops = {2: (0,), 4: (1, 2, 3), 6: (0, 1)}  # 8 rows, then 7 riding along in the bucket of 8, then buckets of 4 and 2
+    eager = _fed_log_probs(StaticDecoder(model, bucketed=True), prompts, fed, drops)
+    graphs_before = counters["stats"]["unique_graphs"]
+    compiled = _fed_log_probs(StaticDecoder(model, bucketed=True, kernels="compile"), prompts, fed, drops)
+    assert counters["stats"]["unique_graphs"] > graphs_before  # the step ran compiled
+    assert max((a - b).abs().max().item() for a, b in zip(eager, compiled)) < 1e-5
+    graphs_before = counters["stats"]["unique_graphs"]
+    want = hf_sample_batch(model, prompts, 0, [1], 12, 0.0)
+    got = fast_sample_batch(model, prompts, 0, [1], 12, 0.0, decoder=StaticDecoder(model, bucketed=True, kernels="compile"))
+    assert got == want and counters["stats"]["unique_graphs"] == graphs_before
+    with pytest.raises(ValueError, match="decode-kernels='inductor' is not allowed: expected eager | compile"):
+        StaticDecoder(model, kernels="inductor")
+
+
+def test_the_run_configs_decode_kernels_reach_the_rollouts_decoder(tiny_lm, maze_tokenizer):
+    """decode-kernels travels from the run config to the decoder a rollout keeps (one new token: no step to compile)."""
+    from fedagent_flwr.agent.rollout import LMPolicy
+    from fedagent_flwr.config import RunConfig
+
+    for kernels in ("compile", "eager"):
+        cfg = RunConfig.from_run_config({"decode-engine": "static", "decode-kernels": kernels, "max-new-tokens": 1})
+        LMPolicy(tiny_lm, maze_tokenizer, cfg.rollout_config())._generate([maze_tokenizer("Reach the goal")["input_ids"]])
+        assert decode._DECODERS[tiny_lm].kernels == kernels
+    decode.release(tiny_lm)
+
+
 def test_sampling_draws_the_same_tokens_as_the_hf_engine_for_a_seed():
     """The static loop hands pick_tokens the same rows in the same order at every step, so a seed gives the same
     draws (temperature and top-p included)."""
@@ -277,4 +330,31 @@ def test_cuda_graph_replay_equals_the_eager_static_step_in_bf16(prompt_set):
             graphs.keep(index), eager.keep(index)
             rows = [rows[j] for j in keep]
         a, b = graphs.step(fed[rows, t]), eager.step(fed[rows, t])
+    assert worst < 2e-2, worst
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_cuda_graphs_of_compiled_steps_give_the_hf_engines_greedy_tokens_in_fp32(kind):
+    """decode-kernels=compile on the GPU: the compiled halves (Triton kernels) are captured in the step's graphs. In
+    fp32 with TF32 off the greedy tokens stay the transformers loop's, through the buckets and two calls."""
+    model, prompts, cap = _model(kind).cuda(), _grouped_prompts(), 16
+    stops = [1] + _stops_that_end_rows_early(model, prompts, cap)
+    want = hf_sample_batch(model, prompts, 0, stops, cap, 0.0)
+    decoder = StaticDecoder(model, kernels="compile")
+    for _ in range(2):
+        assert fast_sample_batch(model, prompts, 0, stops, cap, 0.0, decoder=decoder) == want
+    assert decoder.graphs
+
+
+@needs_cuda
+def test_cuda_graphs_of_compiled_steps_equal_the_eager_static_step_in_bf16():
+    """The rollout's setting with decode-kernels=compile: graphs of the compiled step against the eager step of
+    eager kernels, every step's log-probs within bf16 rounding, rows dropping through buckets of 8, 4 and 2."""
+    model, prompts = _model("qwen2").cuda(), _grouped_prompts()
+    fed = torch.randint(3, VOCAB, (len(prompts), 8), generator=torch.Generator().manual_seed(2))
+    drops = {2: (0,), 4: (1, 2, 3), 6: (0, 1)}
+    compiled = _fed_log_probs(StaticDecoder(model, torch.bfloat16, kernels="compile"), prompts, fed, drops)
+    eager = _fed_log_probs(StaticDecoder(model, torch.bfloat16, cuda_graphs=False), prompts, fed, drops)
+    worst = max((a - b).abs().max().item() for a, b in zip(compiled, eager))
     assert worst < 2e-2, worst

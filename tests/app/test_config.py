@@ -45,6 +45,8 @@ def test_docs_list_every_key_with_its_default():
         ({"reward": "points"}, "reward='points'"),
         ({"action-matching": "fuzzy"}, "action-matching='fuzzy'"),
         ({"loss-aggregation": "sum"}, "loss-aggregation='sum'"),
+        ({"decode-kernels": "inductor"}, "decode-kernels='inductor'"),
+        ({"decode-kernels": "compile", "decode-engine": "hf"}, "decode-kernels='compile' is not allowed: expected eager with decode-engine='hf'"),
     ],
 )
 def test_bad_values_fail_with_a_message_naming_key_and_allowed_values(override, message):

@@ -13,12 +13,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_profile.py
 
 def test_tiny_profile_reports_both_engines_beside_the_bound():
     done = subprocess.run([sys.executable, str(SCRIPT), "--shape", "tiny", "--json", "--threads", "1", "--batch", "8",
-                           "--prompt-tokens", "24", "--new-tokens", "6", "--repeats", "1"],
+                           "--prompt-tokens", "24", "--new-tokens", "6", "--repeats", "1", "--compile"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert r["device"] == "cpu" and r["precision"] == "fp32" and r["value_bytes"] == 4
-    assert [e["engine"] for e in r["engines"]] == ["hf", "static"]
+    assert [e["engine"] for e in r["engines"]] == ["hf", "static", "static-compile"]
     for e in r["engines"]:
         assert e["ms_per_token_step"] > 0 and e["aten_calls_per_step"] > 0
         assert e["kernel_launches_per_step"] is None  # no kernels to launch on a CPU
@@ -34,7 +34,11 @@ def test_tiny_profile_reports_both_engines_beside_the_bound():
     assert r["context_tokens"] == pytest.approx(23.5 + 2.5)  # prompts of 24 and 23 tokens, then 5 fed tokens / 2
     assert r["first_token_logprob_gap"] < 1e-4  # fp32: the static engine is the transformers forward
     assert r["replay_logprob_gap"] < 1e-4 and "bucketed" in r["replay_gap_between"]
+    # decode-kernels=compile: the same numbers from fewer operator calls (each layer half's element-wise work fused)
+    assert r["compile_logprob_gap"] < 1e-4 and r["compile_check_s"] > 0
+    assert r["engines"][2]["aten_calls_per_step"] < 0.8 * static["aten_calls_per_step"]
 
     module = load_script("decode_profile")
     text = module.format_report(r)
-    assert "bandwidth bound" in text and "self CPU us per step" in text and "static" in text
+    assert "bandwidth bound" in text and "self CPU us per step" in text and "static-compile" in text
+    assert "decode-kernels=compile vs eager kernels" in text
