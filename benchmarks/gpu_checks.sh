@@ -13,9 +13,10 @@
 #                 preset's gradient-checkpointing=true), gradient-checkpointing=auto, and a bf16 working copy over fp32
 #                 master weights instead of autocast (param-dtype=bf16)
 #   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
-#   decode-compile decode_profile.py --compile: the static engine's token step with decode-kernels=compile (its
-#                 element-wise work fused by torch.compile, in CUDA graphs) beside eager kernels and the hf loop, the
-#                 compiled step's log-prob gap to the eager one and the seconds its first use took (compilation)
+#   decode-compile step_kernels.py: the static engine's token steps alone (CUDA graphs) with decode-kernels=compile
+#                 (element-wise work fused by torch.compile) and eager, alternating over 6 runs: ms with standard
+#                 errors, a paired test, the first run's seconds (compilation); then decode_profile.py --compile: the
+#                 same beside the hf loop, with an operator table of 4 steps each
 #   round-compile round-fast with decode-kernels=compile: the compilation lands in capture_s, the token steps apart
 #   prefill       prefill_profile.py: a later turn's prefill of 16 tasks x 8 episodes, each group's shared prefix computed
 #                 once (what the rollout runs) beside every prompt whole, and the log-prob gap between the two
@@ -97,6 +98,9 @@ for stage in $STAGES; do
     tests)
       timeout 150 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
     decode-compile)
+      timeout 150 python3 benchmarks/step_kernels.py --shape $SHAPE --rows 128 --prompt-tokens 512 --steps 32 --runs 6 \
+        --json > "$OUT/step_kernels.json" 2> "$OUT/step_kernels.err"
+      echo "rc $?"; grep "^run" "$OUT/step_kernels.err" | tail -2; cut -c1-600 "$OUT/step_kernels.json"
       timeout 200 python3 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json \
         > "$OUT/decode_compile.json" 2> "$OUT/decode_compile.err"
       echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_compile.err" | tail -8 ;;

@@ -72,7 +72,10 @@ def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch
     """One token per row: greedy at temperature 0, else a sample from the (top-p) softmax."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    # At temperature 1 the division is the identity, and softmax casts to fp32 inside its one kernel: the same
+    # numbers without two passes over [rows, vocab] in fp32 (a 1.5B model's 152k vocabulary at 128 rows: 78 MB each)
+    scaled = logits if temperature == 1.0 else logits.float() / temperature
+    probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
