@@ -20,7 +20,9 @@ each of those causes:
   kernels take no GQA with a mask); the fold is exact, and any kernel that takes a mask runs it;
 - on CUDA, each token step captured once as a CUDA graph per (rows bucket, attention window) and replayed: one
   launch per step instead of one per kernel. Finished rows stay in the batch, masked out of the sampling, until
-  the live rows fit the next smaller bucket; then the batch is compacted.
+  the live rows fit the next smaller bucket; then the batch is compacted;
+- optionally (`kernels="compile"`, the run-config key decode-kernels), each layer's element-wise work in the token
+  step fused by torch.compile around the matrix products (`_layer_halves`).
 
 Numerics: in fp32 the rows equal the transformers model's up to rounding (same RMSNorm eps, RoPE inverse
 frequencies read from the model, attention biases, tied head); tests/agent/test_decode.py checks the greedy
