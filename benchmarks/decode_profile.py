@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a decode token step's time goes: today's sampler (the "hf" engine) and the static engine side by side.
 
-The model is a Qwen2.5-shaped random model built as gpu_round.py builds it (`--shape`, agent/shaped_model.py),
+The model is a Qwen2.5-shaped random model built as gpu_round.py builds it (`--shape`, agent/models/shaped_model.py),
 run the way the rollout runs it (bf16 autocast on CUDA, fp32 on CPU). Each engine samples the same batch of
 random prompts (half the rows one token shorter, so the padding mask is in play) with no stop token, so every
 row runs to `--new-tokens`. Per engine it prints:
@@ -33,12 +33,12 @@ from collections import defaultdict
 import torch
 from transformers import AutoConfig
 
-from fedagent_flwr.agent.decode import StaticDecoder
-from fedagent_flwr.agent.memory import SHAPES, ModelShape
-from fedagent_flwr.agent.models import pick_device
-from fedagent_flwr.agent.precision import autocast, resolve_precision
-from fedagent_flwr.agent.sampling import _rollout_dtype, fast_sample_batch, hf_sample_batch
-from fedagent_flwr.agent.shaped_model import random_model
+from fedagent_flwr.agent.engine.decode import StaticDecoder
+from fedagent_flwr.agent.engine.memory import SHAPES, ModelShape
+from fedagent_flwr.agent.models.pretrained import pick_device
+from fedagent_flwr.agent.engine.precision import autocast, resolve_precision
+from fedagent_flwr.agent.engine.sampling import _rollout_dtype, fast_sample_batch, hf_sample_batch
+from fedagent_flwr.agent.models.shaped_model import random_model
 from gpu_round import H100_BANDWIDTH, SHAPE_NAMES, TINY, decode_bound
 
 TINY_VOCAB = 2000  # about the size of gpu_round's environment tokenizer, which this script does not need

@@ -26,7 +26,7 @@
 #   round-hf      the same with the transformers loop
 #   round-fast    round-static with the update settings that measured fastest (FAST below): log-prob passes of 64 rows,
 #                 update micro-batches of 16, length-grouped
-#   kernels       training-kernels (agent/kernels.py): its tests (Liger's against eager on the GPU), then update_profile.py
+#   kernels       training-kernels (agent/engine/kernels.py): its tests (Liger's against eager on the GPU), then update_profile.py
 #                 with FAST's settings under eager, compile and liger (liger needs the liger-kernel wheel in .whl/)
 #   round-kernels round-fast with the training-kernels choice that kernels measured fastest (log-probs + update);
 #                 run it after kernels, in the same call

@@ -2,7 +2,7 @@
 """One FedAgentAvg client round on a Qwen2.5-shaped model, timed phase by phase, with the memory plan beside
 the measured peak.
 
-The model is built offline from the published shape (random init, no hub; agent/memory.py SHAPES) on the
+The model is built offline from the published shape (random init, no hub; agent/engine/memory.py SHAPES) on the
 device it runs on. The round follows the client's own code path (GRPOTrainer, the run config's builders) at the
 FedAgent paper's WebShop settings unless `--set` says otherwise: 64 tasks x G = 8 episodes, history 2,
 15 steps, 128 new tokens per step, rollout batch 128, minibatch 64, micro-batch 8, lr 1e-6, KL 0.01.
@@ -12,7 +12,7 @@ action, so every completion runs to `max-new-tokens` (the WebShop answer budget:
 worst case) and every episode to `max-steps`. All its rewards tie, so GRPO would drop every group; the
 benchmark gives each step sample a random advantage instead, so the update runs on every step (what a round
 with informative groups costs). The model and its small BPE tokenizer are built as `model="shape:<name>"` builds
-them (agent/shaped_model.py); ids the model samples outside the tokenizer decode to nothing.
+them (agent/models/shaped_model.py); ids the model samples outside the tokenizer decode to nothing.
 
 Phases: rollout (batched generation + environment steps), log-probs (the no-grad passes: old-policy
 log-probs when there is more than one minibatch, and the KL reference's), update (forward/backward/AdamW, less
@@ -23,7 +23,7 @@ measures a real one).
 Decode: the sampler's seconds over its token steps (one token step = one new token for every live row; prefill
 included) beside the bandwidth bound of a step at that batch and context: the bytes it must read (the weights
 in the forward's dtype, every row's KV cache) over `--bandwidth` (default an H100's 3.35e12 B/s).
-`--decode-engine` picks the sampler's engine (agent/sampling.py: auto, hf, static). `--paper-round` adds the
+`--decode-engine` picks the sampler's engine (agent/engine/sampling.py: auto, hf, static). `--paper-round` adds the
 estimated wall time of a round at configs/fedagent-paper.toml's settings, scaled from the measured phases.
 
     python benchmarks/gpu_round.py --shape tiny --set tasks-per-epoch=4 --set group-size=2   # CPU, seconds
@@ -48,29 +48,32 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import fedagent_flwr.agent.grpo as grpo_module
-import fedagent_flwr.agent.rollout as rollout_module
-from fedagent_flwr.agent import attention
-from fedagent_flwr.agent.decode import StaticDecoder
-from fedagent_flwr.agent.decode import release as release_decoder
+import fedagent_flwr.agent.training.grpo as grpo_module
+import fedagent_flwr.agent.play.rollout as rollout_module
+from fedagent_flwr.agent.engine import attention
+from fedagent_flwr.agent.engine.decode import StaticDecoder
+from fedagent_flwr.agent.engine.decode import release as release_decoder
 from envs import make_env
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
-from fedagent_flwr.agent.memory import GB, ModelShape
-from fedagent_flwr.agent.models import pick_device
-from fedagent_flwr.agent.precision import autocast
-from fedagent_flwr.agent.rollout import run_episodes
-from fedagent_flwr.agent.sampling import ENGINES, sample_batch
-from fedagent_flwr.agent.shaped_model import (
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.engine.memory import GB, ModelShape
+from fedagent_flwr.agent.models.pretrained import pick_device
+from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.play.rollout import run_episodes
+from fedagent_flwr.agent.engine.sampling import ENGINES, sample_batch
+from fedagent_flwr.agent.models.shaped_model import (
     environment_tokenizer,
     random_model,
     shaped_config,
 )
-from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
-from fedagent_flwr.config import RunConfig, parse_overrides
-from fedagent_flwr.methods.fedagent import context_tokens, memory_budget
+from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.simulation import parse_overrides
+from fedagent_flwr.methods.memory import context_tokens, memory_budget
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.transfer import decode, encode
+from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_rollout_rows
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
 SHAPE_NAMES = {"tiny": None, "0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b", "3b": "qwen2.5-3b", "7b": "qwen2.5-7b"}
 # The FedAgent paper's settings on WebShop (FedAgentGym §5 and the reference runs), as run-config values.
@@ -109,7 +112,7 @@ def sampler_clock(engine: str, record: dict):
     compares engines on the same settings. On the static engine it also times the decoder's `start` (the prefill,
     and on CUDA the graphs captured in it, each timed apart) with the device synchronised around it, and adds up
     the positions its prefill computed (padding included) beside what prefilling each distinct prompt whole
-    would have (agent/prefill_plan.py)."""
+    would have (agent/engine/prefill_plan.py)."""
     def timed(model, prompts, *args, **kwargs):
         started = time.perf_counter()
         rows = sample_batch(model, prompts, *args, **{**kwargs, "engine": engine})  # lists: the device is done
@@ -181,7 +184,7 @@ def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPE
     defaults = RunConfig().to_run_config()
     if p.get("param-dtype") == "auto":  # what the preset resolves to where this ran
         where = {"device": "cpu" if r.get("device") == "cpu" else "cuda"}
-        p = p | {"param-dtype": RunConfig.from_run_config(p | where).resolved_param_dtype()}
+        p = p | {"param-dtype": RunConfig.from_run_config(p | where).placement().param_dtype}
     measured = r.get("update_settings", {})
     unlike = {k: {"measured": v, "preset": p.get(k, defaults[k])} for k, v in measured.items() if p.get(k, defaults[k]) != v}
     return {"preset": preset_path.name, "overrides": overrides or {}, "clients": p["clients-per-round"],
@@ -278,19 +281,19 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     plan_context = context_tokens(cfg, tokenizer, env, eval_tasks)
     # rollout-batch-size=0 (auto) resolved as a client resolves it: the most rows the memory plan fits in
     # client-memory-gb, or else in the GPU memory free now, up to an epoch's episodes
-    rows = cfg.rollout_rows(shape_facts, plan_context, memory_budget(cfg, device))
-    client_plan, _ = cfg.memory_plans(shape_facts, plan_context, rows)
+    rows = plan_rollout_rows(cfg, shape_facts, plan_context, memory_budget(cfg, device))
+    client_plan, _ = memory_plans(cfg, shape_facts, plan_context, rows)
 
     lora = attached_lora(model, cfg.lora_spec(), seed=seed) if cfg.finetuning == "lora" else contextlib.nullcontext()
     with lora as peft_model:
         trained = peft_model if peft_model is not None else model
         memory = PeakMemory(device)
-        room = cfg.activation_room(shape_facts, plan_context, rows, memory_budget(cfg, device))  # auto checkpointing
-        trainer = GRPOTrainer(trained, tokenizer, cfg.grpo_config(room), cfg.rollout_config(batch_size=rows))
+        room = plan_activation_room(cfg, shape_facts, plan_context, rows, memory_budget(cfg, device))  # auto checkpointing
+        trainer = GRPOTrainer(trained, tokenizer, grpo_config(cfg, room), rollout_config(cfg, batch_size=rows))
         clock: dict[str, float] = defaultdict(float)
         timed_method(trainer, "_logprobs", clock)
         rng = np.random.default_rng(seed)
-        grpo = cfg.grpo_config()
+        grpo = grpo_config(cfg)
         pool = env.tasks_of_split("train")
         chosen = [pool[i] for i in rng.choice(len(pool), size=grpo.tasks_per_epoch, replace=True)]
         episodes = [t for t in chosen for _ in range(grpo.group_size)]
@@ -348,15 +351,15 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     mean_prompt = sampler["prompt_tokens"] / max(sampler["rows"], 1)
     # the context a step reads, averaged over the steps of a call: the prompt and half the completion
     context = mean_prompt + token_steps / max(sampler["calls"], 1) / 2
-    value_bytes = 4 if cfg.resolved_precision() == "fp32" else 2  # bf16 forwards read bf16 weights at best
+    value_bytes = 4 if cfg.placement().precision == "fp32" else 2  # bf16 forwards read bf16 weights at best
     bound = decode_bound(shape_facts, bool(getattr(model.config, "tie_word_embeddings", False)), rows_per_step, context,
                          value_bytes, bandwidth)
     return {
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.finetuning, "precision": cfg.resolved_precision(),
+        "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.finetuning, "precision": cfg.placement().precision,
         "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
         # param-dtype as it ran (auto resolved), so that the paper round compares like with like
-        "update_settings": {k: cfg.to_run_config()[k] for k in UPDATE_KEYS} | {"param-dtype": cfg.resolved_param_dtype()},
+        "update_settings": {k: cfg.to_run_config()[k] for k in UPDATE_KEYS} | {"param-dtype": cfg.placement().param_dtype},
         "episodes": len(episodes), "rollout_rows": rows, "agent_steps": len(steps), "generated_tokens": generated,
         "rollout_s": round(rollout_s, 3), "logprobs_s": round(logprob_s, 3), "update_s": round(update_s - logprob_s, 3),
         "transfer_s": round(transfer_s, 3), "generated_tokens_per_s": round(generated / max(rollout_s, 1e-9), 1),
@@ -473,13 +476,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     parser.add_argument("--decode-engine", choices=ENGINES, default="auto",
-                        help="the sampler's engine (agent/sampling.py): auto = static on CUDA, hf elsewhere")
+                        help="the sampler's engine (agent/engine/sampling.py): auto = static on CUDA, hf elsewhere")
     parser.add_argument("--bandwidth", type=float, default=H100_BANDWIDTH,
                         help="memory bandwidth in bytes/s for the decode bound (default: an H100's 3.35e12)")
     parser.add_argument("--peak-flops", type=float, default=H100_BF16_FLOPS,
                         help="the card's peak FLOP/s for model FLOP utilisation (default: an H100's dense bf16 989e12)")
     parser.add_argument("--cudnn-attention", action="store_true",
-                        help="let the passes of changing shapes use cuDNN's fused attention (agent/attention.py keeps "
+                        help="let the passes of changing shapes use cuDNN's fused attention (agent/engine/attention.py keeps "
                              "it out of them), to measure that choice")
     parser.add_argument("--paper-round", action="store_true",
                         help=f"also estimate a round at {PAPER_PRESET.name}'s settings from the measured phases")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The static engine's prefill of a rollout-shaped batch, two ways side by side in one process: each group's shared
-prefix computed once (agent/prefill_plan.py, what the rollout runs) and every distinct prompt whole (before).
+prefix computed once (agent/engine/prefill_plan.py, what the rollout runs) and every distinct prompt whole (before).
 
 The batch: `--tasks` tasks x `--group` episodes, every prompt the same system text (`--system` tokens), then its
 task's text (`--task`), then a history of its own (uniform in [history / 2, 3 history / 2] tokens). The defaults
@@ -29,9 +29,9 @@ import time
 import torch
 
 from decode_profile import build, device_and_precision, sync
-from fedagent_flwr.agent.decode import StaticDecoder
-from fedagent_flwr.agent.precision import autocast
-from fedagent_flwr.agent.sampling import _rollout_dtype
+from fedagent_flwr.agent.engine.decode import StaticDecoder
+from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.engine.sampling import _rollout_dtype
 from gpu_round import SHAPE_NAMES
 
 

@@ -5,7 +5,7 @@ Same model, same tasks, same sampling settings, measured side by side in one run
 the batched engine advances every live episode with one sampler call per step;
 the sequential baseline plays each episode alone (one call per step of that episode,
 KV cache on in both); the `generate` baseline plays the same batch with transformers'
-`model.generate` in place of the project's sampler (agent/sampling.py says why it exists:
+`model.generate` in place of the project's sampler (agent/engine/sampling.py says why it exists:
 this measures whether it earns its place). Reports environment steps and generated tokens
 per second and the ratios.
 
@@ -21,9 +21,10 @@ import time
 import torch
 
 from envs import make_env
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.rollout import LMPolicy, PromptEncoder, run_episodes
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, run_episodes
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import rollout_config
 
 
 class GeneratePolicy(LMPolicy):
@@ -83,7 +84,7 @@ def main() -> None:
     tasks = [pool[i % len(pool)] for i in range(args.episodes // args.group_size) for _ in range(args.group_size)]
     # The default run's prompt and generation settings, all episodes in one generate call.
     run_cfg = RunConfig.from_run_config({"temperature": args.temperature, "rollout-batch-size": max(1, args.episodes)})
-    cfg = run_cfg.rollout_config()
+    cfg = rollout_config(run_cfg)
     encoder = PromptEncoder(agent.tokenizer)
     policy = LMPolicy(agent.model, agent.tokenizer, cfg)
     factory = lambda: make_env(args.env, args.max_steps)

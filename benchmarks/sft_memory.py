@@ -22,21 +22,22 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+from fedagent_flwr.methods.memory import memory_plans
 
 
 def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, completion_tokens: int, seed: int) -> dict:
     from envs import make_env
-    from fedagent_flwr.agent.loading import load_agent
-    from fedagent_flwr.agent.lora import attached_lora
-    from fedagent_flwr.agent.memory import GB, ModelShape
-    from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
+    from fedagent_flwr.agent.models.loading import load_agent
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.agent.engine.memory import GB, ModelShape
+    from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.methods.fedagent import context_tokens
+    from fedagent_flwr.methods.memory import context_tokens
 
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro})
     agent = load_agent(cfg.model, cfg.env, cfg.device if cfg.device != "auto" else "cpu")
     env = make_env(cfg.env, cfg.max_steps)
-    plan = cfg.memory_plans(ModelShape.of(agent.model.config), context_tokens(cfg, agent.tokenizer, env, env.tasks_of_split("test")))[0]
+    plan = memory_plans(cfg, ModelShape.of(agent.model.config), context_tokens(cfg, agent.tokenizer, env, env.tasks_of_split("test")))[0]
     rng = np.random.default_rng(seed)
     vocab = agent.model.config.vocab_size
     lo, hi = int(prompt_tokens * 0.9), int(prompt_tokens * 1.1) + 1

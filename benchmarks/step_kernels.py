@@ -29,10 +29,10 @@ from scipy import stats
 
 from decode_profile import build, device_and_precision, sync
 from gpu_round import SHAPE_NAMES
-from fedagent_flwr.agent.decode import StaticDecoder
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.precision import autocast
-from fedagent_flwr.agent.sampling import _rollout_dtype
+from fedagent_flwr.agent.engine.decode import StaticDecoder
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.engine.sampling import _rollout_dtype
 
 
 def timed_steps(decoder: StaticDecoder, prompts: list[list[int]], fed: torch.Tensor) -> tuple[float, torch.Tensor]:

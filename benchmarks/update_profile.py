@@ -5,7 +5,7 @@ The model is a Qwen2.5-shaped random model built as gpu_round.py builds it (`--s
 agent steps of the lengths a paper-settings round produces: prompts of `--prompt-tokens` on average (spread uniformly
 over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random advantages, so
 every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g. `micro-batch-size=32`;
-the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/attention.py
+the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/engine/attention.py
 keeps out of them; `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the
 passes did before they queued all their micro-batches; `fused-adamw=false` steps with PyTorch's default AdamW instead
 of its fused kernel, which the trainer takes on a GPU; `padding-mask=true` hands a Qwen model the 4-D padding mask
@@ -19,7 +19,7 @@ true: all; auto: as many as the room the plan leaves in client-memory-gb, or els
 and the update's forward/backward passes (micro-batches; `micro-batch-tokens` cuts them by padded tokens, each pass
 as full as that allows). `--profile` adds, for the first variant, one micro-batch's
 forward and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
-operators. A variant with `training-kernels=compile` or `=liger` (agent/kernels.py) is warmed up on its own before it
+operators. A variant with `training-kernels=compile` or `=liger` (agent/engine/kernels.py) is warmed up on its own before it
 is timed, so its compile is reported apart (`warmup_s`, per kernel choice) and not counted in its passes; Liger
 patches the model for good, so its variants come last.
 
@@ -45,12 +45,12 @@ import numpy as np
 import torch
 from torch._dynamo.utils import counters
 
-import fedagent_flwr.agent.grpo as grpo_module
-import fedagent_flwr.agent.tokens as tokens_module
-from fedagent_flwr.agent import attention
-from fedagent_flwr.agent.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
-from fedagent_flwr.agent.kernels import training_kernels
-from fedagent_flwr.agent.memory import (
+import fedagent_flwr.agent.training.grpo as grpo_module
+import fedagent_flwr.agent.engine.tokens as tokens_module
+from fedagent_flwr.agent.engine import attention
+from fedagent_flwr.agent.training.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
+from fedagent_flwr.agent.engine.kernels import training_kernels
+from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
     GB,
     ModelShape,
@@ -58,14 +58,17 @@ from fedagent_flwr.agent.memory import (
     layers_to_checkpoint,
     update_activation_bytes,
 )
-from fedagent_flwr.agent.models import pick_device
-from fedagent_flwr.agent.precision import autocast
-from fedagent_flwr.agent.shaped_model import environment_tokenizer
-from fedagent_flwr.agent.tokens import collate, completion_logprobs
-from fedagent_flwr.config import RunConfig, parse_overrides
-from fedagent_flwr.methods.fedagent import memory_budget
+from fedagent_flwr.agent.models.pretrained import pick_device
+from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.models.shaped_model import environment_tokenizer
+from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.simulation import parse_overrides
+from fedagent_flwr.methods.memory import memory_budget
 from decode_profile import LAUNCH_NAMES, device_us
 from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, model_flops, recorded_passes, timed_method
+from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_layer_activations
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
 
 def synthetic_samples(n: int, prompt_tokens: int, completion_tokens: int, vocab: int, rng: np.random.Generator,
@@ -87,11 +90,11 @@ CUDNN_KEY = "cudnn-attention"  # the benchmark's own variant key: true = the pas
 # wait also meets the end of the backward before it. Measures what such waits cost, side by side.
 WAITS_KEY = "host-waits"
 # the benchmark's own variant key: false = AdamW without its fused kernel (PyTorch's default, a loop over tensor lists
-# on a GPU), what the update ran before agent/grpo.py's adamw chose the fused kernel on a GPU
+# on a GPU), what the update ran before agent/training/grpo.py's adamw chose the fused kernel on a GPU
 FUSED_KEY = "fused-adamw"
 # the benchmark's own variant key: true = right-padded batches reach a Qwen model with the 4-D causal-and-padding mask
 # (the memory-efficient attention kernel, the mask kept per head), as they did before they went without one (the mask
-# mapping of agent/tokens.py: the causal kernel)
+# mapping of agent/engine/tokens.py: the causal kernel)
 MASK_KEY = "padding-mask"
 OWN_KEYS = (CUDNN_KEY, WAITS_KEY, FUSED_KEY, MASK_KEY)
 
@@ -139,7 +142,7 @@ def host_waits(device: torch.device, on: bool) -> contextlib.AbstractContextMana
 
 
 def unfused_adamw(on: bool) -> contextlib.AbstractContextManager:
-    """With `on`, GRPO's trainers build PyTorch's default AdamW instead of agent/grpo.py's choice (FUSED_KEY=false)."""
+    """With `on`, GRPO's trainers build PyTorch's default AdamW instead of agent/training/grpo.py's choice (FUSED_KEY=false)."""
     if not on:
         return contextlib.nullcontext()
     return _replaced(grpo_module, "adamw",
@@ -174,8 +177,8 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     # gradient-checkpointing=auto: the room a client would leave the activations, the plan at these samples' longest
     # context (it counts the rollout's KV cache and decoder copy, which this benchmark does not hold: a margin)
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    room = cfg.activation_room(ModelShape.of(model.config), context, cfg.rollout_batch_size, memory_budget(cfg, device))
-    trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(room), cfg.rollout_config())
+    room = plan_activation_room(cfg, ModelShape.of(model.config), context, cfg.rollout_batch_size, memory_budget(cfg, device))
+    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg, room), rollout_config(cfg))
     clock: dict[str, float] = defaultdict(float)
     timed_method(trainer, "_logprobs", clock)
     if device.type == "cuda":
@@ -188,7 +191,7 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         sync(device)
     passes_all, passes_run = passes, passes[True]
     total = time.perf_counter() - started
-    grpo = cfg.grpo_config()
+    grpo = grpo_config(cfg)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     computed = sum(rows * width for rows, width in passes_run)  # padding included
     parameters = ModelShape.of(model.config).parameters
@@ -224,14 +227,14 @@ def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.de
     shape = ModelShape.of(model.config)
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     budget = memory_budget(cfg, device)
-    room = cfg.activation_room(shape, context, cfg.rollout_batch_size, budget)
+    room = plan_activation_room(cfg, shape, context, cfg.rollout_batch_size, budget)
     if room is None:
         return None
     largest = max(len(micro) * max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)
-                  for micro in update_micro_batches(samples, cfg.grpo_config()))
-    per_token = cfg.layer_activations(shape)
+                  for micro in update_micro_batches(samples, grpo_config(cfg)))
+    per_token = plan_layer_activations(cfg, shape)
     layers = layers_to_checkpoint(shape, largest, room, per_token)
-    plan = cfg.memory_plans(shape, context, cfg.rollout_batch_size)[0].as_dict()
+    plan = memory_plans(cfg, shape, context, cfg.rollout_batch_size)[0].as_dict()
     return {"budget_bytes": int(budget), "room_bytes": int(room), "largest_pass_tokens": largest,
             "layers": layers, "activation_bytes": update_activation_bytes(shape, largest, layers, per_token),
             "plan_bytes": {k: int(v) for k, v in plan.items()}}
@@ -250,9 +253,9 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
     minibatch (a variant that ran out of memory). Set beside the measured peak, it checks the plan's count on a card."""
     shape = ModelShape.of(model.config)
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    plan = cfg.memory_plans(shape, context, cfg.rollout_batch_size)[0].as_dict()
-    per_token = cfg.layer_activations(shape)
-    grpo = cfg.grpo_config()
+    plan = memory_plans(cfg, shape, context, cfg.rollout_batch_size)[0].as_dict()
+    per_token = plan_layer_activations(cfg, shape)
+    grpo = grpo_config(cfg)
     if passes is None:
         order = by_length(list(range(len(samples))), samples) if grpo.length_grouped_micro_batches else list(range(len(samples)))
         width = lambda micro: max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)  # noqa: E731
@@ -262,7 +265,7 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
     update = max(rows * width for rows, width in passes[True])
     logprob = max((rows * width for rows, width in passes[False]), default=0)
     if cfg.gradient_checkpointing == "auto":
-        room = cfg.activation_room(shape, context, cfg.rollout_batch_size, memory_budget(cfg, device))
+        room = plan_activation_room(cfg, shape, context, cfg.rollout_batch_size, memory_budget(cfg, device))
         layers = shape.layers if room is None else layers_to_checkpoint(shape, update, room, per_token)
     else:
         layers = shape.layers if cfg.gradient_checkpointing else 0
@@ -273,7 +276,7 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
 
 def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device: torch.device, top: int) -> dict:
     """One micro-batch's forward (completion log-probs) and backward under torch.profiler."""
-    grpo = cfg.grpo_config()
+    grpo = grpo_config(cfg)
     batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in update_micro_batches(samples, grpo)[0]], 0)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":

@@ -36,13 +36,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fedagent_flwr.agent.grpo import GRPOTrainer
-from fedagent_flwr.agent.master_weights import Bf16WorkingCopy
-from fedagent_flwr.agent.memory import SHAPES
-from fedagent_flwr.agent.shaped_model import environment_tokenizer, random_model, shaped_config
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy
+from fedagent_flwr.agent.engine.memory import SHAPES
+from fedagent_flwr.agent.models.shaped_model import environment_tokenizer, random_model, shaped_config
 from fedagent_flwr.config import RunConfig
 from gpu_round import PAPER_ROUND, SHAPE_NAMES, TINY
 from update_profile import parse_variant, synthetic_samples
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
 MATMULS = ("mm", "addmm", "bmm")
 # operators that return a view of their input (or nothing new): no bytes move
@@ -106,7 +107,7 @@ def count_update(cfg: RunConfig, config, tokenizer, samples, seed: int) -> dict:
     # two 1.5B-width models with their AdamW states and logits outgrow a 24 GiB machine
     gc.collect()
     model = random_model(config, "cpu", seed)
-    trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(), cfg.rollout_config())
+    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg), rollout_config(cfg))
     counter = TrafficCount()
     # the optimizer's share (gradient clipping, AdamW, the working copy's views and refresh) is counted apart: it
     # scales with the optimizer steps, the passes with the tokens

@@ -37,3 +37,23 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def unwritable_reason(folder: Path) -> str | None:
+    """Why this process could not create run folders under `folder` (its nearest existing ancestor decides), or None."""
+    existing = folder
+    while not existing.exists():
+        if existing.parent == existing:
+            return "no part of it exists"
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    # os.access answers from permission bits, and root passes those everywhere (/proc, /sys, a read-only mount):
+    # make and remove a folder where the first missing part (or a run folder) would go, as the run will.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fedagent-write-check-", dir=existing))
+    except OSError as err:
+        return f"cannot create a folder in {existing}: {err.strerror or err}"
+    return None

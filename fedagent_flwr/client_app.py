@@ -12,8 +12,8 @@ from functools import lru_cache
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.weights import model_to_arrays
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.faults import FaultPlan, train_with_faults
 from fedagent_flwr.methods import Method, method_for
@@ -53,7 +53,7 @@ def _partition(context: Context) -> tuple[int, int]:
 
 
 def _agent_loader(cfg: RunConfig):
-    return lambda: load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())  # cached per process (agent/loading.py)
+    return lambda: load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())  # cached per process (agent/models/loading.py)
 
 
 @app.query()

@@ -1,15 +1,12 @@
-"""The run configuration: every run-config key, its default, its range, and validation.
+"""The run configuration: every run-config key, its default, what it allows, and the checks; nothing else.
 
-Flower passes the run config as a flat dict with kebab-case keys (defaults in
-pyproject.toml's [tool.flwr.app.config], overrides from `--run-config`, a string or a
-TOML file such as configs/fedagent-cpu.toml). This module turns it into a typed,
-validated `RunConfig` before any work starts, so a bad value fails at once with a
-message naming the key and what is allowed. The keys are grouped in sections (one
-dataclass per concern, each checking its own fields, as TRL's configs do); the rules
-that tie sections together are in `RunConfig.check_across`, and the library configs
-(GRPOConfig, RolloutConfig, SelfEvolutionConfig, LoRASpec) are built from the run config
-here and nowhere else. After adding or changing a key run `python -m fedagent_flwr.config`,
-which rewrites pyproject's table and the key table in docs/run-config.md.
+Flower passes the run config as a flat dict of kebab-case keys (defaults in pyproject.toml's [tool.flwr.app.config],
+overrides from `--run-config`, a string or a TOML file such as configs/fedagent-cpu.toml). `RunConfig` turns it into a
+typed object before any work starts, so a bad value fails at once naming the key, the value and what is allowed. The
+keys are grouped in sections by concern, each checking its own fields (as TRL's configs do); `check_across` holds the
+rules that tie sections together. What `auto` becomes is decided in agent/engine/placement.py (`RunConfig.placement`),
+the library configs are built in methods/library_configs.py and the memory plan in methods/memory.py. After adding or
+changing a key run `python -m fedagent_flwr.experiments.config_files` (pyproject's table, docs/run-config.md).
 """
 
 from __future__ import annotations
@@ -17,9 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,42 +22,25 @@ from typing import Any
 
 import torch
 
-from envs import answer_token_budget, available_envs, env_names, is_multi_spec, make_env
-from fedagent_flwr.agent.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.gguf_models import INSTALL, gguf_file, is_gguf_model
-from fedagent_flwr.agent.grpo import (
-    KL_REFERENCES,
-    LOSS_AGGREGATIONS,
-    SCALE_REWARDS,
-    UNIFORM_GROUPS,
-    GRPOConfig,
-)
-from fedagent_flwr.agent.kernels import TRAINING_KERNELS
-from fedagent_flwr.agent.lora import LoRASpec
-from fedagent_flwr.agent.master_weights import PARAM_DTYPES
-from fedagent_flwr.agent.memory import (
-    ACTIVATIONS_ROW,
-    GB,
-    SHAPES,
-    LayerActivations,
-    MemoryPlan,
-    ModelShape,
-    client_plan,
-    layer_activations,
-    rows_that_fit,
-    server_plan,
-)
-from fedagent_flwr.agent.precision import ALL_PRECISIONS, base_dtype, compute_precision, resolve_precision
-from fedagent_flwr.agent.prompts import ANSWER_PARSING, PROMPT_ROLES
-from fedagent_flwr.agent.warm_start import WARM_PREFIX, WARM_RECIPE
-from fedagent_flwr.agent.decode import KERNELS
-from fedagent_flwr.agent.sampling import ENGINES
-from fedagent_flwr.agent.rollout import INVALID_ACTIONS, PENALTY_SCOPES, REWARD_MODES, RolloutConfig
+from envs import available_envs, env_names, is_multi_spec, make_env
+from fedagent_flwr.agent.engine.decode import KERNELS
+from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
+from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
+from fedagent_flwr.agent.engine.memory import MemoryPlan
+from fedagent_flwr.agent.engine.placement import DEVICES, ENGINES, Machine, Placement, place
+from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, base_dtype
+from fedagent_flwr.agent.models.pretrained import model_name_problem
+from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
+from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING
+from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES
+from fedagent_flwr.agent.play.rollout import INVALID_ACTIONS, PENALTY_SCOPES, REWARD_MODES
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
 from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
 from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
 from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
-from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
+from fedagent_flwr.agent.training.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, SCALE_REWARDS, UNIFORM_GROUPS
+from fedagent_flwr.agent.training.lora import LoRASpec
+from fedagent_flwr.atomic import unwritable_reason
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
 from fedagent_flwr.privacy.differential_privacy import DP_MODES
 from fedrl.ddpg import CONTINUOUS_ENVS
@@ -72,7 +50,8 @@ from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
 from strategies.pavg import VARIANTS as PAVG_VARIANTS
 from strategies.transfer import TRANSFER_DTYPES
 
-PARAM_DTYPE_CHOICES = (*PARAM_DTYPES, "auto")  # auto: resolved by RunConfig.resolved_param_dtype
+PARAM_DTYPE_CHOICES = (*PARAM_DTYPES, "auto")
+KL_REFERENCE_CHOICES = ("auto", *KL_REFERENCES)  # auto: resolved by agent/engine/placement.py
 
 # QAvg / PAvg (fedrl): strategies that train tabular or deep RL learners, not LLM agents, on these envs
 FEDRL_TABULAR_ENVS = TABULAR_ENVS
@@ -80,7 +59,6 @@ FEDRL_DQN_ENVS = DISCRETE_ENVS  # qavg: DQNAvg (discrete actions)
 FEDRL_DDPG_ENVS = CONTINUOUS_ENVS  # pavg: DDPGAvg (continuous actions)
 FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
 FEDRL_CLIENT_MODES = ("all", "sampled")
-DEVICES = ("auto", "cpu", "cuda")
 BASELINE_OPTIMIZERS = ("keep", "reset")
 TRACKERS = ("none", "tensorboard", "wandb")  # runs/tracking.py has one backend for each but none
 PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
@@ -125,39 +103,26 @@ def test_split_size(env: str) -> int:
     return len(make_env(env).tasks_of_split("test"))
 
 
-def looks_like_local_path(model: str) -> bool:
-    """A `model` value that can only be a path: a hub id is `name` or `org/name`, never /x, ./x, ~/x or a/b/c."""
-    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or os.sep != "/" and os.sep in model
+def _key(default: Any, doc: str, allowed: str = "", words: tuple[str, ...] = (), choices: tuple[str, ...] = (),
+         at_least: float | None = None, above: float | None = None) -> Any:
+    """A run-config key. `words`: strings it also takes besides values of its default's type (a bool key's "auto");
+    `choices`: the only values it takes (then its `allowed`); `at_least` / `above`: its bound. RunConfig.__post_init__
+    checks these for every section; a section's `check` holds the rest."""
+    return field(default=default, metadata={"doc": doc, "allowed": allowed or " | ".join(choices), "words": words,
+                                            "choices": choices, "at_least": at_least, "above": above})
 
 
-def unwritable_reason(folder: Path) -> str | None:
-    """Why this process could not create run folders under `folder` (its nearest existing ancestor decides), or None."""
-    existing = folder
-    while not existing.exists():
-        if existing.parent == existing:
-            return "no part of it exists"
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
-    # os.access answers from permission bits, and root passes those everywhere (/proc, /sys, a read-only mount):
-    # make and remove a folder where the first missing part (or a run folder) would go, as the run will.
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".fedagent-write-check-", dir=existing))
-    except OSError as err:
-        return f"cannot create a folder in {existing}: {err.strerror or err}"
+def _declared_problem(f, value: Any) -> str | None:
+    """What a key's declared choices or bound allow, where `value` breaks them; else None."""
+    meta = f.metadata
+    if meta["choices"] and value not in meta["choices"]:
+        return meta["allowed"]
+    kind = "an integer " if isinstance(f.default, int) and not isinstance(f.default, bool) else ""
+    if meta["at_least"] is not None and value < meta["at_least"]:
+        return f"{kind}>= {meta['at_least']:g}"
+    if meta["above"] is not None and value <= meta["above"]:
+        return f"> {meta['above']:g}"
     return None
-
-
-def _key(default: Any, doc: str, allowed: str, words: tuple[str, ...] = ()) -> Any:
-    """A run-config key. `words`: strings it also takes besides values of its default's type (a bool key's "auto")."""
-    return field(default=default, metadata={"doc": doc, "allowed": allowed, "words": words})
-
-
-def runs_on_cuda(device: str) -> bool:
-    """Whether a device key's value (cuda, cuda:N, or auto on a machine with a GPU) puts the model on CUDA."""
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 # ----- the run config, one section per concern; each section checks its own fields -----------------
@@ -167,24 +132,19 @@ def runs_on_cuda(device: str) -> bool:
 class FederationConfig:
     """Rounds, clients and the strategy that aggregates them."""
 
-    num_server_rounds: int = _key(8, "communication rounds T", "integer >= 1")
-    strategy: str = _key("fedagent-avg", "server strategy", " | ".join(STRATEGIES))
-    num_clients: int = _key(0, "clients K (partitions); 0 = one per SuperNode", "0, or the number of SuperNodes")
-    clients_per_round: int = _key(2, "clients M sampled per round, without replacement", "1 .. K")
-    min_replies: int = _key(1, "fewest successful replies that still update the model", "1 .. M")
+    num_server_rounds: int = _key(8, "communication rounds T", "integer >= 1", at_least=1)
+    strategy: str = _key("fedagent-avg", "server strategy", choices=STRATEGIES)
+    num_clients: int = _key(0, "clients K (partitions); 0 = one per SuperNode", "0, or the number of SuperNodes", at_least=0)
+    clients_per_round: int = _key(2, "clients M sampled per round, without replacement", "1 .. K", at_least=1)
+    min_replies: int = _key(1, "fewest successful replies that still update the model", "1 .. M", at_least=1)
     round_timeout: float = _key(3600.0, "seconds to wait for a round's replies", ">= 1")
     seed: int = _key(0, "seed of client sampling, task sampling, rollouts and partitions", "integer >= 0")
-    transfer_dtype: str = _key("fp32", "dtype the weights travel in between server and clients: fp32, or bf16 (half the bytes; the server still averages in fp32); tied weights travel once either way", " | ".join(TRANSFER_DTYPES) + "; bf16 with the LLM strategies, dp-mode off and secure-aggregation false")
+    transfer_dtype: str = _key("fp32", "dtype the weights travel in between server and clients: fp32, or bf16 (half the bytes; the server still averages in fp32); tied weights travel once either way", " | ".join(TRANSFER_DTYPES) + "; bf16 with the LLM strategies, dp-mode off and secure-aggregation false", choices=TRANSFER_DTYPES)
 
     def check(self, need: Need) -> None:
-        for name in ("num_server_rounds", "clients_per_round", "min_replies"):
-            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
-        need(self.num_clients >= 0, "num-clients", self.num_clients, "an integer >= 0")
-        need(self.strategy in STRATEGIES, "strategy", self.strategy, " | ".join(STRATEGIES))
         # Flower waits in whole seconds: a fraction of a second would become a timeout of 0 s.
         need(self.round_timeout >= 1, "round-timeout", self.round_timeout, ">= 1 (seconds)")
         need(self.seed >= 0, "seed", self.seed, "an integer >= 0 (NumPy seeds take no negative numbers)")
-        need(self.transfer_dtype in TRANSFER_DTYPES, "transfer-dtype", self.transfer_dtype, " | ".join(TRANSFER_DTYPES))
         if self.num_clients:
             need(self.clients_per_round <= self.num_clients, "clients-per-round", self.clients_per_round, f"<= num-clients ({self.num_clients})")
         need(self.min_replies <= self.clients_per_round, "min-replies", self.min_replies, f"<= clients-per-round ({self.clients_per_round})")
@@ -194,13 +154,11 @@ class EnvironmentConfig:
     """The environment(s) the agents play and how their training tasks are split among clients."""
 
     env: str = _key("gridworld", "text environment, or several separated by commas (e.g. babyai,webshop,textcraft,maze,wordle)", "a registered env name, or a comma-separated list of them")
-    max_steps: int = _key(0, "episode horizon; 0 = the env's default", "integer >= 0")
-    partition: str = _key("uniform", "how the train split is divided among clients; by-environment = client k owns env k of the env list (Fed-SE)", " | ".join(PARTITION_MODES))
-    tasks_per_client: int = _key(8, "tasks in each client's partition (overlap across clients allowed)", "1 .. train-split size")
+    max_steps: int = _key(0, "episode horizon; 0 = the env's default", "integer >= 0", at_least=0)
+    partition: str = _key("uniform", "how the train split is divided among clients; by-environment = client k owns env k of the env list (Fed-SE)", choices=PARTITION_MODES)
+    tasks_per_client: int = _key(8, "tasks in each client's partition (overlap across clients allowed)", "1 .. train-split size", at_least=1)
 
     def check(self, need: Need) -> None:
-        need(self.tasks_per_client >= 1, "tasks-per-client", self.tasks_per_client, "an integer >= 1")
-        need(self.max_steps >= 0, "max-steps", self.max_steps, "an integer >= 0")
         if is_multi_spec(self.env):  # several text envs, e.g. 'babyai,maze' (envs/multi.py): check each name
             try:
                 env_names(self.env)
@@ -212,164 +170,129 @@ class EnvironmentConfig:
         if self.env in ("hopper", "half-cheetah"):
             need(importlib.util.find_spec("mujoco") is not None, "env", self.env,
                  "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
-        need(self.partition in PARTITION_MODES, "partition", self.partition, " | ".join(PARTITION_MODES))
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The language model every client starts from, and where it runs."""
+    """The language model every client starts from (where and how it computes: the speed section)."""
 
     model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list), or shape:<name> (a published shape with random weights, for memory and transfer checks: docs/gpu.md), or a .gguf file, or smollm2-135m-instruct (a real instruct model shipped in a package: docs/agent.md), or warm:<one of those> (that model behaviour-cloned on the run's env once, cached: docs/agent.md)", "string")
+
+    def check(self, need: Need) -> None:
+        problem = model_name_problem(self.model)  # agent/models/pretrained.py: the names it loads
+        need(problem is None, "model", self.model, problem)
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """Where and how fast the model computes, and in how much memory: device, memory budgets, precision, working
+    weights, kernels, decode engine, batching of the passes, checkpointing. None changes what is learned beyond float
+    rounding; every `auto` is resolved by agent/engine/placement.py (docs/gpu.md)."""
+
     device: str = _key("auto", "where clients run the model (and the server, unless server-device says otherwise)", " | ".join(DEVICES) + " | cuda:N")
     server_device: str = _key("same", "where the ServerApp evaluates: same = as device; cpu leaves a GPU the clients share to them", "same | " + " | ".join(DEVICES) + " | cuda:N")
     client_memory_gb: float = _key(0.0, "memory (GiB) of the GPU or GPU share each client trains in; the memory plan (docs/gpu.md) is checked against it before round 1; 0 = not checked", ">= 0")
     server_memory_gb: float = _key(0.0, "memory (GiB) the ServerApp evaluates in; checked like client-memory-gb; 0 = not checked", ">= 0")
-    precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6), or bf16-base = with finetuning=lora, the frozen base held in bf16 (half its memory, no casts of it per forward) under an fp32 adapter and fp32 AdamW; auto = bf16-mixed on CUDA, fp32 on CPU", " | ".join(ALL_PRECISIONS))
-
-    training_kernels: str = _key("eager", "the kernels GRPO's log-prob and update passes run the decoder layers with: eager = the transformers modules as they are; compile = torch.compile of each decoder layer (one graph shared by all layers, dynamic shapes) in those passes only; liger = Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE (CUDA, Qwen2 and Llama models, pip install liger-kernel). The same function up to float rounding (agent/kernels.py); speed is measured in docs/gpu.md", " | ".join(TRAINING_KERNELS))
-
-    param_dtype: str = _key("fp32", "the weights GRPO's log-prob and update passes compute with under bf16-mixed: fp32 = the fp32 weights, which bf16 autocast casts in every forward (PyTorch AMP; the embedding's output, the residual stream and the norms stay fp32); bf16 = a bf16 working copy of every weight refreshed after each optimizer step, gradients accumulated in fp32 beside the fp32 master weights AdamW steps (FSDP's param_dtype=bf16, Megatron's bf16): no casts per forward, every activation in bf16 (agent/master_weights.py; docs/gpu.md); auto = bf16 where it applies (a GRPO strategy, finetuning='full', precision resolving to bf16-mixed: on CUDA), else fp32", " | ".join(PARAM_DTYPE_CHOICES) + "; bf16 with precision resolving to bf16-mixed, finetuning='full' and a GRPO strategy")
-
-    def check(self, need: Need) -> None:
-        need(self.training_kernels in TRAINING_KERNELS, "training-kernels", self.training_kernels, " | ".join(TRAINING_KERNELS))
-        need(self.param_dtype in PARAM_DTYPE_CHOICES, "param-dtype", self.param_dtype, " | ".join(PARAM_DTYPE_CHOICES))
-        need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
-        need(self.server_device in ("same", *DEVICES) or self.server_device.startswith("cuda:"), "server-device",
-             self.server_device, "same | " + " | ".join(DEVICES) + " | cuda:N")
-        need(self.precision in ALL_PRECISIONS, "precision", self.precision, " | ".join(ALL_PRECISIONS))
-        for name in ("client_memory_gb", "server_memory_gb"):
-            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), ">= 0 (0 = not checked)")
-        need(self.model.strip() != "", "model", self.model, "a HF model name or path, or tiny / tiny:<env>")
-        # warm:<base> is a real model warm-started once on the run's env: its base is checked like any model
-        base = self.model[len(WARM_PREFIX):] if self.model.startswith(WARM_PREFIX) else self.model
-        if base is not self.model:
-            need(base != "" and not base.startswith(("tiny", "shape:", WARM_PREFIX)), "model", self.model,
-                 "warm:<a real instruct model> (a hub name, a folder, a .gguf file or smollm2-135m-instruct)")
-        if self.model.startswith("tiny:"):
-            try:
-                env_names(self.model[5:])
-            except ValueError:
-                need(False, "model", self.model, "tiny:<env> or tiny:<env>,<env>,... with env one of " + ", ".join(available_envs()))
-        if is_gguf_model(base):
-            try:
-                gguf_file(base)
-            except ValueError:
-                need(False, "model", self.model, f"a GGUF file that exists, or smollm2-135m-instruct installed ({INSTALL})")
-        if self.model.startswith("shape:"):
-            need(self.model[6:] in SHAPES, "model", self.model, "shape:<name> with name one of " + ", ".join(SHAPES))
-        if looks_like_local_path(base) and not is_gguf_model(base):
-            need(Path(base).expanduser().is_dir(), "model", self.model,
-                 "a model folder that exists (a local path: it starts with /, ., ~ or has more than one /), "
-                 "or a Hugging Face hub id such as Qwen/Qwen2.5-1.5B-Instruct")
-
-@dataclass(frozen=True)
-class RolloutSection:
-    """How the agent plays an episode: prompt history, generation, reward (agent/rollout.py)."""
-
-    history_length: int = _key(0, "past (observation, action) pairs shown in the prompt (FedAgent reference: 2)", "integer >= 0")
-    max_new_tokens: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0")
-    temperature: float = _key(1.0, "sampling temperature of training rollouts", ">= 0.01")
-    top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]")
-    reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score")
-    action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest")
-    answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block (reference); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write)", " | ".join(ANSWER_PARSING))
-    prompt_roles: str = _key("user", "where the standing instructions (environment introduction, answer format) go: user = all in one user message (the FedAgent reference); system = in a system message, the way chat models take instructions; the user message keeps task, observation and admissible actions", " | ".join(PROMPT_ROLES))
-    invalid_penalty: float = _key(0.1, "the penalty per invalid action (invalid-action says which; invalid-penalty-scope where it is taken off)", ">= 0")
-    invalid_action: str = _key("inadmissible", "which step is invalid: inadmissible = not well formed, or an action the environment rejects or closest matching repaired; malformed = not well formed (no single <think> and <action> block) only, whatever the environment makes of the action (the FedAgent reference's projection)", " | ".join(INVALID_ACTIONS))
-    invalid_penalty_scope: str = _key("trajectory", "where the penalty is taken off: trajectory = summed over the episode and taken off its reward, so every step shares it; step = each step's sample scores the episode's reward less its own penalty and GRPO normalises over the group's step samples (the FedAgent reference, verl-agent)", " | ".join(PENALTY_SCOPES))
-    decode_engine: str = _key("auto", "how rollouts decode: hf = a KV-cache loop over the transformers model that drops finished rows (agent/sampling.py); static = the project's decoder with a preallocated KV cache, a bf16 copy of the weights under bf16 autocast, and on CUDA one graph launch per token step (agent/decode.py; the same tokens as hf on CPU and, greedy in fp32, on an H100, where a token step took 5.5 ms against hf's 26.8, docs/gpu.md); auto = static on CUDA where the model is supported, else hf", " | ".join(ENGINES))
-    decode_kernels: str = _key("eager", "how the static engine's token step runs the element-wise work around its matrix products (norms, RoPE, SiLU, residual adds): eager = one kernel each, as written; compile = torch.compile fuses each layer half's into a few kernels (agent/decode.py), compiled once per process at the first token step (torch caches it on disk for later processes; its time on a GPU is not yet measured, docs/gpu.md). Only where the static engine runs: with decode-engine=hf it must stay eager", " | ".join(KERNELS))
+    precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6), or bf16-base = with finetuning=lora, the frozen base held in bf16 (half its memory, no casts of it per forward) under an fp32 adapter and fp32 AdamW; auto = bf16-mixed on CUDA, fp32 on CPU", choices=ALL_PRECISIONS)
+    param_dtype: str = _key("fp32", "the weights GRPO's log-prob and update passes compute with under bf16-mixed: fp32 = the fp32 weights, which bf16 autocast casts in every forward (PyTorch AMP; the embedding's output, the residual stream and the norms stay fp32); bf16 = a bf16 working copy of every weight refreshed after each optimizer step, gradients accumulated in fp32 beside the fp32 master weights AdamW steps (FSDP's param_dtype=bf16, Megatron's bf16): no casts per forward, every activation in bf16 (agent/engine/master_weights.py; docs/gpu.md); auto = bf16 where it applies (a GRPO strategy, finetuning='full', precision resolving to bf16-mixed: on CUDA), else fp32", " | ".join(PARAM_DTYPE_CHOICES) + "; bf16 with precision resolving to bf16-mixed, finetuning='full' and a GRPO strategy", choices=PARAM_DTYPE_CHOICES)
+    training_kernels: str = _key("eager", "the kernels GRPO's log-prob and update passes run the decoder layers with: eager = the transformers modules as they are; compile = torch.compile of each decoder layer (one graph shared by all layers, dynamic shapes) in those passes only; liger = Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE (CUDA, Qwen2 and Llama models, pip install liger-kernel). The same function up to float rounding (agent/engine/kernels.py); speed is measured in docs/gpu.md", choices=TRAINING_KERNELS)
+    decode_engine: str = _key("auto", "how rollouts decode: hf = a KV-cache loop over the transformers model that drops finished rows (agent/engine/sampling.py); static = the project's decoder with a preallocated KV cache, a bf16 copy of the weights under bf16 autocast, and on CUDA one graph launch per token step (agent/engine/decode.py; the same tokens as hf on CPU and, greedy in fp32, on an H100, where a token step took 5.5 ms against hf's 26.8, docs/gpu.md); auto = static on CUDA where the model is supported, else hf", choices=ENGINES)
+    decode_kernels: str = _key("eager", "how the static engine's token step runs the element-wise work around its matrix products (norms, RoPE, SiLU, residual adds): eager = one kernel each, as written; compile = torch.compile fuses each layer half's into a few kernels (agent/engine/decode.py), compiled once per process at the first token step (torch caches it on disk for later processes; its time on a GPU is not yet measured, docs/gpu.md). Only where the static engine runs: with decode-engine=hf it must stay eager", choices=KERNELS)
     rollout_batch_size: int = _key(64, "episodes per generate call; on a GPU tokens/s grows almost with it (docs/gpu.md). 0 = auto: as many as the memory plan leaves room for in client-memory-gb (server-memory-gb for the server's evaluation), or else on a GPU in the memory free when the client starts, up to an epoch's episodes (tasks-per-epoch x group-size); on a CPU with no memory given, an epoch's episodes", "integer >= 0 (0 = auto)")
-
-    def check(self, need: Need) -> None:
-        for name in ("max_new_tokens", "history_length"):
-            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
-        need(self.rollout_batch_size >= 0, "rollout-batch-size", self.rollout_batch_size, "an integer >= 1, or 0 = auto")
-        need(self.temperature >= MIN_TEMPERATURE, "temperature", self.temperature,
-             f">= {MIN_TEMPERATURE} (GRPO needs sampled rollouts; below this the logits / temperature overflow)")
-        need(0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
-        need(self.reward in REWARD_MODES, "reward", self.reward, " | ".join(REWARD_MODES))
-        need(self.action_matching in ACTION_MATCHING, "action-matching", self.action_matching, " | ".join(ACTION_MATCHING))
-        need(self.answer_parsing in ANSWER_PARSING, "answer-parsing", self.answer_parsing, " | ".join(ANSWER_PARSING))
-        need(self.prompt_roles in PROMPT_ROLES, "prompt-roles", self.prompt_roles, " | ".join(PROMPT_ROLES))
-        need(self.invalid_penalty >= 0, "invalid-penalty", self.invalid_penalty, ">= 0")
-        need(self.invalid_action in INVALID_ACTIONS, "invalid-action", self.invalid_action, " | ".join(INVALID_ACTIONS))
-        need(self.decode_engine in ENGINES, "decode-engine", self.decode_engine, " | ".join(ENGINES))
-        need(self.decode_kernels in KERNELS, "decode-kernels", self.decode_kernels, " | ".join(KERNELS))
-        need(self.decode_kernels == "eager" or self.decode_engine != "hf", "decode-kernels", self.decode_kernels,
-             "eager with decode-engine='hf' (the kernels are the static engine's)")
-        need(self.invalid_penalty_scope in PENALTY_SCOPES, "invalid-penalty-scope", self.invalid_penalty_scope, " | ".join(PENALTY_SCOPES))
-
-@dataclass(frozen=True)
-class GRPOSection:
-    """A client's local GRPO epochs (agent/grpo.py)."""
-
-    local_epochs: int = _key(1, "local GRPO epochs tau per round", "integer >= 1")
-    tasks_per_epoch: int = _key(4, "tasks sampled with replacement per epoch (paper: 64)", "integer >= 1")
-    group_size: int = _key(8, "rollouts G per task; advantages are normalised within the group", "integer >= 2")
-    learning_rate: float = _key(5e-5, "AdamW learning rate (paper: 1e-6 for 1.5B+ models)", "> 0")
-    clip_eps: float = _key(0.2, "PPO clip range", "(0, 1)")
-    kl_beta: float = _key(0.01, "weight of the KL term to the policy kl-reference names; 0 = off", ">= 0")
-    weight_decay: float = _key(0.0, "AdamW's decoupled weight decay (verl's actor, the FedAgent reference: 0.01)", ">= 0")
-    logprob_chunk_tokens: int = _key(0, "completion tokens the output head scores at a time in GRPO's log-prob and update passes, each chunk recomputed in backward: the [micro-batch, tokens, vocab] logits are never built (1024 suits a 152k vocabulary on a GPU); 0 = full logits", "integer >= 0")
-    length_grouped_micro_batches: bool = _key(False, "sort each minibatch by length before cutting it into micro-batches, so little padding is computed; the loss is the same weighted token mean", "true | false")
-    minibatch_size: int = _key(64, "agent steps per optimizer step", "integer >= 1")
-    micro_batch_size: int = _key(64, "agent steps per forward/backward pass", "integer >= 1")
+    micro_batch_size: int = _key(64, "agent steps per forward/backward pass", "integer >= 1", at_least=1)
     micro_batch_tokens: int = _key(0, "GRPO's update: > 0 cuts each minibatch into forward/backward passes of at most this many padded tokens (rows x the longest row) instead of micro-batch-size rows, a longer agent step alone (verl's dynamic batch size, ppo_max_token_len_per_gpu): short steps share a pass by the dozen, long ones go a few at a time, so each pass is about as full as memory allows (fewer, larger kernels on a GPU); with length-grouped-micro-batches the padding is least. The memory plan counts max(this, the context) tokens a pass; 0 = micro-batch-size", "integer >= 0 (0 = micro-batch-size)")
     logprob_micro_batch_size: int = _key(0, "agent steps per no-grad log-prob pass (the old policy's and the KL reference's): these keep no activations for backward, so with logprob-chunk-tokens > 0 they fit several times the update's micro-batch, and a bigger batch keeps a GPU busier (docs/gpu.md); 0 = micro-batch-size", "integer >= 0 (0 = micro-batch-size)")
     logprob_micro_batch_tokens: int = _key(0, "the no-grad log-prob passes as micro-batch-tokens cuts the update's: > 0 = passes of at most this many padded tokens instead of logprob-micro-batch-size rows, a longer agent step alone; they keep no activations for backward, so a budget several times the update's fits. The memory plan counts max(this, the context) tokens a pass; 0 = logprob-micro-batch-size", "integer >= 0 (0 = logprob-micro-batch-size)")
-    max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0")
+    logprob_chunk_tokens: int = _key(0, "completion tokens the output head scores at a time in GRPO's log-prob and update passes, each chunk recomputed in backward: the [micro-batch, tokens, vocab] logits are never built (1024 suits a 152k vocabulary on a GPU); 0 = full logits", "integer >= 0")
+    length_grouped_micro_batches: bool = _key(False, "sort each minibatch by length before cutting it into micro-batches, so little padding is computed; the loss is the same weighted token mean", "true | false")
     gradient_checkpointing: bool | str = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute; auto = in each GRPO micro-batch only the fewest leading layers whose checkpointing makes its activations fit the memory the rest of the client's plan leaves in client-memory-gb (or else the GPU memory free when the client starts), so short micro-batches skip the recompute; every layer where no memory is known (a CPU without client-memory-gb)", "true | false | auto", words=("auto",))
-    finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", " | ".join(FINETUNING))
-    kl_reference: str = _key("auto", "the policy the KL term is taken against: round-start = the weights (or adapter) the round started from; base = the run's initial model for the whole run (the FedAgent reference's federated and centralized runs; with lora the adapter switched off, with full fine-tuning a second, frozen copy of the base weights on each client); auto = base for the Centralized and Local baselines (one learner trained T x tau epochs), round-start otherwise", "auto | " + " | ".join(KL_REFERENCES))
-    loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean")
-    scale_rewards: str = _key("group", "what a reward's deviation from its group's mean is divided by (TRL's scale_rewards): group = the group's standard deviation (GRPO, verl, the FedAgent reference); batch = the standard deviation of all the epoch's rewards, so a group split only by the small invalid-action penalty gets small advantages; none = nothing (Dr. GRPO)", " | ".join(SCALE_REWARDS))
-    uniform_groups: str = _key("drop", "steps of a group whose rewards are all equal (advantage 0): drop = skipped, so with kl-beta > 0 their KL term goes too (cheaper; the default so far); keep = trained on with advantage 0, so the KL covers every step played (verl's GRPO)", " | ".join(UNIFORM_GROUPS))
 
     def check(self, need: Need) -> None:
-        for name in ("local_epochs", "tasks_per_epoch", "minibatch_size", "micro_batch_size"):
-            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
-        need(self.group_size >= 2, "group-size", self.group_size, "an integer >= 2 (advantages compare rollouts within a group)")
-        need(self.learning_rate > 0, "learning-rate", self.learning_rate, "> 0")
-        need(0 < self.clip_eps < 1, "clip-eps", self.clip_eps, "in (0, 1)")
-        need(self.kl_beta >= 0, "kl-beta", self.kl_beta, ">= 0")
-        need(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "> 0")
-        need(self.loss_aggregation in LOSS_AGGREGATIONS, "loss-aggregation", self.loss_aggregation, " | ".join(LOSS_AGGREGATIONS))
-        need(self.uniform_groups in UNIFORM_GROUPS, "uniform-groups", self.uniform_groups, " | ".join(UNIFORM_GROUPS))
-        need(self.scale_rewards in SCALE_REWARDS, "scale-rewards", self.scale_rewards, " | ".join(SCALE_REWARDS))
-        need(self.finetuning in FINETUNING, "finetuning", self.finetuning, " | ".join(FINETUNING))
-        need(self.kl_reference in ("auto", *KL_REFERENCES), "kl-reference", self.kl_reference, "auto | " + " | ".join(KL_REFERENCES))
-        need(self.weight_decay >= 0, "weight-decay", self.weight_decay, ">= 0")
-        need(self.logprob_chunk_tokens >= 0, "logprob-chunk-tokens", self.logprob_chunk_tokens, "an integer >= 0 (0 = full logits)")
-        need(self.micro_batch_tokens >= 0, "micro-batch-tokens", self.micro_batch_tokens,
-             "an integer >= 0 (0 = micro-batch-size)")
-        need(self.logprob_micro_batch_tokens >= 0, "logprob-micro-batch-tokens", self.logprob_micro_batch_tokens,
-             "an integer >= 0 (0 = logprob-micro-batch-size)")
-        need(self.logprob_micro_batch_size >= 0, "logprob-micro-batch-size", self.logprob_micro_batch_size,
-             "an integer >= 0 (0 = micro-batch-size)")
+        need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
+        need(self.server_device in ("same", *DEVICES) or self.server_device.startswith("cuda:"), "server-device",
+             self.server_device, "same | " + " | ".join(DEVICES) + " | cuda:N")
+        for name in ("client_memory_gb", "server_memory_gb"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), ">= 0 (0 = not checked)")
+        need(self.decode_kernels == "eager" or self.decode_engine != "hf", "decode-kernels", self.decode_kernels,
+             "eager with decode-engine='hf' (the kernels are the static engine's)")
+        need(self.rollout_batch_size >= 0, "rollout-batch-size", self.rollout_batch_size, "an integer >= 1, or 0 = auto")
+        for name, zero in (("micro_batch_tokens", "micro-batch-size"), ("logprob_micro_batch_size", "micro-batch-size"),
+                           ("logprob_micro_batch_tokens", "logprob-micro-batch-size"), ("logprob_chunk_tokens", "full logits")):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), f"an integer >= 0 (0 = {zero})")
         need(self.gradient_checkpointing in (True, False, "auto"), "gradient-checkpointing", self.gradient_checkpointing,
              "true | false | auto")
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """The LoRA adapter of fedse-lora, and of fedagent-avg with finetuning=lora (agent/training/lora.py)."""
+
+    lora_rank: int = _key(8, "fedse-lora, and fedagent-avg with finetuning=lora: LoRA rank r", "integer >= 1", at_least=1)
+    lora_alpha: float = _key(16.0, "fedse-lora, and fedagent-avg with finetuning=lora: LoRA alpha (scaling alpha / r)", "> 0", above=0)
+    lora_target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora, and fedagent-avg with finetuning=lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
+
+    def check(self, need: Need) -> None:
+        targets = [t.strip() for t in self.lora_target_modules.split(",")]
+        need(self.lora_target_modules.strip() == "all-linear" or (all(targets) and all(" " not in t for t in targets)),
+             "lora-target-modules", self.lora_target_modules, "comma-separated module names (e.g. q_proj,v_proj) or all-linear")
+
+@dataclass(frozen=True)
+class RolloutSection:
+    """How the agent plays an episode: prompt history, generation, reward (agent/play/rollout.py)."""
+
+    history_length: int = _key(0, "past (observation, action) pairs shown in the prompt (FedAgent reference: 2)", "integer >= 0", at_least=0)
+    max_new_tokens: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0", at_least=0)
+    temperature: float = _key(1.0, "sampling temperature of training rollouts", ">= 0.01")
+    top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]")
+    reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score", choices=REWARD_MODES)
+    action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest", choices=ACTION_MATCHING)
+    answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block (reference); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write)", choices=ANSWER_PARSING)
+    prompt_roles: str = _key("user", "where the standing instructions (environment introduction, answer format) go: user = all in one user message (the FedAgent reference); system = in a system message, the way chat models take instructions; the user message keeps task, observation and admissible actions", choices=PROMPT_ROLES)
+    invalid_penalty: float = _key(0.1, "the penalty per invalid action (invalid-action says which; invalid-penalty-scope where it is taken off)", ">= 0", at_least=0)
+    invalid_action: str = _key("inadmissible", "which step is invalid: inadmissible = not well formed, or an action the environment rejects or closest matching repaired; malformed = not well formed (no single <think> and <action> block) only, whatever the environment makes of the action (the FedAgent reference's projection)", choices=INVALID_ACTIONS)
+    invalid_penalty_scope: str = _key("trajectory", "where the penalty is taken off: trajectory = summed over the episode and taken off its reward, so every step shares it; step = each step's sample scores the episode's reward less its own penalty and GRPO normalises over the group's step samples (the FedAgent reference, verl-agent)", choices=PENALTY_SCOPES)
+
+    def check(self, need: Need) -> None:
+        need(self.temperature >= MIN_TEMPERATURE, "temperature", self.temperature,
+             f">= {MIN_TEMPERATURE} (GRPO needs sampled rollouts; below this the logits / temperature overflow)")
+        need(0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
+
+@dataclass(frozen=True)
+class GRPOSection:
+    """A client's local GRPO epochs (agent/training/grpo.py)."""
+
+    local_epochs: int = _key(1, "local GRPO epochs tau per round", "integer >= 1", at_least=1)
+    tasks_per_epoch: int = _key(4, "tasks sampled with replacement per epoch (paper: 64)", "integer >= 1", at_least=1)
+    group_size: int = _key(8, "rollouts G per task; advantages are normalised within the group", "integer >= 2")
+    learning_rate: float = _key(5e-5, "AdamW learning rate (paper: 1e-6 for 1.5B+ models)", "> 0", above=0)
+    clip_eps: float = _key(0.2, "PPO clip range", "(0, 1)")
+    kl_beta: float = _key(0.01, "weight of the KL term to the policy kl-reference names; 0 = off", ">= 0", at_least=0)
+    weight_decay: float = _key(0.0, "AdamW's decoupled weight decay (verl's actor, the FedAgent reference: 0.01)", ">= 0", at_least=0)
+    minibatch_size: int = _key(64, "agent steps per optimizer step", "integer >= 1", at_least=1)
+    max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0", above=0)
+    finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", choices=FINETUNING)
+    kl_reference: str = _key("auto", "the policy the KL term is taken against: round-start = the weights (or adapter) the round started from; base = the run's initial model for the whole run (the FedAgent reference's federated and centralized runs; with lora the adapter switched off, with full fine-tuning a second, frozen copy of the base weights on each client); auto = base for the Centralized and Local baselines (one learner trained T x tau epochs), round-start otherwise", "auto | " + " | ".join(KL_REFERENCES), choices=KL_REFERENCE_CHOICES)
+    loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean", choices=LOSS_AGGREGATIONS)
+    scale_rewards: str = _key("group", "what a reward's deviation from its group's mean is divided by (TRL's scale_rewards): group = the group's standard deviation (GRPO, verl, the FedAgent reference); batch = the standard deviation of all the epoch's rewards, so a group split only by the small invalid-action penalty gets small advantages; none = nothing (Dr. GRPO)", choices=SCALE_REWARDS)
+    uniform_groups: str = _key("drop", "steps of a group whose rewards are all equal (advantage 0): drop = skipped, so with kl-beta > 0 their KL term goes too (cheaper; the default so far); keep = trained on with advantage 0, so the KL covers every step played (verl's GRPO)", choices=UNIFORM_GROUPS)
+
+    def check(self, need: Need) -> None:
+        need(self.group_size >= 2, "group-size", self.group_size, "an integer >= 2 (advantages compare rollouts within a group)")
+        need(0 < self.clip_eps < 1, "clip-eps", self.clip_eps, "in (0, 1)")
 
 @dataclass(frozen=True)
 class EvaluationConfig:
     """The server's held-out evaluation and the run folder it writes."""
 
-    eval_every: int = _key(2, "evaluate the global model every this many rounds (and before round 1 and at the end)", "integer >= 1")
-    eval_tasks: int = _key(0, "held-out (test-split) tasks evaluated, evenly spaced over the pool (per env when env lists several); 0 = all", "integer >= 0")
-    eval_samples_per_task: int = _key(16, "episodes per evaluated task", "integer >= 1")
+    eval_every: int = _key(2, "evaluate the global model every this many rounds (and before round 1 and at the end)", "integer >= 1", at_least=1)
+    eval_tasks: int = _key(0, "held-out (test-split) tasks evaluated, evenly spaced over the pool (per env when env lists several); 0 = all", "integer >= 0", at_least=0)
+    eval_samples_per_task: int = _key(16, "episodes per evaluated task", "integer >= 1", at_least=1)
     eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", "0 or >= 0.01")
-    eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0")
+    eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0", at_least=0)
     output_dir: str = _key("~/fedagent-flwr/runs", "where run folders are written; must be absolute or start with ~", "path")
-    tracker: str = _key("none", "where the run is also logged: tensorboard = <run folder>/tensorboard/ (every metric row as scalars, the run config and the held-out episode texts as text; `tensorboard --logdir <output-dir>`); wandb = the same to a Weights & Biases run named after the run folder, files in <run folder>/wandb/ unless WANDB_DIR (extra `pip install -e \".[wandb]\"`; WANDB_MODE=offline needs no account)", " | ".join(TRACKERS))
+    tracker: str = _key("none", "where the run is also logged: tensorboard = <run folder>/tensorboard/ (every metric row as scalars, the run config and the held-out episode texts as text; `tensorboard --logdir <output-dir>`); wandb = the same to a Weights & Biases run named after the run folder, files in <run folder>/wandb/ unless WANDB_DIR (extra `pip install -e \".[wandb]\"`; WANDB_MODE=offline needs no account)", choices=TRACKERS)
     run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>; an existing run's name needs resume=true (nothing is overwritten)", "letters, digits and . _ + -")
 
     def check(self, need: Need) -> None:
-        for name in ("eval_every", "eval_samples_per_task"):
-            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
-        need(self.eval_tasks >= 0, "eval-tasks", self.eval_tasks, "an integer >= 0")
-        need(self.eval_transcripts >= 0, "eval-transcripts", self.eval_transcripts, "an integer >= 0")
         need(self.eval_temperature == 0 or self.eval_temperature >= MIN_TEMPERATURE, "eval-temperature",
              self.eval_temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}")
-        need(self.tracker in TRACKERS, "tracker", self.tracker, " | ".join(TRACKERS))
         if self.tracker == "tensorboard":
             need(importlib.util.find_spec("tensorboard") is not None, "tracker", self.tracker,
                  "none, or tensorboard with the tensorboard package installed")
@@ -403,29 +326,24 @@ class PartitionConfig:
 
     partition_seed: int = _key(-1, "seed of the partition alone; -1 = the run's seed, so each seed holds other tasks. A fixed value (e.g. 42, as the reference seeds its clients) keeps every client's tasks across seeds, so Local (client k) is one data set and seeds pair up", "-1, or an integer >= 0")
     preference_omega: float = _key(0.1, "partition=preference: spread omega of the client category mixes (paper: 0.1 low, 0.9 high heterogeneity)", ">= 0 (gaussian); (0, 1) (dirichlet)")
-    preference_mix: str = _key("gaussian", "partition=preference: gaussian = noise on category logits (Algorithm 2), dirichlet = Dirichlet draw (reference code)", " | ".join(PREFERENCE_MIXES))
-    coverage_xi: float = _key(256.0, "partition=coverage: Beta dispersion xi of client sizes (paper: 256 low, 1 high heterogeneity)", "> 0")
-    coverage_r: float = _key(1.3, "partition=coverage: average clients per task; client sizes sum to floor(r N)", "> 0")
+    preference_mix: str = _key("gaussian", "partition=preference: gaussian = noise on category logits (Algorithm 2), dirichlet = Dirichlet draw (reference code)", choices=PREFERENCE_MIXES)
+    coverage_xi: float = _key(256.0, "partition=coverage: Beta dispersion xi of client sizes (paper: 256 low, 1 high heterogeneity)", "> 0", above=0)
+    coverage_r: float = _key(1.3, "partition=coverage: average clients per task; client sizes sum to floor(r N)", "> 0", above=0)
     coverage_l_min: int = _key(100, "partition=coverage: smallest client size L_min", "integer >= 0, <= coverage-l-avg")
     coverage_l_avg: float = _key(500.0, "partition=coverage: centre L_avg of the Beta size shape (the mean when r = K L_avg / N)", "L_min .. L_max")
-    coverage_l_max: int = _key(1000, "partition=coverage: largest client size L_max", "integer >= coverage-l-avg, >= 1")
-    hardness_xi: float = _key(256.0, "partition=hardness: Beta dispersion xi' of each client's successful-task count (paper: 256 low, 1 high)", "> 0")
+    coverage_l_max: int = _key(1000, "partition=coverage: largest client size L_max", "integer >= coverage-l-avg, >= 1", at_least=1)
+    hardness_xi: float = _key(256.0, "partition=hardness: Beta dispersion xi' of each client's successful-task count (paper: 256 low, 1 high)", "> 0", above=0)
     hardness_r: float = _key(0.0, "partition=hardness: clients per successful task; 0 = K (L/2) / |S|, so clients hold L/2 successful tasks on average", ">= 0")
     success_labels: str = _key("", "partition=hardness: JSON of task id -> success (python -m fedagent_flwr.experiments.success_labels); absolute or ~ path", "path")
 
     def check(self, need: Need) -> None:
         need(self.partition_seed >= -1, "partition-seed", self.partition_seed, "-1 (the run's seed) or an integer >= 0")
-        need(self.preference_mix in PREFERENCE_MIXES, "preference-mix", self.preference_mix, " | ".join(PREFERENCE_MIXES))
         if self.preference_mix == "dirichlet":
             need(0 < self.preference_omega < 1, "preference-omega", self.preference_omega, "in (0, 1) with preference-mix='dirichlet'")
         else:
             need(self.preference_omega >= 0, "preference-omega", self.preference_omega, ">= 0 (the noise scale)")
-        need(self.coverage_xi > 0, "coverage-xi", self.coverage_xi, "> 0")
-        need(self.coverage_r > 0, "coverage-r", self.coverage_r, "> 0")
-        need(self.coverage_l_max >= 1, "coverage-l-max", self.coverage_l_max, "an integer >= 1")
         need(0 <= self.coverage_l_min <= self.coverage_l_avg <= self.coverage_l_max, "coverage-l-min/avg/max",
              (self.coverage_l_min, self.coverage_l_avg, self.coverage_l_max), "0 <= coverage-l-min <= coverage-l-avg <= coverage-l-max")
-        need(self.hardness_xi > 0, "hardness-xi", self.hardness_xi, "> 0")
         need(self.hardness_r >= 0, "hardness-r", self.hardness_r, ">= 0 (0 = derived from the labels)")
         if self.partition == "hardness":
             labels = self.success_labels
@@ -447,13 +365,11 @@ class PartitionConfig:
 class BaselineConfig:
     """FedAgent's Table 1 baselines (methods/baselines.py)."""
 
-    baseline: str = _key("none", "none = FedAgent; centralized = one learner on the union of all clients' tasks; local = client local-client alone; baselines train one learner per round for local-epochs epochs, no averaging", " | ".join(BASELINES))
+    baseline: str = _key("none", "none = FedAgent; centralized = one learner on the union of all clients' tasks; local = client local-client alone; baselines train one learner per round for local-epochs epochs, no averaging", choices=BASELINES)
     local_client: int = _key(0, "baseline=local: the partition-id that trains alone", "0 .. K-1")
-    baseline_optimizer: str = _key("keep", "a baseline's one learner trains on through the rounds: keep = its AdamW state carries from round to round (kept on the client), as one learner trained for T x tau epochs would; reset = a fresh optimizer every round, like a FedAgent client's (what baselines did before this key)", " | ".join(BASELINE_OPTIMIZERS))
+    baseline_optimizer: str = _key("keep", "a baseline's one learner trains on through the rounds: keep = its AdamW state carries from round to round (kept on the client), as one learner trained for T x tau epochs would; reset = a fresh optimizer every round, like a FedAgent client's (what baselines did before this key)", choices=BASELINE_OPTIMIZERS)
 
     def check(self, need: Need) -> None:
-        need(self.baseline in BASELINES, "baseline", self.baseline, " | ".join(BASELINES))
-        need(self.baseline_optimizer in BASELINE_OPTIMIZERS, "baseline-optimizer", self.baseline_optimizer, " | ".join(BASELINE_OPTIMIZERS))
         need(self.local_client >= 0, "local-client", self.local_client, "an integer >= 0 (a partition-id)")
 
 @dataclass(frozen=True)
@@ -462,69 +378,46 @@ class FedRLConfig:
 
     kappa: float = _key(0.4, "qavg/pavg tabular heterogeneity: client k's kernel is kappa P_k + (1 - kappa) P_0", "[0, 1]")
     local_updates: int = _key(4, "qavg/pavg local updates E per round (tabular: steps, deep: episodes); 0 = E = inf, clients never communicate (independent baseline)", "integer >= 0")
-    pavg_variant: str = _key("soft", "PAvg parametrisation: soft = softmax logits (SoftPAvg), proj = tables projected onto the simplex (ProjPAvg)", " | ".join(PAVG_VARIANTS))
-    fedrl_clients: str = _key("all", "qavg/pavg clients per round: all (the paper) or sampled (clients-per-round of them)", " | ".join(FEDRL_CLIENT_MODES))
+    pavg_variant: str = _key("soft", "PAvg parametrisation: soft = softmax logits (SoftPAvg), proj = tables projected onto the simplex (ProjPAvg)", choices=PAVG_VARIANTS)
+    fedrl_clients: str = _key("all", "qavg/pavg clients per round: all (the paper) or sampled (clients-per-round of them)", choices=FEDRL_CLIENT_MODES)
     fedrl_step_size: float = _key(0.0, "qavg/pavg tabular step size: 0 = the Table 1 preset (QAvg: 2 / ((1 - gamma)(t + E)); PAvg: reference step with stall decay); > 0 = this constant step", ">= 0")
     fedrl_step_decay: float = _key(1.0, "factor on a constant fedrl-step-size when a round's objective gains < 1e-3 of it (1 = never decay)", "(0, 1]")
     fedrl_center_in_training: bool = _key(True, "qavg/pavg tabular envs: client 0's kernel is the centre P_0 itself (the reference code); false = every client's kernel is P_0 mixed with its own noise", "true | false")
-    fedrl_test_envs: int = _key(20, "qavg/pavg held-out environments the server also scores the global policy on", "integer >= 0")
-    fedrl_repetition: int = _key(0, "qavg/pavg tabular: the repetition of python -m fedagent_flwr.experiments.fedrl_table1 this run reproduces (problem and initial table from SeedSequence([seed, repetition]))", "integer >= 0")
-    random_mdp_reward_scale: float = _key(1.0, "random-mdp reward R ~ U(0, scale); 10 gives the paper's magnitudes (1 = reference code)", "> 0")
-    independent_steps_per_round: int = _key(8, "with local-updates=0: local steps (tabular) / episodes (deep) each client takes per round between evaluations", "integer >= 1")
-    env_embedding_dim: int = _key(0, "deep envs: size of each client's private environment embedding (PerDQNAvg / PerDDPGAvg); 0 = off; it never leaves the client", "integer >= 0")
+    fedrl_test_envs: int = _key(20, "qavg/pavg held-out environments the server also scores the global policy on", "integer >= 0", at_least=0)
+    fedrl_repetition: int = _key(0, "qavg/pavg tabular: the repetition of python -m fedagent_flwr.experiments.fedrl_table1 this run reproduces (problem and initial table from SeedSequence([seed, repetition]))", "integer >= 0", at_least=0)
+    random_mdp_reward_scale: float = _key(1.0, "random-mdp reward R ~ U(0, scale); 10 gives the paper's magnitudes (1 = reference code)", "> 0", above=0)
+    independent_steps_per_round: int = _key(8, "with local-updates=0: local steps (tabular) / episodes (deep) each client takes per round between evaluations", "integer >= 1", at_least=1)
+    env_embedding_dim: int = _key(0, "deep envs: size of each client's private environment embedding (PerDQNAvg / PerDDPGAvg); 0 = off; it never leaves the client", "integer >= 0", at_least=0)
 
     def check(self, need: Need) -> None:
         need(0 <= self.kappa <= 1, "kappa", self.kappa, "in [0, 1]")
         need(self.local_updates >= 0, "local-updates", self.local_updates, "an integer >= 0 (0 = E = inf)")
-        need(self.pavg_variant in PAVG_VARIANTS, "pavg-variant", self.pavg_variant, " | ".join(PAVG_VARIANTS))
-        need(self.fedrl_clients in FEDRL_CLIENT_MODES, "fedrl-clients", self.fedrl_clients, " | ".join(FEDRL_CLIENT_MODES))
         need(self.fedrl_step_size >= 0, "fedrl-step-size", self.fedrl_step_size, ">= 0 (0 = the Table 1 preset)")
         need(0 < self.fedrl_step_decay <= 1, "fedrl-step-decay", self.fedrl_step_decay, "in (0, 1]")
-        for name in ("fedrl_test_envs", "fedrl_repetition", "env_embedding_dim"):
-            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
-        need(self.independent_steps_per_round >= 1, "independent-steps-per-round", self.independent_steps_per_round, "an integer >= 1")
-        need(self.random_mdp_reward_scale > 0, "random-mdp-reward-scale", self.random_mdp_reward_scale, "> 0")
 
 @dataclass(frozen=True)
 class FedSEConfig:
     """Fed-SE and its LoRA adapter (methods/fedse.py, agent/self_evolution.py)."""
 
-    fedse_aggregation: str = _key("mean", "fedse-lora server: mean = unweighted average of LoRA A and B (eq. 8), weighted = by each client's successes this round, exact = mean of B.A re-factorised to rank r by SVD", " | ".join(FEDSE_AGGREGATIONS))
+    fedse_aggregation: str = _key("mean", "fedse-lora server: mean = unweighted average of LoRA A and B (eq. 8), weighted = by each client's successes this round, exact = mean of B.A re-factorised to rank r by SVD", choices=FEDSE_AGGREGATIONS)
     fedse_client_fraction: float = _key(1.0, "fedse-lora: fraction of the K clients sampled each round (1 = all, the paper); clients-per-round is not used", "(0, 1]")
-    fedse_explore_samples: int = _key(2, "fedse-lora: exploration episodes per client task per round; 0 = no exploration (FedAvg on the static demonstrations)", "integer >= 0")
-    fedse_keep: str = _key("successes", "fedse-lora: trajectories added to the buffer: successes (the paper's filter) or all (w/o filtering)", " | ".join(FEDSE_KEEP))
-    fedse_history: str = _key("cumulative", "fedse-lora: cumulative = buffer grows every round; round = demonstrations plus this round's trajectories only (w/o history)", " | ".join(FEDSE_HISTORY))
-    fedse_steps: str = _key("all", "fedse-lora: steps of a kept trajectory trained on: all (the paper) or valid (drop steps whose action was malformed or inadmissible)", " | ".join(FEDSE_STEPS))
-    fedse_seed_demos: int = _key(8, "fedse-lora: expert demonstrations on the client's tasks that seed its buffer (D_k^0)", "integer >= 0")
-    fedse_loss_tokens: str = _key("completion", "fedse-lora: tokens the SFT loss covers: completion = the whole completion, reasoning included (default: this project's reasoning names the action, so the choice is made there; docs/fedse.md); action = those after </think>, given the reasoning (the paper's Eq. 7)", " | ".join(FEDSE_LOSS_TOKENS))
-    fedse_sft_steps: int = _key(20, "fedse-lora: optimizer steps of NLL fine-tuning on the buffer per round", "integer >= 1")
-    fedse_sft_batch_size: int = _key(16, "fedse-lora: agent steps per fine-tuning batch", "integer >= 1")
+    fedse_explore_samples: int = _key(2, "fedse-lora: exploration episodes per client task per round; 0 = no exploration (FedAvg on the static demonstrations)", "integer >= 0", at_least=0)
+    fedse_keep: str = _key("successes", "fedse-lora: trajectories added to the buffer: successes (the paper's filter) or all (w/o filtering)", choices=FEDSE_KEEP)
+    fedse_history: str = _key("cumulative", "fedse-lora: cumulative = buffer grows every round; round = demonstrations plus this round's trajectories only (w/o history)", choices=FEDSE_HISTORY)
+    fedse_steps: str = _key("all", "fedse-lora: steps of a kept trajectory trained on: all (the paper) or valid (drop steps whose action was malformed or inadmissible)", choices=FEDSE_STEPS)
+    fedse_seed_demos: int = _key(8, "fedse-lora: expert demonstrations on the client's tasks that seed its buffer (D_k^0)", "integer >= 0", at_least=0)
+    fedse_loss_tokens: str = _key("completion", "fedse-lora: tokens the SFT loss covers: completion = the whole completion, reasoning included (default: this project's reasoning names the action, so the choice is made there; docs/fedse.md); action = those after </think>, given the reasoning (the paper's Eq. 7)", choices=FEDSE_LOSS_TOKENS)
+    fedse_sft_steps: int = _key(20, "fedse-lora: optimizer steps of NLL fine-tuning on the buffer per round", "integer >= 1", at_least=1)
+    fedse_sft_batch_size: int = _key(16, "fedse-lora: agent steps per fine-tuning batch", "integer >= 1", at_least=1)
     fedse_sft_micro_batch_size: int = _key(0, "fedse-lora: agent steps per forward/backward pass of the fine-tuning; a batch is accumulated over batch / micro-batch passes (TRL's gradient accumulation: the same loss, a quarter of the activations at a quarter of the batch); 0 = fedse-sft-batch-size", "0, or an integer >= 1 that divides fedse-sft-batch-size")
-    fedse_learning_rate: float = _key(1e-3, "fedse-lora: AdamW learning rate of the LoRA fine-tuning", "> 0")
+    fedse_learning_rate: float = _key(1e-3, "fedse-lora: AdamW learning rate of the LoRA fine-tuning", "> 0", above=0)
     fedse_buffer_dir: str = _key("~/.cache/fedagent-flwr/fedse-buffers", "fedse-lora: where each client keeps its buffer (<dir>/run-<run id>/partition-<k>/); absolute or ~ path", "path")
-    lora_rank: int = _key(8, "fedse-lora, and fedagent-avg with finetuning=lora: LoRA rank r", "integer >= 1")
-    lora_alpha: float = _key(16.0, "fedse-lora, and fedagent-avg with finetuning=lora: LoRA alpha (scaling alpha / r)", "> 0")
-    lora_target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora, and fedagent-avg with finetuning=lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
 
     def check(self, need: Need) -> None:
-        need(self.fedse_aggregation in FEDSE_AGGREGATIONS, "fedse-aggregation", self.fedse_aggregation, " | ".join(FEDSE_AGGREGATIONS))
         need(0 < self.fedse_client_fraction <= 1, "fedse-client-fraction", self.fedse_client_fraction, "in (0, 1]")
-        need(self.fedse_keep in FEDSE_KEEP, "fedse-keep", self.fedse_keep, " | ".join(FEDSE_KEEP))
-        need(self.fedse_history in FEDSE_HISTORY, "fedse-history", self.fedse_history, " | ".join(FEDSE_HISTORY))
-        need(self.fedse_steps in FEDSE_STEPS, "fedse-steps", self.fedse_steps, " | ".join(FEDSE_STEPS))
-        need(self.fedse_loss_tokens in FEDSE_LOSS_TOKENS, "fedse-loss-tokens", self.fedse_loss_tokens, " | ".join(FEDSE_LOSS_TOKENS))
-        for name in ("fedse_explore_samples", "fedse_seed_demos"):
-            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), "an integer >= 0")
-        for name in ("fedse_sft_steps", "fedse_sft_batch_size", "lora_rank"):
-            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name), "an integer >= 1")
-        need(self.fedse_learning_rate > 0, "fedse-learning-rate", self.fedse_learning_rate, "> 0")
         need(self.fedse_sft_micro_batch_size >= 0 and (self.fedse_sft_micro_batch_size == 0 or self.fedse_sft_batch_size % self.fedse_sft_micro_batch_size == 0),
              "fedse-sft-micro-batch-size", self.fedse_sft_micro_batch_size,
              f"0, or an integer >= 1 that divides fedse-sft-batch-size ({self.fedse_sft_batch_size})")
-        need(self.lora_alpha > 0, "lora-alpha", self.lora_alpha, "> 0")
-        targets = [t.strip() for t in self.lora_target_modules.split(",")]
-        need(self.lora_target_modules.strip() == "all-linear" or (all(targets) and all(" " not in t for t in targets)),
-             "lora-target-modules", self.lora_target_modules, "comma-separated module names (e.g. q_proj,v_proj) or all-linear")
         need(self.fedse_buffer_dir.startswith("~") or Path(self.fedse_buffer_dir).is_absolute(), "fedse-buffer-dir",
              self.fedse_buffer_dir, "an absolute path or one starting with ~ (clients run in the SuperNode's working directory)")
 
@@ -533,22 +426,18 @@ class ResilienceConfig:
     """Resume, privacy and fault injection (runs/resume.py, privacy/, faults.py; docs/deployment.md)."""
 
     resume: bool = _key(False, "continue the run named run-name from its last complete round (state in <run folder>/state/, written after every round)", "true | false; true needs run-name")
-    dp_mode: str = _key("off", "central differential privacy on client updates with Flower's fixed-clipping wrappers (fedagent_flwr/privacy/differential_privacy.py): the update is clipped on the server or on the client, Gaussian noise is added to the aggregate", "off | server-side | client-side; fedagent-avg, fedse-lora and the baselines")
-    dp_noise_multiplier: float = _key(1.0, "DP noise: standard deviation of the noise added to each aggregated coordinate = dp-noise-multiplier x dp-clipping-norm / clients-per-round", ">= 0")
-    dp_clipping_norm: float = _key(1.0, "DP clipping: L2 norm above which a client's update (its weights minus the global weights) is scaled down", "> 0")
+    dp_mode: str = _key("off", "central differential privacy on client updates with Flower's fixed-clipping wrappers (fedagent_flwr/privacy/differential_privacy.py): the update is clipped on the server or on the client, Gaussian noise is added to the aggregate", "off | server-side | client-side; fedagent-avg, fedse-lora and the baselines", choices=DP_MODES)
+    dp_noise_multiplier: float = _key(1.0, "DP noise: standard deviation of the noise added to each aggregated coordinate = dp-noise-multiplier x dp-clipping-norm / clients-per-round", ">= 0", at_least=0)
+    dp_clipping_norm: float = _key(1.0, "DP clipping: L2 norm above which a client's update (its weights minus the global weights) is scaled down", "> 0", above=0)
     secure_aggregation: bool = _key(False, "SecAgg+ with Flower's own protocol (fedagent_flwr/privacy/secure_aggregation.py): the server learns only the mean of the sampled clients' weights", "true | false; true needs strategy fedagent-avg, clients-per-round >= 2, dp-mode off, resume false, baseline none")
     secagg_shares_fraction: float = _key(1.0, "SecAgg+: shares of each client's secret key, as a fraction of the sampled clients (Flower's num_shares)", "in (0, 1]")
     secagg_threshold_fraction: float = _key(0.67, "SecAgg+: shares needed to reconstruct a key (so to tolerate drop-outs), as a fraction of the shares; at least 2 (Flower's reconstruction_threshold)", "in (0, 1]")
-    secagg_clipping_range: float = _key(8.0, "SecAgg+: every weight is clipped to [-range, range] and quantized to 2**22 levels before masking", "> 0; larger than the model's largest weight")
+    secagg_clipping_range: float = _key(8.0, "SecAgg+: every weight is clipped to [-range, range] and quantized to 2**22 levels before masking", "> 0; larger than the model's largest weight", above=0)
     fault_injection: str = _key("", "make chosen clients fail on purpose (fedagent_flwr/faults.py), e.g. raise+malformed+nan:partition=0 or timeout:prob=0.5; empty = off", "empty, or <kinds>:partition=<k> or <kinds>:prob=<q>; kinds raise, timeout, malformed, nan joined by +")
 
     def check(self, need: Need) -> None:
-        need(self.dp_mode in DP_MODES, "dp-mode", self.dp_mode, " | ".join(DP_MODES))
-        need(self.dp_noise_multiplier >= 0, "dp-noise-multiplier", self.dp_noise_multiplier, ">= 0")
-        need(self.dp_clipping_norm > 0, "dp-clipping-norm", self.dp_clipping_norm, "> 0")
         for name in ("secagg_shares_fraction", "secagg_threshold_fraction"):
             need(0 < getattr(self, name) <= 1, name.replace("_", "-"), getattr(self, name), "in (0, 1]")
-        need(self.secagg_clipping_range > 0, "secagg-clipping-range", self.secagg_clipping_range, "> 0")
         try:
             FaultPlan.parse(self.fault_injection)
         except ValueError:
@@ -557,13 +446,13 @@ class ResilienceConfig:
 
 # Listed last to first: a dataclass takes its bases' fields from the last base on, so the run
 # config's keys keep the order of the sections above (pyproject's table and docs/run-config.md follow it).
-SECTIONS = (FederationConfig, EnvironmentConfig, ModelConfig, RolloutSection, GRPOSection, EvaluationConfig,
-            PartitionConfig, BaselineConfig, FedRLConfig, FedSEConfig, ResilienceConfig)
+SECTIONS = (FederationConfig, EnvironmentConfig, ModelConfig, SpeedConfig, RolloutSection, GRPOSection, LoRAConfig,
+            EvaluationConfig, PartitionConfig, BaselineConfig, FedRLConfig, FedSEConfig, ResilienceConfig)
 
 
 @dataclass(frozen=True)
 class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, PartitionConfig, EvaluationConfig,
-                GRPOSection, RolloutSection, ModelConfig, EnvironmentConfig, FederationConfig):
+                LoRAConfig, GRPOSection, RolloutSection, SpeedConfig, ModelConfig, EnvironmentConfig, FederationConfig):
     """Every run-config key, grouped by section; a RunConfig that exists is a valid one.
 
     Flower passes the run config as a flat dict of kebab-case keys; `from_run_config` turns it into
@@ -585,6 +474,9 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                 need(False, f.name.replace("_", "-"), value, f"a finite number ({f.metadata['allowed']})")
         if problems:  # ranges below assume finite numbers
             raise ValueError(invalid(problems))
+        for f in fields(self):  # declared choices and bounds; the sections check the rest
+            problem = _declared_problem(f, getattr(self, f.name))
+            need(problem is None, f.name.replace("_", "-"), getattr(self, f.name), problem)
         for section in SECTIONS:
             section.check(self, need)
         self.check_across(need)
@@ -608,166 +500,31 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
 
     # ----- the library configs, built from the run config in one place ---------------------------
-    def rollout_config(self, evaluation: bool = False, batch_size: int | None = None) -> RolloutConfig:
-        """How episodes are played: training rollouts, or (evaluation=True) the server's held-out play. `batch_size`:
-        rollout-batch-size resolved (rollout_rows) where it is 0 = auto; an epoch's episodes if left out then."""
-        return RolloutConfig(
-            history_length=self.history_length,
-            invalid_penalty=self.invalid_penalty,
-            max_new_tokens=self.max_new_tokens or answer_token_budget(self.env),
-            temperature=self.eval_temperature if evaluation else self.temperature,
-            top_p=1.0 if evaluation else self.top_p,
-            batch_size=batch_size or self.rollout_batch_size or self.epoch_episodes(),
-            reward=self.reward,
-            action_matching=self.action_matching,
-            answer_parsing=self.answer_parsing,
-            prompt_roles=self.prompt_roles,
-            invalid_action=self.invalid_action,
-            penalty_scope=self.invalid_penalty_scope,
-            decode_engine=self.decode_engine,
-            decode_kernels=self.decode_kernels,
-        )
-
-    def grpo_config(self, activation_room_bytes: float | None = None) -> GRPOConfig:
-        """`activation_room_bytes`: what the update's activations may take under gradient-checkpointing='auto'
-        (activation_room); None checkpoints every layer."""
-        return GRPOConfig(
-            group_size=self.group_size,
-            tasks_per_epoch=self.tasks_per_epoch,
-            learning_rate=self.learning_rate,
-            clip_eps=self.clip_eps,
-            kl_beta=self.kl_beta,
-            minibatch_size=self.minibatch_size,
-            micro_batch_size=self.micro_batch_size,
-            micro_batch_tokens=self.micro_batch_tokens,
-            logprob_micro_batch_size=self.logprob_micro_batch_size or self.micro_batch_size,
-            logprob_micro_batch_tokens=self.logprob_micro_batch_tokens,
-            max_grad_norm=self.max_grad_norm,
-            loss_aggregation=self.loss_aggregation,
-            uniform_groups=self.uniform_groups,
-            scale_rewards=self.scale_rewards,
-            kl_reference=self.resolved_kl_reference(),
-            weight_decay=self.weight_decay,
-            logprob_chunk_tokens=self.logprob_chunk_tokens,
-            length_grouped_micro_batches=self.length_grouped_micro_batches,
-            gradient_checkpointing=self.gradient_checkpointing,
-            activation_room_bytes=activation_room_bytes,
-            precision=self.resolved_precision(),
-            training_kernels=self.training_kernels,
-            param_dtype=self.resolved_param_dtype(),
-        )
-
-    def resolved_param_dtype(self) -> str:
-        """param-dtype with auto resolved: bf16 where a working copy applies (a GRPO strategy training every weight under
-        bf16-mixed), else fp32. On an H100 the bf16 copy ran the update 10-12 % and the log-probs 12 % faster than
-        autocast's casts of fp32 weights, in 6 GiB less (docs/gpu.md)."""
-        if self.param_dtype != "auto":
-            return self.param_dtype
-        traits = STRATEGIES.get(self.strategy)
-        applies = (traits is not None and traits.grpo and self.finetuning == "full"
-                   and self.resolved_precision() == "bf16-mixed")
-        return "bf16" if applies else "fp32"
-
-    def resolved_kl_reference(self) -> str:
-        """kl-reference with auto resolved: a single-learner baseline anchors to the base model, as one plain run
-        (the reference's centralized verl run) anchors to its initial model; a federated client to its round's start."""
-        if self.kl_reference != "auto":
-            return self.kl_reference
-        return "base" if self.baseline != "none" else "round-start"
-
     def lora_spec(self) -> LoRASpec:
         return LoRASpec(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=LoRASpec.parse_targets(self.lora_target_modules))
-
-    def self_evolution_config(self) -> SelfEvolutionConfig:
-        """A Fed-SE client's settings."""
-        return SelfEvolutionConfig(
-            lora=self.lora_spec(), explore_samples=self.fedse_explore_samples, keep=self.fedse_keep,
-            history=self.fedse_history, steps=self.fedse_steps, loss_tokens=self.fedse_loss_tokens,
-            seed_demos=self.fedse_seed_demos,
-            sft_steps=self.fedse_sft_steps, sft_batch_size=self.fedse_sft_batch_size,
-            sft_micro_batch_size=self.fedse_sft_micro_batch_size,
-            learning_rate=self.fedse_learning_rate, seed=self.seed, precision=compute_precision(self.resolved_precision()),
-        )
 
     def epoch_episodes(self) -> int:
         """The most episodes a client plays at once: an epoch's GRPO groups (rollout-batch-size=auto's cap)."""
         return self.tasks_per_epoch * self.group_size
 
-    def rollout_rows(self, shape: ModelShape, context_tokens: int, budget_bytes: float | None, who: str = "client") -> int:
-        """rollout-batch-size, with 0 = auto resolved: the most rows (up to an epoch's episodes) whose memory plan
-        (`who`'s: client or server) fits `budget_bytes`; with no budget known, an epoch's episodes."""
-        if self.rollout_batch_size:
-            return self.rollout_batch_size
-        if not budget_bytes:
-            return self.epoch_episodes()
-        index = 0 if who == "client" else 1
-        return rows_that_fit(lambda rows: self.memory_plans(shape, context_tokens, rows)[index], budget_bytes,
-                             self.epoch_episodes())
+    def placement(self, role: str = "client", machine: Machine | None = None, model: torch.nn.Module | None = None,
+                  plan_for: Callable[[int], MemoryPlan] | None = None, budget_bytes: float | None = None) -> Placement:
+        """Every `auto` of this run resolved for `role` (client, or server: server-device) on `machine` (default: this
+        process's), by agent/engine/placement.py's one function; `model`, `plan_for` and `budget_bytes` as it takes them."""
+        return place(device=self.device_key(role), precision=self.precision, param_dtype=self.param_dtype,
+                     decode_engine=self.decode_engine, kl_reference=self.kl_reference, single_learner=self.baseline != "none",
+                     full_grpo=self.finetuning == "full" and STRATEGIES.get(self.strategy, Traits("")).grpo,
+                     machine=machine, model=model, rollout_batch_size=self.rollout_batch_size,
+                     max_rows=self.epoch_episodes(), plan_for=plan_for, budget_bytes=budget_bytes)
 
-    def layer_activations(self, shape: ModelShape) -> LayerActivations:
-        """What a decoder layer of a client's training passes keeps for backward per token (memory.layer_activations):
-        this run's precision and param-dtype, and its adapter's targets where a LoRA adapter learns."""
-        lora = self.finetuning == "lora" or self.traits.experience_buffer
-        lora_args = (self.lora_spec().target_modules, self.lora_rank) if lora else ()
-        return layer_activations(shape, self.resolved_precision(), self.resolved_param_dtype(), *lora_args)
-
-    def activation_room(self, shape: ModelShape, context_tokens: int, rollout_rows: int,
-                        budget_bytes: float | None) -> float | None:
-        """Bytes the update's activations may take under gradient-checkpointing='auto': `budget_bytes` less every other
-        row of the client's plan (which counts the rollout's KV cache too, though the update runs after it is freed: a
-        margin). None where checkpointing is not auto or no budget is known: then every layer is checkpointed."""
-        if self.gradient_checkpointing != "auto" or not budget_bytes:
-            return None
-        plan = self.memory_plans(shape, context_tokens, rollout_rows)[0]
-        return budget_bytes - (plan.total - plan.as_dict()[ACTIVATIONS_ROW])
-
-    def memory_plans(self, shape: ModelShape, context_tokens: int,
-                     rollout_rows: int | None = None) -> tuple[MemoryPlan, MemoryPlan]:
-        """(each client's, the server's) memory plan for a model of this shape (agent/memory.py), with `rollout_rows`
-        rows in a generate call (default: rollout-batch-size, auto resolved against client-memory-gb and
-        server-memory-gb each)."""
-        if rollout_rows is None and not self.rollout_batch_size:
-            client_rows = self.rollout_rows(shape, context_tokens, self.client_memory_gb * GB, "client")
-            server_rows = self.rollout_rows(shape, context_tokens, self.server_memory_gb * GB, "server")
-            return (self.memory_plans(shape, context_tokens, client_rows)[0],
-                    self.memory_plans(shape, context_tokens, server_rows)[1])
-        rows = rollout_rows if rollout_rows is not None else self.rollout_batch_size
-        common = dict(finetuning=self.finetuning, lora_rank=self.lora_rank, lora_targets=self.lora_spec().target_modules,
-                    precision=self.resolved_precision())
-        if self.traits.experience_buffer:  # Fed-SE trains a LoRA adapter by SFT: no KL reference
-            common["finetuning"] = "lora"
-        client = client_plan(shape, **common, kl_beta=self.kl_beta if self.traits.grpo else 0.0, kl_reference=self.resolved_kl_reference(),
-                             gradient_checkpointing=self.gradient_checkpointing in (True, "auto") and self.traits.grpo,
-                             micro_batch_size=self.micro_batch_size if self.traits.grpo
-                             else self.fedse_sft_micro_batch_size or self.fedse_sft_batch_size,
-                             micro_batch_tokens=self.micro_batch_tokens if self.traits.grpo else 0,
-                             rollout_batch_size=rows, context_tokens=context_tokens,
-                             logprob_chunk_tokens=self.logprob_chunk_tokens if self.traits.grpo else 0,
-                             logprob_micro_batch_size=(self.logprob_micro_batch_size or self.micro_batch_size) if self.traits.grpo else 0,
-                             logprob_micro_batch_tokens=self.logprob_micro_batch_tokens if self.traits.grpo else 0,
-                             static_decoder=self.static_decoder(self.device), param_dtype=self.resolved_param_dtype())
-        server = server_plan(shape, **(common | {"precision": self.resolved_precision(self.evaluation_device())}), eval_batch_size=rows, context_tokens=context_tokens,
-                             static_decoder=self.static_decoder(self.evaluation_device()))
-        return client, server
-
-    def evaluation_device(self) -> str:
-        """Where the ServerApp runs its copy of the model: server-device, or `device` when that is 'same'."""
-        return self.device if self.server_device == "same" else self.server_device
-
-    def static_decoder(self, device: str) -> bool:
-        """Whether rollouts on `device` run decode.py's static engine (decode-engine static, or auto on CUDA), for the
-        memory plan: it keeps its own copy of the weights."""
-        return self.decode_engine == "static" or (self.decode_engine == "auto" and runs_on_cuda(device))
+    def device_key(self, role: str = "client") -> str:
+        """The device key `role` (client or server) runs on, auto unresolved: server-device, or device where it is same."""
+        return self.device if role == "client" or self.server_device == "same" else self.server_device
 
     def base_dtype(self) -> torch.dtype:
         """The dtype every process loads the base model in (bf16 under precision='bf16-base'): the server's and the
         clients' agree, so their base fingerprints do."""
         return base_dtype(self.precision)
-
-    def resolved_precision(self, device: str | None = None) -> str:
-        """fp32 or bf16-mixed: `precision` with auto decided by the device the model runs on (default: `device`)."""
-        device = device or self.device
-        return resolve_precision(self.precision, runs_on_cuda(device))
 
     @property
     def traits(self) -> Traits:
@@ -781,7 +538,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.model.startswith(WARM_PREFIX):  # the warm start cloned the expert on prompts of one shape
             for key in ("history_length", "prompt_roles"):
                 need(getattr(self, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(self, key),
-                     f"{WARM_RECIPE[key]!r} with model={self.model!r} (the warm start's prompts; agent/warm_start.py)")
+                     f"{WARM_RECIPE[key]!r} with model={self.model!r} (the warm start's prompts; agent/models/warm_start.py)")
         traits = STRATEGIES.get(self.strategy)
         grpo_strategies = " | ".join(n for n, t in STRATEGIES.items() if t.grpo)  # named where a GRPO-only key is refused
         if self.training_kernels != "eager" and traits:
@@ -791,13 +548,17 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             if getattr(self, key) and traits:
                 need(traits.grpo, key.replace("_", "-"), getattr(self, key),
                      "0 unless the strategy trains with GRPO (" + grpo_strategies + ")")
-        if self.param_dtype == "bf16" and traits:  # a working copy of every weight: full fine-tuning under bf16 compute
-            need(traits.grpo and self.finetuning == "full" and self.resolved_precision() == "bf16-mixed", "param-dtype",
+        try:
+            placement = self.placement()  # on this machine
+        except ValueError:
+            placement = None  # a bad device, precision or engine is reported by its section
+        if self.param_dtype == "bf16" and traits and placement:  # a working copy of every weight under bf16 compute
+            need(traits.grpo and self.finetuning == "full" and placement.precision == "bf16-mixed", "param-dtype",
                  self.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
                  f"'bf16-mixed' (here strategy={self.strategy!r}, finetuning={self.finetuning!r}, precision resolves to "
-                 f"{self.resolved_precision()!r})")
+                 f"{placement.precision!r})")
         if self.training_kernels == "liger":
-            need(runs_on_cuda(self.device), "training-kernels", self.training_kernels,
+            need(placement is None or placement.on_cuda, "training-kernels", self.training_kernels,
                  f"eager | compile with device={self.device!r} (Liger's kernels run on CUDA only)")
             need(importlib.util.find_spec("liger_kernel") is not None, "training-kernels", self.training_kernels,
                  "eager | compile where liger-kernel is not installed (pip install liger-kernel)")
@@ -930,76 +691,3 @@ def _coerce(key: str, raw: Any, kind: type, words: tuple[str, ...] = ()) -> Any:
             return raw
     expected = kind.__name__ + "".join(f" or {w!r}" for w in words)
     raise ValueError(f"run-config {key}={raw!r} has type {type(raw).__name__}; expected {expected}")
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """Run-config values from KEY=VALUE texts (the experiment commands' --set), each typed as its key's default."""
-    known = {f.name.replace("_", "-"): f for f in fields(RunConfig)}
-    out = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in known:
-            raise ValueError(f"--set {item!r}: expected key=value with a run-config key (e.g. learning-rate=1e-5)")
-        kind, words = type(known[key].default), known[key].metadata["words"]
-        if raw in words:
-            out[key] = raw
-            continue
-        if kind is bool:  # strict: a word it does not know is an error, never quietly false
-            if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
-                raise ValueError(f"--set {item!r}: {key} takes true | false" + "".join(f" | {w}" for w in words))
-            out[key] = raw.lower() in ("1", "true", "yes")
-            continue
-        try:
-            out[key] = kind(raw)
-        except ValueError:
-            raise ValueError(f"--set {item!r}: {key} takes a {kind.__name__}") from None
-    return out
-
-
-def docs_table() -> str:
-    """The run-config table of docs/run-config.md, generated from the dataclass so the two never drift."""
-    rows = ["| key | default | allowed | meaning |", "| --- | --- | --- | --- |"]
-    for f in fields(RunConfig):
-        default = f.default if f.default != "" else '""'
-        rows.append(f"| `{f.name.replace('_', '-')}` | `{default}` | {f.metadata['allowed']} | {f.metadata['doc']} |")
-    return "\n".join(rows)
-
-
-def toml_value(value: Any) -> str:
-    """One value as TOML, for pyproject's table and for `flwr run --run-config "k=v ..."` alike.
-
-    Strings are TOML basic strings ("...", with escapes), which Flower's key=value parser reads.
-    """
-    if isinstance(value, bool):  # TOML spells them lower-case
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
-
-
-def sync_files(root: Path) -> None:
-    """Rewrite pyproject's [tool.flwr.app.config] and the key table of docs/run-config.md from the dataclass.
-
-    Run `python -m fedagent_flwr.config` after adding or changing a key; the
-    tests fail while either file is stale.
-    """
-    pyproject = root / "pyproject.toml"
-    text = pyproject.read_text()
-    head, sep, tail = text.partition("[tool.flwr.app.config]\n")
-    if not sep:
-        raise ValueError(f"{pyproject} has no [tool.flwr.app.config] table")
-    rest = tail.split("\n[", 1)  # the table ends where the next one starts
-    body = "".join(f"{k} = {toml_value(v)}\n" for k, v in RunConfig().to_run_config().items())
-    pyproject.write_text(head + sep + body + ("\n[" + rest[1] if len(rest) > 1 else ""))
-
-    table_doc = root / "docs" / "run-config.md"
-    lines = table_doc.read_text().split("\n")
-    start = lines.index("| key | default | allowed | meaning |")
-    end = start
-    while end < len(lines) and lines[end].startswith("|"):
-        end += 1
-    table_doc.write_text("\n".join(lines[:start] + docs_table().split("\n") + lines[end:]))
-
-
-if __name__ == "__main__":
-    sync_files(Path(__file__).resolve().parents[1])

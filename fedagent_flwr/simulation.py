@@ -29,10 +29,11 @@ import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from flwr.common.config import parse_config_args
 
-from fedagent_flwr.config import SECTIONS, RunConfig, toml_value
+from fedagent_flwr.config import SECTIONS, RunConfig
 from fedagent_flwr.deployment import free_port
 from fedagent_flwr.runs.run_folder import check_run_folder
 
@@ -247,6 +248,42 @@ def read_run_config_file(path: str) -> dict:
     if unknown:
         raise ValueError(f"--run-config {path}: unknown run-config key(s) {unknown}")
     return flat
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Run-config values from KEY=VALUE texts (the experiment commands' --set), each typed as its key's default."""
+    known = {f.name.replace("_", "-"): f for f in fields(RunConfig)}
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--set {item!r}: expected key=value with a run-config key (e.g. learning-rate=1e-5)")
+        kind, words = type(known[key].default), known[key].metadata["words"]
+        if raw in words:
+            out[key] = raw
+            continue
+        if kind is bool:  # strict: a word it does not know is an error, never quietly false
+            if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError(f"--set {item!r}: {key} takes true | false" + "".join(f" | {w}" for w in words))
+            out[key] = raw.lower() in ("1", "true", "yes")
+            continue
+        try:
+            out[key] = kind(raw)
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {key} takes a {kind.__name__}") from None
+    return out
+
+
+def toml_value(value: Any) -> str:
+    """One value as TOML, for pyproject's table and for `flwr run --run-config "k=v ..."` alike.
+
+    Strings are TOML basic strings ("...", with escapes), which Flower's key=value parser reads.
+    """
+    if isinstance(value, bool):  # TOML spells them lower-case
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
 
 
 if __name__ == "__main__":

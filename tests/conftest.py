@@ -7,8 +7,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from envs import make_env
-from fedagent_flwr.agent.prompts import build_prompt, expert_completion
-from fedagent_flwr.agent.tiny_model import train_tokenizer
+from fedagent_flwr.agent.play.prompts import build_prompt, expert_completion
+from fedagent_flwr.agent.models.tiny_model import train_tokenizer
 
 
 def pytest_addoption(parser):
@@ -22,9 +22,9 @@ def pytest_configure(config):
     # on the CPU; a test comparing numbers at fp32 tolerances must then say device='cpu'. This option shows which do
     # not, on a machine without a GPU (subprocesses resolve as the machine does).
     if config.getoption("--auto-device-as-cuda"):
-        import fedagent_flwr.config as run_config
+        import fedagent_flwr.agent.engine.placement as placement
 
-        run_config.runs_on_cuda = lambda device: device.startswith("cuda") or device == "auto"
+        placement.this_machine = lambda: placement.Machine(cuda=True)  # models still load where the hardware allows
 
 
 @pytest.fixture(scope="session")

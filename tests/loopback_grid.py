@@ -7,7 +7,7 @@ from functools import lru_cache
 from flwr.app import Context, Message, RecordDict
 
 from fedagent_flwr import client_app
-from fedagent_flwr.agent.loading import load_agent
+from fedagent_flwr.agent.models.loading import load_agent
 
 
 class LoopbackGrid:

@@ -1,1 +1,12 @@
-"""The agent's Flower-free core: models, prompts, rollouts, GRPO, SFT, LoRA, Fed-SE's round, evaluation."""
+"""The agent's core, with no Flower server or client in it, in four rooms by concern (each imports only the rooms
+listed before it):
+
+- engine/    how a model computes: precision, the decode engines (transformers loop, static KV cache), attention and
+             training kernels, the bf16 working copy, checkpointing, token-level plumbing, the memory plan
+- play/      how the agent plays: prompts and answer parsing, batched multi-turn rollouts, evaluation, transcripts
+- training/  how it learns: GRPO, SFT (TRL), LoRA adapters, the weights' wire form, Fed-SE's experience buffer
+- models/    which model it is: names to weights (hub, folder, GGUF), the tiny, shaped and warm-started builders,
+             their cache, the agent a process loads
+
+self_evolution.py is Fed-SE's client round, which uses all four.
+"""

@@ -24,18 +24,18 @@ from pathlib import Path
 from flwr.app import ArrayRecord
 
 from envs import Task, TextEnv
-from fedagent_flwr.agent import decode
-from fedagent_flwr.agent.evaluation import summarize
-from fedagent_flwr.agent.experience import ExperienceBuffer
-from fedagent_flwr.agent.loading import Agent
-from fedagent_flwr.agent.lora import (
+from fedagent_flwr.agent.engine import decode
+from fedagent_flwr.agent.play.evaluation import summarize
+from fedagent_flwr.agent.training.experience import ExperienceBuffer
+from fedagent_flwr.agent.models.loading import Agent
+from fedagent_flwr.agent.training.lora import (
     LoRASpec,
     adapter_to_arrays,
     arrays_to_adapter,
     attached_lora,
 )
-from fedagent_flwr.agent.precision import autocast, model_device
-from fedagent_flwr.agent.rollout import (
+from fedagent_flwr.agent.engine.precision import autocast, model_device
+from fedagent_flwr.agent.play.rollout import (
     ExpertPolicy,
     LMPolicy,
     PromptEncoder,
@@ -43,7 +43,7 @@ from fedagent_flwr.agent.rollout import (
     Trajectory,
     run_episodes,
 )
-from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
+from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
 
 KEEP_MODES = ("successes", "all")
 HISTORY_MODES = ("cumulative", "round")
@@ -71,7 +71,7 @@ class SelfEvolutionConfig:
     sft_micro_batch_size: int = 0  # agent steps per forward/backward, the batch accumulated over passes; 0 = the batch
     learning_rate: float = 1e-3
     seed: int = 0
-    precision: str = "fp32"  # resolved: fp32 or bf16-mixed (agent/precision.py)
+    precision: str = "fp32"  # resolved: fp32 or bf16-mixed (agent/engine/precision.py)
 
     def __post_init__(self) -> None:
         if self.keep not in KEEP_MODES:

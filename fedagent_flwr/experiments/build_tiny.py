@@ -8,7 +8,7 @@
 
 Each model is the one `model='tiny'` gives a run with that `env`: the same recipe and the same cache folder
 (under $FEDAGENT_CACHE, default ~/.cache/fedagent-flwr), so the run finds it built. `--set KEY=VALUE` changes a
-field of that recipe (TinyRecipe in agent/tiny_model.py, kebab-case); such a model has a folder of its own,
+field of that recipe (TinyRecipe in agent/models/tiny_model.py, kebab-case); such a model has a folder of its own,
 printed at the end, which a run names as its `model`. A model already built is reported, not built again.
 `--force` builds it again; the cached folder is replaced only once the new one is complete, so an interrupted
 rebuild leaves the old one in place. Build times: docs/environments.md.
@@ -23,9 +23,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedagent_flwr.agent.model_cache import MARKER, is_built
-from fedagent_flwr.agent.models import tiny_model_env
-from fedagent_flwr.agent.tiny_model import (
+from fedagent_flwr.agent.models.model_cache import MARKER, is_built
+from fedagent_flwr.agent.models.pretrained import tiny_model_env
+from fedagent_flwr.agent.models.tiny_model import (
     TinyRecipe,
     clock,
     default_recipe,

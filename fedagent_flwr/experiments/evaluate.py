@@ -5,23 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
-from fedagent_flwr.agent.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.evaluation import evaluation_seed, play, summarize
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.precision import autocast, resolve_precision
-from fedagent_flwr.agent.prompts import ANSWER_PARSING, PROMPT_ROLES
-from fedagent_flwr.agent.rollout import (
+from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING
+from fedagent_flwr.agent.play.evaluation import evaluation_seed, play, summarize
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.engine.placement import place
+from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES
+from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
     PromptEncoder,
     RolloutConfig,
 )
-from fedagent_flwr.agent.transcripts import write_transcripts
+from fedagent_flwr.agent.play.transcripts import write_transcripts
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.experiments.seed_statistics import paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
@@ -67,9 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             p.error(str(err))
         torch.manual_seed(evaluation_seed(args.seed))
-        with autocast(resolve_precision("auto", agent.device.type == "cuda"), agent.device):
-            return play(LMPolicy(agent.model, agent.tokenizer, config), lambda: make_env(args.env), tasks,
-                        PromptEncoder(agent.tokenizer), config, args.samples_per_task)
+        placement = place(device=args.device, model=agent.model)  # as the run's server resolves it on this machine
+        played = replace(config, decode_engine=placement.decode_engine)
+        with autocast(placement.compute_precision, agent.device):
+            return play(LMPolicy(agent.model, agent.tokenizer, played), lambda: make_env(args.env), tasks,
+                        PromptEncoder(agent.tokenizer), played, args.samples_per_task)
 
     trajectories = episodes_of(args.model)
     metrics: dict = summarize(trajectories)

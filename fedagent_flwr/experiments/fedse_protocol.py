@@ -51,15 +51,16 @@ from flwr.app import Array, ArrayRecord
 
 from envs import make_env
 from envs.multi import env_names, per_env_spread, task_env
-from fedagent_flwr.agent.evaluation import GlobalEvaluator
-from fedagent_flwr.agent.experience import ExperienceBuffer
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
-from fedagent_flwr.agent.multi_env import ENV_PREFIX, MEAN_KEY
-from fedagent_flwr.agent.seeding import seed_everything
+from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
+from fedagent_flwr.agent.training.experience import ExperienceBuffer
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.play.multi_env import ENV_PREFIX, MEAN_KEY
+from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 from fedagent_flwr.atomic import atomic_write_text
-from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.experiments.seed_statistics import (
     cell,
     ordering,
@@ -71,6 +72,7 @@ from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR
 from fedagent_flwr.simulation import read_run_config_file
 from strategies.communication import payload_bytes
 from strategies.fedse_lora import aggregate_adapters
+from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
 
 # CPU preset (configs/fedse-cpu.toml): 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
 CPU_PRESET = read_run_config_file(str(APP_DIR / "configs" / "fedse-cpu.toml"))
@@ -94,12 +96,12 @@ def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str |
     tasks = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), cfg.eval_tasks)  # per env with a spec
     if only_env is not None:  # a Local client is scored on its own environment's held-out tasks
         tasks = [t for t in tasks if task_env(t) == only_env]
-    spec = cfg.self_evolution_config().lora
+    spec = self_evolution_config(cfg).lora
     with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
         evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), tasks,
-                                    cfg.rollout_config(evaluation=True), cfg.eval_samples_per_task, cfg.seed,
-                                    precision=cfg.resolved_precision())
+                                    rollout_config(cfg, evaluation=True), cfg.eval_samples_per_task, cfg.seed,
+                                    precision=cfg.placement().precision)
         return evaluator.evaluate(server_round)
 
 
@@ -159,8 +161,8 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
     atomic_write_text(out / method / "config.json", json.dumps(cfg.to_run_config(), indent=2, sort_keys=True))
     agent = load_agent(cfg.model, cfg.env, cfg.device)
     k = cfg.num_clients
-    se = cfg.self_evolution_config()
-    rollout = cfg.rollout_config()
+    se = self_evolution_config(cfg)
+    rollout = rollout_config(cfg)
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)  # noqa: E731
     buffers_root = out / method / "buffers"
     shutil.rmtree(buffers_root, ignore_errors=True)

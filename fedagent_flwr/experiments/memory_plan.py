@@ -6,8 +6,10 @@
     python -m fedagent_flwr.experiments.memory_plan --shape qwen2.5-1.5b --run-config configs/fedagent-paper.toml \\
         --set gradient-checkpointing=auto --set client-memory-gb=80
 
-The shapes are the papers' Qwen2.5 models (agent/memory.py); `--set` takes any run-config key. The run
-itself computes the same plan from its own model and prompts before round 1 (docs/gpu.md).
+The shapes are the papers' Qwen2.5 models (agent/engine/memory.py); `--set` takes any run-config key. `--device`
+names the machine planned for (default cuda, whatever this machine has): every `auto` resolves as it would there
+(agent/engine/placement.py), so on a CPU `--device cuda` plans what a GPU run holds, bf16-mixed and the static decode
+engine's weight copy included. The run itself computes the same plan from its own model and prompts before round 1.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from fedagent_flwr.agent.memory import (
+from fedagent_flwr.agent.engine.memory import (
     GB,
     SHAPES,
     ModelShape,
@@ -23,7 +25,10 @@ from fedagent_flwr.agent.memory import (
     shape_config,
     update_activation_bytes,
 )
-from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.agent.engine.placement import Machine
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.simulation import parse_overrides
+from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_layer_activations, plan_rollout_rows
 from fedagent_flwr.simulation import read_run_config_file
 
 
@@ -33,50 +38,65 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
     p.add_argument("--run-config", default=None, metavar="FILE", help="a TOML preset (e.g. configs/fedagent-paper.toml); --set overrides it")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config key")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="the machine to plan for: cuda (default) = a GPU machine, cpu = one without; `auto` keys resolve as there")
     p.add_argument("--context-tokens", type=int, default=2048, help="prompt + generated tokens of the longest step (default 2048)")
     args = p.parse_args(argv)
     try:
         preset = read_run_config_file(args.run_config) if args.run_config else {}
         overrides = parse_overrides(args.set)
-        cfg = RunConfig.from_run_config(RunConfig().to_run_config() | {"precision": "bf16-mixed"} | preset | overrides)
+        values = RunConfig().to_run_config() | preset | overrides
+        if values["device"] == "auto":  # the run config's checks resolve auto on this machine: name the one planned for
+            values["device"] = args.device
+        cfg = RunConfig.from_run_config(values)
     except ValueError as err:
         p.error(str(err))
+    machine = Machine(cuda=args.device == "cuda")
+    placement = cfg.placement("client", machine)
     shape = ModelShape.of(shape_config(args.shape))
-    print(f"{args.shape}: {shape.parameters:,} parameters; finetuning={cfg.finetuning}, precision={cfg.resolved_precision()}, "
-          f"param-dtype={cfg.resolved_param_dtype()}, micro-batch-size={cfg.micro_batch_size}, "
+    print(f"planned for {machine.describe()} (--device {args.device}), whatever this one has: {placement.summary()}")
+    print(f"{args.shape}: {shape.parameters:,} parameters; finetuning={cfg.finetuning}, precision={placement.precision}, "
+          f"param-dtype={placement.param_dtype}, micro-batch-size={cfg.micro_batch_size}, "
           f"micro-batch-tokens={cfg.micro_batch_tokens}, rollout-batch-size={cfg.rollout_batch_size}, context {args.context_tokens} tokens")
-    per_token = cfg.layer_activations(shape)
+    if placement.decode_engine == "static":
+        print("the rollout decodes with the static engine, which keeps its own compute-dtype copy of the weights "
+              "(counted below)")
+    per_token = plan_layer_activations(cfg, shape, machine)
     print(f"a decoder layer keeps {per_token.full:,} bytes a token for backward ({per_token.kept:,} as a checkpointed "
           f"layer's input)")
-    for plan in cfg.memory_plans(shape, args.context_tokens):
+    plans = memory_plans(cfg, shape, args.context_tokens, machine=machine)
+    for plan in plans:
         print(plan.table())
-    client = cfg.memory_plans(shape, args.context_tokens)[0]
+    client = plans[0]
     for gb in (24, 40, 80):
         print(f"fits a {gb} GiB GPU per client: {'yes' if client.total <= gb * GB else 'no'}")
     if cfg.traits.grpo:
-        print(token_budgets(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0))
+        print(token_budgets(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0, machine))
     if cfg.gradient_checkpointing == "auto":
-        print(auto_checkpointing(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0))
+        print(auto_checkpointing(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0, machine))
     return 0
 
 
-def token_budgets(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float) -> str:
+def token_budgets(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float, machine: Machine | None = None) -> str:
     """The largest micro-batch-tokens whose pass keeps every activation, and with every layer checkpointed, in the room
     the rest of the plan leaves in `budget_gb` (the update's activations grow linearly with a pass's tokens)."""
     budget = budget_gb * GB
     # the room is the same whatever checkpointing says: every row of the plan but the activations
-    room = replace(cfg, gradient_checkpointing="auto").activation_room(shape, context, cfg.rollout_rows(shape, context, budget), budget)
-    per_token = cfg.layer_activations(shape)
+    rows = plan_rollout_rows(cfg, shape, context, budget, machine=machine)
+    room = plan_activation_room(replace(cfg, gradient_checkpointing="auto"), shape, context, rows, budget, machine)
+    per_token = plan_layer_activations(cfg, shape, machine)
     whole, every = (max(0, int(room // update_activation_bytes(shape, 1, k, per_token))) for k in (0, shape.layers))
     return (f"in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations) a pass keeps every activation up to "
             f"{whole:,} padded tokens and up to {every:,} with every layer checkpointed (micro-batch-tokens = {whole:,} or "
             f"less checkpoints nothing)")
 
 
-def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float) -> str:
+def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float,
+                       machine: Machine | None = None) -> str:
     """What gradient-checkpointing='auto' would do in `budget_gb`: the layers a micro-batch checkpoints, by width."""
     budget = budget_gb * GB
-    room = cfg.activation_room(shape, context, cfg.rollout_rows(shape, context, budget), budget)
+    room = plan_activation_room(cfg, shape, context, plan_rollout_rows(cfg, shape, context, budget, machine=machine),
+                                budget, machine)
     widths = sorted({w for w in (256, 512, 1024) if w < context} | {context})
     # rows a pass holds at each width: micro-batch-size, or as many as micro-batch-tokens allows (one at least, a
     # minibatch at most)
@@ -86,7 +106,8 @@ def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_g
     else:
         rows = [cfg.micro_batch_size] * len(widths)
         who = f"micro-batch of {cfg.micro_batch_size} rows"
-    layers = [layers_to_checkpoint(shape, n * w, room, cfg.layer_activations(shape)) for n, w in zip(rows, widths)]
+    per_token = plan_layer_activations(cfg, shape, machine)
+    layers = [layers_to_checkpoint(shape, n * w, room, per_token) for n, w in zip(rows, widths)]
     return (f"gradient-checkpointing=auto in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations): a "
             f"{who} checkpoints " + ", ".join(
                 f"{k} of {shape.layers} layers at {w} tokens" + (f" ({n} rows)" if cfg.micro_batch_tokens else "")

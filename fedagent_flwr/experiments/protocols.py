@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
-from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.experiments.seed_statistics import (
     cell,
     ordering,

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from envs import Task, answer_token_budget, available_envs, make_env
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.rollout import (
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
     Policy,
     PromptEncoder,

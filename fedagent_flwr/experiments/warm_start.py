@@ -11,7 +11,7 @@ that step (rendered with the model's own chat template, system prompt included w
 the completion the expert's answer in the agent's format; the loss covers the completion tokens only. With
 `--finetuning lora` the adapter (PEFT, via `peft_config`) is merged into the base before saving, so the folder
 is a plain model. Its configuration, the loss curve and the held-out valid-action rate and success before and
-after are recorded in `warm_start.json` in the folder. The training itself is agent/warm_start.py's, which also
+after are recorded in `warm_start.json` in the folder. The training itself is agent/models/warm_start.py's, which also
 builds the cached `model = "warm:<base>"` models.
 
     python -m fedagent_flwr.experiments.warm_start --model smollm2-135m-instruct --env maze --out ~/warm/smollm2-maze
@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.warm_start import WarmStartConfig, save_warm_model, train_warm_start
+from fedagent_flwr.agent.engine.placement import place
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.models.warm_start import WarmStartConfig, save_warm_model, train_warm_start
 
 
 def warm_start(cfg: WarmStartConfig) -> dict:
@@ -33,7 +34,8 @@ def warm_start(cfg: WarmStartConfig) -> dict:
     cfg.check()
     out = Path(cfg.out).expanduser()
     agent = load_agent(cfg.model, cfg.env, cfg.device)
-    model, report = train_warm_start(agent.model, agent.tokenizer, agent.device, cfg)
+    placement = place(device=cfg.device, model=agent.model)  # every auto as a run on this machine resolves it
+    model, report = train_warm_start(agent.model, agent.tokenizer, placement, cfg)
     report["source"] = agent.spec.source
     agent.model = model
     save_warm_model(model, agent.tokenizer, report, out)

@@ -18,7 +18,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message
 from flwr.serverapp.strategy import Strategy
 
-from fedagent_flwr.agent.loading import Agent
+from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.runs.reporting import RunReporter
 

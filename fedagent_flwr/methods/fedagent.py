@@ -22,31 +22,31 @@ from flwr.serverapp.strategy import Strategy
 
 from envs import Task, env_names, is_multi_spec, make_env
 from envs.multi import per_env_spread
-from fedagent_flwr.agent.evaluation import GlobalEvaluator
-from fedagent_flwr.agent.grpo import GRPOTrainer
-from fedagent_flwr.agent.loading import Agent, load_agent, load_frozen_base
-from fedagent_flwr.agent.lora import (
+from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.models.loading import Agent, load_agent, load_frozen_base
+from fedagent_flwr.agent.training.lora import (
     adapter_num_parameters,
     adapter_to_arrays,
     arrays_to_adapter,
     attached_lora,
     save_adapter,
 )
-from fedagent_flwr.agent.memory import GB, ModelShape, device_budget
-from fedagent_flwr.agent.multi_env import environment_table, format_row
-from fedagent_flwr.agent.prompts import build_prompt
-from fedagent_flwr.agent.rollout import PromptEncoder
-from fedagent_flwr.agent.seeding import seed_everything
-from fedagent_flwr.agent.transcripts import short_example, write_transcripts
-from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays
+from fedagent_flwr.agent.engine.memory import ModelShape
+from fedagent_flwr.agent.play.multi_env import environment_table, format_row
+from fedagent_flwr.agent.play.seeding import seed_everything
+from fedagent_flwr.agent.play.transcripts import short_example, write_transcripts
+from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.atomic import write_json_atomic
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader, Method
+from fedagent_flwr.methods.memory import activation_room, check_memory, context_tokens, memory_plans, rollout_rows
 from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
 from fedagent_flwr.privacy.differential_privacy import update_norm
 from fedagent_flwr.runs.reporting import RunReporter
 from strategies import FedAgentAvg
 from strategies.transfer import decode, encode
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
 
 def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int,
@@ -60,10 +60,11 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
         raise ValueError(f"client {partition_id} has no training tasks")
     started = time.time()
     rng = seed_everything(cfg.seed, server_round, partition_id)
+    model = model if model is not None else agent.model
     rows = rollout_rows(cfg, agent, tasks)
-    trainer = GRPOTrainer(model if model is not None else agent.model, agent.tokenizer,
-                          cfg.grpo_config(activation_room(cfg, agent, tasks, rows)),
-                          cfg.rollout_config(batch_size=rows), base_model=base_model)
+    placement = cfg.placement("client", model=model)  # every auto of this client, the engine checked against its model
+    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, activation_room(cfg, agent, tasks, rows), placement),
+                          rollout_config(cfg, batch_size=rows, placement=placement), base_model=base_model)
     if optimizer:
         trainer.load_optimizer_arrays(optimizer)
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)
@@ -81,58 +82,7 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     return metrics
 
 
-def rollout_rows(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], who: str = "client") -> int:
-    """rollout-batch-size for this process, with 0 = auto resolved against client-memory-gb (server-memory-gb), or
-    else the GPU memory free now (memory.device_budget)."""
-    if cfg.rollout_batch_size:
-        return cfg.rollout_batch_size
-    shape = ModelShape.of(agent.model.config)
-    return cfg.rollout_rows(shape, context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks),
-                            memory_budget(cfg, agent.device, who), who)
-
-
-def activation_room(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], rows: int) -> float | None:
-    """What the update's activations may take under gradient-checkpointing='auto' (RunConfig.activation_room), with
-    the client's budget as rollout_rows finds it; None otherwise (every layer checkpointed, or none)."""
-    if cfg.gradient_checkpointing != "auto":
-        return None
-    shape = ModelShape.of(agent.model.config)
-    return cfg.activation_room(shape, context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks),
-                               rows, memory_budget(cfg, agent.device))
-
-
-def memory_budget(cfg: RunConfig, device: torch.device, who: str = "client") -> float | None:
-    """Bytes `who` (client or server) may plan with: client-memory-gb (server-memory-gb) where given, or else the
-    GPU memory free now (memory.device_budget; None on a CPU)."""
-    return (cfg.client_memory_gb if who == "client" else cfg.server_memory_gb) * GB or device_budget(device)
-
-
 OPTIMIZER_STATE = "optimizer"  # context.state key of a single learner's AdamW state between rounds
-
-KNOBS = ("finetuning='lora' with a small lora-rank, gradient-checkpointing=true, micro-batch-size, rollout-batch-size, kl-reference='base' "
-         "(with lora), precision, num-gpus-per-client (a larger GPU share), server-device (e.g. cpu, to keep the server off the "
-         "clients' GPU) and client-memory-gb / server-memory-gb")
-
-
-def check_memory(plans, client_gb: float, server_gb: float) -> None:
-    """Raise before round 1 when a plan exceeds the memory it is given (0 GiB = not checked)."""
-    problems = [f"{plan.who} needs about {plan.total / GB:.1f} GiB but {key}={gb:g}"
-                for plan, gb, key in zip(plans, (client_gb, server_gb), ("client-memory-gb", "server-memory-gb"))
-                if gb and plan.total > gb * GB]
-    if problems:
-        raise ValueError("the memory plan does not fit: " + "; ".join(problems) + "\n"
-                         + "\n".join(plan.table() for plan in plans) + f"\nknobs: {KNOBS}")
-
-
-def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int:
-    """An estimate of the longest context of the run's episodes, for the memory plan: the longest first-step
-    prompt over up to 16 held-out tasks, once more for every step of history shown, plus the generated tokens."""
-    encoder, lengths = PromptEncoder(tokenizer), []
-    for task in list(tasks)[:16]:
-        observation, _ = env.reset(task)
-        lengths.append(len(encoder(build_prompt(env, observation, [], 0))))
-    return max(lengths, default=0) * (1 + cfg.history_length) + cfg.rollout_config().max_new_tokens
-
 
 class LanguageAgentMethod(Method):
     """What every method that trains a language-model agent shares: the base model, the global model
@@ -145,16 +95,18 @@ class LanguageAgentMethod(Method):
 
     def prepare(self) -> None:
         cfg = self.cfg
-        self.agent = load_agent(cfg.model, cfg.env, cfg.evaluation_device(), cfg.base_dtype())  # builds a tiny model first if needed
+        self.agent = load_agent(cfg.model, cfg.env, cfg.device_key("server"), cfg.base_dtype())  # builds a tiny model first if needed
+        # Every auto resolved with the model in hand: decode-engine='static' for a model the static engine refuses stops
+        # the run here, and auto's fall-back to hf is named on the console at start-up (clients resolve alike).
+        self.placements = {role: cfg.placement(role, model=self.agent.model) for role in ("client", "server")}
         env = make_env(cfg.env, cfg.max_steps)
         eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval_tasks)  # a multi-env spec: eval-tasks per env
         eval_rows = rollout_rows(cfg, self.agent, eval_tasks, who="server")
         self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
-                                         eval_tasks, cfg.rollout_config(evaluation=True, batch_size=eval_rows),
-                                         cfg.eval_samples_per_task, cfg.seed,
-                                         precision=cfg.resolved_precision(cfg.evaluation_device()))
+                                         eval_tasks, rollout_config(cfg, True, eval_rows, self.placements["server"]),
+                                         cfg.eval_samples_per_task, cfg.seed, precision=self.placements["server"].precision)
         shape = ModelShape.of(self.agent.model.config)
-        self.memory = cfg.memory_plans(shape, context_tokens(cfg, self.agent.tokenizer, env, eval_tasks))
+        self.memory = memory_plans(cfg, shape, context_tokens(cfg, self.agent.tokenizer, env, eval_tasks))
         self._stack = contextlib.ExitStack()
         self.peft_model = None
         if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model
@@ -185,6 +137,8 @@ class LanguageAgentMethod(Method):
         super().announce(run_dir, num_clients)
         write_json_atomic(run_dir / "memory_plan.json", {plan.who: plan.as_dict() for plan in self.memory})
         print("[fedagent] memory plan (an estimate, docs/gpu.md):\n" + "\n".join(plan.table() for plan in self.memory), flush=True)
+        for role, placement in self.placements.items():  # what auto became on this machine (clients on theirs)
+            print(f"[fedagent] {role} on this machine: {placement.summary()}", flush=True)
 
     def load_global(self, arrays: ArrayRecord) -> None:
         if self.peft_model is not None:
@@ -282,7 +236,7 @@ class FedAgent(LanguageAgentMethod):
                 trained = adapter_to_arrays(peft_model)
         else:
             base = None
-            if cfg.kl_beta > 0 and cfg.resolved_kl_reference() == "base":
+            if cfg.kl_beta > 0 and cfg.placement().kl_reference == "base":
                 base = load_frozen_base(cfg.model, cfg.env, cfg.device)
             arrays_to_model(agent.model, sent)
             metrics = train_locally(agent, cfg, tasks, server_round, partition_id, optimizer=optimizer, base_model=base)

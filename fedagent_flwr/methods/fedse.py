@@ -17,14 +17,15 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
 from envs import make_env
-from fedagent_flwr.agent.experience import ExperienceBuffer
-from fedagent_flwr.agent.seeding import seed_everything
+from fedagent_flwr.agent.training.experience import ExperienceBuffer
+from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import client_buffer_dir, self_evolution_round
 from fedagent_flwr.methods.base import AgentLoader
 from fedagent_flwr.methods.fedagent import LanguageAgentMethod
 from fedagent_flwr.methods.tasks import learner_tasks
 from strategies.fedse_lora import RUN_KEY, FedSELoRA, clients_for_fraction
 from strategies.transfer import decode, encode
+from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
 
 
 class FedSE(LanguageAgentMethod):
@@ -47,7 +48,7 @@ class FedSE(LanguageAgentMethod):
         seed_everything(cfg.seed, server_round, partition_id)  # exploration sampling is reproducible per (round, client)
         buffer = ExperienceBuffer(client_buffer_dir(cfg.fedse_buffer_dir, str(config[RUN_KEY]), partition_id), agent.base_fingerprint)
         adapter, metrics = self_evolution_round(
-            agent, cfg.self_evolution_config(), cfg.rollout_config(), lambda: make_env(cfg.env, cfg.max_steps),
+            agent, self_evolution_config(cfg), rollout_config(cfg), lambda: make_env(cfg.env, cfg.max_steps),
             learner_tasks(cfg, partition_id, num_partitions), server_round, buffer,
             decode(msg.content.array_records["arrays"], cfg.transfer_dtype))
         return Message(RecordDict({"arrays": encode(adapter, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)

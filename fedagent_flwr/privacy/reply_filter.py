@@ -34,18 +34,18 @@ CLIENT_METRICS = frozenset({
     # episodes played (agent/evaluation.summarize)
     "success_rate", "mean_reward", "mean_env_return", "mean_steps", "invalid_action_rate", "episodes", "mean_score",
     "success_rate/mean_over_envs",
-    # GRPO (agent/grpo.py, methods/fedagent.py)
+    # GRPO (agent/training/grpo.py, methods/fedagent.py)
     "loss", "kl", "clip_frac", "grad_norm", "optimizer_steps", "train_samples", "tokens", "generated_tokens",
     "rollout_seconds", "seconds", "update_norm", "informative_groups",
     "outcome_groups", "checkpointed_layers",
-    # Fed-SE (agent/self_evolution.py, agent/experience.py)
+    # Fed-SE (agent/self_evolution.py, agent/training/experience.py)
     "fedse/seeded-demos", "fedse/kept-trajectories", "fedse/new-successes", "fedse/loss-first", "fedse/train-samples",
     "fedse/buffer-seed-trajectories", "fedse/buffer-steps", "fedse/buffer-trajectories", "fedse/buffer-won-fraction",
     # QAvg / PAvg (methods/fedrl)
     "local-steps", "local-value", "start-objective",
 })
 PER_CATEGORY = ("success_rate/", "mean_score/")
-# agent/multi_env.py's per-environment keys (written out: privacy sits below agent in the layers; the privacy
+# agent/play/multi_env.py's per-environment keys (written out: privacy sits below agent in the layers; the privacy
 # test runs every strategy and fails on a key missing here)
 PER_ENV = ("success_rate/env/", "invalid_action_rate/env/", "episodes/env/")
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -151,7 +151,7 @@ class RunReporter:
         final = self.run_dir / "checkpoints" / f"round-{server_round:04d}"
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-        from fedagent_flwr.agent.models import transformers_bars_off  # here: reading a run folder needs no torch
+        from fedagent_flwr.agent.models.pretrained import transformers_bars_off  # here: reading a run folder needs no torch
 
         with transformers_bars_off():
             model.save_pretrained(tmp, safe_serialization=True)

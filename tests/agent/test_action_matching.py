@@ -1,10 +1,10 @@
 import pytest
 
 from envs import make_env
-from fedagent_flwr.agent.action_matching import match_action
-from fedagent_flwr.agent.evaluation import summarize
-from fedagent_flwr.agent.prompts import expert_completion
-from fedagent_flwr.agent.rollout import RolloutConfig, run_episodes
+from fedagent_flwr.agent.play.action_matching import match_action
+from fedagent_flwr.agent.play.evaluation import summarize
+from fedagent_flwr.agent.play.prompts import expert_completion
+from fedagent_flwr.agent.play.rollout import RolloutConfig, run_episodes
 
 
 class TextPolicy:

@@ -1,10 +1,10 @@
-"""The passes whose shapes change from call to call keep cuDNN's attention out on a GPU (agent/attention.py): on an
+"""The passes whose shapes change from call to call keep cuDNN's attention out on a GPU (agent/engine/attention.py): on an
 H100 cuDNN built a plan per new micro-batch shape, and the update ran 2.6x slower with it (docs/gpu.md)."""
 
 import torch
 
-from fedagent_flwr.agent import attention
-from fedagent_flwr.agent.attention import variable_shape_attention
+from fedagent_flwr.agent.engine import attention
+from fedagent_flwr.agent.engine.attention import variable_shape_attention
 
 
 def _backends() -> tuple[bool, bool, bool, bool]:
@@ -30,8 +30,8 @@ def test_the_training_passes_the_prefill_and_the_hf_loop_run_inside_it(tiny_lm, 
     the static engine's prefill (not its token steps, whose shapes repeat) and the transformers loop."""
     import contextlib
 
-    from fedagent_flwr.agent import decode, sampling, tokens
-    from fedagent_flwr.agent.decode import StaticDecoder
+    from fedagent_flwr.agent.engine import decode, sampling, tokens
+    from fedagent_flwr.agent.engine.decode import StaticDecoder
 
     entered: list[str] = []
 

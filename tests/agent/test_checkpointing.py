@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.checkpointing import activation_checkpointing
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.memory import (
+from fedagent_flwr.agent.engine.checkpointing import activation_checkpointing
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
     GB,
     ModelShape,
@@ -19,8 +19,11 @@ from fedagent_flwr.agent.memory import (
     layers_to_checkpoint,
     update_activation_bytes,
 )
-from fedagent_flwr.agent.rollout import RolloutConfig
-from fedagent_flwr.config import RunConfig, parse_overrides
+from fedagent_flwr.agent.play.rollout import RolloutConfig
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.simulation import parse_overrides
+from fedagent_flwr.methods.memory import memory_plans, plan_activation_room
+from fedagent_flwr.methods.library_configs import grpo_config
 
 LAYERS = 4
 
@@ -85,7 +88,7 @@ def _update(model, tokenizer, checkpointing, room=None, client_gb=0.0):
     cfg = RunConfig(device="cpu", learning_rate=1e-3, kl_beta=0.1, minibatch_size=8, micro_batch_size=2,
                     length_grouped_micro_batches=True, gradient_checkpointing=checkpointing, client_memory_gb=client_gb)
     samples = _samples(tokenizer, 8)
-    trainer = GRPOTrainer(model, tokenizer, cfg.grpo_config(room), RolloutConfig(history_length=0))
+    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg, room), RolloutConfig(history_length=0))
     stats = trainer.update(samples, np.random.default_rng(0))
     return stats, samples
 
@@ -162,13 +165,13 @@ def test_auto_without_a_known_room_checkpoints_every_layer(deep_lm, maze_tokeniz
 def test_the_room_is_the_budget_less_the_rest_of_the_plan():
     shape = _small_shape()
     cfg = RunConfig(device="cpu", gradient_checkpointing="auto", micro_batch_size=2)
-    plan = cfg.memory_plans(shape, 20, 4)[0].as_dict()
+    plan = memory_plans(cfg, shape, 20, 4)[0].as_dict()
     others = plan["total"] - plan[ACTIVATIONS_ROW]
-    assert cfg.activation_room(shape, 20, 4, 10 * GB) == 10 * GB - others
+    assert plan_activation_room(cfg, shape, 20, 4, 10 * GB) == 10 * GB - others
     # the plan counts the worst case, every layer checkpointed, as with true
-    assert plan == RunConfig(device="cpu", gradient_checkpointing=True, micro_batch_size=2).memory_plans(shape, 20, 4)[0].as_dict()
-    assert cfg.activation_room(shape, 20, 4, None) is None  # no memory known: every layer
-    assert RunConfig(device="cpu", gradient_checkpointing=True).activation_room(shape, 20, 4, 10 * GB) is None
+    assert plan == memory_plans(RunConfig(device="cpu", gradient_checkpointing=True, micro_batch_size=2), shape, 20, 4)[0].as_dict()
+    assert plan_activation_room(cfg, shape, 20, 4, None) is None  # no memory known: every layer
+    assert plan_activation_room(RunConfig(device="cpu", gradient_checkpointing=True), shape, 20, 4, 10 * GB) is None
 
 
 def test_auto_is_a_value_of_the_key_and_other_words_are_refused():
@@ -201,14 +204,14 @@ def test_run_simulation_takes_auto_as_the_flag_value():
 
 def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its_forward(deep_lm, maze_tokenizer,
                                                                                           monkeypatch):
-    """On a GPU the passes exclude cuDNN's attention (agent/attention.py). Backward recomputes a checkpointed layer's
+    """On a GPU the passes exclude cuDNN's attention (agent/engine/attention.py). Backward recomputes a checkpointed layer's
     forward, so it must run in that context too: outside it SDPA picks another kernel, and torch's checkpoint stops
     on the saved tensors it did not expect (seen on an H100). On a CPU the context changes nothing, so here it is
     replaced by one that marks where it holds, and every attention call, recomputed ones included, must be marked."""
     import contextlib
 
-    import fedagent_flwr.agent.grpo as grpo_module
-    import fedagent_flwr.agent.tokens as tokens_module
+    import fedagent_flwr.agent.training.grpo as grpo_module
+    import fedagent_flwr.agent.engine.tokens as tokens_module
 
     depth = []
 
@@ -239,7 +242,7 @@ def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its
 def test_auto_counts_what_the_trained_model_keeps_its_precision_working_copy_and_adapter(deep_lm):
     """The trainer's auto plans each pass with the count of what its own layers keep (memory.layer_activations): the
     precision's, the bf16 working copy's (a bf16 residual stream), a LoRA adapter's."""
-    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
     shape = ModelShape.of(deep_lm.config)
     for precision, param_dtype in (("fp32", "fp32"), ("bf16-mixed", "fp32"), ("bf16-mixed", "bf16")):

@@ -9,11 +9,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.lora import LoRASpec, attached_lora
-from fedagent_flwr.agent.rollout import RolloutConfig
-from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.play.rollout import RolloutConfig
+from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config
 
 TEMPERATURE = 0.7  # the rollout temperature scales the logits on both paths
 CHUNK = 5  # the samples below hold 21 completion tokens: four full chunks and a remainder
@@ -127,7 +128,7 @@ def test_a_grpo_update_is_the_same_with_chunked_logprobs(tiny_lm, maze_tokenizer
     """Two minibatches (old log-probs from a separate pass), a KL term, micro-batches: the loss, the statistics and
     the updated weights match, and the trainer's head really saw chunks."""
     # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
-    cfg = replace(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu").grpo_config(),
+    cfg = replace(grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu")),
                   kl_reference="base" if lora else "round-start")
     samples = _samples(tiny_lm.config.vocab_size)
 

@@ -1,4 +1,4 @@
-"""The static decode engine (agent/decode.py) against the transformers forward ("hf" engine), on CPU in fp32.
+"""The static decode engine (agent/engine/decode.py) against the transformers forward ("hf" engine), on CPU in fp32.
 
 What a GPU adds (bf16 copies, CUDA graphs) is not run here; the bucketed mode below runs the graphs' row and
 window bookkeeping eagerly, so only the capture and replay themselves are left to a GPU session.
@@ -10,11 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
 
-import fedagent_flwr.agent.decode as decode
-import fedagent_flwr.agent.sampling as sampling
-from fedagent_flwr.agent.decode import StaticDecoder, UnsupportedModel
-from fedagent_flwr.agent.rollout import stop_token_ids
-from fedagent_flwr.agent.sampling import fast_sample_batch, hf_sample_batch, sample_batch
+import fedagent_flwr.agent.engine.decode as decode
+import fedagent_flwr.agent.engine.sampling as sampling
+from fedagent_flwr.agent.engine.decode import StaticDecoder, UnsupportedModel
+from fedagent_flwr.agent.play.rollout import stop_token_ids
+from fedagent_flwr.agent.engine.sampling import fast_sample_batch, hf_sample_batch, sample_batch
+from fedagent_flwr.methods.library_configs import rollout_config
 
 VOCAB = 96
 
@@ -180,12 +181,12 @@ def test_compiled_token_steps_equal_the_eager_ones_and_a_new_decoder_compiles_no
 
 def test_the_run_configs_decode_kernels_reach_the_rollouts_decoder(tiny_lm, maze_tokenizer):
     """decode-kernels travels from the run config to the decoder a rollout keeps (one new token: no step to compile)."""
-    from fedagent_flwr.agent.rollout import LMPolicy
+    from fedagent_flwr.agent.play.rollout import LMPolicy
     from fedagent_flwr.config import RunConfig
 
     for kernels in ("compile", "eager"):
         cfg = RunConfig.from_run_config({"decode-engine": "static", "decode-kernels": kernels, "max-new-tokens": 1})
-        LMPolicy(tiny_lm, maze_tokenizer, cfg.rollout_config())._generate([maze_tokenizer("Reach the goal")["input_ids"]])
+        LMPolicy(tiny_lm, maze_tokenizer, rollout_config(cfg))._generate([maze_tokenizer("Reach the goal")["input_ids"]])
         assert decode._DECODERS[tiny_lm].kernels == kernels
     decode.release(tiny_lm)
 

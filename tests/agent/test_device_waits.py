@@ -1,5 +1,5 @@
-"""GRPO's log-prob and update passes queue all their micro-batches before the host waits for the device (agent/grpo.py,
-agent/tokens.py).
+"""GRPO's log-prob and update passes queue all their micro-batches before the host waits for the device (agent/training/grpo.py,
+agent/engine/tokens.py).
 
 On a GPU the host waits for the device when it reads a value the device computed (float(), .item(), .cpu(), a boolean
 index, nonzero) and when it copies a host tensor to the device without non_blocking; a wait between two micro-batches
@@ -20,10 +20,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.rollout import RolloutConfig
-from fedagent_flwr.agent.tokens import collate
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.play.rollout import RolloutConfig
+from fedagent_flwr.agent.engine.tokens import collate
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config
 
 aten = torch.ops.aten
 # ops whose result the host needs at once: the value itself, or a size that depends on the values
@@ -104,8 +105,8 @@ def test_the_passes_do_not_wait_for_the_device_between_their_micro_batches(tiny_
     each and the update 6 over 3 optimizer steps. The host waits only after the old-policy pass and after the reference
     pass (their log-probs, to the host) and after the update's last micro-batch (its statistics), never between."""
     model = copy.deepcopy(tiny_lm)
-    cfg = replace(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu",
-                            logprob_chunk_tokens=chunk_tokens).grpo_config())
+    cfg = replace(grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu",
+                            logprob_chunk_tokens=chunk_tokens)))
     trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
     with DeviceWaits([model, trainer.reference], monkeypatch) as recorder:
         stats = trainer.update(_samples(tiny_lm.config.vocab_size, 12), np.random.default_rng(0))
@@ -125,7 +126,7 @@ def test_a_right_padded_batch_goes_without_a_padding_mask_and_a_real_tokens_valu
     the 2-D mask; a batch padded on the left gets the 4-D mask under SDPA too; an unpadded one, None."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from fedagent_flwr.agent.tokens import model_attention_mask
+    from fedagent_flwr.agent.engine.tokens import model_attention_mask
 
     torch.manual_seed(0)
     shape = dict(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
@@ -174,8 +175,8 @@ def test_on_a_gpu_the_passes_do_not_synchronize_between_their_micro_batches(tiny
     import warnings
 
     model = copy.deepcopy(tiny_lm).cuda()
-    cfg = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cuda",
-                    logprob_chunk_tokens=4).grpo_config()
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cuda",
+                    logprob_chunk_tokens=4))
     trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
     samples = _samples(tiny_lm.config.vocab_size, 12)
     trainer.update(samples, np.random.default_rng(1))  # warm-up: first-use allocations and lazy initialisation

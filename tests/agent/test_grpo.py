@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from envs import Task
-from fedagent_flwr.agent.grpo import GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
-from fedagent_flwr.agent.rollout import RolloutConfig, StepRecord, Trajectory
-from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
+from fedagent_flwr.agent.play.rollout import RolloutConfig, StepRecord, Trajectory
+from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config
 
 
 def test_group_advantages_are_normalised_within_each_group():
@@ -39,13 +40,13 @@ def test_batch_and_no_reward_scaling_keep_a_penalty_only_group_small_beside_a_wi
 
 
 def test_the_run_config_reward_scaling_reaches_the_epoch_samples(tiny_lm, maze_tokenizer, monkeypatch):
-    import fedagent_flwr.agent.grpo as grpo
+    import fedagent_flwr.agent.training.grpo as grpo
     from envs import make_env
 
     seen = []
     inner = grpo.trajectories_to_samples
     monkeypatch.setattr(grpo, "trajectories_to_samples", lambda *a: seen.append(a[-1]) or inner(*a))
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig(scale_rewards="batch").grpo_config(), tasks_per_epoch=1,
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig(scale_rewards="batch")), tasks_per_epoch=1,
                           group_size=2), RolloutConfig(history_length=0, max_new_tokens=4))
     monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
     trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
@@ -149,7 +150,7 @@ def test_an_epoch_of_uniform_groups_trains_only_when_kept_under_a_kl(tiny_lm, ma
     """The trainer passes the key through, and only where a KL term exists to train (kl-beta = 0 keeps nothing)."""
     from envs import make_env
 
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig().grpo_config(), kl_beta=kl_beta, tasks_per_epoch=1,
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig()), kl_beta=kl_beta, tasks_per_epoch=1,
                                                            group_size=8, uniform_groups=uniform_groups),
                           RolloutConfig(history_length=0, max_new_tokens=8))
     seen = []
@@ -169,7 +170,7 @@ def test_update_raises_the_likelihood_of_better_than_average_completions(tiny_lm
         Trajectory(task=Task("t", "c", "train"), steps=[StepRecord(prompt, c, "", "", 0.0, True)], reward=r)
         for c, r in [(good, 10.0), (bad, 0.0)]
     ]
-    trainer = GRPOTrainer(tiny_lm, tok, replace(RunConfig().grpo_config(), learning_rate=1e-2, kl_beta=0.0), RolloutConfig(history_length=2))
+    trainer = GRPOTrainer(tiny_lm, tok, replace(grpo_config(RunConfig()), learning_rate=1e-2, kl_beta=0.0), RolloutConfig(history_length=2))
     samples = trajectories_to_samples(trajs, [0, 0], 1e-6)
 
     def seq_logprob(completion):
@@ -193,7 +194,7 @@ def test_a_trainer_that_loads_the_optimizer_arrays_continues_exactly_where_the_l
     trajs = [Trajectory(task=Task("t", "c", "train"), steps=[StepRecord(prompt, tok(text)["input_ids"], "", "", 0.0, True)], reward=r)
              for text, r in [("<action>move down</action>", 10.0), ("<action>move up</action>", 0.0)]]
     samples = trajectories_to_samples(trajs, [0, 0], 1e-6)
-    cfg = replace(RunConfig().grpo_config(), learning_rate=1e-3, kl_beta=0.0)
+    cfg = replace(grpo_config(RunConfig()), learning_rate=1e-3, kl_beta=0.0)
     first = GRPOTrainer(tiny_lm, tok, cfg, RolloutConfig(history_length=0))
     first.update(samples, np.random.default_rng(0))
     from flwr.app import Array, ArrayRecord
@@ -223,8 +224,8 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
     the loss: it stays one weighted token mean over the minibatch, so every optimizer step sees the same gradient."""
     import copy
 
-    from fedagent_flwr.agent import grpo
-    from fedagent_flwr.agent.grpo import StepSample
+    from fedagent_flwr.agent.training import grpo
+    from fedagent_flwr.agent.training.grpo import StepSample
 
     rng = np.random.default_rng(5)
     vocab = tiny_lm.config.vocab_size
@@ -232,7 +233,7 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
                           rng.integers(3, vocab, size=int(rng.integers(1, 12))).tolist(),
                           float(rng.normal()), float(rng.uniform(0.2, 1.0))) for _ in range(16)]
     # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
-    cfg = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=2, device="cpu").grpo_config()
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=2, device="cpu"))
     real_collate = grpo.collate
 
     def run(grouped):
@@ -273,15 +274,15 @@ def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_els
     the passes see batches of that many rows, and the update's statistics and gradients are those of the default."""
     import copy
 
-    from fedagent_flwr.agent import grpo
-    from fedagent_flwr.agent.grpo import StepSample
+    from fedagent_flwr.agent.training import grpo
+    from fedagent_flwr.agent.training.grpo import StepSample
 
     rng = np.random.default_rng(7)
     vocab = tiny_lm.config.vocab_size
     samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 30))).tolist(),
                           rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal())) for _ in range(12)]
     base = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=6, micro_batch_size=2)
-    assert base.grpo_config().logprob_micro_batch_size == 2  # 0 (the default) = the update's micro-batch
+    assert grpo_config(base).logprob_micro_batch_size == 2  # 0 (the default) = the update's micro-batch
     real = grpo.completion_logprobs
 
     def run(logprob_rows):
@@ -293,7 +294,7 @@ def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_els
 
         monkeypatch.setattr(grpo, "completion_logprobs", recording)
         model = copy.deepcopy(tiny_lm)
-        cfg = replace(base, logprob_micro_batch_size=logprob_rows).grpo_config()
+        cfg = grpo_config(replace(base, logprob_micro_batch_size=logprob_rows))
         trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
         stats = trainer.update(samples, np.random.default_rng(0))
         return stats, dict(model.named_parameters()), rows
@@ -316,16 +317,16 @@ def test_the_static_decoders_memory_is_released_before_the_update(tiny_lm, maze_
     """The static engine's weight copy, KV cache and graphs must not sit in memory through the update (on the 1.5B shape
     at 128 rows that is about 6 GiB the memory plan does not count twice)."""
     from envs import make_env
-    from fedagent_flwr.agent import decode
+    from fedagent_flwr.agent.engine import decode
 
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig().grpo_config(), tasks_per_epoch=1, group_size=2),
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig()), tasks_per_epoch=1, group_size=2),
                           RolloutConfig(history_length=0, max_new_tokens=4, decode_engine="static"))
     held = []
     monkeypatch.setattr(trainer, "update", lambda samples, rng: held.append(tiny_lm in decode._DECODERS) or {})
     built = []
     inner = decode.decoder_for
     monkeypatch.setattr(decode, "decoder_for", lambda *a, **k: built.append(1) or inner(*a, **k))
-    import fedagent_flwr.agent.sampling as sampling
+    import fedagent_flwr.agent.engine.sampling as sampling
     monkeypatch.setattr(sampling, "decoder_for", decode.decoder_for)
     trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
                         np.random.default_rng(0))
@@ -334,12 +335,12 @@ def test_the_static_decoders_memory_is_released_before_the_update(tiny_lm, maze_
 
 def test_the_epoch_reports_the_share_of_groups_whose_rewards_differ(tiny_lm, maze_tokenizer, monkeypatch):
     from envs import make_env
-    from fedagent_flwr.agent.grpo import informative_share
+    from fedagent_flwr.agent.training.grpo import informative_share
 
     task = Task("t", "c", "train")
     trajs = [Trajectory(task=task, reward=r) for r in (1.0, 0.0, 0.5, 0.5, 0.0, 0.0)]
     assert informative_share(trajs, [0, 0, 1, 1, 2, 2]) == pytest.approx(1 / 3)
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(RunConfig().grpo_config(), tasks_per_epoch=1, group_size=4),
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig()), tasks_per_epoch=1, group_size=4),
                           RolloutConfig(history_length=0, max_new_tokens=4))
     monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
     metrics = trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
@@ -349,7 +350,7 @@ def test_the_epoch_reports_the_share_of_groups_whose_rewards_differ(tiny_lm, maz
 
 
 def test_groups_that_only_the_penalty_splits_count_as_informative_but_not_as_differing_in_outcome():
-    from fedagent_flwr.agent.grpo import informative_share
+    from fedagent_flwr.agent.training.grpo import informative_share
 
     task = Task("t", "c", "train")
     # group 0: a win and a loss; group 1: two losses, one of them with an invalid step (penalty 0.1)
@@ -361,19 +362,19 @@ def test_groups_that_only_the_penalty_splits_count_as_informative_but_not_as_dif
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop(tiny_lm, maze_tokenizer):
-    """On a GPU the trainer's AdamW is PyTorch's fused kernel (agent/grpo.py adamw): in fp32 its steps match the
+    """On a GPU the trainer's AdamW is PyTorch's fused kernel (agent/training/grpo.py adamw): in fp32 its steps match the
     reference loop's to rounding, and AdamW's carried moments load into it (its step count lives on the GPU)."""
     import copy
 
-    from fedagent_flwr.agent.grpo import StepSample
+    from fedagent_flwr.agent.training.grpo import StepSample
 
     rng = np.random.default_rng(7)
     vocab = tiny_lm.config.vocab_size
     samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 30))).tolist(),
                           rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal()))
                for _ in range(12)]
-    cfg = RunConfig(learning_rate=1e-3, weight_decay=0.01, kl_beta=0.05, minibatch_size=4, micro_batch_size=2,
-                    device="cuda", precision="fp32").grpo_config()
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, weight_decay=0.01, kl_beta=0.05, minibatch_size=4, micro_batch_size=2,
+                    device="cuda", precision="fp32"))
 
     def trained(fused: bool, carried=None):
         model = copy.deepcopy(tiny_lm).cuda()

@@ -9,11 +9,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.kernels import check_training_kernels, decoder_layers, training_kernels
-from fedagent_flwr.agent.rollout import RolloutConfig
-from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.engine.kernels import check_training_kernels, decoder_layers, training_kernels
+from fedagent_flwr.agent.play.rollout import RolloutConfig
+from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config
 
 
 def _model(layers: int = 3, vocab: int = 211) -> torch.nn.Module:
@@ -80,7 +81,7 @@ def test_layers_are_eager_outside_the_training_passes():
 
 def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze_tokenizer, monkeypatch):
     """The whole update (old-policy pass, clipped loss, AdamW steps, gradient checkpointing) under both kernels."""
-    import fedagent_flwr.agent.grpo as grpo
+    import fedagent_flwr.agent.training.grpo as grpo
 
     entered = []
     monkeypatch.setattr(grpo, "training_kernels", lambda model, kind: entered.append(kind) or training_kernels(model, kind))
@@ -94,7 +95,7 @@ def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze
     for kind in ("eager", "compile"):
         model = _model(layers=2, vocab=len(maze_tokenizer))
         start = [p.detach().clone() for p in model.parameters()]
-        trainer = GRPOTrainer(model, maze_tokenizer, replace(run.grpo_config(), training_kernels=kind),
+        trainer = GRPOTrainer(model, maze_tokenizer, replace(grpo_config(run), training_kernels=kind),
                               RolloutConfig(history_length=0, max_new_tokens=4))
         stats = trainer.update(samples, np.random.default_rng(1))
         assert stats["optimizer_steps"] == 2
@@ -108,7 +109,7 @@ def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze
 
 def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze_tokenizer):
     """PEFT's LoRA layers inside the compiled layers, and the KL reference pass with the adapter switched off."""
-    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
     run = RunConfig(minibatch_size=4, micro_batch_size=4, learning_rate=1e-2, kl_beta=0.1, kl_reference="base",
                     finetuning="lora", device="cpu")
@@ -118,7 +119,7 @@ def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze
     moved = {}
     for kind in ("eager", "compile"):
         with attached_lora(_model(layers=2, vocab=len(maze_tokenizer)), LoRASpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))) as model:
-            trainer = GRPOTrainer(model, maze_tokenizer, replace(run.grpo_config(), training_kernels=kind),
+            trainer = GRPOTrainer(model, maze_tokenizer, replace(grpo_config(run), training_kernels=kind),
                                   RolloutConfig(history_length=0, max_new_tokens=4))
             stats = trainer.update(samples, np.random.default_rng(1))
             assert stats["optimizer_steps"] == 2 and stats["kl"] > 0
@@ -144,7 +145,7 @@ def test_liger_is_refused_where_it_cannot_run():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger's kernels are Triton GPU kernels")
 def test_liger_layers_give_the_eager_log_probs_and_gradients_on_a_gpu():
     pytest.importorskip("liger_kernel")
-    from fedagent_flwr.agent.kernels import apply_liger
+    from fedagent_flwr.agent.engine.kernels import apply_liger
 
     model = _model().cuda()
     eager, eager_grads = _logprobs_and_grads(model, "eager")

@@ -9,13 +9,14 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.kernels import decoder_layers
-from fedagent_flwr.agent.lora import LoRASpec, attached_lora
-from fedagent_flwr.agent.master_weights import Bf16WorkingCopy
-from fedagent_flwr.agent.memory import ModelShape, layer_activations, shape_config, value_bytes
-from fedagent_flwr.agent.precision import autocast
-from fedagent_flwr.agent.tokens import MASK_MAPPING_MODELS, collate, completion_logprobs
+from fedagent_flwr.agent.engine.kernels import decoder_layers
+from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy
+from fedagent_flwr.agent.engine.memory import ModelShape, layer_activations, shape_config, value_bytes
+from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.engine.tokens import MASK_MAPPING_MODELS, collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.memory import plan_layer_activations
 
 # every size distinct, so that a term counted at the wrong size cannot pass
 FIELDS = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -122,7 +123,7 @@ def test_for_the_1_5b_shape_a_layer_keeps_116_kib_a_token_with_fp32_weights_and_
     assert (fp32_weights.full, bf16_copy.full) == (118_840, 103_480)
     assert (fp32_weights.kept, bf16_copy.kept) == (4 * 1536, 2 * 1536)
     # the run config hands the plan its resolved param-dtype and adapter
-    assert RunConfig(precision="bf16-mixed", param_dtype="bf16").layer_activations(shape) == bf16_copy
-    lora = RunConfig(precision="bf16-mixed", finetuning="lora").layer_activations(shape)
+    assert plan_layer_activations(RunConfig(precision="bf16-mixed", param_dtype="bf16"), shape) == bf16_copy
+    lora = plan_layer_activations(RunConfig(precision="bf16-mixed", finetuning="lora"), shape)
     assert lora == layer_activations(shape, "bf16-mixed", "fp32", LoRASpec().target_modules, 8)
     assert lora.full < bf16_copy.full

@@ -3,8 +3,8 @@ message), and never outlives a change of the weights."""
 
 import torch
 
-from fedagent_flwr.agent import loading
-from fedagent_flwr.agent.models import fingerprint
+from fedagent_flwr.agent.models import loading
+from fedagent_flwr.agent.models.pretrained import fingerprint
 
 
 def test_fingerprint_is_remembered_per_folder_and_follows_new_weights(tmp_path, monkeypatch, tiny_lm):
@@ -25,7 +25,7 @@ def test_fingerprint_is_remembered_per_folder_and_follows_new_weights(tmp_path, 
 
 
 def test_a_model_build_says_when_it_starts_and_how_long_it_took_once(tmp_path, capsys):
-    from fedagent_flwr.agent.model_cache import MARKER, build_once
+    from fedagent_flwr.agent.models.model_cache import MARKER, build_once
 
     def build(folder):
         (folder / MARKER).write_text("{}")
@@ -38,7 +38,7 @@ def test_a_model_build_says_when_it_starts_and_how_long_it_took_once(tmp_path, c
 
 
 def _counting_build(calls):
-    from fedagent_flwr.agent.model_cache import MARKER
+    from fedagent_flwr.agent.models.model_cache import MARKER
 
     def build(folder):
         calls.append(folder)
@@ -54,7 +54,7 @@ def test_a_damaged_or_partial_cached_model_is_built_again_never_loaded(tmp_path,
     file; the rebuilt folder is byte-identical to a fresh build."""
     import os
 
-    from fedagent_flwr.agent.model_cache import MARKER, build_once
+    from fedagent_flwr.agent.models.model_cache import MARKER, build_once
 
     calls = []
     target = tmp_path / "m"
@@ -81,7 +81,7 @@ def test_a_damaged_or_partial_cached_model_is_built_again_never_loaded(tmp_path,
 
 
 def test_a_cache_built_before_checksums_is_adopted_once(tmp_path):
-    from fedagent_flwr.agent.model_cache import CHECKSUMS, build_once
+    from fedagent_flwr.agent.models.model_cache import CHECKSUMS, build_once
 
     calls = []
     target = tmp_path / "m"
@@ -94,7 +94,7 @@ def test_a_cache_built_before_checksums_is_adopted_once(tmp_path):
 def test_a_forced_rebuild_replaces_the_folder_only_once_the_new_build_is_complete(tmp_path, capsys):
     import pytest
 
-    from fedagent_flwr.agent.model_cache import MARKER, build_once, is_built
+    from fedagent_flwr.agent.models.model_cache import MARKER, build_once, is_built
 
     target = tmp_path / "m"
     calls = []
@@ -129,7 +129,7 @@ def test_loading_and_checkpointing_draw_no_transformers_bars_and_leave_the_switc
     """"Loading weights" / "Writing model shards" bars were half-drawn lines in every client's and checkpoint's log."""
     from transformers.utils import logging as transformers_logging
 
-    from fedagent_flwr.agent.models import ModelSpec, load_model
+    from fedagent_flwr.agent.models.pretrained import ModelSpec, load_model
     from fedagent_flwr.runs.reporting import RunReporter
 
     tiny_lm.save_pretrained(tmp_path / "m")
@@ -148,8 +148,8 @@ def test_a_lora_checkpoint_naming_its_base_as_a_run_config_does_loads_with_the_a
     "shape:..."): from_pretrained cannot resolve those names, so the evaluation command (and `--paired-with`) must."""
     from peft import LoraConfig, get_peft_model
 
-    from fedagent_flwr.agent import models
-    from fedagent_flwr.agent.lora import save_adapter
+    from fedagent_flwr.agent.models import pretrained as models
+    from fedagent_flwr.agent.training.lora import save_adapter
 
     monkeypatch.setenv("FEDAGENT_CACHE", str(tmp_path / "cache"))
     base_folder = tmp_path / "base"

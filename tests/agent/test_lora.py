@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fedagent_flwr.agent.lora import LoRASpec, adapter_to_arrays, attached_lora
+from fedagent_flwr.agent.training.lora import LoRASpec, adapter_to_arrays, attached_lora
 
 
 def _initial_adapter(model, seed: int) -> dict[str, torch.Tensor]:

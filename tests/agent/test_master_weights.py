@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.master_weights import Bf16WorkingCopy, bf16_view
-from fedagent_flwr.agent.rollout import RolloutConfig
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy, bf16_view
+from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.memory import memory_plans
+from fedagent_flwr.methods.library_configs import grpo_config
 
 
 def _samples(tokenizer, n: int) -> list[StepSample]:
@@ -22,7 +24,7 @@ def _samples(tokenizer, n: int) -> list[StepSample]:
 def _trainer(model, tokenizer, param_dtype: str, learning_rate: float = 1e-3, kl_beta: float = 0.0, minibatch: int = 4):
     cfg = RunConfig(device="cpu", precision="bf16-mixed", param_dtype=param_dtype, learning_rate=learning_rate,
                     kl_beta=kl_beta, kl_reference="round-start", minibatch_size=minibatch, micro_batch_size=2)
-    return GRPOTrainer(model, tokenizer, cfg.grpo_config(), RolloutConfig(history_length=0))
+    return GRPOTrainer(model, tokenizer, grpo_config(cfg), RolloutConfig(history_length=0))
 
 
 def test_gradients_accumulate_in_fp32_and_the_masters_are_what_the_optimizer_steps():
@@ -98,11 +100,12 @@ def test_the_old_policy_and_the_kl_reference_compute_on_bf16_weights_too(tiny_lm
 
 
 def test_the_plan_holds_the_round_start_reference_in_bf16_with_a_working_copy():
-    from fedagent_flwr.agent.memory import ModelShape, shape_config
+    from fedagent_flwr.agent.engine.memory import ModelShape, shape_config
 
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    rows = {dtype: RunConfig(device="cpu", precision="bf16-mixed", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start")
-            .memory_plans(shape, 512, 8)[0].as_dict()["KL reference"] for dtype in ("fp32", "bf16")}
+    rows = {dtype: memory_plans(RunConfig(device="cpu", precision="bf16-mixed", param_dtype=dtype, kl_beta=0.01,
+                                          kl_reference="round-start"), shape, 512, 8)[0].as_dict()["KL reference"]
+            for dtype in ("fp32", "bf16")}
     assert rows == {"fp32": 4 * shape.parameters, "bf16": 2 * shape.parameters}
 
 
@@ -115,7 +118,7 @@ def test_bf16_view_leaves_a_frozen_model_as_it_was(tiny_lm):
 
 
 def test_param_dtype_bf16_is_refused_where_it_does_not_apply(tiny_lm, maze_tokenizer):
-    assert RunConfig(device="cpu", precision="bf16-mixed", param_dtype="bf16").grpo_config().param_dtype == "bf16"
+    assert grpo_config(RunConfig(device="cpu", precision="bf16-mixed", param_dtype="bf16")).param_dtype == "bf16"
     for bad, says in [({"precision": "fp32"}, "precision resolves to 'fp32'"),
                       ({"precision": "bf16-mixed", "finetuning": "lora"}, "finetuning='lora'"),
                       ({"precision": "bf16-mixed", "strategy": "fedse-lora"}, "strategy='fedse-lora'")]:
@@ -123,7 +126,7 @@ def test_param_dtype_bf16_is_refused_where_it_does_not_apply(tiny_lm, maze_token
             RunConfig(device="cpu", param_dtype="bf16", **bad)
     with pytest.raises(ValueError, match="param-dtype='bf8'"):
         RunConfig(param_dtype="bf8")
-    cfg = RunConfig(device="cpu", precision="fp32").grpo_config()
+    cfg = grpo_config(RunConfig(device="cpu", precision="fp32"))
     from dataclasses import replace
     with pytest.raises(ValueError, match="param_dtype='bf16' needs precision 'bf16-mixed'"):
         GRPOTrainer(tiny_lm, maze_tokenizer, replace(cfg, param_dtype="bf16"), RolloutConfig(history_length=0))
@@ -135,28 +138,28 @@ def test_param_dtype_auto_takes_the_working_copy_where_it_applies_and_fp32_elsew
     resolved value."""
     from pathlib import Path
 
-    from fedagent_flwr.agent.memory import ModelShape, shape_config
+    from fedagent_flwr.agent.engine.memory import ModelShape, shape_config
     from fedagent_flwr.simulation import read_run_config_file
 
     def resolved(**kw):
         cfg = RunConfig(param_dtype="auto", **kw)
-        return cfg.resolved_param_dtype(), cfg.grpo_config().param_dtype
+        return cfg.placement().param_dtype, grpo_config(cfg).param_dtype
 
     assert resolved(device="cuda") == ("bf16", "bf16")
     assert resolved(device="cpu", precision="bf16-mixed") == ("bf16", "bf16")
     assert resolved(device="cpu") == ("fp32", "fp32")  # precision auto resolves to fp32 on a CPU
     assert resolved(device="cuda", precision="fp32") == ("fp32", "fp32")
     assert resolved(device="cuda", finetuning="lora") == ("fp32", "fp32")
-    assert RunConfig(param_dtype="auto", device="cuda", strategy="fedse-lora").resolved_param_dtype() == "fp32"
-    assert RunConfig().resolved_param_dtype() == "fp32"  # the default stays fp32
+    assert RunConfig(param_dtype="auto", device="cuda", strategy="fedse-lora").placement().param_dtype == "fp32"
+    assert RunConfig().placement().param_dtype == "fp32"  # the default stays fp32
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    plans = {dtype: RunConfig(device="cuda", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start")
-             .memory_plans(shape, 512, 8)[0].as_dict()["KL reference"] for dtype in ("auto", "bf16", "fp32")}
+    plans = {dtype: memory_plans(RunConfig(device="cuda", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start"),
+                                 shape, 512, 8)[0].as_dict()["KL reference"] for dtype in ("auto", "bf16", "fp32")}
     assert plans["auto"] == plans["bf16"] == plans["fp32"] / 2
     preset = read_run_config_file(str(Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"))
     assert preset["param-dtype"] == "auto"
-    assert RunConfig.from_run_config(preset | {"device": "cpu"}).resolved_param_dtype() == "fp32"
-    assert RunConfig.from_run_config(preset | {"device": "cuda"}).resolved_param_dtype() == "bf16"
+    assert RunConfig.from_run_config(preset | {"device": "cpu"}).placement().param_dtype == "fp32"
+    assert RunConfig.from_run_config(preset | {"device": "cuda"}).placement().param_dtype == "bf16"
     with pytest.raises(ValueError, match=r"param-dtype='bf8' is not allowed: expected fp32 \| bf16 \| auto"):
         RunConfig(param_dtype="bf8")
 
@@ -167,7 +170,7 @@ def test_on_a_gpu_the_masters_take_fused_adamw_steps_and_all_move(tiny_lm, maze_
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = RunConfig(device="cuda", precision="bf16-mixed", param_dtype="bf16", learning_rate=1e-6, kl_beta=0.1,
                     kl_reference="round-start", minibatch_size=2, micro_batch_size=2)
-    trainer = GRPOTrainer(model, maze_tokenizer, cfg.grpo_config(), RolloutConfig(history_length=0))
+    trainer = GRPOTrainer(model, maze_tokenizer, grpo_config(cfg), RolloutConfig(history_length=0))
     assert trainer.optimizer.defaults["fused"]  # the fused kernel steps the fp32 masters with their fp32 gradients
     for _ in range(3):
         stats = trainer.update(_samples(maze_tokenizer, 4), np.random.default_rng(0))
@@ -186,7 +189,7 @@ def test_the_working_copy_and_gradient_checkpointing_give_the_same_update(tiny_l
         model = copy.deepcopy(tiny_lm)
         cfg = RunConfig(device="cpu", precision="bf16-mixed", param_dtype="bf16", learning_rate=1e-3, kl_beta=0.0,
                         minibatch_size=4, micro_batch_size=2, gradient_checkpointing=checkpointing)
-        GRPOTrainer(model, maze_tokenizer, cfg.grpo_config(), RolloutConfig(history_length=0)).update(
+        GRPOTrainer(model, maze_tokenizer, grpo_config(cfg), RolloutConfig(history_length=0)).update(
             _samples(maze_tokenizer, 8), np.random.default_rng(0))
         results.append(model.state_dict())
     for key, value in results[0].items():

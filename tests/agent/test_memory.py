@@ -7,8 +7,10 @@ import pytest
 from flwr.app import MessageType
 from transformers import AutoConfig
 
-from fedagent_flwr.agent.memory import GB, ModelShape, client_plan, layer_activations, server_plan, shape_config
+from fedagent_flwr.agent.engine.memory import GB, ModelShape, client_plan, layer_activations, server_plan, shape_config
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_layer_activations, plan_rollout_rows
+from fedagent_flwr.methods.library_configs import rollout_config
 
 
 def test_the_papers_shapes_have_their_published_sizes():
@@ -75,10 +77,10 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
     # checkpointed update: 2 layer inputs of 3 rows + one layer's set; the passes' one layer of 5 rows is larger
     assert plan(5, gradient_checkpointing=True)["activations of a micro-batch"] == 5 * layer
     cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=7, precision="bf16-mixed")
-    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()["activations of a micro-batch"] == 7 * layer  # the key reaches it
+    assert memory_plans(cfg, shape, 10, 5)[0].as_dict()["activations of a micro-batch"] == 7 * layer  # the key reaches it
     # Fed-SE's fine-tuning: a pass holds fedse-sft-micro-batch-size rows when set, else the whole batch
     fedse = RunConfig(strategy="fedse-lora", fedse_sft_batch_size=16, precision="bf16-mixed")
-    whole, passes_of_4 = (replace(fedse, fedse_sft_micro_batch_size=m).memory_plans(shape, 10, 5)[0].as_dict() for m in (0, 4))
+    whole, passes_of_4 = (memory_plans(replace(fedse, fedse_sft_micro_batch_size=m), shape, 10, 5)[0].as_dict() for m in (0, 4))
     assert whole["training logits"] == 4 * passes_of_4["training logits"] == 2 * 16 * 10 * 32 * 4
 
 
@@ -111,7 +113,7 @@ def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand()
 def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_base():
     """Qwen2.5-7B, LoRA r 8 on q/k/v/o, kl-reference base, micro-batch 1, rollout batch 8, 1,024 tokens (the
     command docs/gpu.md prints): 36.1 GiB with the fp32 base of bf16-mixed, 20.9 GiB with a bf16 base."""
-    from fedagent_flwr.agent.lora import LoRASpec
+    from fedagent_flwr.agent.training.lora import LoRASpec
 
     shape = ModelShape.of(shape_config("qwen2.5-7b"))
     common = dict(finetuning="lora", lora_rank=8, lora_targets=LoRASpec(rank=8).target_modules, kl_beta=0.01,
@@ -129,7 +131,7 @@ def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_b
 _MEASURE_AUTOCAST = """
 import json, os, torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
 def resident():
     with open("/proc/self/statm") as f:
@@ -162,7 +164,7 @@ def test_the_autocast_row_matches_what_autocast_holds_for_full_and_lora_training
     import subprocess
     import sys
 
-    from fedagent_flwr.agent.lora import LoRASpec
+    from fedagent_flwr.agent.training.lora import LoRASpec
 
     fields = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
               "intermediate_size": 2048, "vocab_size": 16384, "tie_word_embeddings": False}
@@ -194,7 +196,7 @@ def test_the_command_prints_the_plans_of_the_papers_models(capsys):
     assert "7,615,616,512 parameters" in full and "AdamW moments" in full and "fits a 80 GiB GPU per client: no" in full
     assert "fits a 80 GiB GPU per client: yes" in lora  # LoRA, no reference copy, small batches
     # what a layer keeps a token, for this run's precision, param-dtype and adapter (memory.layer_activations)
-    from fedagent_flwr.agent.lora import LoRASpec
+    from fedagent_flwr.agent.training.lora import LoRASpec
 
     shape = ModelShape.of(shape_config("qwen2.5-7b"))
     for out, per in ((full, layer_activations(shape, "bf16-mixed")),
@@ -224,7 +226,7 @@ def test_the_command_says_what_auto_checkpointing_does_with_the_paper_preset(cap
 
 
 def test_a_run_whose_plan_does_not_fit_stops_before_round_1(tmp_path, run_identity):
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
 
@@ -243,29 +245,29 @@ def test_a_run_whose_plan_does_not_fit_stops_before_round_1(tmp_path, run_identi
 def test_rollout_batch_size_auto_takes_the_most_rows_the_plan_fits():
     """rollout-batch-size=0: the largest rollout batch whose client plan fits client-memory-gb, capped at an epoch's
     episodes, and an epoch's episodes where no memory is given."""
-    from fedagent_flwr.agent.memory import GB, ModelShape, shape_config
+    from fedagent_flwr.agent.engine.memory import GB, ModelShape, shape_config
     from fedagent_flwr.config import RunConfig
 
     shape = ModelShape.of(shape_config("qwen2.5-1.5b"))
     cfg = RunConfig(rollout_batch_size=0, tasks_per_epoch=64, group_size=8, precision="bf16-mixed", client_memory_gb=48.0,
                     micro_batch_size=8, gradient_checkpointing=True, logprob_chunk_tokens=1024)
-    rows = cfg.rollout_rows(shape, 2048, 48 * GB)
+    rows = plan_rollout_rows(cfg, shape, 2048, 48 * GB)
     assert 16 < rows < 512  # the KV cache of 2,048 tokens is about 59 MB a row at 1.5B in bf16
-    assert cfg.memory_plans(shape, 2048, rows)[0].total <= 48 * GB < cfg.memory_plans(shape, 2048, rows + 1)[0].total
-    assert cfg.memory_plans(shape, 2048)[0].total == cfg.memory_plans(shape, 2048, rows)[0].total  # the plan uses them
-    assert cfg.rollout_rows(shape, 2048, 1e15) == 512  # never more than an epoch's episodes
-    assert cfg.rollout_rows(shape, 2048, None) == 512 and cfg.rollout_config().batch_size == 512
-    assert RunConfig(rollout_batch_size=32).rollout_rows(shape, 2048, 48 * GB) == 32  # a number is kept as given
+    assert memory_plans(cfg, shape, 2048, rows)[0].total <= 48 * GB < memory_plans(cfg, shape, 2048, rows + 1)[0].total
+    assert memory_plans(cfg, shape, 2048)[0].total == memory_plans(cfg, shape, 2048, rows)[0].total  # the plan uses them
+    assert plan_rollout_rows(cfg, shape, 2048, 1e15) == 512  # never more than an epoch's episodes
+    assert plan_rollout_rows(cfg, shape, 2048, None) == 512 and rollout_config(cfg).batch_size == 512
+    assert plan_rollout_rows(RunConfig(rollout_batch_size=32), shape, 2048, 48 * GB) == 32  # a number is kept as given
 
 
 def test_a_client_and_the_server_resolve_auto_rows_against_their_own_memory(tiny_lm, maze_tokenizer):
     import torch
 
-    from fedagent_flwr.agent.loading import Agent
-    from fedagent_flwr.agent.memory import GB, ModelShape
-    from fedagent_flwr.agent.models import ModelSpec
+    from fedagent_flwr.agent.models.loading import Agent
+    from fedagent_flwr.agent.engine.memory import GB, ModelShape
+    from fedagent_flwr.agent.models.pretrained import ModelSpec
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.methods.fedagent import context_tokens, rollout_rows
+    from fedagent_flwr.methods.memory import context_tokens, rollout_rows
     from envs import make_env
 
     agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), "fp")
@@ -273,21 +275,21 @@ def test_a_client_and_the_server_resolve_auto_rows_against_their_own_memory(tiny
     cfg = RunConfig(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=4)
     assert rollout_rows(cfg, agent, tasks) == 12  # a CPU with no memory given: an epoch's episodes
     shape, context = ModelShape.of(tiny_lm.config), context_tokens(cfg, maze_tokenizer, make_env("maze"), tasks)
-    fixed = cfg.memory_plans(shape, context, 0)[0].total
-    per_row = cfg.memory_plans(shape, context, 1)[0].total - fixed
+    fixed = memory_plans(cfg, shape, context, 0)[0].total
+    per_row = memory_plans(cfg, shape, context, 1)[0].total - fixed
     budget = (fixed + 5.5 * per_row) / GB
     small = RunConfig(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=4, client_memory_gb=budget)
     assert rollout_rows(small, agent, tasks) == 5 and rollout_rows(small, agent, tasks, who="server") == 12
 
 
 def test_the_plan_counts_the_static_decoders_weight_copy():
-    from fedagent_flwr.agent.memory import ModelShape, shape_config
+    from fedagent_flwr.agent.engine.memory import ModelShape, shape_config
     from fedagent_flwr.config import RunConfig
 
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    hf = RunConfig(device="cpu").memory_plans(shape, 1024)
-    static = RunConfig(device="cpu", decode_engine="static").memory_plans(shape, 1024)
-    auto_cpu = RunConfig(device="cpu", decode_engine="auto").memory_plans(shape, 1024)
+    hf = memory_plans(RunConfig(device="cpu"), shape, 1024)
+    static = memory_plans(RunConfig(device="cpu", decode_engine="static"), shape, 1024)
+    auto_cpu = memory_plans(RunConfig(device="cpu", decode_engine="auto"), shape, 1024)
     for plain, with_copy in zip(hf, static):
         assert with_copy.total - plain.total == 4 * shape.parameters  # fp32 on a CPU: the copy is in the model's dtype
         assert with_copy.as_dict()["static decoder's weight copy"] == 4 * shape.parameters
@@ -322,7 +324,7 @@ def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
     checkpointed; one token more would checkpoint a layer (or not fit)."""
     import re
 
-    from fedagent_flwr.agent.memory import layer_activations, layers_to_checkpoint, update_activation_bytes
+    from fedagent_flwr.agent.engine.memory import layer_activations, layers_to_checkpoint, update_activation_bytes
     from fedagent_flwr.experiments.memory_plan import token_budgets
     from fedagent_flwr.simulation import read_run_config_file
 
@@ -332,9 +334,9 @@ def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
     shape = ModelShape.of(shape_config("qwen2.5-1.5b"))
     line = token_budgets(cfg, shape, 2048, 80.0)
     whole, every = (int(x.replace(",", "")) for x in re.findall(r"up to ([\d,]+)", line))
-    room = cfg.activation_room(shape, 2048, cfg.rollout_rows(shape, 2048, 80 * GB), 80 * GB)
+    room = plan_activation_room(cfg, shape, 2048, plan_rollout_rows(cfg, shape, 2048, 80 * GB), 80 * GB)
     assert f"({room / GB:.1f} GiB left" in line and 2048 < whole < every
-    per = cfg.layer_activations(shape)  # the preset's param-dtype auto: the bf16 working copy on a GPU
+    per = plan_layer_activations(cfg, shape)  # the preset's param-dtype auto: the bf16 working copy on a GPU
     assert per == layer_activations(shape, "bf16-mixed", "bf16")
     assert layers_to_checkpoint(shape, whole, room, per) == 0 and layers_to_checkpoint(shape, whole + 1, room, per) >= 1
     assert update_activation_bytes(shape, every, 28, per) <= room < update_activation_bytes(shape, every + 1, 28, per)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from fedagent_flwr.agent import grpo
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample, micro_batches
-from fedagent_flwr.agent.memory import (
+from fedagent_flwr.agent.training import grpo
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample, micro_batches
+from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
     ModelShape,
     client_plan,
@@ -19,8 +19,10 @@ from fedagent_flwr.agent.memory import (
     layer_activations,
     update_activation_bytes,
 )
-from fedagent_flwr.agent.rollout import RolloutConfig
+from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from fedagent_flwr.methods.library_configs import grpo_config
 
 
 def _samples(lengths: list[int]) -> list[StepSample]:
@@ -68,7 +70,7 @@ def test_an_update_cut_by_tokens_runs_fewer_fuller_passes_and_trains_as_one_cut_
 
         monkeypatch.setattr(grpo, "completion_logprobs", recording)
         model = copy.deepcopy(tiny_lm)
-        cfg = replace(base, micro_batch_tokens=tokens, logprob_micro_batch_tokens=logprob_tokens).grpo_config()
+        cfg = grpo_config(replace(base, micro_batch_tokens=tokens, logprob_micro_batch_tokens=logprob_tokens))
         trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
         stats = trainer.update(samples, np.random.default_rng(0))
         return stats, dict(model.named_parameters()), shapes[True], shapes[False]
@@ -115,11 +117,11 @@ def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_conte
     assert plan(logprob_micro_batch_tokens=4) == plan(logprob_micro_batch_size=1)  # one whole row at least, alone
     # the run-config keys reach the plan
     cfg = RunConfig(micro_batch_size=3, micro_batch_tokens=50, logprob_micro_batch_size=1, precision="bf16-mixed")
-    per = cfg.layer_activations(shape)
+    per = plan_layer_activations(cfg, shape)
     assert per == layer_activations(shape, "bf16-mixed")
-    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
+    assert memory_plans(cfg, shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
     cfg = replace(cfg, micro_batch_tokens=0, logprob_micro_batch_tokens=200)
-    assert cfg.memory_plans(shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, per)
+    assert memory_plans(cfg, shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, per)
 
 
 @pytest.mark.parametrize("overrides, allowed", [

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.precision import resolve_precision
-from fedagent_flwr.agent.rollout import RolloutConfig
-from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.engine.precision import resolve_precision
+from fedagent_flwr.agent.play.rollout import RolloutConfig
+from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config, self_evolution_config
 
 STEPS = 10
 
@@ -39,7 +40,7 @@ def _pairs(tokenizer, n: int, seed: int = 0) -> list[tuple[list[int], list[int]]
 
 
 def _grpo_moved(model, tokenizer, precision: str) -> float:
-    cfg = replace(RunConfig(learning_rate=1e-6, kl_beta=0.0, minibatch_size=4, micro_batch_size=4).grpo_config(),
+    cfg = replace(grpo_config(RunConfig(learning_rate=1e-6, kl_beta=0.0, minibatch_size=4, micro_batch_size=4)),
                   precision=precision)
     trainer = GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
     samples = [StepSample(p, c, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c) in enumerate(_pairs(tokenizer, 4 * STEPS))]
@@ -69,7 +70,7 @@ def test_bf16_mixed_sft_moves_the_weights_at_lr_1e_6_and_pure_bf16_does_not(tiny
 
 def test_bf16_mixed_forward_runs_in_bf16_over_fp32_weights(tiny_lm, maze_tokenizer):
     """Autocast really is on: the logits of a forward pass come out in bf16 while the weights stay fp32."""
-    from fedagent_flwr.agent.precision import autocast
+    from fedagent_flwr.agent.engine.precision import autocast
 
     ids = torch.tensor([_pairs(maze_tokenizer, 1)[0][0]])
     with autocast("bf16-mixed", torch.device("cpu")):
@@ -81,8 +82,8 @@ def test_precision_auto_is_mixed_on_cuda_and_fp32_on_cpu():
     assert resolve_precision("auto", on_cuda=True) == "bf16-mixed"
     assert resolve_precision("auto", on_cuda=False) == "fp32"
     assert resolve_precision("bf16-mixed", on_cuda=False) == "bf16-mixed"  # allowed on CPU (tests, checks)
-    assert RunConfig(device="cpu").grpo_config().precision == "fp32"
-    assert RunConfig(precision="bf16-mixed").self_evolution_config().precision == "bf16-mixed"
+    assert grpo_config(RunConfig(device="cpu")).precision == "fp32"
+    assert self_evolution_config(RunConfig(precision="bf16-mixed")).precision == "bf16-mixed"
     with pytest.raises(ValueError, match="precision='fp16'"):
         RunConfig(precision="fp16")
 
@@ -90,7 +91,7 @@ def test_precision_auto_is_mixed_on_cuda_and_fp32_on_cpu():
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, lora):
     """Recomputing activations in backward changes memory, not the result (full model and LoRA adapter)."""
-    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
     saved = {False: 0, True: 0}  # bytes autograd keeps for backward
 
@@ -102,8 +103,8 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, l
 
     def trained(checkpointing):
         model = copy.deepcopy(tiny_lm)
-        cfg = RunConfig(learning_rate=1e-3, kl_beta=0.1, minibatch_size=4, micro_batch_size=2,
-                        gradient_checkpointing=checkpointing).grpo_config()
+        cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.1, minibatch_size=4, micro_batch_size=2,
+                        gradient_checkpointing=checkpointing))
         samples = [StepSample(p, c, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c) in enumerate(_pairs(maze_tokenizer, 8))]
         with torch.autograd.graph.saved_tensors_hooks(pack(checkpointing), lambda t: t):
             if not lora:
@@ -122,7 +123,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, l
 
 
 def test_bf16_base_resolves_autocasts_and_loads_in_bf16(tiny_lm, maze_tokenizer):
-    from fedagent_flwr.agent.precision import autocast, base_dtype, compute_precision
+    from fedagent_flwr.agent.engine.precision import autocast, base_dtype, compute_precision
 
     assert resolve_precision("bf16-base", on_cuda=False) == resolve_precision("bf16-base", on_cuda=True) == "bf16-base"
     assert base_dtype("bf16-base") == torch.bfloat16
@@ -134,15 +135,15 @@ def test_bf16_base_resolves_autocasts_and_loads_in_bf16(tiny_lm, maze_tokenizer)
 
 
 def _lora_trainer(model, tokenizer, precision, learning_rate=1e-6):
-    cfg = replace(RunConfig(learning_rate=learning_rate, kl_beta=0.01, kl_reference="base", minibatch_size=4,
-                            micro_batch_size=2, finetuning="lora").grpo_config(), precision=precision)
+    cfg = replace(grpo_config(RunConfig(learning_rate=learning_rate, kl_beta=0.01, kl_reference="base", minibatch_size=4,
+                            micro_batch_size=2, finetuning="lora")), precision=precision)
     return GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
 
 
 def test_bf16_base_lora_trains_an_fp32_adapter_at_lr_1e_6_and_never_moves_the_bf16_base(tiny_lm, maze_tokenizer):
     """The base is held in bf16 and stays bit-identical; the adapter and AdamW's moments are fp32, so the adapter
     moves at lr 1e-6 (a bf16 A of size ~0.1 would round such steps away); the forward runs under bf16 autocast."""
-    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
     base = copy.deepcopy(tiny_lm).to(torch.bfloat16)  # what load_agent(..., torch.bfloat16) holds
     base_before = {k: v.clone() for k, v in base.state_dict().items()}
@@ -174,7 +175,7 @@ def test_bf16_base_lora_trains_an_fp32_adapter_at_lr_1e_6_and_never_moves_the_bf
 
 
 def test_bf16_base_refuses_a_trained_bf16_model_and_an_fp32_base(tiny_lm, maze_tokenizer):
-    from fedagent_flwr.agent.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
     with pytest.raises(ValueError, match="trains fp32 tensors only"):  # finetuning='full' on a bf16 model
         _lora_trainer(copy.deepcopy(tiny_lm).to(torch.bfloat16), maze_tokenizer, "bf16-base")
@@ -185,7 +186,7 @@ def test_bf16_base_refuses_a_trained_bf16_model_and_an_fp32_base(tiny_lm, maze_t
 def test_load_agent_holds_a_bf16_base_beside_the_fp32_one_without_converting_it(tiny_lm, maze_tokenizer, tmp_path, monkeypatch):
     """The base's dtype is part of load_agent's cache key: a bf16-base run gets its own bf16 copy, and the fp32
     agent another run of the process uses is left fp32; a dtype passed by keyword or position is one key."""
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
 
     monkeypatch.setenv("FEDAGENT_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "model"

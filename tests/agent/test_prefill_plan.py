@@ -1,4 +1,4 @@
-"""Which prompt prefixes the static engine's prefill computes once per group (agent/prefill_plan.py).
+"""Which prompt prefixes the static engine's prefill computes once per group (agent/engine/prefill_plan.py).
 
 That the two-pass prefill gives the same tokens and log-probs as the transformers forward is tested in
 tests/agent/test_decode.py; here, the plan: its groups, its invariants, and that it never costs more than
@@ -6,7 +6,7 @@ prefilling every prompt whole."""
 
 import random
 
-from fedagent_flwr.agent.prefill_plan import MIN_SHARED, PrefillPlan, plan_prefill
+from fedagent_flwr.agent.engine.prefill_plan import MIN_SHARED, PrefillPlan, plan_prefill
 
 
 def _whole_cost(prompts):

@@ -1,7 +1,7 @@
 import pytest
 
 from envs import make_env
-from fedagent_flwr.agent.prompts import build_prompt, expert_completion, parse_action
+from fedagent_flwr.agent.play.prompts import build_prompt, expert_completion, parse_action
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_prompt_shows_task_recent_history_observation_and_actions():
 
 
 def test_lenient_parsing_reads_what_chat_models_write_and_strict_stays_the_reference():
-    from fedagent_flwr.agent.prompts import ParsedAction, parse_action
+    from fedagent_flwr.agent.play.prompts import ParsedAction, parse_action
 
     for text in ("<action>move up</action>",  # no <think>
                  "Sure! <think>ok</think><action>`move up`</action>",  # the action quoted
@@ -75,8 +75,8 @@ def test_lenient_parsing_reads_what_chat_models_write_and_strict_stays_the_refer
 
 def test_prompt_roles_system_moves_the_standing_instructions_into_a_system_message(maze_tokenizer):
     from envs import make_env
-    from fedagent_flwr.agent.prompts import ANSWER_FORMAT, build_prompt, system_prompt
-    from fedagent_flwr.agent.rollout import (
+    from fedagent_flwr.agent.play.prompts import ANSWER_FORMAT, build_prompt, system_prompt
+    from fedagent_flwr.agent.play.rollout import (
         ExpertPolicy,
         PromptEncoder,
         RolloutConfig,

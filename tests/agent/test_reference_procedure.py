@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from envs import Task, make_env
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample, step_advantages, trajectories_to_samples
-from fedagent_flwr.agent.rollout import PromptEncoder, RolloutConfig, StepRecord, Trajectory, run_episodes
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample, step_advantages, trajectories_to_samples
+from fedagent_flwr.agent.play.rollout import PromptEncoder, RolloutConfig, StepRecord, Trajectory, run_episodes
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
 
 def _trajectory(won: bool, penalties: list[float]) -> Trajectory:
@@ -75,9 +76,9 @@ def test_which_step_draws_the_penalty(maze_tokenizer, invalid_action, expected):
 
 def test_the_run_config_carries_the_penalty_rule_to_the_rollout():
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | {"invalid-action": "malformed", "invalid-penalty-scope": "step"})
-    rollout = cfg.rollout_config()
+    rollout = rollout_config(cfg)
     assert (rollout.invalid_action, rollout.penalty_scope) == ("malformed", "step")
-    assert (RunConfig().rollout_config().invalid_action, RunConfig().rollout_config().penalty_scope) == ("inadmissible", "trajectory")
+    assert (rollout_config(RunConfig()).invalid_action, rollout_config(RunConfig()).penalty_scope) == ("inadmissible", "trajectory")
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -91,7 +92,7 @@ def test_a_single_learner_anchors_its_kl_term_to_the_initial_model(overrides, ex
     """The Centralized and Local baselines are one learner trained for T x tau epochs: like the reference's plain verl
     run, its KL reference is the initial model for the whole run, not a new anchor every round."""
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
-    assert cfg.grpo_config().kl_reference == expected
+    assert grpo_config(cfg).kl_reference == expected
 
 
 def test_full_fine_tuning_anchored_to_base_scores_the_kl_term_against_the_base_weights(tiny_lm, maze_tokenizer):
@@ -103,7 +104,7 @@ def test_full_fine_tuning_anchored_to_base_scores_the_kl_term_against_the_base_w
             p.add_(0.05 * torch.randn_like(p))
     prompt = tok("Step 1. Observation: start")["input_ids"]
     samples = [StepSample(prompt, tok("<think>go</think><action>move up</action>")["input_ids"], 1.0)]
-    cfg = replace(RunConfig().grpo_config(), kl_beta=0.01, kl_reference="base")
+    cfg = replace(grpo_config(RunConfig()), kl_beta=0.01, kl_reference="base")
     trainer = GRPOTrainer(round_start, tok, cfg, RolloutConfig(history_length=0), base_model=base)
     anchored = trainer._reference_logprobs(samples)[0]
     assert torch.allclose(anchored, trainer._logprobs(base, samples)[0])

@@ -1,7 +1,7 @@
 from envs import make_env
-from fedagent_flwr.agent.evaluation import summarize
-from fedagent_flwr.agent.prompts import build_prompt
-from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, run_episodes
+from fedagent_flwr.agent.play.evaluation import summarize
+from fedagent_flwr.agent.play.prompts import build_prompt
+from fedagent_flwr.agent.play.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, run_episodes
 
 
 class CountingPolicy:

@@ -1,7 +1,7 @@
 import torch
 
-from fedagent_flwr.agent.rollout import stop_token_ids
-from fedagent_flwr.agent.sampling import pick_tokens, sample_batch
+from fedagent_flwr.agent.play.rollout import stop_token_ids
+from fedagent_flwr.agent.engine.sampling import pick_tokens, sample_batch
 
 
 def _generate_one(model, prompt, stop_ids, pad_id, max_new):
@@ -42,7 +42,7 @@ def test_top_p_samples_only_from_the_nucleus():
 
 
 def test_a_shared_prompt_prefix_is_encoded_once_and_changes_nothing(tiny_lm, maze_tokenizer, monkeypatch):
-    import fedagent_flwr.agent.sampling as sampling
+    import fedagent_flwr.agent.engine.sampling as sampling
 
     stop = stop_token_ids(maze_tokenizer)
     pad = maze_tokenizer.pad_token_id

@@ -10,8 +10,8 @@ import torch
 import trl
 from trl import SFTTrainer
 
-from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
-from fedagent_flwr.agent.tokens import collate, completion_logprobs
+from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
+from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 
 
 def _pairs(tokenizer, n: int, seed: int = 0):
@@ -121,8 +121,11 @@ def test_micro_batches_accumulate_to_the_batchs_loss_and_weights(tiny_lm, maze_t
         trained[micro] = (losses, model.state_dict())
         assert max(widths) == (micro or 8)
     assert trained[2][0] == pytest.approx(trained[0][0], rel=1e-5)
+    # atol 1e-5: a parameter whose gradient is zero in exact arithmetic (the key bias: softmax ignores a shift shared by
+    # all keys) gets rounding noise, which AdamW scales to steps of its own; on an Intel Xeon the two summation orders
+    # ended 2.3e-6 apart there. A per-pass mean, the bug this guards, moves the losses above and every weight far more.
     for (name, x), y in zip(trained[0][1].items(), trained[2][1].values()):
-        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("bad", [{"steps": 0}, {"batch_size": 0}, {"precision": "auto"}, {"precision": "fp16"},

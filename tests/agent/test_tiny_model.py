@@ -2,9 +2,9 @@ import json
 
 import torch
 
-from fedagent_flwr.agent.loading import load_agent
-from fedagent_flwr.agent.models import ModelSpec, fingerprint, load_model, load_tokenizer, resolve_model
-from fedagent_flwr.agent.tiny_model import TinyRecipe, ensure_tiny_model, tiny_model_dir
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.models.pretrained import ModelSpec, fingerprint, load_model, load_tokenizer, resolve_model
+from fedagent_flwr.agent.models.tiny_model import TinyRecipe, ensure_tiny_model, tiny_model_dir
 
 FAST = dict(env="maze", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, bc_steps=3, bc_batch_size=4)
 
@@ -51,7 +51,7 @@ def test_fingerprint_changes_with_any_weight():
 
 
 def test_model_names_resolve_to_tiny_or_hub_sources(monkeypatch, tmp_path):
-    import fedagent_flwr.agent.models as models
+    import fedagent_flwr.agent.models.pretrained as models
 
     monkeypatch.setattr(models, "ensure_tiny_model", lambda env: tmp_path / f"tiny-{env}")
     assert resolve_model("tiny", "maze") == ModelSpec(str(tmp_path / "tiny-maze"), built_here=True)
@@ -70,7 +70,7 @@ def test_training_progress_says_step_elapsed_and_time_left_at_every_tenth(monkey
     import logging
     from types import SimpleNamespace
 
-    from fedagent_flwr.agent import tiny_model
+    from fedagent_flwr.agent.models import tiny_model
 
     now = [0.0]
     monkeypatch.setattr(tiny_model, "time", SimpleNamespace(perf_counter=lambda: now[0]))  # one second per step
@@ -109,7 +109,7 @@ def test_build_command_shows_each_phase_and_training_progress_then_reports_the_c
     cached folder without building; --force builds it again and leaves no half folder."""
     import logging
 
-    from fedagent_flwr.agent.tiny_model import log
+    from fedagent_flwr.agent.models.tiny_model import log
     from fedagent_flwr.experiments import build_tiny
 
     monkeypatch.setenv("FEDAGENT_CACHE", str(tmp_path))
@@ -167,7 +167,7 @@ def test_build_lines_reach_the_log_flower_uploads(monkeypatch):
 
     from flwr.supercore import logger as flwr_logger
 
-    from fedagent_flwr.agent.tiny_model import BuildPhases
+    from fedagent_flwr.agent.models.tiny_model import BuildPhases
 
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     monkeypatch.setattr(sys, "stderr", io.StringIO())
@@ -212,7 +212,7 @@ def test_a_prompt_revision_gives_the_models_of_that_environment_a_new_folder(mon
     """A model behaviour-cloned on an environment's old prompt text must not be reused once the text changes;
     models of the other environments keep their folders (and the tables measured with them stay valid)."""
     from envs import env_class
-    from fedagent_flwr.agent.tiny_model import default_recipe
+    from fedagent_flwr.agent.models.tiny_model import default_recipe
 
     before = {spec: default_recipe(spec).digest() for spec in ("maze", "babyai", "babyai,maze", "babyai,wordle")}
     monkeypatch.setattr(env_class("maze"), "prompt_revision", env_class("maze").prompt_revision + 1)

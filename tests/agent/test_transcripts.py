@@ -1,8 +1,8 @@
 """Held-out episodes as text: what the agent saw, wrote and did, step by step."""
 
 from envs import Task
-from fedagent_flwr.agent.rollout import StepRecord, Trajectory
-from fedagent_flwr.agent.transcripts import sample_episodes, short_example, write_transcripts
+from fedagent_flwr.agent.play.rollout import StepRecord, Trajectory
+from fedagent_flwr.agent.play.transcripts import sample_episodes, short_example, write_transcripts
 
 
 def _episode(i: int, won: bool) -> Trajectory:

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from fedagent_flwr.agent import warm_start
-from fedagent_flwr.agent.model_cache import CHECKSUMS
+from fedagent_flwr.agent.models import warm_start
+from fedagent_flwr.agent.engine.placement import place
+from fedagent_flwr.agent.models.model_cache import CHECKSUMS
 
 
 @pytest.fixture()
@@ -23,7 +24,7 @@ def test_a_warm_model_is_built_once_with_progress_and_reused(tiny_lm, maze_token
     tiny_lm.save_pretrained(base)
     maze_tokenizer.save_pretrained(base)
     cache = tmp_path / "cache"
-    folder = warm_start.ensure_warm_model("my-base", str(base), "maze", torch.device("cpu"), cache_root=cache)
+    folder = warm_start.ensure_warm_model("my-base", str(base), "maze", place(device="cpu"), cache_root=cache)
     said = capsys.readouterr().err
     assert "building the warm start of my-base on maze" in said and "[warm-start] before:" in said and "warm start training: step" in said
     report = json.loads((folder / "warm_start.json").read_text())
@@ -32,9 +33,9 @@ def test_a_warm_model_is_built_once_with_progress_and_reused(tiny_lm, maze_token
     model = AutoModelForCausalLM.from_pretrained(folder)  # a plain model: the adapter was merged
     moved = any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny_lm.state_dict().values()))
     assert moved
-    again = warm_start.ensure_warm_model("my-base", str(base), "maze", torch.device("cpu"), cache_root=cache)
+    again = warm_start.ensure_warm_model("my-base", str(base), "maze", place(device="cpu"), cache_root=cache)
     assert again == folder and "building" not in capsys.readouterr().err  # reused, not rebuilt
-    other = warm_start.ensure_warm_model("my-base", str(base), "gridworld", torch.device("cpu"), cache_root=cache)
+    other = warm_start.ensure_warm_model("my-base", str(base), "gridworld", place(device="cpu"), cache_root=cache)
     assert other != folder  # the environment is part of the key
     assert sorted(p.name for p in cache.iterdir()) == sorted([folder.name, f"{folder.name}.lock", other.name, f"{other.name}.lock"])
 

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from fedagent_flwr.config import RunConfig, docs_table
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.experiments.config_files import docs_tables
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,8 +19,23 @@ def test_pyproject_defaults_equal_the_dataclass_defaults():
 
 def test_docs_list_every_key_with_its_default():
     readme = (ROOT / "docs" / "run-config.md").read_text()
-    for line in docs_table().splitlines()[2:]:
-        assert line in readme, f"docs/run-config.md is missing or has a stale row: {line}"
+    for line in docs_tables().splitlines():
+        assert line in readme, f"docs/run-config.md is missing or has a stale line: {line}"
+
+
+def test_every_table_row_of_the_run_config_docs_has_as_many_cells_as_its_header():
+    """A `|` inside a cell (e.g. an allowed list such as fp32 | bf16) must be escaped, or the row renders shifted."""
+    import re
+
+    header = None
+    for number, line in enumerate((ROOT / "docs" / "run-config.md").read_text().splitlines(), 1):
+        cells = len(re.split(r"(?<!\\)\|", line.strip())) - 2 if line.startswith("|") else None
+        if cells is None:
+            header = None
+        elif header is None:
+            header = cells
+        else:
+            assert cells == header, f"docs/run-config.md:{number} has {cells} cells under a header of {header}"
 
 
 @pytest.mark.parametrize(
@@ -79,10 +96,10 @@ def test_every_field_has_docs():
 
 def test_max_new_tokens_zero_takes_the_largest_budget_among_the_envs():
 
-    assert RunConfig().rollout_config().max_new_tokens == 32  # gridworld
-    assert RunConfig(env="webshop").rollout_config().max_new_tokens == 128
-    assert RunConfig(env="maze,alfworld").rollout_config().max_new_tokens == 64
-    assert RunConfig(env="webshop", max_new_tokens=40).rollout_config().max_new_tokens == 40
+    assert rollout_config(RunConfig()).max_new_tokens == 32  # gridworld
+    assert rollout_config(RunConfig(env="webshop")).max_new_tokens == 128
+    assert rollout_config(RunConfig(env="maze,alfworld")).max_new_tokens == 64
+    assert rollout_config(RunConfig(env="webshop", max_new_tokens=40)).max_new_tokens == 40
 
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
@@ -95,7 +112,7 @@ def test_every_preset_file_is_a_valid_run_config(preset):
     values = read_run_config_file(str(preset))
     assert values == parse_config_args([str(preset)])  # the same keys and values Flower reads
     try:
-        from fedagent_flwr.agent.gguf_models import gguf_file
+        from fedagent_flwr.agent.models.gguf_models import gguf_file
 
         gguf_file("smollm2-135m-instruct")
     except ValueError:  # the SmolLM2 presets' model needs a package CI does not install: check every other key
@@ -152,14 +169,14 @@ def test_library_configs_are_built_from_the_run_config_alone():
     """GRPOConfig has no defaults to disagree with the run config; RolloutConfig's history comes from it too."""
     import dataclasses
 
-    from fedagent_flwr.agent.grpo import GRPOConfig
-    from fedagent_flwr.agent.rollout import RolloutConfig
+    from fedagent_flwr.agent.training.grpo import GRPOConfig
+    from fedagent_flwr.agent.play.rollout import RolloutConfig
 
     run = RunConfig(learning_rate=3e-6, tasks_per_epoch=16, minibatch_size=32, micro_batch_size=8, history_length=2)
-    grpo = run.grpo_config()
+    grpo = grpo_config(run)
     assert (grpo.learning_rate, grpo.tasks_per_epoch, grpo.minibatch_size, grpo.micro_batch_size) == (3e-6, 16, 32, 8)
     settable = [f.name for f in dataclasses.fields(GRPOConfig) if f.name != "adv_eps"]
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(GRPOConfig) if f.name in settable)
-    assert run.rollout_config().history_length == 2 and RunConfig().rollout_config().history_length == 0
+    assert rollout_config(run).history_length == 2 and rollout_config(RunConfig()).history_length == 0
     with pytest.raises(TypeError):
         RolloutConfig()  # no silent history length of its own

@@ -2,6 +2,7 @@
 standard error), what moved and when."""
 
 from fedagent_flwr.runs.reporting import round_line
+from fedagent_flwr.methods.library_configs import rollout_config
 
 
 def test_a_round_line_has_clients_training_held_out_success_with_its_error_bytes_and_time():
@@ -44,7 +45,7 @@ def test_the_evaluation_command_replays_the_servers_evaluation(tmp_path, tiny_lm
 
     from envs import make_env
     from envs.multi import per_env_spread
-    from fedagent_flwr.agent.evaluation import GlobalEvaluator
+    from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.experiments.evaluate import main
 
@@ -53,7 +54,7 @@ def test_the_evaluation_command_replays_the_servers_evaluation(tmp_path, tiny_lm
     cfg = RunConfig(seed=7, eval_tasks=3, eval_samples_per_task=2)
     tasks = per_env_spread(make_env("maze").tasks_of_split("test"), 3)
     evaluator = GlobalEvaluator(tiny_lm, maze_tokenizer, lambda: make_env("maze"), tasks,
-                                cfg.rollout_config(evaluation=True), 2, cfg.seed)
+                                rollout_config(cfg, evaluation=True), 2, cfg.seed)
     server = evaluator.evaluate(1)
     main(["--model", str(tmp_path / "model"), "--env", "maze", "--tasks", "3", "--samples-per-task", "2", "--seed", "7",
           "--device", "cpu", "--out", str(tmp_path / "eval.json"), "--dump", str(tmp_path / "episodes.txt"),

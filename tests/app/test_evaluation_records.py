@@ -22,8 +22,8 @@ def run_dir(tmp_path_factory):
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedagent_flwr import federation
-    from fedagent_flwr.agent.evaluation import GlobalEvaluator
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
+    from fedagent_flwr.agent.models.loading import load_agent
     from loopback_grid import LoopbackGrid
 
     out = tmp_path_factory.mktemp("records")

@@ -72,3 +72,19 @@ def test_no_test_folder_shadows_a_package():
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert not folders & packages, folders & packages
+
+
+AGENT_ROOMS = ("engine", "play", "training", "models")  # agent/'s rooms, each importing only the rooms before it
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "fedagent_flwr" / "agent").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_agent_rooms_import_only_the_rooms_before_them(path):
+    parts = path.relative_to(ROOT / "fedagent_flwr" / "agent").parts
+    if len(parts) == 1:  # agent/__init__.py and self_evolution.py, which use every room
+        return
+    own = AGENT_ROOMS.index(parts[0])
+    later = sorted(m for m in _imports(path) if m.startswith("fedagent_flwr.agent.")
+                   and (room := m.split(".")[2]) in AGENT_ROOMS and AGENT_ROOMS.index(room) > own)
+    assert not later, f"{path.relative_to(ROOT)} ({parts[0]}) imports a later room: {later}"
+    assert not any(m == "fedagent_flwr.agent.self_evolution" for m in _imports(path)), path

@@ -13,6 +13,7 @@ from fedagent_flwr.experiments import protocols
 from fedagent_flwr.methods.tasks import all_partitions
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.atomic import write_json_atomic
+from fedagent_flwr.methods.library_configs import rollout_config
 
 
 def full(run) -> RunConfig:
@@ -50,7 +51,7 @@ def test_the_paper_table1_dry_run_runs_the_reference_procedure(tmp_path, capsys)
         missing = [flag for flag in reference if f"{flag} " not in command + " "]
         assert not missing, (missing, command)
         cfg = RunConfig.from_run_config(RunConfig().to_run_config() | protocols.PRESETS["paper"])
-        assert cfg.rollout_config(evaluation=True).temperature == 0.4 and cfg.rollout_config().temperature == 1.0
+        assert rollout_config(cfg, evaluation=True).temperature == 0.4 and rollout_config(cfg).temperature == 1.0
 
 
 def test_table1_local_client_k_holds_the_same_tasks_in_every_seed():

@@ -16,7 +16,7 @@ from fedagent_flwr.config import RunConfig
 
 def _run(tmp_path: Path, tracker: str, name: str) -> list[dict]:
     """A two-round federation of the tiny model with `tracker`; its metric rows as metrics.jsonl holds them."""
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
 
@@ -138,7 +138,7 @@ def test_tracker_wandb_without_wandb_is_refused_with_the_install_command(monkeyp
 
 def test_a_run_that_fails_midway_still_closes_its_tracker(tmp_path, run_identity, monkeypatch):
     """A failed run's tracker is flushed and finished too: its last rows are what a user reads to see why it failed."""
-    from fedagent_flwr.agent.evaluation import GlobalEvaluator
+    from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
     from fedagent_flwr.runs.tracking import TensorBoardTracker
 
     closed, evaluate = [], GlobalEvaluator.evaluate

@@ -182,7 +182,7 @@ def test_every_problem_is_reported_at_once():
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
 def test_gpu_requests_without_a_gpu_fail_before_any_work():
-    from fedagent_flwr.agent.models import pick_device
+    from fedagent_flwr.agent.models.pretrained import pick_device
 
     with pytest.raises(ValueError, match="device='cuda' but no CUDA GPU is visible"):
         pick_device("cuda")
@@ -202,7 +202,7 @@ def test_the_base_model_is_loaded_once_per_process_and_reused_across_rounds(tmp_
     """Two rounds, three clients in one worker process and the server in its own: one load each."""
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedagent_flwr.agent import loading as agent_module
+    from fedagent_flwr.agent.models import loading as agent_module
     from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
 

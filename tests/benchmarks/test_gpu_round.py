@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from benchmark_scripts import load_script
+from fedagent_flwr.methods.memory import memory_plans
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_round.py"
 SMALL = ["--set", "tasks-per-epoch=2", "--set", "group-size=2", "--set", "max-steps=2", "--set", "max-new-tokens=16",
@@ -99,10 +100,11 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     import torch
 
     from envs import make_env
-    from fedagent_flwr.agent.memory import GB, ModelShape
-    from fedagent_flwr.agent.shaped_model import environment_tokenizer
-    from fedagent_flwr.config import RunConfig, parse_overrides
-    from fedagent_flwr.methods.fedagent import context_tokens
+    from fedagent_flwr.agent.engine.memory import GB, ModelShape
+    from fedagent_flwr.agent.models.shaped_model import environment_tokenizer
+    from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.simulation import parse_overrides
+    from fedagent_flwr.methods.memory import context_tokens
 
     gpu_round = load_script("gpu_round")
     # device cpu here and in the script: on a GPU machine auto would plan for bf16 and the static decoder
@@ -112,7 +114,7 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     env = make_env(cfg.env, cfg.max_steps)
     shape = ModelShape.of(gpu_round.build_model("tiny", tokenizer, torch.device("cpu"), 0).config)
     context = context_tokens(cfg, tokenizer, env, env.tasks_of_split("test")[:16])
-    one, four = (cfg.memory_plans(shape, context, rows)[0].total for rows in (1, 4))
+    one, four = (memory_plans(cfg, shape, context, rows)[0].total for rows in (1, 4))
     budget = (one + four) / 2
     r = _run("--device", "cpu", "--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}")
     assert 1 <= r["rollout_rows"] < 4 == r["episodes"]

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from benchmark_scripts import load_script
+from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from fedagent_flwr.methods.library_configs import grpo_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_profile.py"
 
@@ -102,9 +104,9 @@ def test_host_waits_wait_for_the_device_around_every_log_prob_forward_and_only_i
     micro-batches: one before and one after each forward of the log-prob and update passes."""
     import torch
 
-    import fedagent_flwr.agent.grpo as grpo
-    from fedagent_flwr.agent.grpo import GRPOTrainer
-    from fedagent_flwr.agent.rollout import RolloutConfig
+    import fedagent_flwr.agent.training.grpo as grpo
+    from fedagent_flwr.agent.training.grpo import GRPOTrainer
+    from fedagent_flwr.agent.play.rollout import RolloutConfig
     from fedagent_flwr.config import RunConfig
 
     up = load_script("update_profile")
@@ -113,7 +115,7 @@ def test_host_waits_wait_for_the_device_around_every_log_prob_forward_and_only_i
     inner = grpo.completion_logprobs
     monkeypatch.setattr(grpo, "completion_logprobs", lambda *a, **k: forwards.append(1) or inner(*a, **k))
     recording = grpo.completion_logprobs
-    cfg = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu").grpo_config()
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu"))
     samples = up.synthetic_samples(8, 6, 3, tiny_lm.config.vocab_size, np.random.default_rng(0))
     cpu = torch.device("cpu")
     with up.host_waits(cpu, True):
@@ -127,20 +129,20 @@ def test_host_waits_wait_for_the_device_around_every_log_prob_forward_and_only_i
 
 def test_the_unfused_adamw_variant_builds_pytorchs_default_and_puts_the_trainers_choice_back(tiny_lm, maze_tokenizer, monkeypatch):
     """fused-adamw=false measures the update side by side with PyTorch's default AdamW; after the variant, trainers
-    build agent/grpo.py's choice again. The trainer's choice is stood in for by a fused AdamW, which PyTorch also has
+    build agent/training/grpo.py's choice again. The trainer's choice is stood in for by a fused AdamW, which PyTorch also has
     on a CPU, so the two can be told apart here."""
     import torch
 
-    import fedagent_flwr.agent.grpo as grpo
-    from fedagent_flwr.agent.grpo import GRPOTrainer
-    from fedagent_flwr.agent.rollout import RolloutConfig
+    import fedagent_flwr.agent.training.grpo as grpo
+    from fedagent_flwr.agent.training.grpo import GRPOTrainer
+    from fedagent_flwr.agent.play.rollout import RolloutConfig
     from fedagent_flwr.config import RunConfig
 
     up = load_script("update_profile")
     assert up.parse_variant("fused-adamw=false") == {"fused-adamw": False}
     fused = lambda params, lr, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
     monkeypatch.setattr(grpo, "adamw", fused)
-    cfg = RunConfig(learning_rate=1e-3, weight_decay=0.01, device="cpu").grpo_config()
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, weight_decay=0.01, device="cpu"))
 
     def optimizer():
         return GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).optimizer
@@ -156,7 +158,7 @@ def test_the_unfused_adamw_variant_builds_pytorchs_default_and_puts_the_trainers
 def test_the_padding_mask_variant_hands_a_qwen_model_the_4d_mask_and_puts_the_mapping_back(tiny_lm):
     import torch
 
-    from fedagent_flwr.agent.tokens import collate, model_attention_mask
+    from fedagent_flwr.agent.engine.tokens import collate, model_attention_mask
 
     up = load_script("update_profile")
     assert up.parse_variant("micro-batch-size=2,padding-mask=true") == {"micro-batch-size": 2, "padding-mask": True}
@@ -193,7 +195,7 @@ def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations
     """planned_peak: the client plan less its rollout rows (KV cache, generation logits, the decoder's copy) and its
     own activations row, plus the activations of the passes as run: the largest update pass's with its checkpointed
     layers, or one layer of the largest no-grad pass where that is more."""
-    from fedagent_flwr.agent.memory import ModelShape, layer_activation_bytes, update_activation_bytes
+    from fedagent_flwr.agent.engine.memory import ModelShape, layer_activation_bytes, update_activation_bytes
     from fedagent_flwr.config import RunConfig
 
     up = load_script("update_profile")
@@ -201,10 +203,10 @@ def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations
     shape = ModelShape.of(tiny_lm.config)
     cfg = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8)
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    plan = cfg.memory_plans(shape, context, 8)[0].as_dict()
+    plan = memory_plans(cfg, shape, context, 8)[0].as_dict()
     held = plan["total"] - plan["activations of a micro-batch"] - sum(plan[row] for row in up.ROLLOUT_ROWS)
     assert plan["KV cache of a rollout batch"] > 0 and held < plan["total"] - plan["activations of a micro-batch"]
-    per = cfg.layer_activations(shape)
+    per = plan_layer_activations(cfg, shape)
     passes = {True: [(2, 30), (2, 28)], False: [(2, 30)]}
     assert up.planned_peak(tiny_lm, cfg, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, 0, per)
     # every layer checkpointed: their inputs and one layer's set, unless the no-grad pass of 40 rows holds more

@@ -12,7 +12,7 @@ from env_contract import BAD_ACTION_RUNS, check_bad_actions, expert_success
 from envs import make_env
 from envs.textcraft import MAX_GET, TextCraftEnv
 from envs.base import Task
-from fedagent_flwr.agent.prompts import build_prompt
+from fedagent_flwr.agent.play.prompts import build_prompt
 
 
 @pytest.fixture(scope="module")

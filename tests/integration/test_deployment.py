@@ -197,7 +197,7 @@ def test_a_qwen2_5_0_5b_shaped_model_crosses_real_supernodes(tmp_path):
     starts a fresh ClientApp process per message, so the model is loaded once per message: the log says so.
     In bf16 (0.99 GB a message): in fp32 the ServerApp, the SuperLink, a SuperNode and its ClientApp together held
     more than this 24 GiB machine has, and the kernel killed the ServerApp in round 2."""
-    from fedagent_flwr.agent.shaped_model import ensure_shaped_model
+    from fedagent_flwr.agent.models.shaped_model import ensure_shaped_model
 
     ensure_shaped_model("shape:qwen2.5-0.5b", "maze")  # built once per machine (~20 s), outside the timed run
     out = tmp_path / "runs"
@@ -232,7 +232,7 @@ def test_a_qwen2_5_1_5b_shaped_model_runs_a_round_on_cuda_over_real_supernodes(t
     measures the update on CUDA."""
     import torch
 
-    from fedagent_flwr.agent.shaped_model import ensure_shaped_model
+    from fedagent_flwr.agent.models.shaped_model import ensure_shaped_model
 
     ensure_shaped_model("shape:qwen2.5-1.5b", "maze")  # outside the timed run
     out = tmp_path / "runs"

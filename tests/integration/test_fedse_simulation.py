@@ -43,7 +43,7 @@ def test_two_round_fedse_simulation_on_the_tiny_model(tmp_path):
     last = run_dir / "checkpoints" / "round-0002"
     config = json.loads((first / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "tiny"  # the run's model, not a cache path of this machine
-    from fedagent_flwr.agent.tiny_model import ensure_tiny_model
+    from fedagent_flwr.agent.models.tiny_model import ensure_tiny_model
 
     base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model("maze"))
     model = PeftModel.from_pretrained(base, last)

@@ -10,7 +10,7 @@ import pytest
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from fedagent_flwr.agent.gguf_models import PACKAGED, gguf_file
+from fedagent_flwr.agent.models.gguf_models import PACKAGED, gguf_file
 from simulate import simulate
 
 pytestmark = pytest.mark.slow

@@ -12,15 +12,16 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 from envs import make_env
-from fedagent_flwr.agent.loading import Agent
+from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.agent.experience import SEED_ROUND, ExperienceBuffer
-from fedagent_flwr.agent.lora import LoRASpec, adapter_num_parameters, adapter_to_arrays, attached_lora, save_adapter
-from fedagent_flwr.agent.rollout import RolloutConfig, StepRecord, Trajectory
+from fedagent_flwr.agent.training.experience import SEED_ROUND, ExperienceBuffer
+from fedagent_flwr.agent.training.lora import LoRASpec, adapter_num_parameters, adapter_to_arrays, attached_lora, save_adapter
+from fedagent_flwr.agent.play.rollout import RolloutConfig, StepRecord, Trajectory
 from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig, keep_trajectories, self_evolution_round, valid_steps_only
 from strategies import FedAgentAvg, FedSELoRA
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.fedse_lora import aggregate_adapters, clients_for_fraction, mean_of_products, refactorise
+from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_A = "base_model.model.layers.0.q_proj.lora_A.weight"
@@ -241,7 +242,7 @@ def test_buffer_survives_a_new_process(tmp_path):
     buf = ExperienceBuffer(tmp_path, "fp")
     buf.seed([_traj("d0", True, 3)])
     buf.add_round(1, [_traj("r1", True, 4)])
-    code = ("import sys, json; from fedagent_flwr.agent.experience import ExperienceBuffer; "
+    code = ("import sys, json; from fedagent_flwr.agent.training.experience import ExperienceBuffer; "
             "b = ExperienceBuffer(sys.argv[1], 'fp'); print(json.dumps([len(b), len(b.samples())]))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [2, 7]
@@ -334,7 +335,7 @@ def test_factor_mean_error_for_drifted_adapters_and_svd_is_never_worse(perturbat
 
 def test_the_sft_target_is_the_action_given_the_reasoning(maze_tokenizer):
     """Fed-SE's Eq. 7: the reasoning conditions, the action is scored. The split point is where `</think>` ends."""
-    from fedagent_flwr.agent.prompts import expert_completion
+    from fedagent_flwr.agent.play.prompts import expert_completion
     from fedagent_flwr.agent.self_evolution import action_given_reasoning
 
     prompt = [1, 2, 3]
@@ -354,8 +355,8 @@ def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given
     from fedagent_flwr.agent import self_evolution
     from fedagent_flwr.config import RunConfig
 
-    assert RunConfig(strategy="fedse-lora").self_evolution_config().loss_tokens == "completion"
-    assert RunConfig(strategy="fedse-lora", fedse_loss_tokens="action").self_evolution_config().loss_tokens == "action"
+    assert self_evolution_config(RunConfig(strategy="fedse-lora")).loss_tokens == "completion"
+    assert self_evolution_config(RunConfig(strategy="fedse-lora", fedse_loss_tokens="action")).loss_tokens == "action"
     with pytest.raises(ValueError, match="fedse-loss-tokens='reasoning'"):
         RunConfig(strategy="fedse-lora", fedse_loss_tokens="reasoning")
     # the round hands the SFT the split samples only with loss_tokens="action"
@@ -532,4 +533,4 @@ def test_the_fedse_paper_preset_holds_what_the_paper_states():
     assert cfg.env.split(",") == ["babyai", "webshop", "textcraft", "maze", "wordle"] and cfg.partition == "by-environment"
     assert (cfg.num_clients, cfg.fedse_client_fraction, cfg.num_server_rounds, cfg.lora_rank) == (5, 1.0, 20, 8)
     assert (cfg.fedse_aggregation, cfg.fedse_keep, cfg.fedse_history, cfg.fedse_steps) == ("mean", "successes", "cumulative", "all")
-    assert cfg.rollout_config(evaluation=True).temperature == 0.0  # greedy, as AgentGym evaluates
+    assert rollout_config(cfg, evaluation=True).temperature == 0.0  # greedy, as AgentGym evaluates

@@ -1,10 +1,10 @@
 import torch
 
-from fedagent_flwr.agent.loading import Agent
+from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.fedagent import train_locally
 from fedagent_flwr.methods.tasks import learner_tasks as client_tasks
-from fedagent_flwr.agent.models import ModelSpec, fingerprint
+from fedagent_flwr.agent.models.pretrained import ModelSpec, fingerprint
 
 
 def test_client_tasks_are_its_partition_of_the_training_split():

@@ -6,11 +6,12 @@ import torch
 from flwr.app import MessageType
 from peft import get_peft_model_state_dict
 
-from fedagent_flwr.agent.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.lora import LoRASpec, attached_lora
-from fedagent_flwr.agent.rollout import RolloutConfig
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from strategies.communication import payload_bytes
+from fedagent_flwr.methods.library_configs import grpo_config
 
 
 def _samples(tokenizer, n=8):
@@ -22,8 +23,8 @@ def _samples(tokenizer, n=8):
 @pytest.mark.parametrize("reference", ["round-start", "base"])
 def test_grpo_on_a_lora_model_moves_only_the_adapter(tiny_lm, maze_tokenizer, reference):
     base = {k: v.clone() for k, v in tiny_lm.state_dict().items()}
-    cfg = RunConfig(finetuning="lora", kl_reference=reference, learning_rate=1e-2, kl_beta=0.1, minibatch_size=4,
-                    micro_batch_size=4).grpo_config()
+    cfg = grpo_config(RunConfig(finetuning="lora", kl_reference=reference, learning_rate=1e-2, kl_beta=0.1, minibatch_size=4,
+                    micro_batch_size=4))
     with attached_lora(tiny_lm, LoRASpec(rank=2, target_modules=("q_proj", "v_proj"))) as peft_model:
         for p in peft_model.parameters():  # B = 0 at the start: give the adapter a value so both references differ from it
             if p.requires_grad:
@@ -42,7 +43,7 @@ def test_grpo_on_a_lora_model_moves_only_the_adapter(tiny_lm, maze_tokenizer, re
 
 
 def test_a_lora_fedagent_run_sends_only_the_adapter(tmp_path, run_identity):
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
 

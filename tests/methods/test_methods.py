@@ -71,9 +71,9 @@ def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_
     import torch
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
-    from fedagent_flwr.agent.loading import Agent
-    from fedagent_flwr.agent.models import ModelSpec
-    from fedagent_flwr.agent.weights import model_to_arrays
+    from fedagent_flwr.agent.models.loading import Agent
+    from fedagent_flwr.agent.models.pretrained import ModelSpec
+    from fedagent_flwr.agent.training.weights import model_to_arrays
     from fedagent_flwr.methods import fedagent
 
     seen, anchors = [], []

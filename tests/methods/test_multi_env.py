@@ -15,11 +15,11 @@ from envs.maze import MazeEnv
 from envs.multi import per_env_spread, per_env_sample
 from envs.wordle import WordleEnv
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.agent.evaluation import summarize
+from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.methods.tasks import learner_tasks as client_tasks
-from fedagent_flwr.agent.multi_env import environment_table, format_row, per_env_summary
+from fedagent_flwr.agent.play.multi_env import environment_table, format_row, per_env_summary
 from fedagent_flwr.runs.reporting import RunReporter
-from fedagent_flwr.agent.rollout import ExpertPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
+from fedagent_flwr.agent.play.rollout import ExpertPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
 from partitions import by_environment, make_partitioner, task_table
 
 SPEC = "babyai,maze,wordle"
@@ -218,7 +218,7 @@ class _CharTokenizer:
 
 
 def test_tiny_recipe_for_a_spec_is_keyed_by_its_env_list(tmp_path):
-    from fedagent_flwr.agent.tiny_model import SINGLE_ENV_PRESETS, TinyRecipe, default_recipe, ensure_tiny_model, tiny_model_dir
+    from fedagent_flwr.agent.models.tiny_model import SINGLE_ENV_PRESETS, TinyRecipe, default_recipe, ensure_tiny_model, tiny_model_dir
 
     assert default_recipe("babyai, maze") == default_recipe("babyai,maze")
     assert default_recipe("babyai,maze").digest() != default_recipe("maze,babyai").digest()
@@ -233,7 +233,7 @@ def test_tiny_recipe_for_a_spec_is_keyed_by_its_env_list(tmp_path):
     path = ensure_tiny_model("babyai,maze,wordle", tmp_path, recipe)
     meta = json.loads((path / "recipe.json").read_text())
     assert meta["recipe"]["env"] == "babyai,maze,wordle" and meta["bc_samples"] > 0
-    from fedagent_flwr.agent.models import ModelSpec, load_tokenizer
+    from fedagent_flwr.agent.models.pretrained import ModelSpec, load_tokenizer
 
     tok = load_tokenizer(ModelSpec(str(path), built_here=True))
     for action in ("go forward", "move up", "crane"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MessageType
 
-from fedagent_flwr.agent.weights import arrays_to_model, model_to_arrays, tied_names
+from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays, tied_names
 from fedagent_flwr.config import RunConfig
 from strategies.communication import payload_bytes
 from strategies.transfer import decode, encode, from_bf16_bits, to_bf16_bits
@@ -37,7 +37,7 @@ def test_tied_weights_travel_once_and_are_tied_again_on_arrival(tiny_lm):
 
 @pytest.mark.parametrize("dtype, width", [("fp32", 4), ("bf16", 2)])
 def test_a_federated_round_sends_each_distinct_parameter_once_in_the_transfer_dtype(dtype, width, tmp_path, run_identity):
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
 

@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from envs import make_env
 from fedagent_flwr.methods.tasks import all_partitions, baseline_learner, learner_tasks, union_of
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.agent.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig
+from fedagent_flwr.agent.play.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig
 from fedagent_flwr.experiments.success_labels import label_tasks
 from fedagent_flwr.atomic import write_json_atomic
 from partitions.labels import load_labels

@@ -106,7 +106,7 @@ def test_a_run_with_dp_clips_every_update_and_still_sends_only_numbers(strategy,
     """The real ServerApp and ClientApp (with its mods) in one process (tests/loopback_grid.py)."""
     import torch
 
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.federation import run_federation
     from loopback_grid import LoopbackGrid
     from fedagent_flwr.privacy.differential_privacy import update_norm

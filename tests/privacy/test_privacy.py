@@ -75,7 +75,7 @@ def assert_reply_is_weights_and_numbers(sent: Message, reply: Message, env: str 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_clients_send_only_weights_and_numeric_metrics(strategy, tmp_path, run_identity, monkeypatch):
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.federation import run_federation
 
     assert strategy in SMALL_CONFIGS, f"add a small run config for strategy {strategy!r} to SMALL_CONFIGS"
@@ -158,7 +158,7 @@ def test_the_filter_drops_metric_keys_that_could_carry_text_and_keeps_the_allowe
     assert_reply_is_weights_and_numbers(sent, reply, env="maze")
     # categories are the run's env's own: wordle's are not maze's
     assert allowed_metric("success_rate/crowded", "wordle") and not allowed_metric("success_rate/crowded", "maze")
-    from fedagent_flwr.agent.multi_env import (  # the per-environment keys of a multi-env run
+    from fedagent_flwr.agent.play.multi_env import (  # the per-environment keys of a multi-env run
         ENV_PREFIX,
         MEAN_KEY,
     )
@@ -202,7 +202,7 @@ def test_a_failing_client_sends_an_error_code_and_the_class_name_only(run_identi
 
 
 def test_a_failing_clients_reply_reaches_the_server_summary_without_its_traceback(tmp_path, run_identity):
-    from fedagent_flwr.agent.loading import load_agent
+    from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.federation import run_federation
 
     torch.set_num_threads(1)

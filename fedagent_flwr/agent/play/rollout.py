@@ -17,16 +17,16 @@ import torch
 from tqdm.auto import tqdm
 
 from envs import Task, TextEnv
-from fedagent_flwr.agent.action_matching import ACTION_MATCHING, match_action
-from fedagent_flwr.agent.decode import KERNELS
-from fedagent_flwr.agent.prompts import (
+from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING, match_action
+from fedagent_flwr.agent.engine.decode import KERNELS
+from fedagent_flwr.agent.play.prompts import (
     PROMPT_ROLES,
     build_prompt,
     expert_completion,
     parse_action,
     system_prompt,
 )
-from fedagent_flwr.agent.sampling import ENGINES, sample_batch
+from fedagent_flwr.agent.engine.sampling import ENGINES, sample_batch
 
 
 @dataclass
@@ -90,7 +90,7 @@ PENALTY_SCOPES = ("trajectory", "step")
 @dataclass
 class RolloutConfig:
     # past (observation, action) pairs in the prompt; no default, so that no caller silently differs
-    # from the run config's (config.RunConfig.rollout_config builds this for every run)
+    # from the run config's (methods/library_configs.rollout_config builds this for every run)
     history_length: int
     invalid_penalty: float = 0.1
     max_new_tokens: int = 48
@@ -107,8 +107,8 @@ class RolloutConfig:
     answer_parsing: str = "strict"  # see prompts.parse_action
     prompt_roles: str = "user"  # see prompts.PROMPT_ROLES
     invalid_action: str = "inadmissible"  # see INVALID_ACTIONS
-    penalty_scope: str = "trajectory"  # see PENALTY_SCOPES; agent/grpo.py reads it
-    decode_engine: str = "hf"  # see sampling.ENGINES: hf = the KV-cache loop over the transformers model; static = decode.py
+    penalty_scope: str = "trajectory"  # see PENALTY_SCOPES; agent/training/grpo.py reads it
+    decode_engine: str = "auto"  # sampling.ENGINES: hf = the transformers loop; static = decode.py; auto = placement.py's choice
     decode_kernels: str = "eager"  # the static engine's token step: eager, or compile (decode.KERNELS)
 
     def __post_init__(self) -> None:

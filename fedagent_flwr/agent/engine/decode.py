@@ -50,8 +50,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedagent_flwr.agent.attention import variable_shape_attention
-from fedagent_flwr.agent.prefill_plan import PrefillPlan, plan_prefill
+from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.prefill_plan import PrefillPlan, plan_prefill
 
 SUPPORTED = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 # The cache grows in steps of this many columns (a reallocation drops the CUDA graphs, which hold its address).

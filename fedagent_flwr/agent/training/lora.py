@@ -1,6 +1,6 @@
 """LoRA adapters on the frozen base model (PEFT), and their Flower / disk forms.
 
-The process-wide agent (agent/loading.py) holds one base model. `attached_lora` injects
+The process-wide agent (agent/models/loading.py) holds one base model. `attached_lora` injects
 a LoRA adapter into it for the duration of a `with` block and removes it again
 afterwards (PEFT's `unload`, which does not merge), restoring every base
 parameter's `requires_grad`: the cached base is the same object before and after,

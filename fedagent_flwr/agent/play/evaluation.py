@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from envs import Task, TextEnv
-from fedagent_flwr.agent.multi_env import per_env_summary
-from fedagent_flwr.agent.precision import autocast, model_device
-from fedagent_flwr.agent.rollout import (
+from fedagent_flwr.agent.play.multi_env import per_env_summary
+from fedagent_flwr.agent.engine.precision import autocast, model_device
+from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
     Policy,
     PromptEncoder,
@@ -93,7 +93,7 @@ class GlobalEvaluator:
         self.config = config
         self.samples_per_task = samples_per_task
         self.seed = seed
-        self.precision = precision  # resolved: fp32 or bf16-mixed (agent/precision.py)
+        self.precision = precision  # resolved: fp32 or bf16-mixed (agent/engine/precision.py)
         self.device = model_device(model)
         self.last_trajectories: list[Trajectory] = []  # the latest evaluation's episodes (for transcripts)
 

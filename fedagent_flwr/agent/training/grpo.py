@@ -33,14 +33,14 @@ import numpy as np
 import torch
 
 from envs import Task, TextEnv
-from fedagent_flwr.agent import decode
-from fedagent_flwr.agent.attention import variable_shape_attention
-from fedagent_flwr.agent.checkpointing import Checkpointing, activation_checkpointing
-from fedagent_flwr.agent.evaluation import summarize
-from fedagent_flwr.agent.master_weights import PARAM_DTYPES, Bf16WorkingCopy, bf16_view
-from fedagent_flwr.agent.kernels import apply_liger, check_training_kernels, training_kernels
-from fedagent_flwr.agent.precision import autocast, check_trainable_precision, model_device
-from fedagent_flwr.agent.rollout import (
+from fedagent_flwr.agent.engine import decode
+from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.checkpointing import Checkpointing, activation_checkpointing
+from fedagent_flwr.agent.play.evaluation import summarize
+from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES, Bf16WorkingCopy, bf16_view
+from fedagent_flwr.agent.engine.kernels import apply_liger, check_training_kernels, training_kernels
+from fedagent_flwr.agent.engine.precision import autocast, check_trainable_precision, model_device
+from fedagent_flwr.agent.play.rollout import (
     PENALTY_SCOPES,
     LMPolicy,
     PromptEncoder,
@@ -48,7 +48,7 @@ from fedagent_flwr.agent.rollout import (
     Trajectory,
     run_episodes,
 )
-from fedagent_flwr.agent.tokens import collate, completion_logprobs, to_device
+from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
 UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a group whose rewards are all equal
@@ -91,7 +91,7 @@ class GRPOConfig:
     # model in memory), for full fine-tuning a frozen copy of the base weights the trainer is given.
     kl_reference: str
     # recompute layer activations in backward (transformers' checkpointing): True = every layer; "auto" = per
-    # micro-batch the fewest leading layers whose activations fit activation_room_bytes (agent/checkpointing.py)
+    # micro-batch the fewest leading layers whose activations fit activation_room_bytes (agent/engine/checkpointing.py)
     gradient_checkpointing: bool | str
     # A group whose rewards are all equal has advantage 0: "drop" skips its steps (no policy-gradient signal, and
     # the forward/backward passes are saved, but with kl_beta > 0 its KL term goes too, so how many steps the KL
@@ -100,7 +100,7 @@ class GRPOConfig:
     uniform_groups: str
     scale_rewards: str  # what group-centred rewards are divided by: group | batch | none (SCALE_REWARDS)
     # "fp32", or "bf16-mixed": fp32 weights and optimizer states, forward passes under bf16 autocast
-    # (agent/precision.py says why a pure-bf16 model does not train at lr 1e-6), or "bf16-base": a LoRA adapter in
+    # (agent/engine/precision.py says why a pure-bf16 model does not train at lr 1e-6), or "bf16-base": a LoRA adapter in
     # fp32 over a frozen base held in bf16, forward passes under bf16 autocast
     precision: str
     # Completion tokens the output head scores at a time in the log-prob and update passes (tokens.py,
@@ -112,10 +112,10 @@ class GRPOConfig:
     # The loss is the same weighted token mean (same normalizer); only float summation order changes.
     length_grouped_micro_batches: bool
     weight_decay: float  # AdamW's decoupled weight decay (verl's actor default is 0.01)
-    # the decoder layers' kernels in the log-prob and update passes: eager | compile | liger (agent/kernels.py)
+    # the decoder layers' kernels in the log-prob and update passes: eager | compile | liger (agent/engine/kernels.py)
     training_kernels: str
     # what the log-prob and update passes compute with under bf16 autocast: "fp32" = the fp32 weights, cast by
-    # autocast in every forward; "bf16" = a bf16 working copy over fp32 masters (agent/master_weights.py)
+    # autocast in every forward; "bf16" = a bf16 working copy over fp32 masters (agent/engine/master_weights.py)
     param_dtype: str
     # what the update's activations may take under gradient_checkpointing="auto" (RunConfig.activation_room); None =
     # no memory known: every layer is checkpointed
@@ -287,7 +287,7 @@ class GRPOTrainer:
         self.reference = None  # a frozen full model to score against: the round-start copy, or the base
         self.reference_adapter = None  # the round-start adapter's tensors (LoRA): swapped in to score
         if config.kl_beta > 0:
-            from peft import (  # here: see agent/lora.py on PEFT imports
+            from peft import (  # here: see agent/training/lora.py on PEFT imports
                 PeftModel,
                 get_peft_model_state_dict,
             )

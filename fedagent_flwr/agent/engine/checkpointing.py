@@ -5,7 +5,7 @@ transformers checkpoints all decoder layers or every n-th. A round's micro-batch
 must fit the longest one at the run's full context, so checkpointing every layer makes the short ones, which most
 are, pay the recompute (a third more compute) for memory they do not need. With `mode = "auto"`, before each
 micro-batch `fit` checkpoints its first k layers only, k the fewest for which its activations (estimated as the memory
-plan estimates them, agent/memory.py) fit `room_bytes`. The first layers are the ones checkpointed because backward
+plan estimates them, agent/engine/memory.py) fit `room_bytes`. The first layers are the ones checkpointed because backward
 reaches them last, when every later layer's activations are already freed, so their recompute adds nothing to the
 peak. Which layers are recomputed changes only float rounding at most: the update is the same (tests/agent/
 test_checkpointing.py). transformers reads each layer's own `gradient_checkpointing` flag at call time
@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-from fedagent_flwr.agent.memory import LayerActivations, ModelShape, layer_activations, layers_to_checkpoint
+from fedagent_flwr.agent.engine.memory import LayerActivations, ModelShape, layer_activations, layers_to_checkpoint
 
 CHECKPOINTING = (False, True, "auto")
 

@@ -33,15 +33,15 @@ from transformers import (
 
 from envs import env_class, env_names, is_multi_spec, make_env
 from envs.multi import normalize_spec, per_env_sample
-from fedagent_flwr.agent.model_cache import build_once, default_cache_root
-from fedagent_flwr.agent.prompts import expert_completion
-from fedagent_flwr.agent.rollout import (
+from fedagent_flwr.agent.models.model_cache import build_once, default_cache_root
+from fedagent_flwr.agent.play.prompts import expert_completion
+from fedagent_flwr.agent.play.rollout import (
     ExpertPolicy,
     PromptEncoder,
     RolloutConfig,
     run_episodes,
 )
-from fedagent_flwr.agent.sft import SupervisedConfig, supervised_finetune
+from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
 
 
 class _StderrHandler(logging.StreamHandler):

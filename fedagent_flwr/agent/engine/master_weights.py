@@ -14,7 +14,7 @@ each parameter's gradient is accumulated, a hook adds it to an fp32 gradient and
 accumulate over micro-batches in fp32 (as Megatron's main_grad). For the optimizer step the parameters show their
 fp32 master tensors and gradients again (the same Parameter objects AdamW was built on, so its state, fused kernel and
 gradient clipping are untouched), and after it the working copies are refreshed from the masters. Why fp32 masters at
-all: AdamW's steps at lr 1e-6 round away in bf16 (agent/precision.py).
+all: AdamW's steps at lr 1e-6 round away in bf16 (agent/engine/precision.py).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from fedagent_flwr.agent.model_cache import default_cache_root
-from fedagent_flwr.agent.models import (
+from fedagent_flwr.agent.models.model_cache import default_cache_root
+from fedagent_flwr.agent.models.pretrained import (
     ModelSpec,
     fingerprint,
     load_model,

@@ -11,7 +11,7 @@ share, always leaving each member at least one token of its own (the second pass
 The KV cache keeps the layout of a prefill of whole prompts (each row's prompt left-padded to the longest), so
 the token steps read what they read before: the prefix pass writes a group's keys and values into the columns
 its prefix takes in each member's row, and the second pass writes the rest of each prompt after them, attending
-to the prefix there (agent/decode.py).
+to the prefix there (agent/engine/decode.py).
 
 The cost a plan is judged by is what the two passes compute, padding included (a padded position costs what a
 real one does): groups x the longest prefix + prompts x the longest suffix. Sorted, prompts with common prefixes

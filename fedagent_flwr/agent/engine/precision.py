@@ -47,7 +47,7 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 
 def base_dtype(precision: str) -> torch.dtype:
-    """The dtype the base model is loaded in: bf16 for bf16-base, fp32 otherwise (agent/models.py: load_model)."""
+    """The dtype the base model is loaded in: bf16 for bf16-base, fp32 otherwise (agent/models/pretrained.py: load_model)."""
     if precision not in ALL_PRECISIONS:
         raise ValueError(f"precision={precision!r} is not allowed: expected {' | '.join(ALL_PRECISIONS)}")
     return torch.bfloat16 if precision == "bf16-base" else torch.float32

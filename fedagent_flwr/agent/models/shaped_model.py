@@ -3,7 +3,7 @@
 What they are for: running the pipeline at the size of the papers' models where no hub is reachable -
 memory, speed and weight transfer of a Qwen2.5-0.5B/1.5B/3B/7B-shaped model over real SuperNodes or on a
 GPU. They are not agents: their weights are random, so they write no valid action and learn nothing
-visible in a round. The architecture is Qwen2 at the published sizes (agent/memory.py SHAPES, vocabulary
+visible in a round. The architecture is Qwen2 at the published sizes (agent/engine/memory.py SHAPES, vocabulary
 included, since the embedding is a large share of a small model). The tokenizer is a small byte-level BPE
 trained on the environment's prompts and expert answers (the tiny models' recipe); ids the model samples
 beyond it decode to nothing.
@@ -21,10 +21,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from envs import make_env
-from fedagent_flwr.agent.memory import SHAPES
-from fedagent_flwr.agent.model_cache import MARKER, build_once, default_cache_root
-from fedagent_flwr.agent.prompts import build_prompt, expert_completion
-from fedagent_flwr.agent.tiny_model import train_tokenizer
+from fedagent_flwr.agent.engine.memory import SHAPES
+from fedagent_flwr.agent.models.model_cache import MARKER, build_once, default_cache_root
+from fedagent_flwr.agent.play.prompts import build_prompt, expert_completion
+from fedagent_flwr.agent.models.tiny_model import train_tokenizer
 
 PREFIX = "shape:"
 SEED = 0

@@ -8,7 +8,7 @@ RoPE and autocast's copies, each one a separate read and write of the activation
   they share one compiled graph, and a model of any depth compiles about as fast as one layer). Shapes are
   dynamic: every micro-batch is padded to its own length, and a compile per length would cost more than it saves.
   The compiled layers are switched on only inside `training_kernels(...)`: a rollout step's shapes change at every
-  token (the transformers loop) or run in a decoder of their own (agent/decode.py), and neither should compile.
+  token (the transformers loop) or run in a decoder of their own (agent/engine/decode.py), and neither should compile.
 - "liger": Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE, patched into the model for good (CUDA only, Qwen2 and
   Llama models; `pip install liger-kernel`). Liger's fused linear cross-entropy is not used: the log-prob passes
   score the head themselves (tokens.py) and need per-token log-probabilities, not a loss.
@@ -28,7 +28,7 @@ import weakref
 import torch
 
 TRAINING_KERNELS = ("eager", "compile", "liger")
-# Liger's entry point per transformers model type: the architectures our models have (agent/models.py).
+# Liger's entry point per transformers model type: the architectures our models have (agent/models/pretrained.py).
 _LIGER_PATCHES = {"qwen2": "apply_liger_kernel_to_qwen2", "llama": "apply_liger_kernel_to_llama"}
 # One compiled forward per layer class, bound to each layer as it is switched on: every layer and every entry into
 # `training_kernels` reuses it (and dynamo's cache of graphs) rather than compiling anew.

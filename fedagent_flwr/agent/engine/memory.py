@@ -2,14 +2,14 @@
 the run's settings, computed before round 1 without loading any weights.
 
 Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or the LoRA adapter's A):
-- weights: P x 4 (fp32 master weights, whatever the precision: agent/precision.py), except under bf16-base (LoRA
+- weights: P x 4 (fp32 master weights, whatever the precision: agent/engine/precision.py), except under bf16-base (LoRA
   only), where the frozen base is held in bf16: P x 2;
 - autocast copies under bf16-mixed: autocast keeps the bf16 copy of a weight it casts until the autocast region
   ends only when the weight requires grad (checked here on CPU in tests/agent/test_memory.py, and on an H200: a
   7B LoRA round peaked 16.7 GiB below a plan that counted P x 2). So: P x 2 with full fine-tuning; with LoRA, the
   adapter's A x 2 plus one frozen matrix at a time, the largest being the output head (vocab x H x 2); under
   bf16-base the frozen weights are bf16 already, so only the adapter's A x 2; with param-dtype = 'bf16' (full
-  fine-tuning) the row is the working copy GRPO's passes compute on, P x 2 as well (agent/master_weights.py);
+  fine-tuning) the row is the working copy GRPO's passes compute on, P x 2 as well (agent/engine/master_weights.py);
 - gradients: T x 4; AdamW moments: 2 x T x 4;
 - KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4 (P x 2 with param-dtype =
   'bf16', which computes on bf16 weights and holds the copy so); round-start with LoRA =
@@ -32,7 +32,7 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   under bf16 compute (PEFT hands the adapter its input in the adapter's fp32, autocast casts it back), and the fp32
   norm output it reads otherwise. For the 1.5B shape under bf16-mixed that is 116 KiB a token and layer with fp32
   weights and 101 KiB with the bf16 working copy (an earlier plan counted 95 for both; a pass planned so ran out of
-  memory on an H100). Models other than Qwen2/Qwen3 get a 4-D padding mask (agent/tokens.py), with which SDPA gets
+  memory on an H100). Models other than Qwen2/Qwen3 get a 4-D padding mask (agent/engine/tokens.py), with which SDPA gets
   the KV heads expanded to every query head: k and v are counted so; the copy of the mask SDPA keeps per layer (rows x
   S x S) is not. The update keeps layers x micro-batch x S of these; with gradient checkpointing each checkpointed
   layer keeps only its input (H x r) and one layer's full set is recomputed in backward;
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from fedagent_flwr.agent.tokens import MASK_MAPPING_MODELS  # the models handed no 4-D mask, so no expanded KV heads
+from fedagent_flwr.agent.engine.tokens import MASK_MAPPING_MODELS  # the models handed no 4-D mask, so no expanded KV heads
 
 GB = 1024**3
 ACTIVATIONS_ROW = "activations of a micro-batch"  # the client plan's row that gradient-checkpointing='auto' divides up
@@ -166,7 +166,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
                 static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32",
                 micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0) -> MemoryPlan:
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
-    holds full fine-tuning's round-start KL reference in bf16 (agent/master_weights.py) and a bf16 residual stream
+    holds full fine-tuning's round-start KL reference in bf16 (agent/engine/master_weights.py) and a bf16 residual stream
     (layer_activations). `micro_batch_tokens` > 0: the update's passes are cut by padded tokens (grpo.micro_batches), so
     one holds at most max(that, the context); `logprob_micro_batch_tokens` likewise for the no-grad passes."""
     _check_base_precision(finetuning, precision)
@@ -301,7 +301,7 @@ def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
 
 
 def static_decoder_copy(shape: ModelShape, precision: str, used: bool) -> tuple[str, int]:
-    """The static decode engine's own copy of the weights (agent/decode.py), in the rollout's dtype: bf16 under bf16
+    """The static decode engine's own copy of the weights (agent/engine/decode.py), in the rollout's dtype: bf16 under bf16
     compute, else fp32. Its KV cache takes the place of the KV-cache row (preallocated to the batch's context)."""
     return ("static decoder's weight copy", shape.parameters * value_bytes(precision) if used else 0)
 

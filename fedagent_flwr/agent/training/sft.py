@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedagent_flwr.agent.attention import variable_shape_attention
-from fedagent_flwr.agent.precision import model_device
+from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.precision import model_device
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -47,7 +47,7 @@ class SupervisedConfig:
     # Batches of similar length (transformers' LengthGroupedSampler): with prompts of very different lengths
     # (WebShop pages next to Maze lines) random batches are mostly padding.
     group_by_length: bool = False
-    precision: str = "fp32"  # or "bf16-mixed": fp32 weights, forward under bf16 autocast (agent/precision.py)
+    precision: str = "fp32"  # or "bf16-mixed": fp32 weights, forward under bf16 autocast (agent/engine/precision.py)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:

@@ -27,10 +27,9 @@ from collections.abc import Sequence
 
 import torch
 
-from fedagent_flwr.agent.attention import variable_shape_attention
-from fedagent_flwr.agent.decode import StaticDecoder, UnsupportedModel, decoder_for
-
-ENGINES = ("auto", "hf", "static")
+from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.decode import StaticDecoder, decoder_for
+from fedagent_flwr.agent.engine.placement import ENGINES, decode_engine_for
 log = logging.getLogger(__name__)
 _REFUSED: weakref.WeakSet = weakref.WeakSet()  # models the static engine refused, so "auto" says so only once
 
@@ -100,16 +99,13 @@ def sample_batch(
     static engine's token step (decode.KERNELS); the hf engine has none to choose."""
     if engine not in ENGINES:
         raise ValueError(f"decode engine must be one of {ENGINES}, got {engine!r}")
-    if engine == "static" or (engine == "auto" and _device_type(model) == "cuda"):
-        try:
-            return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p,
-                                     kernels=kernels)
-        except UnsupportedModel as err:
-            if engine == "static":
-                raise
-            if model not in _REFUSED:
-                log.warning("%s; sampling with the hf engine", err)
-                _REFUSED.add(model)
+    if engine == "auto":  # resolved where every auto is (placement.py), the model's refusal said once
+        engine, note = decode_engine_for(engine, _device_type(model) == "cuda", model)
+        if note and model not in _REFUSED:
+            log.warning("%s; sampling with the hf engine", note)
+            _REFUSED.add(model)
+    if engine == "static":
+        return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, kernels=kernels)
     return hf_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from fedagent_flwr.agent.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.attention import variable_shape_attention
 
 
 def collate(samples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedagent_flwr.agent.rollout import Trajectory
+from fedagent_flwr.agent.play.rollout import Trajectory
 
 
 def sample_episodes(trajectories: Sequence[Trajectory], k: int) -> list[Trajectory]:

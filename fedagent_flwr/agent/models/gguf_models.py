@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from fedagent_flwr.agent.model_cache import MARKER, build_once, default_cache_root
+from fedagent_flwr.agent.models.model_cache import MARKER, build_once, default_cache_root
 from fedagent_flwr.atomic import file_sha256
 
 # short name -> (package, file inside it)

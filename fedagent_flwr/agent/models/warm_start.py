@@ -31,11 +31,13 @@ import torch
 
 from envs import answer_token_budget, env_class, env_names, make_env
 from envs.multi import per_env_spread
-from fedagent_flwr.agent.evaluation import summarize
-from fedagent_flwr.agent.lora import LoRASpec
-from fedagent_flwr.agent.model_cache import MARKER, build_once, default_cache_root
-from fedagent_flwr.agent.prompts import PROMPT_ROLES, system_prompt
-from fedagent_flwr.agent.rollout import (
+from fedagent_flwr.agent.engine.placement import Placement
+from fedagent_flwr.agent.engine.precision import autocast, model_device
+from fedagent_flwr.agent.play.evaluation import summarize
+from fedagent_flwr.agent.training.lora import LoRASpec
+from fedagent_flwr.agent.models.model_cache import MARKER, build_once, default_cache_root
+from fedagent_flwr.agent.play.prompts import PROMPT_ROLES, system_prompt
+from fedagent_flwr.agent.play.rollout import (
     ExpertPolicy,
     LMPolicy,
     PromptEncoder,
@@ -43,7 +45,7 @@ from fedagent_flwr.agent.rollout import (
     Trajectory,
     run_episodes,
 )
-from fedagent_flwr.agent.sft import quiet, step_losses, trainer_arguments
+from fedagent_flwr.agent.training.sft import quiet, step_losses, trainer_arguments
 
 WARM_PREFIX = "warm:"
 
@@ -118,14 +120,15 @@ def demonstrations(tokenizer, env: str, cfg: WarmStartConfig) -> list[dict]:
             for t in trajectories for s in t.steps]
 
 
-def held_out_play(model, tokenizer, env: str, cfg: WarmStartConfig) -> dict[str, float]:
+def held_out_play(model, tokenizer, env: str, cfg: WarmStartConfig, placement: Placement) -> dict[str, float]:
     """Greedy play of `eval_tasks` evenly spaced held-out tasks: success, invalid-action rate, generated tokens/s."""
     tasks = per_env_spread(make_env(env).tasks_of_split("test"), cfg.eval_tasks)
     rollout = RolloutConfig(history_length=cfg.history_length, max_new_tokens=answer_token_budget(env), temperature=0.0,
-                            prompt_roles=cfg.prompt_roles)
-    started = time.perf_counter()
-    trajectories: Sequence[Trajectory] = run_episodes(LMPolicy(model, tokenizer, rollout), lambda: make_env(env),
-                                                      tasks, PromptEncoder(tokenizer), rollout)
+                            prompt_roles=cfg.prompt_roles, decode_engine=placement.decode_engine)
+    started = time.perf_counter()  # in the precision and with the engine a run's evaluation takes on this machine
+    with autocast(placement.compute_precision, model_device(model)):
+        trajectories: Sequence[Trajectory] = run_episodes(LMPolicy(model, tokenizer, rollout), lambda: make_env(env),
+                                                          tasks, PromptEncoder(tokenizer), rollout)
     seconds = time.perf_counter() - started
     m = summarize(trajectories)
     generated = sum(len(s.completion_ids) for t in trajectories for s in t.steps)
@@ -133,19 +136,22 @@ def held_out_play(model, tokenizer, env: str, cfg: WarmStartConfig) -> dict[str,
             "episodes": m["episodes"], "generated_tokens_per_s": generated / max(seconds, 1e-9), "seconds": seconds}
 
 
-def train_warm_start(model, tokenizer, device: torch.device, cfg: WarmStartConfig, say=print):
-    """Behaviour-clone `model` on the expert; returns (the trained plain model, a report). `say` gets progress lines."""
+def train_warm_start(model, tokenizer, placement: Placement, cfg: WarmStartConfig, say=print):
+    """Behaviour-clone `model` on the expert; returns (the trained plain model, a report). `placement`: what a run's
+    `auto` became on this machine (placement.py), whose device, precision and decode engine it takes. `say` gets
+    progress lines."""
+    device = placement.torch_device
     from datasets import Dataset
     from peft import LoraConfig
     from trl import SFTTrainer
 
-    from fedagent_flwr.agent.tiny_model import TrainingProgress
+    from fedagent_flwr.agent.models.tiny_model import TrainingProgress
 
     torch.manual_seed(cfg.seed)
     report: dict = {"config": asdict(cfg), "learning_rate": cfg.lr}
     if cfg.eval_tasks:
         say(f"[warm-start] playing {cfg.eval_tasks} held-out tasks greedily before training ...")
-        report["before"] = held_out_play(model, tokenizer, cfg.env, cfg)
+        report["before"] = held_out_play(model, tokenizer, cfg.env, cfg, placement)
         say(f"[warm-start] before: {_brief(report['before'])}")
     rows = demonstrations(tokenizer, cfg.env, cfg)
     report["demonstration_steps"] = len(rows)
@@ -157,7 +163,8 @@ def train_warm_start(model, tokenizer, device: torch.device, cfg: WarmStartConfi
     say(f"[warm-start] {len(rows)} expert steps from {cfg.demo_episodes} episodes; training {cfg.steps} steps of {cfg.batch_size} ...")
     with tempfile.TemporaryDirectory(prefix="fedagent-warm-start-") as scratch:  # Trainer's output_dir; nothing is saved there
         args = trainer_arguments(scratch, steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.lr,
-                                 seed=cfg.seed, device=device, bf16=device.type == "cuda",
+                                 seed=cfg.seed, device=device,
+                                 bf16=placement.compute_precision == "bf16-mixed",
                                  gradient_checkpointing=cfg.gradient_checkpointing)
         trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                                    peft_config=peft_config, callbacks=[TrainingProgress("warm start", every_seconds=30.0)]))
@@ -172,7 +179,7 @@ def train_warm_start(model, tokenizer, device: torch.device, cfg: WarmStartConfi
         f"loss {report['losses'][0]} -> {report['losses'][-1]}")
     if cfg.eval_tasks:
         say(f"[warm-start] playing {cfg.eval_tasks} held-out tasks greedily after training ...")
-        report["after"] = held_out_play(trained, tokenizer, cfg.env, cfg)
+        report["after"] = held_out_play(trained, tokenizer, cfg.env, cfg, placement)
         say(f"[warm-start] after: {_brief(report['after'])}")
     return trained, report
 
@@ -203,9 +210,11 @@ def base_identity(base_source: str) -> str:
     return base_source
 
 
-def ensure_warm_model(base_name: str, base_source: str, env: str, device: torch.device,
+def ensure_warm_model(base_name: str, base_source: str, env: str, placement: Placement,
                       cache_root: Path | None = None) -> Path:
-    """The cached warm start of `base_source` (what `base_name` resolved to) on `env`, built first if needed."""
+    """The cached warm start of `base_source` (what `base_name` resolved to) on `env`, built first if needed, where
+    `placement` (placement.py) puts it."""
+    device = placement.torch_device
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     recipe = warm_recipe(env)
@@ -219,7 +228,7 @@ def ensure_warm_model(base_name: str, base_source: str, env: str, device: torch.
                               **{k: v for k, v in recipe.items() if k != "prompt_revisions"})
         model = AutoModelForCausalLM.from_pretrained(base_source, dtype=torch.float32).to(device)
         tokenizer = AutoTokenizer.from_pretrained(base_source)
-        trained, report = train_warm_start(model, tokenizer, device, cfg, say)
+        trained, report = train_warm_start(model, tokenizer, placement, cfg, say)
         report["base"] = {"name": base_name, "identity": base_identity(base_source)}
         save_warm_model(trained, tokenizer, report, folder)
         (folder / MARKER).write_text(key)

@@ -1,0 +1,124 @@
+"""Every `auto` of a run, decided in one place: `place()`.
+
+The run config lets six things say `auto`: the device, the precision, the working weights' dtype (param-dtype), the
+decode engine, the rollout rows (rollout-batch-size = 0) and the KL reference. What each becomes depends on the machine the process runs
+on (and, for the engine, on the model; for the rows, on the memory plan), so it cannot be decided when the run config
+is read. Runs (clients and the server), evaluation and its replay, the warm start, the memory plan and the
+benchmarks all call `place()` (the run config's `RunConfig.placement()` passes its keys), so on one machine they
+resolve alike. `Machine` is what this process can use; a caller that plans for another machine (the memory plan's
+`--device cuda` on a CPU) passes that machine instead of `this_machine()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fedagent_flwr.agent.engine.decode import UnsupportedModel, check_supported
+from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
+from fedagent_flwr.agent.engine.memory import MemoryPlan, rows_that_fit
+from fedagent_flwr.agent.engine.precision import compute_precision, resolve_precision
+
+DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
+ENGINES = ("auto", "hf", "static")  # decode-engine (agent/engine/sampling.py runs them)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a process can compute on; `auto` resolves against it."""
+
+    cuda: bool
+
+    def describe(self) -> str:
+        return "a machine with a CUDA GPU" if self.cuda else "a machine without a GPU"
+
+
+def this_machine() -> Machine:
+    return Machine(cuda=torch.cuda.is_available())
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a run's `auto` values became on one machine."""
+
+    device: str  # cpu, cuda or cuda:N
+    precision: str  # fp32 | bf16-mixed | bf16-base (agent/engine/precision.py)
+    param_dtype: str  # fp32 | bf16: the weights the training passes compute with (agent/engine/master_weights.py)
+    decode_engine: str  # hf | static (agent/engine/sampling.py)
+    rollout_rows: int  # episodes per generate call
+    kl_reference: str = "round-start"  # round-start | base: what GRPO's KL term anchors to
+    engine_note: str = ""  # why `auto` took the hf engine where a GPU would take the static one ("" otherwise)
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @property
+    def compute_precision(self) -> str:
+        """fp32 or bf16-mixed: what forward passes run in (bf16-base computes as bf16-mixed)."""
+        return compute_precision(self.precision)
+
+    def summary(self) -> str:
+        """One console line: what this process computes with (the rows stand in the memory plan beside it)."""
+        note = f" ({self.engine_note})" if self.engine_note else ""
+        return (f"device {self.device} | precision {self.precision} | param-dtype {self.param_dtype} | "
+                f"decode engine {self.decode_engine}{note}")
+
+
+def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "auto", decode_engine: str = "auto",
+          kl_reference: str = "auto", single_learner: bool = False, full_grpo: bool = False,
+          machine: Machine | None = None, model: torch.nn.Module | None = None,
+          rollout_batch_size: int = 0, max_rows: int = 1, plan_for: Callable[[int], MemoryPlan] | None = None,
+          budget_bytes: float | None = None) -> Placement:
+    """Resolve every `auto`.
+
+    device: auto = cuda where the machine has a GPU, else cpu. precision: auto = bf16-mixed on CUDA, fp32 on a CPU.
+    param-dtype: auto = bf16 where a working copy applies (`full_grpo`: a GRPO strategy training every weight) under
+    bf16-mixed, else fp32. decode-engine: auto = static on CUDA, hf on a CPU; given the `model`, a model the static
+    engine does not reproduce takes hf under auto (with the reason in `engine_note`) and is refused under static.
+    rollout rows: rollout-batch-size where it is set; 0 = the most rows up to `max_rows` whose `plan_for(rows)` (a memory plan)
+    fits `budget_bytes`, or `max_rows` where no budget is known. kl-reference: auto = base for a single learner (a
+    Table 1 baseline, as one plain run anchors to its initial model), round-start for a federated client.
+    """
+    machine = machine or this_machine()
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise ValueError(f"device={device!r} is not allowed: expected {' | '.join(DEVICES)} | cuda:N")
+    resolved_device = ("cuda" if machine.cuda else "cpu") if device == "auto" else device
+    on_cuda = resolved_device.startswith("cuda")
+    resolved_precision = resolve_precision(precision, on_cuda)
+    if param_dtype == "auto":
+        param_dtype = "bf16" if full_grpo and resolved_precision == "bf16-mixed" else "fp32"
+    elif param_dtype not in PARAM_DTYPES:
+        raise ValueError(f"param-dtype={param_dtype!r} is not allowed: expected {' | '.join(PARAM_DTYPES)} | auto")
+    engine, note = decode_engine_for(decode_engine, on_cuda, model)
+    if rollout_batch_size:
+        rows = rollout_batch_size
+    elif plan_for is not None and budget_bytes:
+        rows = rows_that_fit(plan_for, budget_bytes, max_rows)
+    else:
+        rows = max_rows
+    if kl_reference == "auto":
+        kl_reference = "base" if single_learner else "round-start"
+    return Placement(resolved_device, resolved_precision, param_dtype, engine, rows, kl_reference, note)
+
+
+def decode_engine_for(decode_engine: str, on_cuda: bool, model: torch.nn.Module | None = None) -> tuple[str, str]:
+    """(hf | static, why auto fell back to hf): the decode-engine key resolved; `place()` and sampling's `auto` ask
+    here. Given the model, one the static engine does not reproduce takes hf under auto and is refused under static."""
+    if decode_engine not in ENGINES:
+        raise ValueError(f"decode-engine={decode_engine!r} is not allowed: expected {' | '.join(ENGINES)}")
+    engine = "static" if decode_engine == "static" or (decode_engine == "auto" and on_cuda) else "hf"
+    if engine == "static" and model is not None:
+        try:
+            check_supported(model)
+        except UnsupportedModel as err:
+            if decode_engine == "static":
+                raise
+            return "hf", f"the static engine refused the model: {err}"
+    return engine, ""
