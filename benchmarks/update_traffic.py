@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The bytes GRPO's update moves outside its matrix multiplies, operator by operator, setting by setting (CPU).
 
-On a GPU the update of a 1.5B-shaped model spends most of its time outside the matrix multiplies (docs/gpu.md: the
+On a GPU the update of a 1.5B-shaped model spends most of its time outside the matrix multiplies (docs/gpu-measurements.md: the
 tensor cores about a third of a micro-batch's device time): in element-wise and reduction kernels, whose time is the
 bytes they read and write over the memory bandwidth. Those bytes do not depend on the device, so they can be counted
 here: every ATen operator that one `GRPOTrainer.update` dispatches (old-policy and KL-reference passes, every

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import shlex
 import shutil
@@ -33,6 +34,7 @@ from typing import Any
 
 from flwr.common.config import parse_config_args
 
+from fedagent_flwr.agent.engine.memory import GB
 from fedagent_flwr.config import SECTIONS, RunConfig
 from fedagent_flwr.deployment import free_port
 from fedagent_flwr.runs.run_folder import check_run_folder
@@ -82,6 +84,15 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def share_of_card(gpus_per_client: float, client_memory_gb: float, card_bytes: int) -> float:
+    """client-memory-gb for clients that share one card (0 < --num-gpus-per-client < 1) where none is given: their
+    share of the card's memory, rounded down to 0.1 GiB. Without it each would size its rollout rows and checkpointing
+    by the memory free at the moment it starts, which its neighbours are about to take. 0 = leave it as it is."""
+    if not 0 < gpus_per_client < 1 or client_memory_gb:
+        return 0.0
+    return math.floor(gpus_per_client * card_bytes / GB * 10) / 10
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -112,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             sys.exit(f"--num-gpus-per-client={args.num_gpus_per_client} but no CUDA GPU is visible on this machine")
+        share = share_of_card(args.num_gpus_per_client, cfg.client_memory_gb, torch.cuda.get_device_properties(0).total_memory)
+        if share:  # clients that share a card plan with their share of it, not with what is free when each starts
+            overrides["client-memory-gb"] = share
+            print(f"run_simulation.py: client-memory-gb={share:g} (--num-gpus-per-client {args.num_gpus_per_client:g} of a "
+                  f"{torch.cuda.get_device_properties(0).total_memory / GB:.1f} GiB card)", flush=True)
     if str(overrides.get("device", "")).startswith("cuda"):
         import torch
 

@@ -60,9 +60,10 @@ def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, rollout
         logprob_chunk_tokens=cfg.logprob_chunk_tokens if grpo else 0,
         logprob_micro_batch_size=(cfg.logprob_micro_batch_size or cfg.micro_batch_size) if grpo else 0,
         logprob_micro_batch_tokens=cfg.logprob_micro_batch_tokens if grpo else 0,
-        static_decoder=client.decode_engine == "static", param_dtype=client.param_dtype)
+        static_decoder=client.decode_engine == "static", cuda_graphs=client.on_cuda, param_dtype=client.param_dtype)
     server_bytes = server_plan(shape, **common, precision=server.precision, eval_batch_size=rows,
-                               context_tokens=context_tokens, static_decoder=server.decode_engine == "static")
+                               context_tokens=context_tokens, static_decoder=server.decode_engine == "static",
+                               cuda_graphs=server.on_cuda)
     return client_bytes, server_bytes
 
 

@@ -340,3 +340,40 @@ def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
     assert per == layer_activations(shape, "bf16-mixed", "bf16")
     assert layers_to_checkpoint(shape, whole, room, per) == 0 and layers_to_checkpoint(shape, whole + 1, room, per) >= 1
     assert update_activation_bytes(shape, every, 28, per) <= room < update_activation_bytes(shape, every + 1, 28, per)
+
+
+def test_the_plan_counts_the_static_engines_cache_as_the_engine_allocates_it(tiny_lm):
+    """rollout-batch-size=0 sizes the batch by the plan, so the plan must hold what the static engine really allocates:
+    cache columns in steps of 1,024, and with CUDA graphs rows rounded up to the largest power-of-two bucket (bucketed
+    here on a CPU, as a GPU does); the engine's constants and the planner's agree."""
+    import torch
+
+    import fedagent_flwr.agent.engine.decode as decode
+    from fedagent_flwr.agent.engine import memory
+
+    assert (memory.CAPACITY_STEP, memory.WINDOW_STEP) == (decode.CAPACITY_STEP, decode.WINDOW_STEP)
+    decoder = decode.StaticDecoder(tiny_lm, torch.float32, cuda_graphs=False, bucketed=True)
+    prompts = [[5 + i % 7] * (20 + i) for i in range(5)]  # 5 rows, the longest 24 tokens
+    decoder.start(prompts, 0, max_new_tokens=9)
+    needed = 24 + 8  # the last sampled token is never fed back
+    assert decoder.capacity == memory.decode_rows(5, needed, static_decoder=True, cuda_graphs=True) == (8, 1024)
+    shape = ModelShape.of(tiny_lm.config)
+    name, planned = memory.kv_cache("kv", shape, needed, 5, 4, static_decoder=True, cuda_graphs=True)
+    assert planned == decoder.k.numel() * 4 + decoder.v.numel() * 4  # fp32 cache
+    assert memory.decode_rows(5, needed, static_decoder=False, cuda_graphs=True) == (5, needed)  # hf: as they are
+
+
+def test_auto_rows_stop_below_the_engines_next_bucket():
+    """With rows rounded to powers of two the plan grows in steps: 65 rows cost a 128-row cache, so a budget between
+    the 64- and 128-row plans gets 64 rows, not a count that a straight line through 0 and 1 rows would give."""
+    from fedagent_flwr.agent.engine import memory
+
+    shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
+
+    def plan(rows: int):
+        return memory.MemoryPlan("c", (("fixed", GB), memory.kv_cache("kv", shape, 2048, rows, 2, True, True)))
+
+    budget = (plan(64).total + plan(65).total) / 2
+    assert plan(64).total < budget < plan(65).total == plan(128).total
+    assert memory.rows_that_fit(plan, budget, 512) == 64
+    assert memory.rows_that_fit(plan, plan(512).total, 512) == 512 and memory.rows_that_fit(plan, 0, 512) == 1

@@ -180,3 +180,16 @@ def test_library_configs_are_built_from_the_run_config_alone():
     assert rollout_config(run).history_length == 2 and rollout_config(RunConfig()).history_length == 0
     with pytest.raises(TypeError):
         RolloutConfig()  # no silent history length of its own
+
+
+def test_clients_sharing_a_card_plan_with_their_share_of_it():
+    """--num-gpus-per-client below 1 with no client-memory-gb: run_simulation.py gives each client its share of the card,
+    so rollout-batch-size=0 and gradient-checkpointing=auto do not size themselves by what happens to be free."""
+    from fedagent_flwr.agent.engine.memory import GB
+    from fedagent_flwr.simulation import share_of_card
+
+    assert share_of_card(0.5, 0.0, 80 * GB) == 40.0
+    assert share_of_card(0.25, 0.0, 81559 * 2**20) == 19.9  # an H100 80GB's 79.6 GiB, rounded down
+    assert share_of_card(1.0, 0.0, 80 * GB) == 0.0  # a card of its own: nothing to share
+    assert share_of_card(0.0, 0.0, 80 * GB) == 0.0  # no GPU asked for
+    assert share_of_card(0.5, 30.0, 80 * GB) == 0.0  # a value given is kept

@@ -1,7 +1,7 @@
 """A decoder with a preallocated KV cache for Qwen2- and Llama-shaped causal LMs: the rollout's "static" engine.
 
 Why it exists: on an H100 the transformers forward takes 38 ms per token step of a 1.5B model at batch 128 where
-reading the weights and the KV cache takes about 3 ms (docs/gpu.md). The time goes to the
+reading the weights and the KV cache takes about 3 ms (docs/gpu-measurements.md). The time goes to the
 host: about 1,130 kernel launches per step, autocast casting every fp32 weight to bf16 in every forward, the
 KV cache growing by `torch.cat`, and the masked attention path expanding 2 KV heads to 12. This decoder removes
 each of those causes:

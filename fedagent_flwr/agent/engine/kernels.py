@@ -1,7 +1,7 @@
 """Which kernels the decoder layers run with in the training passes: GRPO's log-prob and update passes.
 
 Why this exists: on an H100 the 1.5B update ran at 21.9 % model FLOP utilisation and the log-prob passes at 31.0 %
-(docs/gpu.md). Between the GEMMs, a layer spends its time in small elementwise kernels: RMSNorm in fp32, SwiGLU,
+(docs/gpu-measurements.md). Between the GEMMs, a layer spends its time in small elementwise kernels: RMSNorm in fp32, SwiGLU,
 RoPE and autocast's copies, each one a separate read and write of the activations. Two ways to fuse them:
 
 - "compile": `torch.compile` of each decoder layer (regional compilation: the layers are instances of one class, so
@@ -16,7 +16,7 @@ RoPE and autocast's copies, each one a separate read and write of the activation
 
 The compiled and Liger layers compute the same function up to float rounding; tests/agent/test_kernels.py checks
 log-probs and gradients against eager. Whether either is faster is a GPU measurement
-(`benchmarks/update_profile.py ... --variant training-kernels=compile`, docs/gpu.md).
+(`benchmarks/update_profile.py ... --variant training-kernels=compile`, docs/gpu-measurements.md).
 """
 
 from __future__ import annotations

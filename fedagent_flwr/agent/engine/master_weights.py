@@ -5,7 +5,7 @@ them to bf16 for every forward pass; everything autocast does not cast stays fp3
 whole residual stream, the norms' weights and their products. The backward pass then casts every weight's bf16
 gradient back to fp32 before adding it to `.grad`. Counted op by op on CPU (benchmarks/update_traffic.py), those casts
 and fp32 activations are about a third of the bytes a 1.5B-shaped micro-batch moves outside its matrix multiplies, and
-a GPU spends most of an update's time on such memory-bound operations (docs/gpu.md).
+a GPU spends most of an update's time on such memory-bound operations (docs/gpu-measurements.md).
 
 FSDP's mixed precision (`param_dtype=torch.bfloat16`) and Megatron's bf16 training instead compute with a bf16 copy
 of the weights and keep fp32 "master" weights for the optimizer; this module does the same for one process. While

@@ -48,6 +48,8 @@ It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation com
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -164,11 +166,13 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
                 kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int = 0,
                 static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32",
-                micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0) -> MemoryPlan:
+                micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0, cuda_graphs: bool = False) -> MemoryPlan:
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
     holds full fine-tuning's round-start KL reference in bf16 (agent/engine/master_weights.py) and a bf16 residual stream
     (layer_activations). `micro_batch_tokens` > 0: the update's passes are cut by padded tokens (grpo.micro_batches), so
-    one holds at most max(that, the context); `logprob_micro_batch_tokens` likewise for the no-grad passes."""
+    one holds at most max(that, the context); `logprob_micro_batch_tokens` likewise for the no-grad passes.
+    `static_decoder`, `cuda_graphs`: the rollout's engine, whose cache and graphs are counted as it allocates them
+    (decode_rows)."""
     _check_base_precision(finetuning, precision)
     a = value_bytes(precision)
     P = shape.parameters
@@ -203,11 +207,12 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         ("gradients", T * 4),
         ("AdamW moments", 2 * T * 4),
         ("KL reference", reference),
-        ("KV cache of a rollout batch", 2 * shape.layers * shape.kv_heads * shape.head_dim * S * rollout_batch_size * a),
+        kv_cache("KV cache of a rollout batch", shape, S, rollout_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
         ("training logits", 2 * logit_rows * shape.vocab * 4),
         (ACTIVATIONS_ROW, activations),
         static_decoder_copy(shape, precision, static_decoder),
+        decode_graphs(shape, S, rollout_batch_size, a, static_decoder and cuda_graphs),
     ]
     return MemoryPlan("each client", tuple(rows))
 
@@ -285,7 +290,8 @@ def layers_to_checkpoint(shape: ModelShape, tokens: int, room_bytes: float, per_
 
 
 def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str,
-                eval_batch_size: int, context_tokens: int, static_decoder: bool = False) -> MemoryPlan:
+                eval_batch_size: int, context_tokens: int, static_decoder: bool = False,
+                cuda_graphs: bool = False) -> MemoryPlan:
     _check_base_precision(finetuning, precision)
     a = value_bytes(precision)
     adapter = shape.lora_parameters(lora_rank, lora_targets) if finetuning == "lora" else 0
@@ -293,11 +299,49 @@ def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         base_weights(shape, precision),
         ("adapter (fp32)", adapter * 4),
         ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
-        ("KV cache of an evaluation batch", 2 * shape.layers * shape.kv_heads * shape.head_dim * context_tokens * eval_batch_size * a),
+        kv_cache("KV cache of an evaluation batch", shape, context_tokens, eval_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", eval_batch_size * shape.vocab * 4),
         static_decoder_copy(shape, precision, static_decoder),
+        decode_graphs(shape, context_tokens, eval_batch_size, a, static_decoder and cuda_graphs),
     ]
     return MemoryPlan("the server (evaluation)", tuple(rows))
+
+
+# How the static engine sizes what it allocates (agent/engine/decode.py: _ensure_capacity, _start): cache columns in
+# steps of CAPACITY_STEP, and with CUDA graphs rows rounded up to a power of two (its largest row bucket). Kept equal
+# to decode.py's by a test; not imported from it, so that the planner stays free of the engine's torch code paths.
+CAPACITY_STEP = 1024
+WINDOW_STEP = 256
+
+
+def decode_rows(rows: int, context_tokens: int, static_decoder: bool, cuda_graphs: bool) -> tuple[int, int]:
+    """(rows, columns) of the KV cache a rollout of `rows` episodes at `context_tokens` holds: the hf engine's as they
+    are, the static engine's as it rounds them."""
+    if not static_decoder or rows == 0:
+        return rows, context_tokens
+    columns = CAPACITY_STEP * math.ceil(context_tokens / CAPACITY_STEP)
+    return (1 << (rows - 1).bit_length() if cuda_graphs else rows), columns
+
+
+def kv_cache(name: str, shape: ModelShape, context_tokens: int, rows: int, a: int, static_decoder: bool,
+             cuda_graphs: bool) -> tuple[str, int]:
+    rows, columns = decode_rows(rows, context_tokens, static_decoder, cuda_graphs)
+    return name, 2 * shape.layers * shape.kv_heads * shape.head_dim * columns * rows * a
+
+
+def decode_graphs(shape: ModelShape, context_tokens: int, rows: int, a: int, used: bool) -> tuple[str, int]:
+    """The static engine's CUDA graphs: each row bucket's captured logits [bucket, vocab] stay alive with its graph
+    (the buckets 1, 2, 4, ... sum to under twice the largest), and one memory pool, shared by the graphs because they
+    replay one at a time, holds the largest step's temporaries: its logits in the compute dtype and fp32, the MLP's
+    three [bucket, intermediate] tensors, a few [bucket, hidden] fp32 ones, and the attention mask over the window.
+    An estimate from the step's code, not a measurement."""
+    if not used or rows == 0:
+        return "decode graphs (outputs and pool)", 0
+    bucket, _ = decode_rows(rows, context_tokens, True, True)
+    window = WINDOW_STEP * math.ceil(context_tokens / WINDOW_STEP)
+    outputs = (2 * bucket - 1) * shape.vocab * a
+    pool = bucket * (shape.vocab * (a + 4) + 3 * shape.intermediate * a + 6 * shape.hidden * 4 + window * a)
+    return "decode graphs (outputs and pool)", outputs + pool
 
 
 def static_decoder_copy(shape: ModelShape, precision: str, used: bool) -> tuple[str, int]:
@@ -307,13 +351,15 @@ def static_decoder_copy(shape: ModelShape, precision: str, used: bool) -> tuple[
 
 
 def rows_that_fit(plan_for: Callable[[int], MemoryPlan], budget_bytes: float, most: int) -> int:
-    """The most rollout rows, 1 to `most`, whose plan fits `budget_bytes`: the plan grows linearly in the rows (their
-    KV cache and generation logits), so one plan without rows and one with a single row give the answer."""
-    fixed = plan_for(0).total
-    per_row = plan_for(1).total - fixed
-    if per_row <= 0:
+    """The most rollout rows, 1 to `most`, whose plan fits `budget_bytes` (1 where none does). The plan never shrinks as
+    rows grow, but with the static engine's rounding (decode_rows) it grows in steps, not linearly: bisect."""
+    if plan_for(most).total <= budget_bytes:
         return most
-    return max(1, min(most, int((budget_bytes - fixed) // per_row)))
+    low, high = 1, most  # plan_for(high) does not fit
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if plan_for(middle).total <= budget_bytes else (low, middle)
+    return low
 
 
 def device_budget(device: torch.device) -> float | None:

@@ -2,7 +2,7 @@
 
 Why: a rollout batch's prompts repeat themselves. Every prompt opens with the same instructions, and the G
 episodes of a GRPO group also share their task's text, which only their histories follow. In the WebShop round
-of `benchmarks/gpu_round.py` (tiny shape, history 2, 16 new tokens a step; docs/gpu.md) the group prefixes held
+of `benchmarks/gpu_round.py` (tiny shape, history 2, 16 new tokens a step; docs/gpu-measurements.md) the group prefixes held
 45 % of the distinct prompts' tokens, and a prefill that computes each group's prefix once and every prompt's own
 suffix on top of it computed 38 % fewer positions than one of whole prompts.
 
