@@ -36,10 +36,12 @@ from transformers import AutoConfig
 from fedagent_flwr.agent.engine.decode import StaticDecoder
 from fedagent_flwr.agent.engine.memory import SHAPES, ModelShape
 from fedagent_flwr.agent.models.pretrained import pick_device
-from fedagent_flwr.agent.engine.precision import autocast, resolve_precision
+from fedagent_flwr.agent.engine.placement import place
+from fedagent_flwr.agent.engine.precision import autocast
 from fedagent_flwr.agent.engine.sampling import _rollout_dtype, fast_sample_batch, hf_sample_batch
 from fedagent_flwr.agent.models.shaped_model import random_model
 from gpu_round import H100_BANDWIDTH, SHAPE_NAMES, TINY, decode_bound
+import raw_output
 
 TINY_VOCAB = 2000  # about the size of gpu_round's environment tokenizer, which this script does not need
 LAUNCH_NAMES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")
@@ -57,8 +59,8 @@ def device_and_precision(parser: argparse.ArgumentParser, device: str, precision
     """The --device and --precision flags resolved (auto: the GPU and bf16-mixed where there is one), or the
     parser's error naming what is wrong."""
     try:
-        resolved = pick_device(device)
-        return resolved, resolve_precision(precision, resolved.type == "cuda")
+        resolved = pick_device(device)  # refuses cuda where none is visible
+        return resolved, place(device=str(resolved), precision=precision).precision  # the one place auto is decided
     except ValueError as err:
         parser.error(str(err))
 
@@ -275,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
               "replay_logprob_gap": replay, "replay_gap_between": between, "top": args.top,
               "compile_logprob_gap": compile_gap, "compile_check_s": compile_s,
               "engines": results}
+    result["settings"] = raw_output.settings(args)  # every argument as parsed, for the raw output's file
     if args.json:
         print(json.dumps(result), flush=True)
     else:

@@ -1,6 +1,14 @@
 #!/bin/bash
 # The GPU checks of issue 35, each bounded in time, each result saved:
-#   bash benchmarks/gpu_checks.sh OUT_FOLDER [STAGE ...]      (default stages: tests decode update round-static)
+#   bash benchmarks/gpu_checks.sh [ROOT [STAGE ...]]      (ROOT: benchmarks/results; stages: tests decode update round-static)
+# Everything a call writes goes to ROOT/<UTC date>-<card slug>/ (benchmarks/raw_output.py folder; "cpu" on a machine
+# without a GPU): card.txt (the card, driver, CUDA and the packages' versions), and for each stage <stage>.log (all it
+# printed, its commands' stderr included) and <stage>.json, written by benchmarks/raw_output.py run: the stage's
+# benchmark result (or test run) after a raw_output section with the card, driver, CUDA, torch / transformers / peft
+# versions, the command line and settings, the git commit and whether the tree was dirty, the UTC times and every
+# phase's seconds. A stage of two runs names the second <stage>.<what>.json (waits.tests, kernels.tests,
+# decode-compile.profile). On a lent machine (no .git) set FEDAGENT_GIT_COMMIT and FEDAGENT_GIT_DIRTY where the call
+# starts: FEDAGENT_GIT_COMMIT=$(git rev-parse HEAD) FEDAGENT_GIT_DIRTY=$(git status --porcelain | wc -l) bash ...
 # Stages, in the order given:
 #   tests         the static engine's CUDA graphs against the transformers loop and against eager, with eager and with
 #                 compiled kernels (tests/agent/test_decode.py -k cuda)
@@ -60,31 +68,25 @@
 # kernels stage about 165 s on a fresh machine (its tests 90 s). 2026-11-28 (H100): wait-tests 20-25 s, levers (11
 # variants then) 60-65 s, a round about 100 s; `wait-tests levers round-levers round-fast` 291 s after the wheels' install.
 # On a lent machine, carry the wheels scripts/gpu_wheels.sh downloads (.whl) and install them first (docs/gpu.md).
-# ROUND_SET adds run-config values to both rounds, e.g. ROUND_SET="--set micro-batch-size=32".
+# ROUND_SET adds run-config values to every round, e.g. ROUND_SET="--set micro-batch-size=32". A round's --paper-round
+# estimates a round on ALFWorld (configs/fedagent-paper.toml) and on WebShop (no preset: that file with WebShop's 15 steps
+# of 128 tokens) at tasks-per-epoch=64, each with a table of the settings it used where the preset's differ.
+# SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers (tests/benchmarks/test_gpu_checks.py).
 set -u
-OUT=${1:-gpu-checks}; shift || true
+ROOT=${1:-benchmarks/results}; shift || true
 STAGES=${*:-tests decode update round-static}
-mkdir -p "$OUT"
+KNOWN="tests waits decode decode-compile round-compile prefill update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast"
+for stage in $STAGES; do  # every name checked before anything runs
+  case " $KNOWN " in *" $stage "*) ;; *) echo "unknown stage $stage ($KNOWN)"; exit 2 ;; esac
+done
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD:$PWD/benchmarks
+DIR=$(python3 benchmarks/raw_output.py folder "$ROOT") || exit 1
+mkdir -p "$DIR"
+echo "writing to $DIR"
+python3 benchmarks/raw_output.py card | tee "$DIR/card.txt"
 T0=$(date +%s)
-wait_tests() {
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/agent/test_device_waits.py \
-    "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" \
-    tests/agent/test_master_weights.py > "$OUT/wait_tests.txt" 2>&1; tail -15 "$OUT/wait_tests.txt"
-}
-# round_at_fastest NAME RESULT: a round at FAST's settings with the fastest variant of an update_profile.py result
-round_at_fastest() {
-  best=$(python3 benchmarks/fastest_variant.py "$2" --sets) || { echo "no $1 result to pick from"; return; }
-  echo "fastest $1: $best"
-  timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST $best --decode-engine static \
-    > "$OUT/round_$1.json" 2> "$OUT/round_$1.err"
-  echo "rc $?"; tail -3 "$OUT/round_$1.err"; cut -c1-700 "$OUT/round_$1.json"
-}
-stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
-python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)" | tee -a "$OUT/card.txt"
 SHAPE=${SHAPE:-1.5b}  # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers
-ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --paper-set max-steps=15 --paper-set max-new-tokens=128 --json ${ROUND_SET:-}"
+ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --json ${ROUND_SET:-}"
 UPDATE_COMMON="micro-batch-size=8,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
 UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
                  --variant $UPDATE_COMMON
@@ -92,70 +94,68 @@ UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
                  --variant $UPDATE_COMMON,logprob-micro-batch-size=64)
 UPDATE_FAST="micro-batch-size=16,logprob-micro-batch-size=64,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
 FAST="--set logprob-micro-batch-size=64 --set micro-batch-size=16 --set length-grouped-micro-batches=true"
-for stage in $STAGES; do
-  stamp "$stage"
-  case $stage in
+# bench NAME SECONDS ARGS...: `python3 ARGS` within SECONDS through raw_output.py, its raw output to $DIR/NAME.json
+bench() {
+  name=$1 seconds=$2; shift 2
+  python3 benchmarks/raw_output.py run "$DIR/$name.json" --stage "$stage" -- timeout "$seconds" python3 "$@"
+  echo "rc $?"
+}
+wait_tests() {
+  bench "$1" 120 -m pytest -q -p no:cacheprovider -p no:logging tests/agent/test_device_waits.py \
+    "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" \
+    tests/agent/test_master_weights.py
+}
+# round_at_fastest WHAT RESULT: a round at FAST's settings with the fastest variant of an update_profile.py result
+round_at_fastest() {
+  best=$(python3 benchmarks/fastest_variant.py "$2" --sets) || { echo "no $1 result to pick from"; return; }
+  echo "fastest $1: $best"
+  bench "$stage" 200 benchmarks/gpu_round.py $ROUND $FAST $best --decode-engine static
+}
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+run_stage() {
+  case $1 in
     tests)
-      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt" ;;
+      bench tests 150 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda ;;
     decode-compile)
-      timeout 150 python3 benchmarks/step_kernels.py --shape $SHAPE --rows 128 --prompt-tokens 512 --steps 32 --runs 6 \
-        --json > "$OUT/step_kernels.json" 2> "$OUT/step_kernels.err"
-      echo "rc $?"; grep "^run" "$OUT/step_kernels.err" | tail -2; cut -c1-600 "$OUT/step_kernels.json"
-      timeout 200 python3 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json \
-        > "$OUT/decode_compile.json" 2> "$OUT/decode_compile.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_compile.err" | tail -8 ;;
+      bench decode-compile 150 benchmarks/step_kernels.py --shape $SHAPE --rows 128 --prompt-tokens 512 --steps 32 --runs 6 --json
+      bench decode-compile.profile 200 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json ;;
     round-compile)
-      timeout 240 python3 benchmarks/gpu_round.py $ROUND $FAST --set decode-kernels=compile --decode-engine static \
-        > "$OUT/round_compile.json" 2> "$OUT/round_compile.err"
-      echo "rc $?"; tail -3 "$OUT/round_compile.err"; cut -c1-700 "$OUT/round_compile.json" ;;
+      bench round-compile 240 benchmarks/gpu_round.py $ROUND $FAST --set decode-kernels=compile --decode-engine static ;;
     waits)
-      wait_tests
-      timeout 240 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+      wait_tests waits.tests
+      bench waits 240 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST --variant $UPDATE_FAST,minibatch-size=16 \
         --variant $UPDATE_FAST,minibatch-size=16,fused-adamw=false --variant $UPDATE_FAST,gradient-checkpointing=true \
-        --variant $UPDATE_FAST,gradient-checkpointing=auto --variant $UPDATE_FAST,param-dtype=bf16 --json \
-        > "$OUT/waits_profile.json" 2> "$OUT/waits_profile.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/waits_profile.err" | tail -4 ;;
+        --variant $UPDATE_FAST,gradient-checkpointing=auto --variant $UPDATE_FAST,param-dtype=bf16 --json ;;
     decode)
-      timeout 120 python3 benchmarks/decode_profile.py --shape $SHAPE --json > "$OUT/decode_profile.json" 2> "$OUT/decode_profile.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/decode_profile.err" | tail -6 ;;
+      bench decode 120 benchmarks/decode_profile.py --shape $SHAPE --json ;;
     prefill)
-      timeout 90 python3 benchmarks/prefill_profile.py --shape $SHAPE --json > "$OUT/prefill_profile.json" 2> "$OUT/prefill_profile.err"
-      echo "rc $?"; tail -3 "$OUT/prefill_profile.err"; cat "$OUT/prefill_profile.json" ;;
+      bench prefill 90 benchmarks/prefill_profile.py --shape $SHAPE --json ;;
     update)
-      timeout 100 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json > "$OUT/update_profile.json" 2> "$OUT/update_profile.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/update_profile.err" | tail -8 ;;
+      bench update 100 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json ;;
     round-static|round-hf)
-      engine=${stage#round-}
-      timeout 240 python3 benchmarks/gpu_round.py $ROUND --decode-engine $engine > "$OUT/round_$engine.json" 2> "$OUT/round_$engine.err"
-      echo "rc $?"; tail -3 "$OUT/round_$engine.err"; cut -c1-700 "$OUT/round_$engine.json" ;;
+      bench $1 240 benchmarks/gpu_round.py $ROUND --decode-engine ${1#round-} ;;
     round-fast)
-      timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --decode-engine static > "$OUT/round_fast.json" 2> "$OUT/round_fast.err"
-      echo "rc $?"; tail -3 "$OUT/round_fast.err"; cut -c1-700 "$OUT/round_fast.json" ;;
+      bench round-fast 200 benchmarks/gpu_round.py $ROUND $FAST --decode-engine static ;;
     kernels)
-      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
-      timeout 300 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
-        --variant $UPDATE_FAST,training-kernels=compile --variant $UPDATE_FAST,training-kernels=liger --json \
-        > "$OUT/kernels_profile.json" 2> "$OUT/kernels_profile.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st\|arn" "$OUT/kernels_profile.err" | tail -6 ;;
+      bench kernels.tests 120 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py
+      bench kernels 300 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+        --variant $UPDATE_FAST,training-kernels=compile --variant $UPDATE_FAST,training-kernels=liger --json ;;
     profile-fast)
-      timeout 150 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile --top 25 --variant $UPDATE_FAST \
-        --json > "$OUT/profile_fast.json" 2> "$OUT/profile_fast.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/profile_fast.err" | tail -4 ;;
+      bench profile-fast 150 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile --top 25 \
+        --variant $UPDATE_FAST --json ;;
     passes)
-      timeout 240 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+      bench passes 240 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,micro-batch-size=32 --variant $UPDATE_FAST,micro-batch-tokens=12288 \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
-        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 --json \
-        > "$OUT/passes_profile.json" 2> "$OUT/passes_profile.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/passes_profile.err" | tail -8 ;;
+        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 --json ;;
     round-passes)
-      round_at_fastest passes "$OUT/passes_profile.json" ;;
+      round_at_fastest passes "$DIR/passes.json" ;;
     wait-tests)
-      wait_tests ;;
+      wait_tests wait-tests ;;
     levers)
-      timeout 270 python3 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+      bench levers 270 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST,padding-mask=true \
         --variant $UPDATE_FAST,param-dtype=bf16 --variant $UPDATE_FAST,micro-batch-size=32 \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
@@ -163,22 +163,21 @@ for stage in $STAGES; do
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 \
         --variant $UPDATE_FAST,micro-batch-size=32,param-dtype=bf16 --variant $UPDATE_FAST \
-        --variant $UPDATE_FAST,param-dtype=bf16,training-kernels=liger --json > "$OUT/levers_profile.json" 2> "$OUT/levers_profile.err"
-      echo "rc $?"; grep -v "USDT\|profiler_st" "$OUT/levers_profile.err" | tail -12 ;;
+        --variant $UPDATE_FAST,param-dtype=bf16,training-kernels=liger --json ;;
     round-levers)
-      round_at_fastest levers "$OUT/levers_profile.json" ;;
+      round_at_fastest levers "$DIR/levers.json" ;;
     round-auto)
-      timeout 330 python3 benchmarks/gpu_round.py $ROUND $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
+      bench round-auto 330 benchmarks/gpu_round.py $ROUND $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
         --set gradient-checkpointing=auto --paper-set rollout-batch-size=0 --paper-set gradient-checkpointing=auto \
-        --decode-engine static > "$OUT/round_auto.json" 2> "$OUT/round_auto.err"
-      echo "rc $?"; tail -3 "$OUT/round_auto.err"; cut -c1-700 "$OUT/round_auto.json" ;;
+        --decode-engine static ;;
     round-kernels)
-      best=$(python3 benchmarks/fastest_variant.py "$OUT/kernels_profile.json" training-kernels) || { echo "no kernels result to pick from"; continue; }
+      best=$(python3 benchmarks/fastest_variant.py "$DIR/kernels.json" training-kernels) || { echo "no kernels result to pick from"; return; }
       echo "fastest training-kernels: $best"
-      timeout 200 python3 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static \
-        > "$OUT/round_kernels.json" 2> "$OUT/round_kernels.err"
-      echo "rc $?"; tail -3 "$OUT/round_kernels.err"; cut -c1-700 "$OUT/round_kernels.json" ;;
-    *) echo "unknown stage $stage (tests waits decode decode-compile round-compile prefill update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast)"; exit 2 ;;
+      bench round-kernels 200 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static ;;
   esac
+}
+for stage in $STAGES; do
+  # the console leaves out the profiler's start-up noise; the stage's log keeps everything
+  { stamp "$stage"; run_stage "$stage"; } 2>&1 | tee -a "$DIR/$stage.log" | grep --line-buffered -v "USDT\|profiler_st"
 done
 stamp done

@@ -24,7 +24,12 @@ Decode: the sampler's seconds over its token steps (one token step = one new tok
 included) beside the bandwidth bound of a step at that batch and context: the bytes it must read (the weights
 in the forward's dtype, every row's KV cache) over `--bandwidth` (default an H100's 3.35e12 B/s).
 `--decode-engine` picks the sampler's engine (agent/engine/sampling.py: auto, hf, static). `--paper-round` adds the
-estimated wall time of a round at configs/fedagent-paper.toml's settings, scaled from the measured phases.
+estimated wall time of a FedAgent paper round on ALFWorld and on WebShop, scaled from the measured phases
+(paper_round), each with a table of the settings it used where configs/fedagent-paper.toml says otherwise.
+
+Model FLOP utilisation counts the FLOPs the passes compute for the samples (model_flops): the layers' weights at
+every sample token, the output head at the positions it scores (the completion tokens with chunked log-probs, every
+token without), padding and recomputation left out (their share is reported apart, as padding).
 
     python benchmarks/gpu_round.py --shape tiny --set tasks-per-epoch=4 --set group-size=2   # CPU, seconds
     python benchmarks/gpu_round.py --shape 1.5b                                               # one GPU
@@ -35,15 +40,18 @@ estimated wall time of a round at configs/fedagent-paper.toml's settings, scaled
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import math
+import multiprocessing
 import resource
 import sys
 import time
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -56,10 +64,10 @@ from fedagent_flwr.agent.engine.decode import release as release_decoder
 from envs import make_env
 from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
-from fedagent_flwr.agent.engine.memory import GB, ModelShape
+from fedagent_flwr.agent.engine.memory import GB, SHAPES, ModelShape
 from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.agent.engine.precision import autocast
-from fedagent_flwr.agent.play.rollout import run_episodes
+from fedagent_flwr.agent.play.rollout import PromptEncoder, run_episodes, stop_token_ids
 from fedagent_flwr.agent.engine.sampling import ENGINES, sample_batch
 from fedagent_flwr.agent.models.shaped_model import (
     environment_tokenizer,
@@ -74,6 +82,7 @@ from strategies.communication import payload_bytes, wire_bytes
 from strategies.transfer import decode, encode
 from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_rollout_rows
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+import raw_output
 
 SHAPE_NAMES = {"tiny": None, "0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b", "3b": "qwen2.5-3b", "7b": "qwen2.5-7b"}
 # The FedAgent paper's settings on WebShop (FedAgentGym §5 and the reference runs), as run-config values.
@@ -91,6 +100,18 @@ PAPER_PRESET = Path(__file__).resolve().parents[1] / "configs" / "fedagent-paper
 UPDATE_KEYS = ("gradient-checkpointing", "micro-batch-size", "micro-batch-tokens", "logprob-micro-batch-size",
                "logprob-micro-batch-tokens", "logprob-chunk-tokens",
                "length-grouped-micro-batches", "training-kernels", "precision", "param-dtype")
+# ... and those that change how long a token step takes, or what a pass computes per token: the estimate takes the
+# measured run's times, so it runs at the measured run's values of all of these (its table says where the preset's differ)
+TIMING_KEYS = UPDATE_KEYS + ("finetuning", "decode-engine", "decode-kernels")
+# the keys the estimate counts its work by (episodes, token steps, samples, passes): its own values, the preset's
+# unless --paper-set or an environment's settings below say otherwise
+WORK_KEYS = ("env", "tasks-per-epoch", "group-size", "max-steps", "max-new-tokens", "history-length",
+             "rollout-batch-size", "minibatch-size", "kl-beta", "local-epochs", "clients-per-round")
+# The FedAgent paper's two environments as a round plays them. configs/fedagent-paper.toml is ALFWorld's preset (50
+# steps, 512 new tokens); there is no WebShop preset, so WebShop's round is that file with env = webshop and WebShop's
+# 15 steps of 128 new tokens (PAPER_ROUND's). The estimate says which values came from where.
+PAPER_ENVS = {"alfworld": {"env": "alfworld", "max-steps": 50, "max-new-tokens": 512},
+              "webshop": {k: PAPER_ROUND[k] for k in ("env", "max-steps", "max-new-tokens")}}
 
 
 def decode_bound(facts: ModelShape, tied: bool, rows: float, context: float, value_bytes: int,
@@ -112,7 +133,7 @@ def sampler_clock(engine: str, record: dict):
     compares engines on the same settings. On the static engine it also times the decoder's `start` (the prefill,
     and on CUDA the graphs captured in it, each timed apart) with the device synchronised around it, and adds up
     the positions its prefill computed (padding included) beside what prefilling each distinct prompt whole
-    would have (agent/engine/prefill_plan.py)."""
+    would have (agent/engine/prefill_plan.py), and the positions of those that hold a token."""
     def timed(model, prompts, *args, **kwargs):
         started = time.perf_counter()
         rows = sample_batch(model, prompts, *args, **{**kwargs, "engine": engine})  # lists: the device is done
@@ -137,6 +158,12 @@ def sampler_clock(engine: str, record: dict):
         record["start_s"] += time.perf_counter() - started
         plan = decoder.last_plan
         record["prefill_positions"] += plan.cost
+        # the positions that hold a token (each group's prefix once, then each prompt's own rest), and the prompts
+        # whose last position the head scores: the prefill's model FLOPs
+        record["prefill_token_positions"] += (sum(len(p) for p in plan.prefixes)
+                                              + sum(len(p) - plan.shared(j) for j, p in enumerate(plan.prompts)))
+        record["prefill_scored_prompts"] += len(plan.prompts)
+        record["prefill_prefix_positions"] += sum(len(p) for p in plan.prefixes)
         record["prefill_positions_whole"] += len(plan.prompts) * max(len(p) for p in plan.prompts)
         record["prefill_prompt_tokens"] += sum(len(p) for p in plan.prompts)  # distinct prompts
         record["prefill_shared_tokens"] += sum(plan.shared(j) for j in range(len(plan.prompts)))
@@ -162,37 +189,132 @@ def sampler_clock(engine: str, record: dict):
         StaticDecoder.start, StaticDecoder._capture = inner_start, inner_capture
 
 
-def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPER_PRESET) -> dict:
-    """A round at the preset's settings, estimated from the measured phases of `r`.
+def resolved_settings(values: dict, device_type: str) -> dict:
+    """TIMING_KEYS of run-config `values` (defaults where absent), every auto among them resolved as a client on
+    `device_type` (cpu or cuda) resolves it (agent/engine/placement.py)."""
+    full = RunConfig().to_run_config() | values
+    placement = RunConfig.from_run_config(full | {"device": device_type}).placement()
+    return {k: full[k] for k in TIMING_KEYS} | {"precision": placement.precision, "param-dtype": placement.param_dtype,
+                                                "decode-engine": placement.decode_engine}
+
+
+def paper_envs(preset_path: Path = PAPER_PRESET) -> list[str]:
+    """The environments a paper round is estimated for: the preset's first, then the others of PAPER_ENVS."""
+    own = tomllib.loads(preset_path.read_text()).get("env")
+    return [own] + [env for env in PAPER_ENVS if env != own] if own in PAPER_ENVS else list(PAPER_ENVS)
+
+
+def paper_settings(env: str, overrides: dict | None = None, preset_path: Path = PAPER_PRESET) -> tuple[dict, dict, dict]:
+    """The run-config values a round of `env` is estimated at: the preset's, `env`'s own steps and answer budget where
+    the preset is another environment's (PAPER_ENVS: no preset file exists for it), then `overrides` (--paper-set).
+    Returns those values, the preset's, and for each key that is not the preset's where it came from."""
+    preset = tomllib.loads(preset_path.read_text())
+    own = {} if preset.get("env") == env else PAPER_ENVS[env]
+    source = {k: f"{env}'s settings: no {env} preset exists ({preset_path.name} is {preset.get('env')}'s)" for k in own}
+    source |= {k: "--paper-set" for k in overrides or {}}
+    return preset | own | (overrides or {}), preset, source
+
+
+class _Babbler:
+    """A random model's completions without the model: `max_new_tokens` ids drawn uniformly from a vocabulary of
+    `vocab`, cut at the first stop id, decoded as LMPolicy decodes them (ids past the tokenizer's decode to nothing,
+    as a shape model's do). A random-init model's next-token distribution is close to uniform; its text never parses
+    as an action, so the whole of it lands in the prompts' history, and every episode runs max-steps."""
+
+    def __init__(self, tokenizer, vocab: int, max_new_tokens: int, seed: int) -> None:
+        self.tokenizer, self.vocab, self.max_new_tokens = tokenizer, vocab, max_new_tokens
+        self.stop_ids = set(stop_token_ids(tokenizer))
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, live):
+        out = []
+        for _ in live:
+            ids = self.rng.integers(0, self.vocab, self.max_new_tokens).tolist()
+            ids = next((ids[: i + 1] for i, t in enumerate(ids) if t in self.stop_ids), ids)
+            out.append((ids, self.tokenizer.decode(ids, skip_special_tokens=True)))
+        return out
+
+
+def played_prompt_tokens(values: dict, shape: str, tasks: int = 8, seed: int = 0) -> float:
+    """The mean prompt length of a round's agent steps at run-config `values` on a random model of `shape`, in tokens
+    of the environment's shape tokenizer (what this script builds), from `tasks` training tasks played with _Babbler
+    in place of the model: the prompts of another environment than the one measured, which the model cannot play
+    cheaply. A group's episodes differ only by their draws, so a few distinct tasks suffice; on the tiny round the
+    mean lands near the measured one (tests/benchmarks/test_gpu_round.py)."""
+    cfg = RunConfig.from_run_config(values | {"device": "cpu"})
+    tokenizer = environment_tokenizer(cfg.env)
+    name = SHAPE_NAMES[shape]
+    vocab = SHAPES[name]["vocab_size"] if name else len(tokenizer)  # build_model's vocabulary for this shape
+    rollout = rollout_config(cfg, batch_size=tasks)
+    pool = make_env(cfg.env, cfg.max_steps).tasks_of_split("train")
+    chosen = [pool[i] for i in np.random.default_rng(seed).choice(len(pool), size=tasks, replace=True)]
+    trajectories = run_episodes(_Babbler(tokenizer, vocab, rollout.max_new_tokens, seed),
+                                lambda: make_env(cfg.env, cfg.max_steps), chosen, PromptEncoder(tokenizer), rollout)
+    lengths = [len(step.prompt_ids) for t in trajectories for step in t.steps]
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPER_PRESET, env: str | None = None,
+                prompt_tokens: float | None = None) -> dict:
+    """A round of `env` (default: the preset's own) at the preset's settings (paper_settings), estimated from the
+    measured phases of `r`.
 
     Assumptions (printed with it): every episode runs max-steps and every completion max-new-tokens (what a
     random model does: the worst case); a token step costs what it cost here (at this run's rows per step and
-    context: a longer context costs more); log-probs and update cost in proportion to their tokens (prompts as
-    long as here); each client sends once. Server evaluation and Flower's messaging are not in it.
-    `overrides` replace preset values (e.g. tasks-per-epoch=64, the "64 tasks sampled" reading of the paper).
+    context: a longer context costs more); log-probs and update cost in proportion to their model FLOPs
+    (sample_flops: a completion token costs more than a prompt token where the head scores completions only), at
+    prompts of `prompt_tokens` on average (played_prompt_tokens; default: this run's mean); an old-policy pass where an
+    epoch holds more than one minibatch and a KL-reference pass where kl-beta > 0; each client sends once. Server
+    evaluation and Flower's messaging are not in it. The phases' times are this run's, so the estimate runs at this
+    run's TIMING_KEYS: the table it returns names every key whose value it used is not the preset's.
     rollout-batch-size = 0 (auto) takes the rows this run resolved, capped at the preset's epoch."""
-    p = tomllib.loads(preset_path.read_text()) | (overrides or {})
+    env = env or paper_envs(preset_path)[0]
+    p, preset, source = paper_settings(env, overrides, preset_path)
+    defaults = RunConfig().to_run_config()
     episodes = p["tasks-per-epoch"] * p["group-size"]
     rows = p["rollout-batch-size"] or min(r["rollout_rows"], episodes)
     token_steps = p["max-steps"] * math.ceil(episodes / rows) * p["max-new-tokens"]
     samples = episodes * p["max-steps"]
-    sample_tokens = samples * (r["mean_prompt_tokens"] + p["max-new-tokens"])
+    prompt = r["mean_prompt_tokens"] if prompt_tokens is None else prompt_tokens
+    f = r["flop_count"]
+    shape = FlopShape(f["body_parameters"], f["head_parameters"])
+    new = p["max-new-tokens"]
+    sample = model_flops(shape, prompt + new, new if f["head_scores"] == "completion tokens" else prompt + new, 1.0)
+    logprob_passes = int(samples > p["minibatch-size"]) + int(p["kl-beta"] > 0)
     rollout = token_steps * r["rollout_s"] / max(r["token_steps"], 1)
-    logprobs = sample_tokens * r["logprobs_s"] / max(r["sample_tokens"], 1)
-    update = sample_tokens * r["update_s"] / max(r["sample_tokens"], 1)
+    logprobs = samples * sample * logprob_passes * r["logprobs_s"] / f["logprob_flops"] if f["logprob_flops"] else 0.0
+    update = samples * sample * f["update_passes"] * r["update_s"] / max(f["update_flops"], 1.0)
     client = p["local-epochs"] * (rollout + logprobs + update) + r["transfer_s"]
-    defaults = RunConfig().to_run_config()
-    if p.get("param-dtype") == "auto":  # what the preset resolves to where this ran
-        where = {"device": "cpu" if r.get("device") == "cpu" else "cuda"}
-        p = p | {"param-dtype": RunConfig.from_run_config(p | where).placement().param_dtype}
-    measured = r.get("update_settings", {})
-    unlike = {k: {"measured": v, "preset": p.get(k, defaults[k])} for k, v in measured.items() if p.get(k, defaults[k]) != v}
-    return {"preset": preset_path.name, "overrides": overrides or {}, "clients": p["clients-per-round"],
+
+    table = []
+    for k in WORK_KEYS:  # what the estimate counts: its own values
+        used, was = (rows if k == "rollout-batch-size" else p.get(k, defaults[k])), preset.get(k, defaults[k])
+        if used != was:
+            why = source.get(k, "the preset")
+            table.append({"key": k, "preset": was, "used": used, "from": why if used == p.get(k) else
+                          f"{why}: rollout-batch-size = 0 (auto) takes the rows the measured run resolved"})
+    if r.get("env") and r["env"] != env:  # the phases' times: the measured run's
+        table.append({"key": "env", "preset": preset.get("env"), "used": r["env"],
+                      "from": f"the measured run: its token steps and passes, timed on {r['env']}, priced {env}'s counts "
+                              f"and prompt lengths"})
+    theirs = resolved_settings(preset, "cpu" if r.get("device") == "cpu" else "cuda")
+    for k, v in r.get("timing_settings", {}).items():
+        if theirs.get(k) != v:
+            why = "the measured run (its phases were timed at it)"
+            if k in (overrides or {}) and overrides[k] != v:
+                why += f"; --paper-set {k}={_toml(overrides[k])} not applied: no phase was timed at it"
+            table.append({"key": k, "preset": theirs.get(k), "used": v, "from": why})
+    return {"env": env, "preset": preset_path.name, "preset_env": preset.get("env"), "overrides": overrides or {},
+            "settings_unlike_preset": table,
+            "mean_prompt_tokens": round(prompt, 1),
+            "prompt_tokens_from": "the measured round" if prompt_tokens is None else
+            f"{env} played with random tokens for the model (played_prompt_tokens)",
+            "timed_on": {"env": r.get("env"), "rollout_rows": r["rollout_rows"], "mean_prompt_tokens": r["mean_prompt_tokens"]},
+            "clients": p["clients-per-round"],
             "local_epochs": p["local-epochs"], "episodes_per_epoch": episodes, "max_steps": p["max-steps"],
             "max_new_tokens": p["max-new-tokens"],
             "rollout_batch_size": rows, "rollout_rows_as_measured": rows == r["rollout_rows"],
-            "update_settings_unlike_preset": unlike,
-            "token_steps_per_epoch": token_steps,
+            "token_steps_per_epoch": token_steps, "logprob_passes_per_epoch": logprob_passes,
             "samples_per_epoch": samples, "epoch_rollout_s": round(rollout, 1), "epoch_logprobs_s": round(logprobs, 1),
             "epoch_update_s": round(update, 1), "client_s": round(client, 1),
             "round_s_clients_in_turn": round(p["clients-per-round"] * client, 1),
@@ -262,11 +384,41 @@ def recorded_passes():
         grpo_module.completion_logprobs = inner
 
 
-def model_flops(parameters: int, tokens: int, passes: float) -> float:
-    """The usual model-FLOP count: 2 FLOPs per parameter per token per forward-equivalent pass (attention's
-    quadratic part left out). A forward is 1 pass; training a full model is 3 (backward costs two forwards); training
-    a LoRA adapter is about 2 (the frozen weights need the input gradients only)."""
-    return 2.0 * parameters * tokens * passes
+class FlopShape(NamedTuple):
+    """The weights a position's forward multiplies by. `body`: the layers' (and the final norm's) parameters; the
+    input embedding is a lookup and costs no FLOPs, so an untied model leaves it out, and a tied one counts its matrix
+    once, as the head. `head`: the output head's vocabulary x hidden matrix, which runs only where logits are wanted."""
+
+    body: int
+    head: int
+
+    @classmethod
+    def of(cls, config) -> FlopShape:
+        facts = ModelShape.of(config)
+        head = facts.vocab * facts.hidden
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        return cls(body=facts.parameters - head * (1 if tied else 2), head=head)
+
+
+def model_flops(shape: FlopShape, body_tokens: int, head_tokens: int, passes: float) -> float:
+    """Model FLOPs of `passes` forward-equivalent passes: 2 per weight per position it runs at, the body at
+    `body_tokens` positions and the head at `head_tokens` (attention's quadratic part left out). A forward is 1 pass;
+    training a full model is 3 (backward costs two forwards); training a LoRA adapter about 2 (the frozen weights need
+    the input gradients only). Recomputation (checkpointed layers; the chunked head, recomputed in backward) is not
+    counted: the FLOPs the result needs, as model FLOP utilisation counts them."""
+    return 2.0 * passes * (shape.body * body_tokens + shape.head * head_tokens)
+
+
+def sample_flops(config, samples, chunk_tokens: int, passes: float) -> float:
+    """model_flops of GRPO's passes over `samples` (each with prompt_ids and completion_ids) for a model of `config`.
+
+    The body runs at every sample token. The head runs where agent/engine/tokens.py's completion_logprobs sends
+    hidden states through it: with chunk_tokens > 0 (chunked_completion_logprobs) the completion tokens only, at 0
+    (full logits) every token. Padding is left out of both, though the passes compute it: it is waste, not the
+    model's work, and the reports give its share apart (so that padding more never raises the utilisation)."""
+    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    scored = sum(len(s.completion_ids) for s in samples) if chunk_tokens > 0 else tokens
+    return model_flops(FlopShape.of(config), tokens, scored, passes)
 
 
 def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engine: str = "auto",
@@ -332,17 +484,24 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     generated = sum(len(s.completion_ids) for s in steps)
     logprob_s = clock["_logprobs"]
     sample_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in steps)
-    # What the update and log-prob passes compute, against the card's peak (padding, which they also compute, is not
-    # counted: it is waste, not model work)
-    logprob_flops = model_flops(shape_facts.parameters, sample_tokens, clock["_logprobs_calls"])
-    update_flops = model_flops(shape_facts.parameters, sample_tokens, 2.0 if cfg.finetuning == "lora" else 3.0)
+    # What the update and log-prob passes compute for the samples, against the card's peak (sample_flops: the head
+    # where it scores, padding and recomputation left out)
+    flop_shape = FlopShape.of(model.config)
+    update_passes = 2.0 if cfg.finetuning == "lora" else 3.0
+    logprob_passes = int(clock["_logprobs_calls"])
+    logprob_flops = sample_flops(model.config, samples, cfg.logprob_chunk_tokens, logprob_passes)
+    update_flops = sample_flops(model.config, samples, cfg.logprob_chunk_tokens, update_passes)
     update_only_s = max(update_s - logprob_s, 1e-9)
-    # The prefill runs every layer at every position it computes and the head once a prompt: its model FLOPs count
-    # the parameters less the embedding and head matrices (a lookup is no FLOPs; one head row per prompt is noise)
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    body_parameters = shape_facts.parameters - shape_facts.vocab * shape_facts.hidden * (1 if tied else 2)
+    # The prefill runs the layers at each position holding a token (its padding left out, as the passes' is) and the
+    # head at each distinct prompt's last position. The group prefixes' pass stops after the last layer's q/k/v (the
+    # keys and values are all it is for): that layer's output projection and MLP do not run at the prefix positions.
+    body_parameters = flop_shape.body
+    last_layer = model.model.layers[-1]  # a Qwen2 model: the shapes this script builds
+    skipped = sum(w.numel() for name, w in last_layer.named_parameters()
+                  if name.startswith(("self_attn.o_proj.", "mlp.")) and "lora_" not in name)  # the decoder merges an adapter
     prefill_s = sampler["start_s"] - sampler["capture_s"]
-    prefill_flops = model_flops(body_parameters, int(sampler["prefill_positions"]), 1.0)
+    prefill_flops = (model_flops(flop_shape, int(sampler["prefill_token_positions"]), int(sampler["prefill_scored_prompts"]), 1.0)
+                     - 2.0 * skipped * sampler["prefill_prefix_positions"])
     # the passes' padding: positions computed (rows x each pass's width) that hold no sample token
     computed = {grad: sum(r * w for r, w in passes[grad]) for grad in (True, False)}
     logprob_tokens = sample_tokens * int(clock["_logprobs_calls"])
@@ -358,8 +517,10 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.finetuning, "precision": cfg.placement().precision,
         "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
-        # param-dtype as it ran (auto resolved), so that the paper round compares like with like
-        "update_settings": {k: cfg.to_run_config()[k] for k in UPDATE_KEYS} | {"param-dtype": cfg.placement().param_dtype},
+        "env": cfg.env, "run_config": cfg.to_run_config(),
+        # the settings the phases' times depend on, every auto resolved as it ran, so that the paper round compares
+        # like with like
+        "timing_settings": resolved_settings(cfg.to_run_config(), device.type),
         "episodes": len(episodes), "rollout_rows": rows, "agent_steps": len(steps), "generated_tokens": generated,
         "rollout_s": round(rollout_s, 3), "logprobs_s": round(logprob_s, 3), "update_s": round(update_s - logprob_s, 3),
         "transfer_s": round(transfer_s, 3), "generated_tokens_per_s": round(generated / max(rollout_s, 1e-9), 1),
@@ -369,11 +530,17 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         # the static engine's start (prefill and graph capture) apart from its token steps; 0 on the hf engine
         "prefill_s": round(prefill_s, 3), "capture_s": round(sampler["capture_s"], 3),
         "prefill_mfu": prefill_flops / prefill_s / peak_flops if prefill_s > 0 else 0.0,
+        "prefill_flops": prefill_flops,
         "graphs_captured": int(sampler["graphs_captured"]),
         "step_ms_per_token_step": round((sampler["sampler_s"] - sampler["start_s"]) / max(token_steps, 1) * 1e3, 3)
         if sampler["start_s"] else None,
         "prefill_positions": int(sampler["prefill_positions"]),
         "prefill_positions_whole": int(sampler["prefill_positions_whole"]),
+        "prefill_token_positions": int(sampler["prefill_token_positions"]),
+        "prefill_prefix_positions": int(sampler["prefill_prefix_positions"]),
+        "prefill_scored_prompts": int(sampler["prefill_scored_prompts"]),
+        "prefill_padding_fraction": 1 - sampler["prefill_token_positions"] / sampler["prefill_positions"]
+        if sampler["prefill_positions"] else 0.0,
         # how much of the distinct prompts' tokens the group prefixes held, and a prefix's mean length
         "prefill_shared_fraction": sampler["prefill_shared_tokens"] / max(sampler["prefill_prompt_tokens"], 1),
         "prefill_mean_group_prefix": sampler["prefill_group_prefix_tokens"] / max(sampler["prefill_groups"], 1),
@@ -390,6 +557,17 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         "update_mfu": update_flops / update_only_s / peak_flops,
         "logprobs_tflops_per_s": logprob_flops / max(logprob_s, 1e-9) / 1e12 if logprob_s else 0.0,
         "update_tflops_per_s": update_flops / update_only_s / 1e12,
+        # what the MFUs count (sample_flops), and what the count before issue 54 (2 x every parameter x every sample
+        # token a pass, the head included at prompt positions it never scores) made of the same passes
+        "flop_count": {
+            "body_parameters": flop_shape.body, "head_parameters": flop_shape.head,
+            "head_scores": "completion tokens" if cfg.logprob_chunk_tokens > 0 else "every token",
+            "padding": "left out (update_padding_fraction, logprob_padding_fraction)",
+            "sample_tokens": sample_tokens, "completion_tokens": generated,
+            "update_passes": update_passes, "logprob_passes": logprob_passes,
+            "update_flops": update_flops, "logprob_flops": logprob_flops,
+            "update_flops_counted_before": 2.0 * shape_facts.parameters * sample_tokens * update_passes,
+            "logprob_flops_counted_before": 2.0 * shape_facts.parameters * sample_tokens * logprob_passes},
         "checkpointed_layers": stats.get("checkpointed_layers", 0.0),
         "optimizer_steps": int(stats["optimizer_steps"]), "adamw_fused": bool(trainer.optimizer.defaults["fused"]),
         "grad_norm": stats["grad_norm"],
@@ -419,7 +597,8 @@ def format_report(r: dict) -> str:
         "  peak memory by phase (" + r["peak_bytes_measured_by"] + "): "
         + ", ".join(f"{k} {v / GB:.2f} GiB" for k, v in r["peak_bytes"].items()),
         f"  memory plan estimate {plan / GB:.2f} GiB vs measured peak {peak / GB:.2f} GiB",
-        f"  model FLOP utilisation (2 x parameters x tokens per forward pass, of {r['peak_flops'] / 1e12:,.0f} TFLOP/s): "
+        f"  model FLOP utilisation (the FLOPs the passes compute for the samples: the layers at every sample token, the "
+        f"head at {r['flop_count']['head_scores']}, padding and recomputation left out; of {r['peak_flops'] / 1e12:,.0f} TFLOP/s): "
         f"update {100 * r['update_mfu']:.2f}% ({r['update_tflops_per_s']:,.3f} TFLOP/s), "
         f"log-probs {100 * r['logprobs_mfu']:.2f}% ({r['logprobs_tflops_per_s']:,.3f} TFLOP/s, {r['logprob_passes']} passes)",
     ]
@@ -433,7 +612,7 @@ def format_report(r: dict) -> str:
     if r.get("step_ms_per_token_step") is not None:
         rows.append(
             f"            of which prefill {r['prefill_s']:,.2f} s ({100 * r['prefill_mfu']:.1f}% model FLOP utilisation; "
-            f"{r['prefill_positions']:,} positions computed, "
+            f"{r['prefill_positions']:,} positions computed, {100 * r['prefill_padding_fraction']:.0f}% of them padding, "
             f"{r['prefill_positions_whole']:,} with every distinct prompt whole; group prefixes of "
             f"{r['prefill_mean_group_prefix']:,.0f} tokens held {100 * r['prefill_shared_fraction']:.0f}% of the prompt tokens), "
             f"graph capture {r['capture_s']:,.2f} s "
@@ -443,28 +622,41 @@ def format_report(r: dict) -> str:
         f"+ {b['kv_bytes'] / 1e9:,.3f} GB of KV cache ({r['rows_per_step']:,.1f} rows x {r['context_tokens']:,.0f} tokens) "
         f"at {b['bandwidth']:.3g} B/s",
     ]
-    if "paper_round" in r:
-        p = r["paper_round"]
-        rows += [
-            f"  paper round ({p['preset']}" + "".join(f", {k}={v}" for k, v in p["overrides"].items())
-            + f": M = {p['clients']} clients, {p['local_epochs']} local epochs of "
-            f"{p['episodes_per_epoch']} episodes, {p['max_steps']} steps x {p['max_new_tokens']} new tokens, "
-            f"rollout batch {p['rollout_batch_size']}), estimated from the phases above:",
-            f"            per epoch: rollout {p['epoch_rollout_s']:,.0f} s ({p['token_steps_per_epoch']:,} token steps), "
-            f"log-probs {p['epoch_logprobs_s']:,.0f} s, update {p['epoch_update_s']:,.0f} s ({p['samples_per_epoch']:,} samples)",
-            f"            per client {p['client_s']:,.0f} s (transfer included); round {p['round_s_clients_in_turn']:,.0f} s "
-            f"with the clients in turn on one card, {p['round_s_one_card_each']:,.0f} s with a card each",
-            "            assumed: every episode runs max-steps and every completion max-new-tokens (a random model's "
-            "worst case); a token step costs what it cost here (this batch and context); log-probs and update "
-            "scale with their tokens; server evaluation and Flower's messaging left out",
-        ]
-        if p["update_settings_unlike_preset"]:
-            rows.append("            log-probs and update timed at settings the preset does not have: " + ", ".join(
-                f"{k} {_toml(v['measured'])} (preset {_toml(v['preset'])})" for k, v in p["update_settings_unlike_preset"].items()))
-        if not p["rollout_rows_as_measured"]:
-            rows.append(f"            the preset's rollout batch ({p['rollout_batch_size']} rows) is not the measured one "
-                        f"({r['rollout_rows']}): its token step is assumed to cost the same; measure at its rows")
+    for p in r.get("paper_rounds", {}).values():
+        rows += format_paper_round(p, r["rollout_rows"])
     return "\n".join(rows)
+
+
+def format_paper_round(p: dict, measured_rows: int) -> list[str]:
+    """One paper-round estimate's lines: the round, its phases, its assumptions, and the table of the settings it used
+    where the preset's differ."""
+    lines = [
+        f"  paper round on {p['env']} ({p['preset']}" + ("" if p["env"] == p["preset_env"] else f" with {p['env']}'s settings")
+        + "".join(f", {k}={v}" for k, v in p["overrides"].items())
+        + f": M = {p['clients']} clients, {p['local_epochs']} local epochs of "
+        f"{p['episodes_per_epoch']} episodes, {p['max_steps']} steps x {p['max_new_tokens']} new tokens, "
+        f"rollout batch {p['rollout_batch_size']}, prompts of {p['mean_prompt_tokens']:,.0f} tokens from "
+        f"{p['prompt_tokens_from']}), estimated from the phases above:",
+        f"            per epoch: rollout {p['epoch_rollout_s']:,.0f} s ({p['token_steps_per_epoch']:,} token steps), "
+        f"log-probs {p['epoch_logprobs_s']:,.0f} s ({p['logprob_passes_per_epoch']} passes), "
+        f"update {p['epoch_update_s']:,.0f} s ({p['samples_per_epoch']:,} samples)",
+        f"            per client {p['client_s']:,.0f} s (transfer included); round {p['round_s_clients_in_turn']:,.0f} s "
+        f"with the clients in turn on one card, {p['round_s_one_card_each']:,.0f} s with a card each",
+        "            assumed: every episode runs max-steps and every completion max-new-tokens (a random model's "
+        "worst case); a token step costs what it cost here (this batch and context); log-probs and update "
+        "scale with their model FLOPs; server evaluation and Flower's messaging left out",
+    ]
+    if p["settings_unlike_preset"]:
+        width = max(len(t["key"]) for t in p["settings_unlike_preset"])
+        cells = [(t["key"], _toml(t["preset"]), _toml(t["used"]), t["from"]) for t in p["settings_unlike_preset"]]
+        value = max(len("preset"), *(max(len(c[1]), len(c[2])) for c in cells))
+        lines.append("            settings the estimate used that are not the preset's:")
+        lines.append(f"              {'key':{width}s}  {'preset':{value}s}  {'used':{value}s}  from")
+        lines += [f"              {k:{width}s}  {a:{value}s}  {b:{value}s}  {why}" for k, a, b, why in cells]
+    if not p["rollout_rows_as_measured"]:
+        lines.append(f"            the preset's rollout batch ({p['rollout_batch_size']} rows) is not the measured one "
+                     f"({measured_rows}): its token step is assumed to cost the same; measure at its rows")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -485,7 +677,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="let the passes of changing shapes use cuDNN's fused attention (agent/engine/attention.py keeps "
                              "it out of them), to measure that choice")
     parser.add_argument("--paper-round", action="store_true",
-                        help=f"also estimate a round at {PAPER_PRESET.name}'s settings from the measured phases")
+                        help=f"also estimate a round on each of {', '.join(PAPER_ENVS)} at {PAPER_PRESET.name}'s settings "
+                             "from the measured phases")
     parser.add_argument("--paper-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a preset value for the --paper-round estimate (repeatable), e.g. tasks-per-epoch=64")
     args = parser.parse_args(argv)
@@ -497,12 +690,29 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as err:
         parser.error(str(err))
     attention.AVOID_CUDNN = not args.cudnn_attention
-    result = run_round(cfg, args.shape, device, args.seed, args.decode_engine, args.bandwidth, args.peak_flops)
-    result["cudnn_attention"] = args.cudnn_attention
-    if args.paper_round:
-        result["paper_round"] = paper_round(result, paper_overrides)
+    with contextlib.ExitStack() as stack:
+        played = {}
+        if args.paper_round:
+            # The estimates' prompts, played in a process of its own while the round runs: ALFWorld's tokenizer takes
+            # about 20 s of a CPU to build, device time the round would otherwise wait through
+            pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
+            played = {env: (pool.submit(played_prompt_tokens, values, args.shape, seed=args.seed), values, args.shape, args.seed)
+                      for env in paper_envs() for values in [paper_settings(env, paper_overrides)[0]]}
+        result = run_round(cfg, args.shape, device, args.seed, args.decode_engine, args.bandwidth, args.peak_flops)
+        result["cudnn_attention"] = args.cudnn_attention
+        result["settings"] = raw_output.settings(args)
+        if args.paper_round:
+            result["paper_rounds"] = {env: paper_round(result, paper_overrides, env=env, prompt_tokens=_played(*job))
+                                      for env, job in played.items()}
     print(json.dumps(result) if args.json else format_report(result), flush=True)
     return result
+
+
+def _played(future: concurrent.futures.Future, values: dict, shape: str, seed: int) -> float:
+    try:
+        return future.result()
+    except concurrent.futures.process.BrokenProcessPool:  # no worker could start here: play in this process
+        return played_prompt_tokens(values, shape, seed=seed)
 
 
 if __name__ == "__main__":

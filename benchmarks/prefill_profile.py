@@ -33,6 +33,7 @@ from fedagent_flwr.agent.engine.decode import StaticDecoder
 from fedagent_flwr.agent.engine.precision import autocast
 from fedagent_flwr.agent.engine.sampling import _rollout_dtype
 from gpu_round import SHAPE_NAMES
+import raw_output
 
 
 def rollout_prompts(tasks: int, group: int, system: int, task: int, history: int, vocab: int, seed: int) -> list[list[int]]:
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
               "tasks": args.tasks, "group": args.group, "system": args.system, "task": args.task,
               "history": args.history, "variants": variants, "logprob_gap": gap,
               "speedup": variants["whole"]["ms"] / variants["shared prefixes"]["ms"]}
+    result["settings"] = raw_output.settings(args)  # every argument as parsed, for the raw output's file
     if args.json:
         print(json.dumps(result), flush=True)
     else:

@@ -29,6 +29,7 @@ from scipy import stats
 
 from decode_profile import build, device_and_precision, sync
 from gpu_round import SHAPE_NAMES
+import raw_output
 from fedagent_flwr.agent.engine.decode import StaticDecoder
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.engine.precision import autocast
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
         "paired_t_p": float(stats.ttest_rel(ms["eager"], ms["compile"]).pvalue),
         "logprob_gap": float((last["eager"] - last["compile"]).abs().max()),
     }
+    result["settings"] = raw_output.settings(args)  # every argument as parsed, for the raw output's file
     if args.json:
         print(json.dumps(result), flush=True)
     else:

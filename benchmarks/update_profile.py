@@ -6,10 +6,11 @@ agent steps of the lengths a paper-settings round produces: prompts of `--prompt
 over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random advantages, so
 every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g. `micro-batch-size=32`;
 the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/engine/attention.py
-keeps out of them; `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the
-passes did before they queued all their micro-batches; `fused-adamw=false` steps with PyTorch's default AdamW instead
-of its fused kernel, which the trainer takes on a GPU; `padding-mask=true` hands a Qwen model the 4-D padding mask
-that right-padded batches now go without) gets a fresh GRPOTrainer on the same model and its own samples,
+keeps out of them; and GRPOConfig's diagnostic switches (agent/engine/passes.py), set on the trainer's config:
+`host-waits=true` makes the host wait for the device around every micro-batch's forward, as the passes did before
+they queued all their micro-batches; `fused-adamw=false` steps with PyTorch's default AdamW instead of its fused
+kernel, which the trainer takes on a GPU; `padding-mask=true` hands a Qwen model the 4-D padding mask that
+right-padded batches now go without) gets a fresh GRPOTrainer on the same model and its own samples,
 and is timed over one call of `GRPOTrainer.update` (its old-policy and KL-reference passes timed apart, as gpu_round
 does). The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant
 reuses a shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round.
@@ -34,19 +35,17 @@ patches the model for good, so its variants come last.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch._dynamo.utils import counters
 
-import fedagent_flwr.agent.training.grpo as grpo_module
-import fedagent_flwr.agent.engine.tokens as tokens_module
 from fedagent_flwr.agent.engine import attention
 from fedagent_flwr.agent.training.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
 from fedagent_flwr.agent.engine.kernels import training_kernels
@@ -66,7 +65,7 @@ from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.methods.memory import memory_budget
 from decode_profile import LAUNCH_NAMES, device_us
-from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, model_flops, recorded_passes, timed_method
+from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, recorded_passes, sample_flops, timed_method
 from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_layer_activations
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
@@ -84,19 +83,23 @@ def synthetic_samples(n: int, prompt_tokens: int, completion_tokens: int, vocab:
     return samples
 
 
-CUDNN_KEY = "cudnn-attention"  # the benchmark's own variant key: true = the passes may use cuDNN's attention
+# the benchmark's own variant key: true = the passes may use cuDNN's attention (attention.py's module switch, which the
+# rollout's passes read too: no GRPOConfig field)
+CUDNN_KEY = "cudnn-attention"
 # the benchmark's own variant key: true = the host waits for the device before and after every micro-batch's
 # log-prob forward, as the passes did before they queued all their micro-batches (docs/gpu.md); the next forward's
 # wait also meets the end of the backward before it. Measures what such waits cost, side by side.
 WAITS_KEY = "host-waits"
 # the benchmark's own variant key: false = AdamW without its fused kernel (PyTorch's default, a loop over tensor lists
-# on a GPU), what the update ran before agent/training/grpo.py's adamw chose the fused kernel on a GPU
+# on a GPU), what the update ran before the trainer's AdamW (agent/engine/passes.py adamw) chose the fused kernel on a GPU
 FUSED_KEY = "fused-adamw"
 # the benchmark's own variant key: true = right-padded batches reach a Qwen model with the 4-D causal-and-padding mask
 # (the memory-efficient attention kernel, the mask kept per head), as they did before they went without one (the mask
 # mapping of agent/engine/tokens.py: the causal kernel)
 MASK_KEY = "padding-mask"
 OWN_KEYS = (CUDNN_KEY, WAITS_KEY, FUSED_KEY, MASK_KEY)
+# the own keys that are GRPOConfig's diagnostic switches (agent/engine/passes.py), by the field each sets
+SWITCHES = {WAITS_KEY: "host_waits", FUSED_KEY: "fused_adamw", MASK_KEY: "padding_mask"}
 
 
 def parse_variant(text: str) -> dict:
@@ -113,45 +116,9 @@ def parse_variant(text: str) -> dict:
     return values
 
 
-@contextlib.contextmanager
-def _replaced(module, name: str, value):
-    """`module.name` is `value` inside the block and what it was after: how a variant key swaps one piece of the
-    trainer for the old or the other way, side by side in one process."""
-    inner = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, inner)
-
-
-def host_waits(device: torch.device, on: bool) -> contextlib.AbstractContextManager:
-    """With `on`, every log-prob forward of GRPO's passes waits for the device before and after it (WAITS_KEY)."""
-    if not on:
-        return contextlib.nullcontext()
-    inner = grpo_module.completion_logprobs
-
-    def waiting(*args, **kwargs):
-        sync(device)
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            sync(device)
-
-    return _replaced(grpo_module, "completion_logprobs", waiting)
-
-
-def unfused_adamw(on: bool) -> contextlib.AbstractContextManager:
-    """With `on`, GRPO's trainers build PyTorch's default AdamW instead of agent/training/grpo.py's choice (FUSED_KEY=false)."""
-    if not on:
-        return contextlib.nullcontext()
-    return _replaced(grpo_module, "adamw",
-                     lambda params, lr, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay))
-
-
-def padding_mask(on: bool) -> contextlib.AbstractContextManager:
-    """With `on`, the passes hand every model the padding mask, Qwen models included (MASK_KEY=true)."""
-    return _replaced(tokens_module, "MASK_MAPPING_MODELS", ()) if on else contextlib.nullcontext()
+def switches(variant: dict) -> dict[str, bool]:
+    """The GRPOConfig fields a variant's own keys set (SWITCHES), for dataclasses.replace on the trainer's config."""
+    return {field: variant[key] for key, field in SWITCHES.items() if key in variant}
 
 
 def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[list[int]]:
@@ -169,7 +136,8 @@ def sync(device: torch.device) -> None:
 
 
 def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device: torch.device, seed: int,
-            peak_flops: float) -> dict:
+            peak_flops: float, config_switches: dict[str, bool] | None = None) -> dict:
+    """One variant timed; `config_switches`: GRPOConfig's diagnostic switches for its trainer (switches())."""
     # The previous variant's trainer (AdamW moments, KL reference copy) sits in a reference cycle (timed_method wraps
     # its own bound method): collect it, or every variant after the first measures its peak on top of ~19 GiB of it.
     gc.collect()
@@ -178,7 +146,7 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     # context (it counts the rollout's KV cache and decoder copy, which this benchmark does not hold: a margin)
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     room = plan_activation_room(cfg, ModelShape.of(model.config), context, cfg.rollout_batch_size, memory_budget(cfg, device))
-    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg, room), rollout_config(cfg))
+    trainer = GRPOTrainer(model, tokenizer, replace(grpo_config(cfg, room), **(config_switches or {})), rollout_config(cfg))
     clock: dict[str, float] = defaultdict(float)
     timed_method(trainer, "_logprobs", clock)
     if device.type == "cuda":
@@ -194,7 +162,6 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     grpo = grpo_config(cfg)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     computed = sum(rows * width for rows, width in passes_run)  # padding included
-    parameters = ModelShape.of(model.config).parameters
     update_s = max(total - clock["_logprobs"], 1e-9)
     passes = clock["_logprobs_calls"]
     lora = cfg.finetuning == "lora"
@@ -205,8 +172,8 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         "padding_share": 1 - tokens / computed if computed else 0.0,
         "logprob_passes": int(passes), "logprobs_s": round(clock["_logprobs"], 3), "update_s": round(update_s, 3),
         "optimizer_steps": int(stats["optimizer_steps"]),
-        "logprobs_mfu": model_flops(parameters, tokens, passes) / max(clock["_logprobs"], 1e-9) / peak_flops if passes else 0.0,
-        "update_mfu": model_flops(parameters, tokens, 2.0 if lora else 3.0) / update_s / peak_flops,
+        "logprobs_mfu": sample_flops(model.config, samples, cfg.logprob_chunk_tokens, passes) / max(clock["_logprobs"], 1e-9) / peak_flops if passes else 0.0,
+        "update_mfu": sample_flops(model.config, samples, cfg.logprob_chunk_tokens, 2.0 if lora else 3.0) / update_s / peak_flops,
         "peak_bytes": int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None,
         # the memory plan's count of that peak, at the passes as run (planned_peak): the check of the plan on a card
         "planned_peak_bytes": planned_peak(model, cfg, samples, device, {k: list(v) for k, v in passes_all.items()}),
@@ -419,9 +386,7 @@ def main(argv: list[str] | None = None) -> dict:
                   file=sys.stderr, flush=True)
         try:
             warm_up(cfg)
-            with host_waits(device, v.get(WAITS_KEY, False)), unfused_adamw(not v.get(FUSED_KEY, True)), \
-                    padding_mask(v.get(MASK_KEY, False)):
-                r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops)
+            r = measure(model, tokenizer, cfg, samples, device, args.seed, args.peak_flops, switches(v))
         except torch.OutOfMemoryError as err:  # a variant too big for the card: say so, measure the rest
             model.zero_grad(set_to_none=True)
             gc.collect()

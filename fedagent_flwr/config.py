@@ -38,6 +38,7 @@ from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
 from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
 from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
 from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
+from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
 from fedagent_flwr.agent.training.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, SCALE_REWARDS, UNIFORM_GROUPS
 from fedagent_flwr.agent.training.lora import LoRASpec
 from fedagent_flwr.atomic import unwritable_reason
@@ -104,12 +105,12 @@ def test_split_size(env: str) -> int:
 
 
 def _key(default: Any, doc: str, allowed: str = "", words: tuple[str, ...] = (), choices: tuple[str, ...] = (),
-         at_least: float | None = None, above: float | None = None) -> Any:
+         at_least: float | None = None, above: float | None = None, interval: str = "") -> Any:
     """A run-config key. `words`: strings it also takes besides values of its default's type (a bool key's "auto");
-    `choices`: the only values it takes (then its `allowed`); `at_least` / `above`: its bound. RunConfig.__post_init__
-    checks these for every section; a section's `check` holds the rest."""
+    `choices`: the only values it takes (then its `allowed`); `at_least` / `above` / `interval` ("(0, 1]"): its
+    bounds. RunConfig.__post_init__ checks these for every section; a section's `check` holds the rest."""
     return field(default=default, metadata={"doc": doc, "allowed": allowed or " | ".join(choices), "words": words,
-                                            "choices": choices, "at_least": at_least, "above": above})
+                                            "choices": choices, "at_least": at_least, "above": above, "interval": interval})
 
 
 def _declared_problem(f, value: Any) -> str | None:
@@ -122,6 +123,10 @@ def _declared_problem(f, value: Any) -> str | None:
         return f"{kind}>= {meta['at_least']:g}"
     if meta["above"] is not None and value <= meta["above"]:
         return f"> {meta['above']:g}"
+    if meta["interval"]:  # "(0, 1]": a round bracket leaves its end out, a square one takes it in
+        low, high = (float(x) for x in meta["interval"][1:-1].split(","))
+        inside = (value > low if meta["interval"][0] == "(" else value >= low) and (value < high if meta["interval"][-1] == ")" else value <= high)
+        return None if inside else f"in {meta['interval']}"
     return None
 
 
@@ -240,7 +245,7 @@ class RolloutSection:
     history_length: int = _key(0, "past (observation, action) pairs shown in the prompt (FedAgent reference: 2)", "integer >= 0", at_least=0)
     max_new_tokens: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0", at_least=0)
     temperature: float = _key(1.0, "sampling temperature of training rollouts", ">= 0.01")
-    top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]")
+    top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]", interval="(0, 1]")
     reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score", choices=REWARD_MODES)
     action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest", choices=ACTION_MATCHING)
     answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block (reference); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write)", choices=ANSWER_PARSING)
@@ -252,7 +257,6 @@ class RolloutSection:
     def check(self, need: Need) -> None:
         need(self.temperature >= MIN_TEMPERATURE, "temperature", self.temperature,
              f">= {MIN_TEMPERATURE} (GRPO needs sampled rollouts; below this the logits / temperature overflow)")
-        need(0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1]")
 
 @dataclass(frozen=True)
 class GRPOSection:
@@ -262,7 +266,7 @@ class GRPOSection:
     tasks_per_epoch: int = _key(4, "tasks sampled with replacement per epoch (paper: 64)", "integer >= 1", at_least=1)
     group_size: int = _key(8, "rollouts G per task; advantages are normalised within the group", "integer >= 2")
     learning_rate: float = _key(5e-5, "AdamW learning rate (paper: 1e-6 for 1.5B+ models)", "> 0", above=0)
-    clip_eps: float = _key(0.2, "PPO clip range", "(0, 1)")
+    clip_eps: float = _key(0.2, "PPO clip range", "(0, 1)", interval="(0, 1)")
     kl_beta: float = _key(0.01, "weight of the KL term to the policy kl-reference names; 0 = off", ">= 0", at_least=0)
     weight_decay: float = _key(0.0, "AdamW's decoupled weight decay (verl's actor, the FedAgent reference: 0.01)", ">= 0", at_least=0)
     minibatch_size: int = _key(64, "agent steps per optimizer step", "integer >= 1", at_least=1)
@@ -272,10 +276,13 @@ class GRPOSection:
     loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean", choices=LOSS_AGGREGATIONS)
     scale_rewards: str = _key("group", "what a reward's deviation from its group's mean is divided by (TRL's scale_rewards): group = the group's standard deviation (GRPO, verl, the FedAgent reference); batch = the standard deviation of all the epoch's rewards, so a group split only by the small invalid-action penalty gets small advantages; none = nothing (Dr. GRPO)", choices=SCALE_REWARDS)
     uniform_groups: str = _key("drop", "steps of a group whose rewards are all equal (advantage 0): drop = skipped, so with kl-beta > 0 their KL term goes too (cheaper; the default so far); keep = trained on with advantage 0, so the KL covers every step played (verl's GRPO)", choices=UNIFORM_GROUPS)
+    advantage_estimator: str = _key("grpo", "grpo = every step of a trajectory gets its episode's group-normalised advantage; gigpo = plus GiGPO's step-level part (Feng et al. 2025, as verl-agent computes it; agent/training/gigpo.py): steps of one group that started from the same state (the same observation text) are compared by their discounted returns", choices=ADVANTAGE_ESTIMATORS)
+    gigpo_gamma: float = _key(0.95, "advantage-estimator=gigpo: discount of a step's return (verl-agent's algorithm.gamma; 0.95 in its GiGPO scripts)", "[0, 1]", interval="[0, 1]")
+    gigpo_mode: str = _key("mean_norm", "advantage-estimator=gigpo: a step group's returns less their mean (mean_norm: verl-agent's default and WebShop script), or also divided by their standard deviation (mean_std_norm: its ALFWorld script)", choices=GIGPO_MODES)
+    gigpo_step_weight: float = _key(1.0, "advantage-estimator=gigpo: weight of the step-level part added to the episode-level one (verl-agent's step_advantage_w; 0 = GRPO exactly)", ">= 0", at_least=0)
 
     def check(self, need: Need) -> None:
         need(self.group_size >= 2, "group-size", self.group_size, "an integer >= 2 (advantages compare rollouts within a group)")
-        need(0 < self.clip_eps < 1, "clip-eps", self.clip_eps, "in (0, 1)")
 
 @dataclass(frozen=True)
 class EvaluationConfig:
@@ -376,12 +383,12 @@ class BaselineConfig:
 class FedRLConfig:
     """QAvg / PAvg (methods/fedrl/)."""
 
-    kappa: float = _key(0.4, "qavg/pavg tabular heterogeneity: client k's kernel is kappa P_k + (1 - kappa) P_0", "[0, 1]")
+    kappa: float = _key(0.4, "qavg/pavg tabular heterogeneity: client k's kernel is kappa P_k + (1 - kappa) P_0", "[0, 1]", interval="[0, 1]")
     local_updates: int = _key(4, "qavg/pavg local updates E per round (tabular: steps, deep: episodes); 0 = E = inf, clients never communicate (independent baseline)", "integer >= 0")
     pavg_variant: str = _key("soft", "PAvg parametrisation: soft = softmax logits (SoftPAvg), proj = tables projected onto the simplex (ProjPAvg)", choices=PAVG_VARIANTS)
     fedrl_clients: str = _key("all", "qavg/pavg clients per round: all (the paper) or sampled (clients-per-round of them)", choices=FEDRL_CLIENT_MODES)
     fedrl_step_size: float = _key(0.0, "qavg/pavg tabular step size: 0 = the Table 1 preset (QAvg: 2 / ((1 - gamma)(t + E)); PAvg: reference step with stall decay); > 0 = this constant step", ">= 0")
-    fedrl_step_decay: float = _key(1.0, "factor on a constant fedrl-step-size when a round's objective gains < 1e-3 of it (1 = never decay)", "(0, 1]")
+    fedrl_step_decay: float = _key(1.0, "factor on a constant fedrl-step-size when a round's objective gains < 1e-3 of it (1 = never decay)", "(0, 1]", interval="(0, 1]")
     fedrl_center_in_training: bool = _key(True, "qavg/pavg tabular envs: client 0's kernel is the centre P_0 itself (the reference code); false = every client's kernel is P_0 mixed with its own noise", "true | false")
     fedrl_test_envs: int = _key(20, "qavg/pavg held-out environments the server also scores the global policy on", "integer >= 0", at_least=0)
     fedrl_repetition: int = _key(0, "qavg/pavg tabular: the repetition of python -m fedagent_flwr.experiments.fedrl_table1 this run reproduces (problem and initial table from SeedSequence([seed, repetition]))", "integer >= 0", at_least=0)
@@ -390,17 +397,15 @@ class FedRLConfig:
     env_embedding_dim: int = _key(0, "deep envs: size of each client's private environment embedding (PerDQNAvg / PerDDPGAvg); 0 = off; it never leaves the client", "integer >= 0", at_least=0)
 
     def check(self, need: Need) -> None:
-        need(0 <= self.kappa <= 1, "kappa", self.kappa, "in [0, 1]")
         need(self.local_updates >= 0, "local-updates", self.local_updates, "an integer >= 0 (0 = E = inf)")
         need(self.fedrl_step_size >= 0, "fedrl-step-size", self.fedrl_step_size, ">= 0 (0 = the Table 1 preset)")
-        need(0 < self.fedrl_step_decay <= 1, "fedrl-step-decay", self.fedrl_step_decay, "in (0, 1]")
 
 @dataclass(frozen=True)
 class FedSEConfig:
     """Fed-SE and its LoRA adapter (methods/fedse.py, agent/self_evolution.py)."""
 
     fedse_aggregation: str = _key("mean", "fedse-lora server: mean = unweighted average of LoRA A and B (eq. 8), weighted = by each client's successes this round, exact = mean of B.A re-factorised to rank r by SVD", choices=FEDSE_AGGREGATIONS)
-    fedse_client_fraction: float = _key(1.0, "fedse-lora: fraction of the K clients sampled each round (1 = all, the paper); clients-per-round is not used", "(0, 1]")
+    fedse_client_fraction: float = _key(1.0, "fedse-lora: fraction of the K clients sampled each round (1 = all, the paper); clients-per-round is not used", "(0, 1]", interval="(0, 1]")
     fedse_explore_samples: int = _key(2, "fedse-lora: exploration episodes per client task per round; 0 = no exploration (FedAvg on the static demonstrations)", "integer >= 0", at_least=0)
     fedse_keep: str = _key("successes", "fedse-lora: trajectories added to the buffer: successes (the paper's filter) or all (w/o filtering)", choices=FEDSE_KEEP)
     fedse_history: str = _key("cumulative", "fedse-lora: cumulative = buffer grows every round; round = demonstrations plus this round's trajectories only (w/o history)", choices=FEDSE_HISTORY)
@@ -414,7 +419,6 @@ class FedSEConfig:
     fedse_buffer_dir: str = _key("~/.cache/fedagent-flwr/fedse-buffers", "fedse-lora: where each client keeps its buffer (<dir>/run-<run id>/partition-<k>/); absolute or ~ path", "path")
 
     def check(self, need: Need) -> None:
-        need(0 < self.fedse_client_fraction <= 1, "fedse-client-fraction", self.fedse_client_fraction, "in (0, 1]")
         need(self.fedse_sft_micro_batch_size >= 0 and (self.fedse_sft_micro_batch_size == 0 or self.fedse_sft_batch_size % self.fedse_sft_micro_batch_size == 0),
              "fedse-sft-micro-batch-size", self.fedse_sft_micro_batch_size,
              f"0, or an integer >= 1 that divides fedse-sft-batch-size ({self.fedse_sft_batch_size})")
@@ -430,14 +434,12 @@ class ResilienceConfig:
     dp_noise_multiplier: float = _key(1.0, "DP noise: standard deviation of the noise added to each aggregated coordinate = dp-noise-multiplier x dp-clipping-norm / clients-per-round", ">= 0", at_least=0)
     dp_clipping_norm: float = _key(1.0, "DP clipping: L2 norm above which a client's update (its weights minus the global weights) is scaled down", "> 0", above=0)
     secure_aggregation: bool = _key(False, "SecAgg+ with Flower's own protocol (fedagent_flwr/privacy/secure_aggregation.py): the server learns only the mean of the sampled clients' weights", "true | false; true needs strategy fedagent-avg, clients-per-round >= 2, dp-mode off, resume false, baseline none")
-    secagg_shares_fraction: float = _key(1.0, "SecAgg+: shares of each client's secret key, as a fraction of the sampled clients (Flower's num_shares)", "in (0, 1]")
-    secagg_threshold_fraction: float = _key(0.67, "SecAgg+: shares needed to reconstruct a key (so to tolerate drop-outs), as a fraction of the shares; at least 2 (Flower's reconstruction_threshold)", "in (0, 1]")
+    secagg_shares_fraction: float = _key(1.0, "SecAgg+: shares of each client's secret key, as a fraction of the sampled clients (Flower's num_shares)", "in (0, 1]", interval="(0, 1]")
+    secagg_threshold_fraction: float = _key(0.67, "SecAgg+: shares needed to reconstruct a key (so to tolerate drop-outs), as a fraction of the shares; at least 2 (Flower's reconstruction_threshold)", "in (0, 1]", interval="(0, 1]")
     secagg_clipping_range: float = _key(8.0, "SecAgg+: every weight is clipped to [-range, range] and quantized to 2**22 levels before masking", "> 0; larger than the model's largest weight", above=0)
     fault_injection: str = _key("", "make chosen clients fail on purpose (fedagent_flwr/faults.py), e.g. raise+malformed+nan:partition=0 or timeout:prob=0.5; empty = off", "empty, or <kinds>:partition=<k> or <kinds>:prob=<q>; kinds raise, timeout, malformed, nan joined by +")
 
     def check(self, need: Need) -> None:
-        for name in ("secagg_shares_fraction", "secagg_threshold_fraction"):
-            need(0 < getattr(self, name) <= 1, name.replace("_", "-"), getattr(self, name), "in (0, 1]")
         try:
             FaultPlan.parse(self.fault_injection)
         except ValueError:
@@ -535,6 +537,9 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.precision == "bf16-base":  # a bf16 base cannot take AdamW's steps: only a LoRA adapter over it trains
             need(self.finetuning == "lora" and self.strategy == "fedagent-avg", "precision", self.precision,
                  "fp32 | bf16-mixed | auto unless strategy='fedagent-avg' with finetuning='lora'")
+        for f in fields(GRPOSection)[-3:] if self.advantage_estimator != "gigpo" else ():  # the gigpo-* keys
+            need(getattr(self, f.name) == f.default, f.name.replace("_", "-"), getattr(self, f.name),
+                 f"{f.default!r} (its default) unless advantage-estimator='gigpo'")
         if self.model.startswith(WARM_PREFIX):  # the warm start cloned the expert on prompts of one shape
             for key in ("history_length", "prompt_roles"):
                 need(getattr(self, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(self, key),
@@ -544,10 +549,11 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.training_kernels != "eager" and traits:
             need(traits.grpo, "training-kernels", self.training_kernels,
                  "eager unless the strategy trains with GRPO (" + grpo_strategies + ")")
-        for key in ("micro_batch_tokens", "logprob_micro_batch_tokens"):  # Fed-SE's passes: fedse-sft-micro-batch-size rows
-            if getattr(self, key) and traits:
+        # GRPO's own keys (Fed-SE's passes are fedse-sft-micro-batch-size rows; it has no advantages)
+        for key, off in (("micro_batch_tokens", 0), ("logprob_micro_batch_tokens", 0), ("advantage_estimator", "grpo")):
+            if getattr(self, key) != off and traits:
                 need(traits.grpo, key.replace("_", "-"), getattr(self, key),
-                     "0 unless the strategy trains with GRPO (" + grpo_strategies + ")")
+                     f"{off!r} unless the strategy trains with GRPO (" + grpo_strategies + ")")
         try:
             placement = self.placement()  # on this machine
         except ValueError:

@@ -16,6 +16,9 @@ BEGIN = "<!-- key tables: written by python -m fedagent_flwr.experiments.config_
 END = "<!-- end of the key tables -->"
 
 
+HEADINGS = {"grpo": "GRPO", "lora": "LoRA", "fedrl": "QAvg / PAvg", "fedse": "Fed-SE"}  # the rest: capitalized
+
+
 def cell(text: str) -> str:
     """Markdown table cell text: a `|` inside a cell would end it, so it is escaped."""
     return str(text).replace("|", "\\|")
@@ -30,7 +33,7 @@ def docs_tables() -> str:
     """One table per section, under a heading with the section's docstring, every row as many cells as its header."""
     out = []
     for section in SECTIONS:
-        out += [f"### {section_title(section).capitalize()} keys", "", " ".join(section.__doc__.split()), "",
+        out += [f"### {HEADINGS.get(section_title(section), section_title(section).capitalize())} keys", "", " ".join(section.__doc__.split()), "",
                 "| key | default | allowed | meaning |", "| --- | --- | --- | --- |"]
         for f in fields(section):
             default = f.default if f.default != "" else '""'

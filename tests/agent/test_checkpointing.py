@@ -210,7 +210,7 @@ def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its
     replaced by one that marks where it holds, and every attention call, recomputed ones included, must be marked."""
     import contextlib
 
-    import fedagent_flwr.agent.training.grpo as grpo_module
+    import fedagent_flwr.agent.engine.passes as passes_module
     import fedagent_flwr.agent.engine.tokens as tokens_module
 
     depth = []
@@ -223,7 +223,7 @@ def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its
         finally:
             depth.pop()
 
-    monkeypatch.setattr(grpo_module, "variable_shape_attention", marked)
+    monkeypatch.setattr(passes_module, "variable_shape_attention", marked)
     monkeypatch.setattr(tokens_module, "variable_shape_attention", marked)
     seen: list[bool] = []
     for layer in deep_lm.model.layers:

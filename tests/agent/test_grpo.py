@@ -44,8 +44,8 @@ def test_the_run_config_reward_scaling_reaches_the_epoch_samples(tiny_lm, maze_t
     from envs import make_env
 
     seen = []
-    inner = grpo.trajectories_to_samples
-    monkeypatch.setattr(grpo, "trajectories_to_samples", lambda *a: seen.append(a[-1]) or inner(*a))
+    inner = grpo.step_advantages
+    monkeypatch.setattr(grpo, "step_advantages", lambda *a: seen.append(a[-1]) or inner(*a))
     trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig(scale_rewards="batch")), tasks_per_epoch=1,
                           group_size=2), RolloutConfig(history_length=0, max_new_tokens=4))
     monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
@@ -288,9 +288,9 @@ def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_els
     def run(logprob_rows):
         rows = {"grad": [], "no_grad": []}
 
-        def recording(model, batch, *args):
+        def recording(model, batch, *args, **kwargs):
             rows["grad" if torch.is_grad_enabled() else "no_grad"].append(len(batch["input_ids"]))
-            return real(model, batch, *args)
+            return real(model, batch, *args, **kwargs)
 
         monkeypatch.setattr(grpo, "completion_logprobs", recording)
         model = copy.deepcopy(tiny_lm)
@@ -362,7 +362,7 @@ def test_groups_that_only_the_penalty_splits_count_as_informative_but_not_as_dif
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop(tiny_lm, maze_tokenizer):
-    """On a GPU the trainer's AdamW is PyTorch's fused kernel (agent/training/grpo.py adamw): in fp32 its steps match the
+    """On a GPU the trainer's AdamW is PyTorch's fused kernel (agent/engine/passes.py adamw): in fp32 its steps match the
     reference loop's to rounding, and AdamW's carried moments load into it (its step count lives on the GPU)."""
     import copy
 
@@ -397,3 +397,51 @@ def test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop
     assert all(v.item() == 3.0 for k, v in carried.items() if k.endswith("/step"))
     _, again = trained(True, carried)
     assert all(v.item() == 6.0 for k, v in again.optimizer_arrays().items() if k.endswith("/step"))
+
+
+def test_gigpo_with_step_weight_zero_trains_exactly_as_grpo_and_otherwise_adds_credit(tiny_lm, maze_tokenizer,
+                                                                                       monkeypatch):
+    """advantage-estimator=gigpo with gigpo-step-weight=0 is GRPO to the bit (the same samples, the same update);
+    with weight 1 the steps of a group that started from the same state get their step-level part, and the epoch
+    reports how many steps met a state another episode of their group met. The episodes are made by hand (a random
+    model would fail them all alike): in each group of 4, two win, by paths of different lengths through states the
+    others also pass."""
+    import copy
+
+    import fedagent_flwr.agent.training.grpo as grpo
+    from envs import Task, make_env
+    from fedagent_flwr.agent.play.rollout import StepRecord, Trajectory
+
+    prompt, completion = maze_tokenizer.encode("go north"), maze_tokenizer.encode("<action>north</action>")
+
+    def played(policy, env_factory, episodes, encoder, rollout, progress=False):
+        paths = (["A", "B", "G"], ["A", "C", "B", "G"], ["A", "C"], ["A", "B", "C"])
+        out = []
+        for i, task in enumerate(episodes):
+            path = paths[i % 4]
+            won = path[-1] == "G"
+            steps = [StepRecord(prompt, completion, "", "north", 0.0, True, observation=o) for o in path]
+            out.append(Trajectory(task, steps, won=won, reward=10.0 * won, episode_reward=10.0 * won))
+        return out
+
+    monkeypatch.setattr(grpo, "run_episodes", played)
+    tasks = [Task("t0", "room", "train"), Task("t1", "room", "train")]
+    trained, seen = {}, {}
+    for estimator, weight in (("grpo", 1.0), ("gigpo", 0.0), ("gigpo", 1.0)):
+        model = copy.deepcopy(tiny_lm)
+        cfg = RunConfig(env="maze", device="cpu", advantage_estimator=estimator, gigpo_step_weight=weight,
+                        tasks_per_epoch=2, group_size=4, minibatch_size=1000)
+        trainer = GRPOTrainer(model, maze_tokenizer, grpo_config(cfg), RolloutConfig(history_length=0, max_new_tokens=12))
+        samples = []
+        inner = trainer.update
+        trainer.update = lambda s, rng: samples.extend(s) or inner(s, rng)
+        seen[(estimator, weight)] = trainer.train_epoch(lambda: make_env("maze"), tasks, np.random.default_rng(0))
+        trained[(estimator, weight)] = ([x.advantage for x in samples], model.state_dict())
+    grpo_adv, grpo_state = trained[("grpo", 1.0)]
+    zero_adv, zero_state = trained[("gigpo", 0.0)]
+    assert grpo_adv and zero_adv == grpo_adv and all(torch.equal(grpo_state[k], zero_state[k]) for k in grpo_state)
+    assert "repeated_states" not in seen[("grpo", 1.0)]
+    # every state is met by two episodes of its group at least: A by all four, B and C by three, G by the winners
+    assert seen[("gigpo", 1.0)]["repeated_states"] == 1.0
+    gigpo_adv = trained[("gigpo", 1.0)][0]
+    assert len(gigpo_adv) == len(grpo_adv) and gigpo_adv != grpo_adv

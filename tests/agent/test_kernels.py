@@ -81,10 +81,15 @@ def test_layers_are_eager_outside_the_training_passes():
 
 def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze_tokenizer, monkeypatch):
     """The whole update (old-policy pass, clipped loss, AdamW steps, gradient checkpointing) under both kernels."""
+    import fedagent_flwr.agent.engine.passes as passes
     import fedagent_flwr.agent.training.grpo as grpo
 
     entered = []
-    monkeypatch.setattr(grpo, "training_kernels", lambda model, kind: entered.append(kind) or training_kernels(model, kind))
+    monkeypatch.setattr(passes, "training_kernels", lambda model, kind: entered.append(kind) or training_kernels(model, kind))
+    compiled = []  # per forward of the passes: whether every decoder layer ran its compiled forward
+    real = grpo.completion_logprobs
+    monkeypatch.setattr(grpo, "completion_logprobs", lambda model, *a, **k: compiled.append(
+        all("forward" in layer.__dict__ for layer in decoder_layers(model))) or real(model, *a, **k))
     # device="cpu" as the model is: auto would resolve precision to bf16-mixed on a machine with a GPU
     run = RunConfig(minibatch_size=4, micro_batch_size=2, gradient_checkpointing=True, learning_rate=1e-3, kl_beta=0.0,
                     device="cpu")
@@ -97,11 +102,15 @@ def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze
         start = [p.detach().clone() for p in model.parameters()]
         trainer = GRPOTrainer(model, maze_tokenizer, replace(grpo_config(run), training_kernels=kind),
                               RolloutConfig(history_length=0, max_new_tokens=4))
+        compiled.clear()
         stats = trainer.update(samples, np.random.default_rng(1))
         assert stats["optimizer_steps"] == 2
+        # the old-policy pass's 4 forwards and the update's 4, each on the chosen layers
+        assert compiled == [kind == "compile"] * 8
         moved[kind] = [p.detach() - s for p, s in zip(model.parameters(), start)]
-    # each old-policy pass (8 samples in micro-batches of 2) and the update ran under the chosen kernels
-    assert entered == ["eager"] * 5 + ["compile"] * 5
+    # the update enters the chosen kernels once: its old-policy pass (8 samples in micro-batches of 2) runs inside on
+    # the same layers, and entering them again there would switch the layers back to eager when that pass ended
+    assert entered == ["eager", "compile"]
     assert any(d.abs().max() > 0 for d in moved["eager"])
     for a, b in zip(moved["eager"], moved["compile"]):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-6)

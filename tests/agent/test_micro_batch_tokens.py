@@ -64,9 +64,9 @@ def test_an_update_cut_by_tokens_runs_fewer_fuller_passes_and_trains_as_one_cut_
     def run(tokens, logprob_tokens):
         shapes = {True: [], False: []}  # the update's passes (with gradients), the no-grad log-prob passes'
 
-        def recording(model, batch, *args):
+        def recording(model, batch, *args, **kwargs):
             shapes[torch.is_grad_enabled()].append(tuple(batch["input_ids"].shape))
-            return real(model, batch, *args)
+            return real(model, batch, *args, **kwargs)
 
         monkeypatch.setattr(grpo, "completion_logprobs", recording)
         model = copy.deepcopy(tiny_lm)

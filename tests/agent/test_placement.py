@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import fedagent_flwr.agent.engine.placement as placement_module

@@ -44,15 +44,24 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     bound = r["decode_bound"]
     assert bound["weight_bytes"] == 4 * r["parameters"] and bound["kv_bytes"] > 0
     assert bound["bound_ms"] == pytest.approx((bound["weight_bytes"] + bound["kv_bytes"]) / 3.35e12 * 1e3)
-    assert "paper_round" not in r
+    assert "paper_rounds" not in r
     # the hf engine (auto on CPU) has no decoder start to time apart
     assert r["step_ms_per_token_step"] is None and r["prefill_positions"] == 0 and r["prefill_mfu"] == 0
-    # model FLOP utilisation: 2 x parameters x sample tokens per forward pass; full training counts 3 passes
+    # model FLOP utilisation: unchunked log-probs run the (tied) head at every token, so every parameter counts at
+    # every sample token, 3 passes to train
     assert r["logprob_passes"] >= 1 and r["peak_flops"] == 989e12
+    f = r["flop_count"]
+    assert f["head_scores"] == "every token" and f["body_parameters"] + f["head_parameters"] == r["parameters"]
     flops = 2 * r["parameters"] * r["sample_tokens"] * 3
+    assert f["update_flops"] == flops == f["update_flops_counted_before"]
     assert r["update_tflops_per_s"] == pytest.approx(flops / r["update_s"] / 1e12, rel=0.02)
     assert r["update_mfu"] == pytest.approx(r["update_tflops_per_s"] * 1e12 / 989e12, rel=1e-6)
     assert 0 < r["logprobs_mfu"] < 1
+    # the run's own settings travel with it (raw_output.py files them)
+    assert r["run_config"]["max-steps"] == 2 and r["settings"]["shape"] == "tiny" and r["env"] == "webshop"
+    # the prompts a paper-round estimate plays without the model come out as long as the random model's
+    played = load_script("gpu_round").played_prompt_tokens(r["run_config"], "tiny", tasks=2, seed=0)
+    assert played == pytest.approx(r["mean_prompt_tokens"], rel=0.05)
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed"])
@@ -65,7 +74,8 @@ def test_tiny_lora_round_sends_the_adapter_in_bf16(precision):
 
 
 def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
-    r = _run("--decode-engine", "static", "--paper-round", "--paper-set", "tasks-per-epoch=64", "--bandwidth", "1e12")
+    r = _run("--decode-engine", "static", "--paper-round", "--paper-set", "tasks-per-epoch=64", "--bandwidth", "1e12",
+             "--set", "logprob-chunk-tokens=8")
     assert r["decode_engine"] == "static" and r["agent_steps"] == 8 and r["decode_ms_per_token_step"] > 0
     assert r["decode_bound"]["bandwidth"] == 1e12
     # its start timed apart from its token steps: the prefill, no graphs on a CPU, and what the prefill computed
@@ -73,13 +83,25 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert 0 < r["step_ms_per_token_step"] < r["decode_ms_per_token_step"]
     assert 0 < r["prefill_positions"] <= r["prefill_positions_whole"]
     assert 0 <= r["prefill_shared_fraction"] < 1 and r["prefill_mean_group_prefix"] >= 0
-    # the prefill's FLOPs: every position through the layers (the tied embedding and head matrix left out)
+    # the prefill's FLOPs: the layers at every position holding a token (padding left out), the head at each distinct
+    # prompt's last position, less the tiny shape's last output projection and MLP (64 x 64 and 3 x 64 x 128) at the
+    # group prefixes' positions, where the prefix pass stops after the last layer's q/k/v
     assert 0 < r["body_parameters"] < r["parameters"]
-    flops = 2 * r["body_parameters"] * r["prefill_positions"]
+    f = r["flop_count"]
+    assert 0 < r["prefill_token_positions"] <= r["prefill_positions"] and 0 <= r["prefill_padding_fraction"] < 1
+    flops = 2 * (f["body_parameters"] * r["prefill_token_positions"] + f["head_parameters"] * r["prefill_scored_prompts"]
+                 - (64 * 64 + 3 * 64 * 128) * r["prefill_prefix_positions"])
+    assert r["prefill_flops"] == flops and r["prefill_prefix_positions"] > 0
     seconds = (r["prefill_s"] - 5e-4, r["prefill_s"] + 5e-4)  # the report rounds seconds to 3 decimals
     assert flops / (seconds[1] * 989e12) <= r["prefill_mfu"] <= flops / (seconds[0] * 989e12)
+    # chunked log-probs: the head at the completion tokens only, fewer FLOPs than the count before issue 54 made
+    assert f["head_scores"] == "completion tokens" and f["completion_tokens"] == r["generated_tokens"]
+    assert f["update_flops"] == 2 * 3 * (f["body_parameters"] * r["sample_tokens"] + f["head_parameters"] * r["generated_tokens"])
+    assert f["update_flops"] < f["update_flops_counted_before"] == 2 * 3 * r["parameters"] * r["sample_tokens"]
+    assert r["update_tflops_per_s"] == pytest.approx(f["update_flops"] / r["update_s"] / 1e12, rel=0.02)
     preset = tomllib.loads((SCRIPT.parents[1] / "configs" / "fedagent-paper.toml").read_text())
-    p = r["paper_round"]
+    assert list(r["paper_rounds"]) == ["alfworld", "webshop"] == [preset["env"], "webshop"]
+    p = r["paper_rounds"]["alfworld"]
     assert p["clients"] == preset["clients-per-round"] and p["local_epochs"] == preset["local-epochs"]
     assert p["episodes_per_epoch"] == 64 * preset["group-size"] and p["overrides"] == {"tasks-per-epoch": 64}
     batches = -(-p["episodes_per_epoch"] // preset["rollout-batch-size"])
@@ -88,10 +110,17 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert p["epoch_rollout_s"] == pytest.approx(p["token_steps_per_epoch"] * r["rollout_s"] / r["token_steps"], rel=0.01)
     assert p["client_s"] > p["local_epochs"] * p["epoch_rollout_s"]
     assert p["round_s_clients_in_turn"] == pytest.approx(p["clients"] * p["client_s"], rel=0.01)
+    # ALFWorld's prompts, played by random tokens: longer than the measured WebShop round's
+    assert p["mean_prompt_tokens"] > r["mean_prompt_tokens"] and "played with random tokens" in p["prompt_tokens_from"]
+    w = r["paper_rounds"]["webshop"]
+    assert (w["max_steps"], w["max_new_tokens"], w["episodes_per_epoch"]) == (15, 128, 64 * preset["group-size"])
+    assert {t["key"]: t["used"] for t in w["settings_unlike_preset"]}["max-steps"] == 15
     text = load_script("gpu_round").format_report(r)
     assert "ms per token step (static engine" in text and "bandwidth bound" in text and "model FLOP utilisation" in text
     assert "of which prefill" in text and "positions computed" in text and "% of their positions padding" in text
-    assert "paper round (fedagent-paper.toml, tasks-per-epoch=64" in text and "with a card each" in text
+    assert "paper round on alfworld (fedagent-paper.toml, tasks-per-epoch=64" in text and "with a card each" in text
+    assert "paper round on webshop (fedagent-paper.toml with webshop's settings, tasks-per-epoch=64" in text
+    assert "settings the estimate used that are not the preset's:" in text
 
 
 def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
@@ -124,19 +153,32 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     assert _run("--device", "cpu", "--set", "rollout-batch-size=0")["rollout_rows"] == 4
 
 
+def _measured(**over) -> dict:
+    """A fabricated measured round: what paper_round reads. 10,000 sample tokens of which 2,000 completions, on a
+    shape of 1,000 body and 100 head parameters with chunked log-probs; 2 log-prob passes, full training."""
+    flops = {"body_parameters": 1000, "head_parameters": 100, "head_scores": "completion tokens", "update_passes": 3.0,
+             "logprob_passes": 2}
+    flops["update_flops"] = 2 * 3.0 * (1000 * 10_000 + 100 * 2_000)
+    flops["logprob_flops"] = 2 * 2 * (1000 * 10_000 + 100 * 2_000)
+    return {"rollout_rows": 128, "mean_prompt_tokens": 180.0, "rollout_s": 10.0, "token_steps": 1000,
+            "logprobs_s": 1.0, "update_s": 2.0, "sample_tokens": 10_000, "transfer_s": 1.0, "env": "webshop",
+            "device": "NVIDIA H100 80GB HBM3", "flop_count": flops} | over
+
+
 def test_a_paper_round_with_auto_rows_takes_the_measured_rows_and_says_when_the_preset_differs():
     gpu_round = load_script("gpu_round")
-    measured = {"rollout_rows": 256, "mean_prompt_tokens": 180.0, "rollout_s": 10.0, "token_steps": 1000,
-                "logprobs_s": 1.0, "update_s": 2.0, "sample_tokens": 10_000, "transfer_s": 1.0}
+    measured = _measured(rollout_rows=256)
     preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
     p = gpu_round.paper_round(measured, {"tasks-per-epoch": 64, "rollout-batch-size": 0})
     assert p["rollout_batch_size"] == 256 and p["rollout_rows_as_measured"]
     assert p["token_steps_per_epoch"] == preset["max-steps"] * 2 * preset["max-new-tokens"]  # 512 episodes, 2 calls
     assert p["epoch_rollout_s"] == pytest.approx(p["token_steps_per_epoch"] * 10.0 / 1000, abs=0.1)
+    rows = {t["key"]: t for t in p["settings_unlike_preset"]}
+    assert rows["rollout-batch-size"]["used"] == 256 and "auto" in rows["rollout-batch-size"]["from"]
     # the preset's own rows (128) against a run measured at 256: the estimate says its step cost is assumed
     p = gpu_round.paper_round(measured, {"tasks-per-epoch": 64})
     assert p["rollout_batch_size"] == preset["rollout-batch-size"] != 256 and not p["rollout_rows_as_measured"]
-    report = {**measured, "paper_round": p}
+    report = {**measured, "paper_rounds": {"alfworld": p}}
     assert "is not the measured one (256)" in gpu_round.format_report(_with_report_fields(report))
 
 
@@ -156,6 +198,96 @@ def _with_report_fields(r: dict) -> dict:
             "decode_bound": {"bound_ms": 1.0, "weight_bytes": 1, "kv_bytes": 1, "bandwidth": 1.0}} | r
 
 
+def _tiny_config(tied: bool):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("qwen2", hidden_size=8, intermediate_size=16, num_attention_heads=2,
+                                num_key_value_heads=1, num_hidden_layers=1, vocab_size=10, tie_word_embeddings=tied)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_flops_count_the_head_only_at_the_positions_it_scores(tied):
+    """By hand, a Qwen2 of hidden 8, MLP 16, 2 query heads of 4 and 1 KV head, 1 layer, vocabulary 10. The layer:
+    q 8 x 8 + 8 bias, k and v 8 x 4 + 4 each, o 8 x 8, MLP 3 x 8 x 16, two norms of 8: 608; the final norm 8; so
+    the body is 616. The head is 10 x 8 = 80, the input embedding another 80 when untied (a lookup: no FLOPs).
+    Two samples: prompts of 5 and 2 tokens, completions of 3 and 4: 14 tokens, 7 of them completions."""
+    from fedagent_flwr.agent.training.grpo import StepSample
+
+    gpu_round = load_script("gpu_round")
+    config = _tiny_config(tied)
+    assert gpu_round.FlopShape.of(config) == gpu_round.FlopShape(body=616, head=80)
+    samples = [StepSample([1] * 5, [2] * 3, 1.0), StepSample([1] * 2, [2] * 4, -1.0)]
+    # chunked: the body at 14 positions, the head at the 7 it scores; 3 passes to train, 2 for LoRA or 2 log-prob passes
+    assert gpu_round.sample_flops(config, samples, 1024, 3.0) == 2 * 3 * (616 * 14 + 80 * 7) == 55_104
+    assert gpu_round.sample_flops(config, samples, 1024, 2.0) == 2 * 2 * (616 * 14 + 80 * 7) == 36_736
+    # unchunked: full logits, the head at all 14 positions
+    assert gpu_round.sample_flops(config, samples, 0, 3.0) == 2 * 3 * (616 + 80) * 14 == 58_464
+    # the count before issue 54 (2 x every parameter x every token x passes) made more of both:
+    parameters = 696 if tied else 776
+    assert gpu_round.ModelShape.of(config).parameters == parameters
+    before = 2 * parameters * 14 * 3
+    assert before > gpu_round.sample_flops(config, samples, 1024, 3.0)
+    assert (before > gpu_round.sample_flops(config, samples, 0, 3.0)) is not tied  # tied and unchunked: the same
+
+
+def test_a_paper_round_scales_the_passes_by_their_flops_at_the_estimates_own_lengths():
+    """ALFWorld's round at 300-token prompts and 512 new tokens, from a run measured at 180 + 128 tokens: the update
+    and log-prob times scale by the model FLOPs of the estimate's samples (head at the completion tokens)."""
+    gpu_round = load_script("gpu_round")
+    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
+    p = gpu_round.paper_round(_measured(), env="alfworld", prompt_tokens=300.0)
+    samples = preset["tasks-per-epoch"] * preset["group-size"] * preset["max-steps"]  # 8 x 8 x 50 = 3,200
+    per_sample = 2 * (1000 * (300 + 512) + 100 * 512)  # one forward-equivalent pass
+    assert p["samples_per_epoch"] == samples and p["mean_prompt_tokens"] == 300.0 and p["logprob_passes_per_epoch"] == 2
+    assert p["epoch_update_s"] == pytest.approx(samples * per_sample * 3 * 2.0 / _measured()["flop_count"]["update_flops"], abs=0.1)
+    assert p["epoch_logprobs_s"] == pytest.approx(samples * per_sample * 2 * 1.0 / _measured()["flop_count"]["logprob_flops"], abs=0.1)
+    # one minibatch and no KL: no log-prob pass
+    p = gpu_round.paper_round(_measured(), {"minibatch-size": 10**6, "kl-beta": 0.0}, prompt_tokens=300.0)
+    assert p["logprob_passes_per_epoch"] == 0 and p["epoch_logprobs_s"] == 0
+
+
+def test_a_paper_round_on_each_environment_tables_the_settings_it_used_that_are_not_the_presets():
+    """The preset is ALFWorld's; WebShop's round takes WebShop's steps and answer budget (no WebShop preset exists);
+    both take --paper-set's values and the measured run's timing settings, and each says so, key by key."""
+    gpu_round = load_script("gpu_round")
+    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
+    assert preset["env"] == "alfworld" and gpu_round.paper_envs() == ["alfworld", "webshop"]
+    timing = gpu_round.resolved_settings(preset, "cuda")
+    # the preset's param-dtype and precision "auto" are the bf16 working copy under bf16-mixed on a GPU
+    assert (timing["param-dtype"], timing["precision"], timing["decode-engine"]) == ("bf16", "bf16-mixed", "static")
+    same = gpu_round.paper_round(_measured(env="alfworld", timing_settings=timing), prompt_tokens=300.0)
+    assert same["settings_unlike_preset"] == []
+    fast = timing | {"gradient-checkpointing": False, "micro-batch-size": 32}
+    measured = _measured(timing_settings=fast)
+    rounds = {env: gpu_round.paper_round(measured, {"tasks-per-epoch": 64}, env=env, prompt_tokens=300.0)
+              for env in gpu_round.paper_envs()}
+    table = {env: {t["key"]: (t["preset"], t["used"], t["from"]) for t in p["settings_unlike_preset"]}
+             for env, p in rounds.items()}
+    timed = "the measured run (its phases were timed at it)"
+    common = {"tasks-per-epoch": (8, 64, "--paper-set"),
+              "gradient-checkpointing": (True, False, timed), "micro-batch-size": (8, 32, timed)}
+    assert table["alfworld"] == common | {"env": ("alfworld", "webshop", table["alfworld"]["env"][2])}
+    assert "timed on webshop, priced alfworld's counts" in table["alfworld"]["env"][2]
+    no_preset = "webshop's settings: no webshop preset exists (fedagent-paper.toml is alfworld's)"
+    assert table["webshop"] == common | {"env": ("alfworld", "webshop", no_preset), "max-steps": (50, 15, no_preset),
+                                         "max-new-tokens": (512, 128, no_preset)}
+    assert (rounds["webshop"]["max_steps"], rounds["alfworld"]["max_steps"]) == (15, 50)
+    # a --paper-set value for a key the phases were timed at cannot change the times: the table says so
+    p = gpu_round.paper_round(measured, {"micro-batch-size": 8}, prompt_tokens=300.0)
+    assert [t["from"] for t in p["settings_unlike_preset"] if t["key"] == "micro-batch-size"] == [
+        timed + "; --paper-set micro-batch-size=8 not applied: no phase was timed at it"]
+    # on a CPU the preset's auto is fp32 and the hf engine
+    on_cpu = gpu_round.paper_round(_measured(env="alfworld", device="cpu", timing_settings=timing), prompt_tokens=300.0)
+    assert {t["key"]: t["preset"] for t in on_cpu["settings_unlike_preset"]} == {
+        "precision": "fp32", "param-dtype": "fp32", "decode-engine": "hf"}
+    text = gpu_round.format_report(_with_report_fields({**measured, "flop_count": measured["flop_count"],
+                                                        "paper_rounds": rounds}))
+    assert "paper round on webshop (fedagent-paper.toml with webshop's settings, tasks-per-epoch=64" in text
+    assert "settings the estimate used that are not the preset's:" in text
+    assert any(line.split()[:3] == ["max-new-tokens", "512", "128"] for line in text.splitlines())
+    assert any(line.split()[:3] == ["gradient-checkpointing", "true", "false"] for line in text.splitlines())
+
+
 def test_auto_checkpointing_in_a_round_checkpoints_by_the_client_budget():
     """gradient-checkpointing=auto: with no memory known every layer is checkpointed; with a budget far above the
     plan none is (the tiny round's micro-batches fit whole), and the report says what share was."""
@@ -170,31 +302,5 @@ def test_auto_checkpointing_in_a_round_checkpoints_by_the_client_budget():
 def test_a_round_with_token_budgets_runs_one_pass_a_minibatch_and_says_so():
     r = _run("--set", "micro-batch-tokens=100000", "--set", "logprob-micro-batch-tokens=100000")
     assert (r["update_micro_batches"], r["logprob_micro_batches"], r["optimizer_steps"]) == (2, 2, 2)
-    assert r["update_settings"]["micro-batch-tokens"] == 100000
+    assert r["timing_settings"]["micro-batch-tokens"] == 100000
     assert "2 forward/backward passes, the largest" in load_script("gpu_round").format_report(r)
-
-
-def test_a_paper_round_says_which_update_settings_it_was_not_measured_at():
-    """The estimate scales the measured log-prob and update times; where the measured run's settings for them differ
-    from the preset's (the round benchmark's fast settings keep every activation; the preset checkpoints), it says so."""
-    gpu_round = load_script("gpu_round")
-    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
-    settings = {k: preset[k] for k in gpu_round.UPDATE_KEYS if k in preset}
-    measured = {"rollout_rows": 128, "mean_prompt_tokens": 180.0, "rollout_s": 10.0, "token_steps": 1000,
-                "logprobs_s": 1.0, "update_s": 2.0, "sample_tokens": 10_000, "transfer_s": 1.0}
-    # the preset's param-dtype = "auto" is the bf16 working copy on a GPU and fp32 on a CPU; a round reports what ran
-    assert settings["param-dtype"] == "auto"
-    settings["param-dtype"] = "bf16"
-    same = gpu_round.paper_round({**measured, "device": "NVIDIA H100 80GB HBM3", "update_settings": settings})
-    assert same["update_settings_unlike_preset"] == {}
-    on_cpu = gpu_round.paper_round({**measured, "device": "cpu", "update_settings": settings})
-    assert on_cpu["update_settings_unlike_preset"] == {"param-dtype": {"measured": "bf16", "preset": "fp32"}}
-    measured["device"] = "NVIDIA H100 80GB HBM3"
-    fast = {**settings, "gradient-checkpointing": False, "micro-batch-size": 16}
-    p = gpu_round.paper_round({**measured, "update_settings": fast})
-    assert p["update_settings_unlike_preset"] == {
-        "gradient-checkpointing": {"measured": False, "preset": preset["gradient-checkpointing"]},
-        "micro-batch-size": {"measured": 16, "preset": preset["micro-batch-size"]}}
-    text = gpu_round.format_report(_with_report_fields({**measured, "paper_round": p}))
-    assert (f"timed at settings the preset does not have: gradient-checkpointing false (preset "
-            f"{str(preset['gradient-checkpointing']).lower()}), micro-batch-size 16 (preset {preset['micro-batch-size']})") in text

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,6 @@ import pytest
 import torch
 from benchmark_scripts import load_script
 from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
-from fedagent_flwr.methods.library_configs import grpo_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_profile.py"
 
@@ -22,7 +22,8 @@ def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
                            "--variant", "micro-batch-size=4,logprob-micro-batch-size=12,length-grouped-micro-batches=true",
                            "--variant", "micro-batch-size=4,gradient-checkpointing=true",
                            "--variant", "micro-batch-size=4,gradient-checkpointing=auto,client-memory-gb=64",
-                           "--variant", "micro-batch-size=2,micro-batch-tokens=100000"],
+                           "--variant", "micro-batch-size=2,micro-batch-tokens=100000,host-waits=true,fused-adamw=false,"
+                                        "padding-mask=true"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
@@ -99,76 +100,30 @@ def test_a_measured_trainer_does_not_outlive_its_variant(tiny_lm, maze_tokenizer
     assert trainers[0]() is None  # collected when the second variant started
 
 
-def test_host_waits_wait_for_the_device_around_every_log_prob_forward_and_only_inside(tiny_lm, maze_tokenizer, monkeypatch):
-    """The host-waits variant puts back, side by side, the waits a micro-batch made before the passes queued all their
-    micro-batches: one before and one after each forward of the log-prob and update passes."""
+def test_the_diagnostic_keys_set_the_measured_trainers_config_switches(tiny_lm, maze_tokenizer, monkeypatch):
+    """host-waits, fused-adamw and padding-mask reach the measured trainer as GRPOConfig's diagnostic switches (what
+    each switch does: tests/agent/test_passes.py); a variant without them, and the warm-up, run the defaults."""
     import torch
 
-    import fedagent_flwr.agent.training.grpo as grpo
-    from fedagent_flwr.agent.training.grpo import GRPOTrainer
-    from fedagent_flwr.agent.play.rollout import RolloutConfig
     from fedagent_flwr.config import RunConfig
 
     up = load_script("update_profile")
-    waits, forwards = [], []
-    monkeypatch.setattr(up, "sync", lambda device: waits.append(device))
-    inner = grpo.completion_logprobs
-    monkeypatch.setattr(grpo, "completion_logprobs", lambda *a, **k: forwards.append(1) or inner(*a, **k))
-    recording = grpo.completion_logprobs
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu"))
-    samples = up.synthetic_samples(8, 6, 3, tiny_lm.config.vocab_size, np.random.default_rng(0))
-    cpu = torch.device("cpu")
-    with up.host_waits(cpu, True):
-        GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
-    assert len(forwards) == 12 and len(waits) == 2 * len(forwards)  # old-policy, reference, update: 4 each
-    with up.host_waits(cpu, False):
-        GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
-    assert len(waits) == 24 and len(forwards) == 24  # off: no waits added
-    assert grpo.completion_logprobs is recording  # the passes' own function is back after each variant
-
-
-def test_the_unfused_adamw_variant_builds_pytorchs_default_and_puts_the_trainers_choice_back(tiny_lm, maze_tokenizer, monkeypatch):
-    """fused-adamw=false measures the update side by side with PyTorch's default AdamW; after the variant, trainers
-    build agent/training/grpo.py's choice again. The trainer's choice is stood in for by a fused AdamW, which PyTorch also has
-    on a CPU, so the two can be told apart here."""
-    import torch
-
-    import fedagent_flwr.agent.training.grpo as grpo
-    from fedagent_flwr.agent.training.grpo import GRPOTrainer
-    from fedagent_flwr.agent.play.rollout import RolloutConfig
-    from fedagent_flwr.config import RunConfig
-
-    up = load_script("update_profile")
-    assert up.parse_variant("fused-adamw=false") == {"fused-adamw": False}
-    fused = lambda params, lr, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
-    monkeypatch.setattr(grpo, "adamw", fused)
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, weight_decay=0.01, device="cpu"))
-
-    def optimizer():
-        return GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).optimizer
-
-    with up.unfused_adamw(True):
-        plain = optimizer()
-    assert not plain.defaults["fused"] and plain.defaults["lr"] == 1e-3 and plain.defaults["weight_decay"] == 0.01
-    with up.unfused_adamw(False):
-        assert optimizer().defaults["fused"]
-    assert grpo.adamw is fused and optimizer().defaults["fused"]
-
-
-def test_the_padding_mask_variant_hands_a_qwen_model_the_4d_mask_and_puts_the_mapping_back(tiny_lm):
-    import torch
-
-    from fedagent_flwr.agent.engine.tokens import collate, model_attention_mask
-
-    up = load_script("update_profile")
-    assert up.parse_variant("micro-batch-size=2,padding-mask=true") == {"micro-batch-size": 2, "padding-mask": True}
-    mask = collate([([5, 6, 7], [8]), ([5], [9])], pad_id=0)["attention_mask"]
-    cpu = torch.device("cpu")
-    with up.padding_mask(True):
-        assert model_attention_mask(tiny_lm, mask, cpu).shape == (2, 1, 4, 4)
-    with up.padding_mask(False):
-        assert model_attention_mask(tiny_lm, mask, cpu) == {"full_attention": None}
-    assert model_attention_mask(tiny_lm, mask, cpu) == {"full_attention": None}
+    variant = up.parse_variant("micro-batch-size=2,host-waits=true,fused-adamw=false,padding-mask=true,cudnn-attention=true")
+    assert variant == {"micro-batch-size": 2, "host-waits": True, "fused-adamw": False, "padding-mask": True,
+                       "cudnn-attention": True}
+    assert up.switches(variant) == {"host_waits": True, "fused_adamw": False, "padding_mask": True}
+    assert up.switches({"micro-batch-size": 2}) == {}
+    configs = []
+    real = up.GRPOTrainer
+    monkeypatch.setattr(up, "GRPOTrainer", lambda model, tok, config, *a: configs.append(config) or real(model, tok, config, *a))
+    cfg = RunConfig.from_run_config(up.PAPER_ROUND | {"micro-batch-size": 2, "device": "cpu"})
+    samples = up.synthetic_samples(4, 6, 3, tiny_lm.config.vocab_size, np.random.default_rng(0))
+    up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12, up.switches(variant))
+    up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
+    switched, plain = configs
+    assert (switched.host_waits, switched.fused_adamw, switched.padding_mask) == (True, False, True)
+    assert (plain.host_waits, plain.fused_adamw, plain.padding_mask) == (False, True, False)
+    assert replace(switched, host_waits=False, fused_adamw=True, padding_mask=False) == plain
 
 
 def test_a_variant_that_fails_is_reported_and_the_others_still_are(monkeypatch, capsys):

@@ -31,20 +31,21 @@ def collate(samples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int)
 
 
 def completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0,
-                        chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                        chunk_tokens: int = 0, padding_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of each sequence's next token, and the mask of completion targets.
 
     Both have shape [batch, length - 1]: position t scores token t + 1. Scaling by
     the sampling temperature makes the log-probs those of the distribution the
     rollout actually sampled from. chunk_tokens > 0 takes the chunked path
     (chunked_completion_logprobs: the same values, no [batch, length, vocab] logits);
-    0 runs the whole model to full logits.
+    0 runs the whole model to full logits. padding_mask: hand the model the padding mask even where a right-padded
+    batch needs none (model_attention_mask).
     """
     device = next(model.parameters()).device
     with variable_shape_attention(device):  # a micro-batch's padded length is new almost every time
         if chunk_tokens > 0:
-            return chunked_completion_logprobs(model, batch, temperature, chunk_tokens)
-        return _full_completion_logprobs(model, batch, temperature, device)
+            return chunked_completion_logprobs(model, batch, temperature, chunk_tokens, padding_mask)
+        return _full_completion_logprobs(model, batch, temperature, device, padding_mask)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -69,7 +70,7 @@ def _takes_mask_mapping(model: torch.nn.Module) -> bool:
 
 
 def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
-                         device: torch.device) -> torch.Tensor | dict | None:
+                         device: torch.device, padding_mask: bool = False) -> torch.Tensor | dict | None:
     """The attention mask to hand `model` for a batch of `collate`'s, built on the host from its 2-D mask.
 
     A right-padded batch needs no padding mask: its pads come after every real token of their row, and the causal mask
@@ -83,10 +84,13 @@ def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
 
     Other models: None when no row is padded; else, under SDPA, the 4-D causal-and-padding mask transformers would
     build (True = attend), which it passes through as it is (handed the 2-D mask, transformers would read it back to
-    learn whether any token is padded); under other attention kernels the 2-D mask."""
+    learn whether any token is padded); under other attention kernels the 2-D mask.
+
+    padding_mask=True treats a Qwen model as the others, as before the mapping: a diagnostic that measures the mapping
+    against the mask (agent/engine/passes.py, TrainingPasses.padding_mask)."""
     lengths = attention_mask.sum(dim=1, keepdim=True)
     right_padded = bool((attention_mask.bool() == (torch.arange(attention_mask.shape[1]) < lengths)).all())
-    if right_padded and _takes_mask_mapping(model):
+    if right_padded and not padding_mask and _takes_mask_mapping(model):
         return {"full_attention": None}
     if bool(attention_mask.all()):
         return None
@@ -98,9 +102,9 @@ def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
 
 
 def _full_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+                              device: torch.device, padding_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     input_ids = to_device(batch["input_ids"], device)
-    attention_mask = model_attention_mask(model, batch["attention_mask"], device)
+    attention_mask = model_attention_mask(model, batch["attention_mask"], device, padding_mask)
     # use_cache=False: a training forward needs no KV cache (transformers would build one for the whole sequence)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
     if temperature != 1.0:
@@ -145,7 +149,7 @@ def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.T
 
 
 def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                                chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+                                chunk_tokens: int, padding_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """completion_logprobs without the [batch, length, vocab] logits: the body's last hidden states are taken at
     the completion positions only (prompt and padding are never sent through the head), and the head scores
     `chunk_tokens` of them at a time, so at most [chunk_tokens, vocab] logits exist at once. With gradients on,
@@ -157,7 +161,7 @@ def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.T
     decoder, head = decoder_and_head(model)
     device = next(model.parameters()).device
     input_ids = to_device(batch["input_ids"], device)
-    attention_mask = model_attention_mask(decoder, batch["attention_mask"], device)
+    attention_mask = model_attention_mask(decoder, batch["attention_mask"], device, padding_mask)
     host_mask = batch["completion_mask"][:, 1:]
     mask = to_device(host_mask, device)
     # the completion positions from the host's mask: nonzero of the device's would wait for the body's forward

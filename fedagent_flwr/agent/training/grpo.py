@@ -23,7 +23,6 @@ reference model), so the loss is written here (about 40 lines).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -34,12 +33,12 @@ import torch
 
 from envs import Task, TextEnv
 from fedagent_flwr.agent.engine import decode
-from fedagent_flwr.agent.engine.attention import variable_shape_attention
-from fedagent_flwr.agent.engine.checkpointing import Checkpointing, activation_checkpointing
+from fedagent_flwr.agent.engine.checkpointing import CHECKPOINTING
 from fedagent_flwr.agent.play.evaluation import summarize
-from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES, Bf16WorkingCopy, bf16_view
-from fedagent_flwr.agent.engine.kernels import apply_liger, check_training_kernels, training_kernels
-from fedagent_flwr.agent.engine.precision import autocast, check_trainable_precision, model_device
+from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
+from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS, apply_liger, check_training_kernels
+from fedagent_flwr.agent.engine.passes import TrainingPasses
+from fedagent_flwr.agent.engine.precision import RESOLVED_PRECISIONS, autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.play.rollout import (
     PENALTY_SCOPES,
     LMPolicy,
@@ -49,6 +48,8 @@ from fedagent_flwr.agent.play.rollout import (
     run_episodes,
 )
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
+from fedagent_flwr.agent.training import gigpo
+from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
 
 LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
 UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a group whose rewards are all equal
@@ -64,7 +65,10 @@ KL_REFERENCES = ("round-start", "base")
 
 @dataclass
 class GRPOConfig:
-    """GRPO's settings. No defaults of its own: the run config (config.RunConfig.grpo_config) is their one source."""
+    """GRPO's settings, checked as they are made (a ValueError names the field, its value and what is allowed).
+
+    Built from the run config by methods/library_configs.grpo_config, the one source of the fields without defaults;
+    those with defaults are no run-config keys (adv_eps, and the diagnostic switches at the end)."""
 
     group_size: int  # G rollouts per task
     tasks_per_epoch: int  # tasks sampled with replacement per epoch
@@ -117,10 +121,45 @@ class GRPOConfig:
     # what the log-prob and update passes compute with under bf16 autocast: "fp32" = the fp32 weights, cast by
     # autocast in every forward; "bf16" = a bf16 working copy over fp32 masters (agent/engine/master_weights.py)
     param_dtype: str
-    # what the update's activations may take under gradient_checkpointing="auto" (RunConfig.activation_room); None =
-    # no memory known: every layer is checkpointed
+    # what the update's activations may take under gradient_checkpointing="auto" (methods/memory.plan_activation_room);
+    # None = no memory known: every layer is checkpointed
     activation_room_bytes: float | None
+    # grpo = one episode-level advantage for every step of a trajectory; gigpo adds GiGPO's step-level part
+    # (agent/training/gigpo.py): discount gamma, mean_norm | mean_std_norm, the part's weight (0 = GRPO exactly)
+    advantage_estimator: str
+    gigpo_gamma: float
+    gigpo_mode: str
+    gigpo_step_weight: float
     adv_eps: float = 1e-6
+    # Diagnostic switches (agent/engine/passes.py, TrainingPasses): each puts back what the passes did before a change,
+    # for a benchmark to measure the change side by side (benchmarks/update_profile.py's own variant keys). The
+    # defaults are what runs use; they are no run-config keys.
+    host_waits: bool = False  # True: the host waits for the device before and after every forward pass
+    fused_adamw: bool = True  # True: PyTorch's fused AdamW on a GPU (engine/passes.py adamw); False: its default AdamW
+    padding_mask: bool = False  # True: right-padded batches reach Qwen models with the 4-D padding mask (tokens.py)
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "tasks_per_epoch", "minibatch_size", "micro_batch_size", "logprob_micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: expected an integer >= 1")
+        for name, zero in (("micro_batch_tokens", "cut by rows"), ("logprob_micro_batch_tokens", "cut by rows"),
+                           ("logprob_chunk_tokens", "unchunked")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: expected an integer >= 0 (0 = {zero})")
+        if not 0.0 <= self.gigpo_gamma <= 1.0 or self.gigpo_step_weight < 0:
+            raise ValueError(f"gigpo_gamma={self.gigpo_gamma!r} and gigpo_step_weight={self.gigpo_step_weight!r}: "
+                             "expected a discount in [0, 1] and a weight >= 0")
+        for name, allowed in (("advantage_estimator", ADVANTAGE_ESTIMATORS), ("gigpo_mode", GIGPO_MODES),
+                              ("loss_aggregation", LOSS_AGGREGATIONS), ("kl_reference", KL_REFERENCES),
+                              ("uniform_groups", UNIFORM_GROUPS), ("scale_rewards", SCALE_REWARDS),
+                              ("precision", RESOLVED_PRECISIONS), ("training_kernels", TRAINING_KERNELS),
+                              ("param_dtype", PARAM_DTYPES), ("gradient_checkpointing", CHECKPOINTING)):
+            value = getattr(self, name)
+            # `is` for the booleans: 1 == True would pass a membership test
+            if not any(value is a if isinstance(a, bool) else value == a for a in allowed):
+                raise ValueError(f"{name}={value!r} is not allowed: expected {' | '.join(map(str, allowed))}")
+        if self.param_dtype == "bf16" and self.precision != "bf16-mixed":
+            raise ValueError(f"param_dtype='bf16' needs precision 'bf16-mixed', got precision={self.precision!r}")
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6,
@@ -219,8 +258,10 @@ def step_advantages(trajectories: Sequence[Trajectory], group_ids: Sequence[int]
 def trajectories_to_samples(
     trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float, aggregation: str = "trajectory-mean",
     uniform_groups: str = "drop", penalty_scope: str = "trajectory", scale: str = "group",
+    advantages: Sequence[np.ndarray] | None = None,
 ) -> list[StepSample]:
-    """Every agent step becomes a sample carrying its advantage (step_advantages).
+    """Every agent step becomes a sample carrying its advantage: `advantages` (one array per trajectory, e.g. GiGPO's),
+    or else GRPO's (step_advantages with `penalty_scope` and `scale`).
 
     With uniform_groups="drop", zero-advantage steps are left out: their policy-gradient term is zero and skipping
     them saves the passes, but their KL term is lost with them (GRPOConfig.uniform_groups).
@@ -230,7 +271,9 @@ def trajectories_to_samples(
     if uniform_groups not in UNIFORM_GROUPS:
         raise ValueError(f"uniform groups must be one of {UNIFORM_GROUPS}, got {uniform_groups!r}")
     samples = []
-    for t, advs in zip(trajectories, step_advantages(trajectories, group_ids, eps, penalty_scope, scale)):
+    if advantages is None:
+        advantages = step_advantages(trajectories, group_ids, eps, penalty_scope, scale)
+    for t, advs in zip(trajectories, advantages):
         tokens = sum(len(s.completion_ids) for s in t.steps)
         weight = 1.0 / max(1, tokens) if aggregation == "trajectory-mean" else 1.0
         samples.extend(StepSample(s.prompt_ids, s.completion_ids, float(a), weight) for s, a in zip(t.steps, advs)
@@ -264,26 +307,19 @@ class GRPOTrainer:
         self.encoder = PromptEncoder(tokenizer)
         self.policy = LMPolicy(model, tokenizer, rollout)
         self.device = model_device(model)
-        if config.logprob_micro_batch_size < 1:
-            raise ValueError(f"logprob_micro_batch_size must be >= 1, got {config.logprob_micro_batch_size}")
-        if config.micro_batch_tokens < 0 or config.logprob_micro_batch_tokens < 0:
-            raise ValueError(f"micro_batch_tokens and logprob_micro_batch_tokens must be >= 0 (0 = cut by rows), got "
-                             f"{config.micro_batch_tokens} and {config.logprob_micro_batch_tokens}")
-        if config.logprob_chunk_tokens < 0:
-            raise ValueError(f"logprob_chunk_tokens must be >= 0 (0 = unchunked), got {config.logprob_chunk_tokens}")
+        # The config checked its own values; what remains needs the model.
         check_trainable_precision(model, config.precision)
-        if config.param_dtype not in PARAM_DTYPES:
-            raise ValueError(f"param_dtype must be one of {PARAM_DTYPES}, got {config.param_dtype!r}")
-        if config.param_dtype == "bf16" and (config.precision != "bf16-mixed" or not all(p.requires_grad for p in model.parameters())):
-            raise ValueError(f"param_dtype='bf16' needs precision 'bf16-mixed' (got {config.precision!r}) and full "
-                             "fine-tuning (every weight trained; a LoRA base has bf16-base)")
-        check_training_kernels(config.training_kernels, self.device)
+        if config.param_dtype == "bf16" and not all(p.requires_grad for p in model.parameters()):
+            raise ValueError("param_dtype='bf16' needs full fine-tuning (every weight trained; a LoRA base has "
+                             "precision bf16-base)")
+        check_training_kernels(config.training_kernels, self.device)  # liger: on a CUDA device, with its package
         if config.training_kernels == "liger":
             apply_liger(model)
+        self.passes = TrainingPasses.of(config, self.device)
         # A fresh optimizer each round: the local iterate starts from the broadcast model. Only trainable
         # tensors are optimized (all of them, or a LoRA adapter's).
-        self.optimizer = adamw([p for p in model.parameters() if p.requires_grad], config.learning_rate,
-                               config.weight_decay)
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = self.passes.optimizer(self.trainable, config.learning_rate, config.weight_decay)
         self.reference = None  # a frozen full model to score against: the round-start copy, or the base
         self.reference_adapter = None  # the round-start adapter's tensors (LoRA): swapped in to score
         if config.kl_beta > 0:
@@ -292,8 +328,6 @@ class GRPOTrainer:
                 get_peft_model_state_dict,
             )
 
-            if config.kl_reference not in KL_REFERENCES:
-                raise ValueError(f"kl_reference must be one of {KL_REFERENCES}, got {config.kl_reference!r}")
             if isinstance(model, PeftModel):
                 if config.kl_reference == "round-start":
                     self.reference_adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
@@ -314,12 +348,8 @@ class GRPOTrainer:
         """Completion log-probs under the KL anchor, or None when the KL term is off."""
         if self.config.kl_beta <= 0:
             return None
-        if self.reference is not None:
-            # param-dtype bf16: as the policy computes, on bf16 weights, or the KL sees rounding (the round-start copy
-            # is bf16 already; the base's is not)
-            view = bf16_view(self.reference) if self.config.param_dtype == "bf16" else contextlib.nullcontext()
-            with view:
-                return self._logprobs(self.reference, samples)
+        if self.reference is not None:  # a frozen copy (under param-dtype bf16 it computes as the policy does)
+            return self._logprobs(self.reference, samples, reference=True)
         if self.reference_adapter is None:  # base: the LoRA model with its adapter switched off
             with self.model.disable_adapter():
                 return self._logprobs(self.model, samples)
@@ -344,12 +374,19 @@ class GRPOTrainer:
         # memory more (1.5B shape, 128 rows: about 6 GiB), and the next rollout builds them again.
         decode.release(self.policy.model)
         rollout_seconds = time.time() - started
+        advantages = step_advantages(trajectories, group_ids, cfg.adv_eps, self.rollout.penalty_scope, cfg.scale_rewards)
+        if cfg.advantage_estimator == "gigpo":  # plus credit for steps that did better than others from the same state
+            step_part = gigpo.step_level_advantages(trajectories, group_ids, cfg.gigpo_gamma, cfg.gigpo_mode,
+                                                    per_step_rewards=self.rollout.reward == "env")
+            advantages = gigpo.combine(advantages, step_part, cfg.gigpo_step_weight)
         samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation,
                                           cfg.uniform_groups if cfg.kl_beta > 0 else "drop",  # no KL: nothing to keep
-                                          self.rollout.penalty_scope, cfg.scale_rewards)
+                                          advantages=advantages)
         update_stats = self.update(samples, rng)
         metrics = summarize(trajectories)
         metrics.update(update_stats)
+        if cfg.advantage_estimator == "gigpo":  # the steps whose state another episode of their group also met
+            metrics["repeated_states"] = gigpo.repeated_share(trajectories, group_ids)
         # the share of groups GRPO can learn from: those whose episodes' rewards are not all equal
         metrics["informative_groups"] = informative_share(trajectories, group_ids)
         metrics["outcome_groups"] = informative_share(trajectories, group_ids, penalised=False)
@@ -376,18 +413,21 @@ class GRPOTrainer:
         self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
 
     @torch.no_grad()
-    def _logprobs(self, model, samples: Sequence[StepSample]) -> list[torch.Tensor]:
-        """Per-sample completion log-probs (1-D, completion tokens only)."""
-        cfg = self.config
+    def _logprobs(self, model, samples: Sequence[StepSample], reference: bool = False) -> list[torch.Tensor]:
+        """Per-sample completion log-probs (1-D, completion tokens only). reference: `model` is the frozen KL
+        reference (TrainingPasses.scoring)."""
+        cfg, passes = self.config, self.passes
         order = range(len(samples))
         if cfg.length_grouped_micro_batches:
             order = by_length(order, samples)
         pending = []  # each micro-batch's sample indices, log-probs (on the device) and completion mask (on the host)
-        for micro in micro_batches(list(order), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens):
-            batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
-            with autocast(cfg.precision, self.device), training_kernels(model, cfg.training_kernels):
-                logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
-            pending.append((micro, logprobs, batch["completion_mask"][:, 1:]))
+        with passes.scoring(model, reference):
+            for micro in micro_batches(list(order), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens):
+                batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
+                with passes.forward():
+                    logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens,
+                                                      padding_mask=passes.padding_mask)
+                pending.append((micro, logprobs, batch["completion_mask"][:, 1:]))
         # Copied to the host once every micro-batch is queued, rows cut there by the host's own mask: a copy waits for
         # the device, and a wait inside the loop would keep the host from queuing the next micro-batch while the
         # device computes this one (a boolean index of each row on the device would wait twice a row).
@@ -398,88 +438,72 @@ class GRPOTrainer:
         return out
 
     def update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
-        """One pass of clipped policy-gradient updates over the samples, in shuffled minibatches."""
+        """One pass of clipped policy-gradient updates over the samples, in shuffled minibatches.
+
+        How the passes compute (precision, working copy, kernels, checkpointing) is self.passes' business
+        (agent/engine/passes.py); what is written here is the algorithm."""
         if not samples:  # every group was uniform: nothing to learn from this batch
             return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "optimizer_steps": 0.0, "train_samples": 0.0}
         self.model.eval()  # dropout off: old and new log-probs must come from the same function
         cfg = self.config
-        copy_of = Bf16WorkingCopy(self.model) if cfg.param_dtype == "bf16" else contextlib.nullcontext()
-        with activation_checkpointing(self.model, cfg.gradient_checkpointing, cfg.activation_room_bytes, cfg.precision,
-                                      cfg.param_dtype) as ckpt, \
-                training_kernels(self.model, cfg.training_kernels), copy_of as working:
-            return self._update(samples, rng, ckpt, working)
-
-    def _update(self, samples: list[StepSample], rng: np.random.Generator, ckpt: Checkpointing | None,
-                working: Bf16WorkingCopy | None) -> dict[str, float]:
-        cfg = self.config
-        # With a single minibatch the policy has not moved before the update, so the
-        # "old" log-probs are the current ones (detached): skip a forward pass.
-        single = len(samples) <= cfg.minibatch_size
-        old = None if single else self._logprobs(self.model, samples)
-        ref = self._reference_logprobs(samples)
-        order = rng.permutation(len(samples))
-        # Each micro-batch's loss and statistics, and each step's gradient norm, stay on the device until every step is
-        # queued: reading one waits for the device, and a wait inside the loop would keep the host from queuing the
-        # next micro-batch while the device computes this one.
-        pending: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]] = []
-        grad_norms: list[torch.Tensor] = []
-        steps = 0
-        for mb in _chunks(list(order), cfg.minibatch_size):
-            self.optimizer.zero_grad(set_to_none=True)
-            # The minibatch loss is one weighted token mean, however it is split into micro-batches.
-            normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
-            if cfg.length_grouped_micro_batches:
-                mb = by_length(mb, samples)
-            for micro in micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens):
-                chunk = [samples[i] for i in micro]
-                batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
-                if ckpt is not None:  # auto: only as many layers as this micro-batch's length needs
-                    ckpt.fit(batch["input_ids"].numel())
-                with autocast(cfg.precision, self.device):  # backward runs outside autocast, as PyTorch advises
-                    logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens)
-                    host_mask = batch["completion_mask"][:, 1:]
-                    old_lp = logprobs.detach() if old is None else _scatter_like(host_mask, [old[i] for i in micro], mask.device)
-                    ref_lp = _scatter_like(host_mask, [ref[i] for i in micro], mask.device) if ref is not None else None
-                    adv = to_device(torch.tensor([s.advantage for s in chunk], dtype=torch.float32), logprobs.device)
-                    weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), logprobs.device)
-                    loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
-                # A checkpointed layer runs its forward again inside backward: it must pick the attention kernel the
-                # first forward picked, or torch's checkpoint finds other saved tensors and stops (seen on an H100,
-                # where cuDNN's attention is allowed outside this context: attention.py)
-                with variable_shape_attention(self.device):
-                    loss.backward()
-                pending.append((loss.detach(), stats, int(host_mask.sum())))
-            if working is not None:  # param-dtype bf16: clip and step the fp32 masters with their fp32 gradients
-                working.master_view()
-            trainable = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
-            self.optimizer.step()
-            if working is not None:
-                working.refresh()
-            steps += 1
-        total_tokens = 0
-        sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
-        for loss, stats, n_tokens in pending:
-            sums["loss"] += float(loss)  # micro-batch shares add up to the minibatch loss
-            sums["kl"] += float(stats["kl"]) * n_tokens
-            sums["clip_frac"] += float(stats["clip_frac"]) * n_tokens
-            total_tokens += n_tokens
-        result = {"loss": sums["loss"] / max(1, steps), "kl": sums["kl"] / max(1, total_tokens),
-                  "clip_frac": sums["clip_frac"] / max(1, total_tokens)}
-        result["grad_norm"] = float(np.mean([float(norm) for norm in grad_norms]))
-        result["optimizer_steps"] = float(steps)
-        result["train_samples"] = float(len(samples))
-        if ckpt is not None:  # the share of layer passes that recomputed (1.0 = every layer, as with true)
-            result["checkpointed_layers"] = float(np.mean(ckpt.counts)) / max(1, len(ckpt.layers)) if ckpt.counts else 0.0
+        with self.passes.update(self.model) as passes:
+            # With a single minibatch the policy has not moved before the update, so the
+            # "old" log-probs are the current ones (detached): skip a forward pass.
+            single = len(samples) <= cfg.minibatch_size
+            old = None if single else self._logprobs(self.model, samples)
+            ref = self._reference_logprobs(samples)
+            # Each micro-batch's loss and statistics, and each step's gradient norm, stay on the device until every
+            # step is queued: reading one waits for the device, and a wait inside the loop would keep the host from
+            # queuing the next micro-batch while the device computes this one.
+            pending: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]] = []
+            grad_norms: list[torch.Tensor] = []
+            for mb in _chunks(list(rng.permutation(len(samples))), cfg.minibatch_size):
+                self.optimizer.zero_grad(set_to_none=True)
+                # The minibatch loss is one weighted token mean, however it is split into micro-batches.
+                normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
+                if cfg.length_grouped_micro_batches:
+                    mb = by_length(mb, samples)
+                for micro in micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens):
+                    chunk = [samples[i] for i in micro]
+                    batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
+                    with passes.forward(batch):
+                        logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature,
+                                                             cfg.logprob_chunk_tokens, padding_mask=passes.padding_mask)
+                        host_mask = batch["completion_mask"][:, 1:]
+                        old_lp = logprobs.detach() if old is None else _scatter_like(host_mask, [old[i] for i in micro], mask.device)
+                        ref_lp = _scatter_like(host_mask, [ref[i] for i in micro], mask.device) if ref is not None else None
+                        adv = to_device(torch.tensor([s.advantage for s in chunk], dtype=torch.float32), logprobs.device)
+                        weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), logprobs.device)
+                        loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
+                    passes.backward(loss)
+                    pending.append((loss.detach(), stats, int(host_mask.sum())))
+                with passes.optimizer_step():
+                    grad_norms.append(torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm))
+                    self.optimizer.step()
+            result = _update_stats(pending, grad_norms, len(samples))
+            if passes.checkpointed_layers is not None:  # the share of layer passes that recomputed (1.0 = every layer)
+                result["checkpointed_layers"] = passes.checkpointed_layers
         return result
 
 
-def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """PyTorch's AdamW; on a GPU its fused kernel, which updates every tensor in one pass over the weights, gradients
-    and both moments (transformers' Trainer and so TRL's trainers use it by default from torch 2.8). Elsewhere its
-    reference loop, as before: the CPU jobs' numbers stay exactly as they were (the fused kernel's rounding differs)."""
-    on_gpu = bool(params) and all(p.device.type == "cuda" for p in params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True if on_gpu else None)
+def _update_stats(pending: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]], grad_norms: list[torch.Tensor],
+                  samples: int) -> dict[str, float]:
+    """An update's statistics from its micro-batches' (loss, statistics, completion tokens) and its steps' gradient
+    norms, read from the device now that every step is queued."""
+    steps = len(grad_norms)
+    total_tokens = 0
+    sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
+    for loss, stats, n_tokens in pending:
+        sums["loss"] += float(loss)  # micro-batch shares add up to the minibatch loss
+        sums["kl"] += float(stats["kl"]) * n_tokens
+        sums["clip_frac"] += float(stats["clip_frac"]) * n_tokens
+        total_tokens += n_tokens
+    result = {"loss": sums["loss"] / max(1, steps), "kl": sums["kl"] / max(1, total_tokens),
+              "clip_frac": sums["clip_frac"] / max(1, total_tokens)}
+    result["grad_norm"] = float(np.mean([float(norm) for norm in grad_norms]))
+    result["optimizer_steps"] = float(steps)
+    result["train_samples"] = float(samples)
+    return result
 
 
 def _chunks(items: Sequence, size: int):

@@ -1,0 +1,263 @@
+"""agent/engine/passes.py: the object that holds how GRPO's training passes compute. Its default reproduces the update
+as it was written before it (the plumbing inline) bit for bit; each diagnostic switch does what it says; GRPOConfig
+checks its own values and the trainer only what needs the model."""
+
+import contextlib
+import copy
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import fedagent_flwr.agent.engine.passes as passes_module
+import fedagent_flwr.agent.training.grpo as grpo
+from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.checkpointing import activation_checkpointing
+from fedagent_flwr.agent.engine.kernels import training_kernels
+from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy, bf16_view
+from fedagent_flwr.agent.engine.passes import TrainingPasses
+from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, model_attention_mask, to_device
+from fedagent_flwr.agent.play.rollout import RolloutConfig
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample, by_length, grpo_loss, micro_batches
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config
+
+
+def _samples(vocab: int, n: int = 8, seed: int = 7) -> list[StepSample]:
+    """Agent steps of distinct lengths (prompts 6 apart, completions of 1 to 5 tokens), so every micro-batch of two is
+    padded."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.permutation(np.arange(4, 4 + 6 * n, 6))
+    return [StepSample(rng.integers(3, vocab, size=int(n_p)).tolist(), rng.integers(3, vocab, size=int(rng.integers(1, 6))).tolist(),
+                       float(rng.normal()), float(rng.uniform(0.2, 1.0))) for n_p in lengths]
+
+
+def _reference_update(trainer: GRPOTrainer, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
+    """GRPOTrainer.update as written before TrainingPasses, its plumbing inline (full fine-tuning, a frozen KL copy):
+    what the default passes must reproduce bit for bit."""
+    cfg, model, device = trainer.config, trainer.model, trainer.device
+
+    @torch.no_grad()
+    def logprobs(scored, samples):
+        order = by_length(range(len(samples)), samples) if cfg.length_grouped_micro_batches else range(len(samples))
+        pending = []
+        for micro in micro_batches(list(order), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens):
+            batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], trainer.tokenizer.pad_token_id)
+            with autocast(cfg.precision, device), training_kernels(scored, cfg.training_kernels):
+                lp, _ = completion_logprobs(scored, batch, trainer.rollout.temperature, cfg.logprob_chunk_tokens)
+            pending.append((micro, lp, batch["completion_mask"][:, 1:]))
+        out = [None] * len(samples)
+        for micro, lp, host_mask in pending:
+            for i, row, m in zip(micro, lp.cpu(), host_mask):
+                out[i] = row[m]
+        return out
+
+    model.eval()
+    working_copy = Bf16WorkingCopy(model) if cfg.param_dtype == "bf16" else contextlib.nullcontext()
+    with activation_checkpointing(model, cfg.gradient_checkpointing, cfg.activation_room_bytes, cfg.precision,
+                                  cfg.param_dtype) as ckpt, training_kernels(model, cfg.training_kernels), working_copy as working:
+        old = None if len(samples) <= cfg.minibatch_size else logprobs(model, samples)
+        ref = None
+        if cfg.kl_beta > 0:
+            with bf16_view(trainer.reference) if cfg.param_dtype == "bf16" else contextlib.nullcontext():
+                ref = logprobs(trainer.reference, samples)
+        order = rng.permutation(len(samples))
+        pending, grad_norms = [], []
+        for start in range(0, len(order), cfg.minibatch_size):
+            mb = list(order)[start : start + cfg.minibatch_size]
+            trainer.optimizer.zero_grad(set_to_none=True)
+            normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
+            if cfg.length_grouped_micro_batches:
+                mb = by_length(mb, samples)
+            for micro in micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens):
+                chunk = [samples[i] for i in micro]
+                batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], trainer.tokenizer.pad_token_id)
+                if ckpt is not None:
+                    ckpt.fit(batch["input_ids"].numel())
+                with autocast(cfg.precision, device):
+                    lp, mask = completion_logprobs(model, batch, trainer.rollout.temperature, cfg.logprob_chunk_tokens)
+                    host_mask = batch["completion_mask"][:, 1:]
+                    old_lp = lp.detach() if old is None else grpo._scatter_like(host_mask, [old[i] for i in micro], mask.device)
+                    ref_lp = grpo._scatter_like(host_mask, [ref[i] for i in micro], mask.device) if ref is not None else None
+                    adv = to_device(torch.tensor([s.advantage for s in chunk], dtype=torch.float32), lp.device)
+                    weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), lp.device)
+                    loss, stats = grpo_loss(lp, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
+                with variable_shape_attention(device):
+                    loss.backward()
+                pending.append((loss.detach(), stats, int(host_mask.sum())))
+            if working is not None:
+                working.master_view()
+            grad_norms.append(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                                             cfg.max_grad_norm))
+            trainer.optimizer.step()
+            if working is not None:
+                working.refresh()
+        tokens = sum(n for _, _, n in pending)
+        result = {"loss": sum(float(loss) for loss, _, _ in pending) / len(grad_norms),
+                  "kl": sum(float(stats["kl"]) * n for _, stats, n in pending) / tokens,
+                  "clip_frac": sum(float(stats["clip_frac"]) * n for _, stats, n in pending) / tokens,
+                  "grad_norm": float(np.mean([float(norm) for norm in grad_norms])),
+                  "optimizer_steps": float(len(grad_norms)), "train_samples": float(len(samples))}
+        if ckpt is not None:
+            result["checkpointed_layers"] = float(np.mean(ckpt.counts)) / max(1, len(ckpt.layers))
+    return result
+
+
+@pytest.mark.parametrize("settings", [
+    {},  # the project's defaults on a CPU: fp32, KL to the round-start copy, two minibatches
+    {"precision": "bf16-mixed", "param_dtype": "bf16", "gradient_checkpointing": True, "logprob_chunk_tokens": 3},
+    {"gradient_checkpointing": "auto", "length_grouped_micro_batches": True, "micro_batch_tokens": 40},
+], ids=["fp32", "bf16-working-copy-checkpointed-chunked", "auto-grouped-by-tokens"])
+def test_the_default_passes_reproduce_the_update_bit_for_bit(tiny_lm, maze_tokenizer, settings):
+    run = RunConfig(learning_rate=1e-3, weight_decay=0.01, kl_beta=0.05, minibatch_size=4, micro_batch_size=2,
+                    device="cpu", **settings)
+    cfg = grpo_config(run, 1e9 if run.gradient_checkpointing == "auto" else None)
+    samples = _samples(tiny_lm.config.vocab_size)
+    trainers = [GRPOTrainer(copy.deepcopy(tiny_lm), maze_tokenizer, cfg, RolloutConfig(history_length=0)) for _ in range(2)]
+    for seed in (0, 1):  # two updates: the second starts from the state the first left (working copy, checkpointing)
+        new = trainers[0].update(samples, np.random.default_rng(seed))
+        old = _reference_update(trainers[1], samples, np.random.default_rng(seed))
+        assert new == old
+    assert new["optimizer_steps"] == 2 and new["kl"] > 0
+    for (name, a), (_, b) in zip(trainers[0].model.named_parameters(), trainers[1].model.named_parameters()):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b), name
+    for key, value in trainers[1].optimizer_arrays().items():
+        assert np.array_equal(trainers[0].optimizer_arrays()[key], value), key
+
+
+def test_the_passes_take_the_configs_settings_and_default_to_what_runs_use(tiny_lm, maze_tokenizer):
+    cfg = grpo_config(RunConfig(device="cpu", gradient_checkpointing="auto", training_kernels="compile"), 5e8)
+    passes = GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).passes
+    assert passes == TrainingPasses(torch.device("cpu"), "fp32", "fp32", "compile", "auto", 5e8)
+    assert (passes.fused_adamw, passes.host_waits, passes.padding_mask) == (True, False, False)
+
+
+def test_fused_adamw_takes_the_fused_kernel_on_a_gpu_and_false_takes_pytorchs_default(tiny_lm, maze_tokenizer, monkeypatch):
+    built = []
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.optim, "AdamW", lambda params, **kwargs: built.append(kwargs))
+        on_gpu, on_cpu = [SimpleNamespace(device=torch.device("cuda"))], [SimpleNamespace(device=torch.device("cpu"))]
+        for fused in (True, False):
+            for params in (on_gpu, on_cpu):
+                TrainingPasses(torch.device("cpu"), "fp32", fused_adamw=fused).optimizer(params, 1e-3, 0.01)
+    # fused only on a GPU and only when asked; the CPU's reference loop either way (the CPU jobs' numbers)
+    assert [kwargs["fused"] for kwargs in built] == [True, None, None, None]
+    assert all(kwargs["lr"] == 1e-3 and kwargs["weight_decay"] == 0.01 for kwargs in built)
+    cfg = replace(grpo_config(RunConfig(device="cpu", learning_rate=1e-3, weight_decay=0.01)), fused_adamw=False)
+    plain = GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).optimizer
+    assert type(plain) is torch.optim.AdamW and not plain.defaults["fused"]
+    assert (plain.defaults["lr"], plain.defaults["weight_decay"]) == (1e-3, 0.01)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_fused_adamw_false_builds_pytorchs_default(tiny_lm, maze_tokenizer):
+    cfg = grpo_config(RunConfig(device="cuda", precision="fp32"))
+    model = copy.deepcopy(tiny_lm).cuda()
+    assert GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).optimizer.defaults["fused"]
+    plain = GRPOTrainer(model, maze_tokenizer, replace(cfg, fused_adamw=False), RolloutConfig(history_length=0)).optimizer
+    assert not plain.defaults["fused"]
+
+
+def test_host_waits_wait_for_the_device_before_and_after_every_forward(tiny_lm, maze_tokenizer, monkeypatch):
+    """On a CPU there is nothing to wait for, so the hook the switch calls is counted: one wait before and one after
+    each forward of the old-policy, KL-reference and update passes; none with the switch off."""
+    waits, forwards = [], []
+    monkeypatch.setattr(passes_module, "wait_for_device", lambda device: waits.append(device))
+    real = grpo.completion_logprobs
+    monkeypatch.setattr(grpo, "completion_logprobs", lambda *a, **k: forwards.append(len(waits)) or real(*a, **k))
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu"))
+    samples = _samples(tiny_lm.config.vocab_size)
+    for on in (True, False):
+        waits.clear()
+        forwards.clear()
+        trainer = GRPOTrainer(copy.deepcopy(tiny_lm), maze_tokenizer, replace(cfg, host_waits=on), RolloutConfig(history_length=0))
+        trainer.update(samples, np.random.default_rng(0))
+        assert len(forwards) == 12  # old policy, reference, update: 4 micro-batches each
+        # each forward finds the host past its own wait before and the previous forward's wait after
+        assert (forwards, len(waits)) == (([2 * i + 1 for i in range(12)], 24) if on else ([0] * 12, 0))
+    assert all(device == torch.device("cpu") for device in waits)
+
+
+@pytest.mark.parametrize("chunk_tokens", [0, 3])
+def test_padding_mask_hands_a_qwen_model_the_4d_mask(tiny_lm, maze_tokenizer, chunk_tokens):
+    """Right-padded batches reach a Qwen model under SDPA with the mask mapping (no padding mask: the causal kernel);
+    padding_mask=True hands it the 4-D causal-and-padding mask, as before the mapping. The loss is the same function."""
+    mask = collate([([5, 6, 7], [8]), ([5], [9])], pad_id=0)["attention_mask"]
+    cpu = torch.device("cpu")
+    assert model_attention_mask(tiny_lm, mask, cpu) == {"full_attention": None}
+    assert model_attention_mask(tiny_lm, mask, cpu, padding_mask=True).shape == (2, 1, 4, 4)
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu",
+                                logprob_chunk_tokens=chunk_tokens))
+    samples = _samples(tiny_lm.config.vocab_size)
+    stats, seen = {}, {}
+    for on in (False, True):
+        model = copy.deepcopy(tiny_lm)
+        body, masks = model.model, []
+        # the body: what the full path's model and the chunked path's decoder both hand the mask to
+        body.forward = lambda *a, inner=body.forward, **k: masks.append(k.get("attention_mask")) or inner(*a, **k)
+        trainer = GRPOTrainer(model, maze_tokenizer, replace(cfg, padding_mask=on), RolloutConfig(history_length=0))
+        stats[on], seen[on] = trainer.update(samples, np.random.default_rng(0)), masks
+    assert len(seen[False]) == len(seen[True]) == 12  # every forward of the three passes, each micro-batch padded
+    assert all(m == {"full_attention": None} for m in seen[False])
+    assert all(isinstance(m, torch.Tensor) and m.dim() == 4 and not m.all() for m in seen[True])
+    for key in ("loss", "kl", "grad_norm"):
+        assert stats[True][key] == pytest.approx(stats[False][key], rel=1e-4, abs=1e-8), key
+
+
+def test_the_log_prob_passes_inside_an_update_do_not_enter_the_kernels_again(tiny_lm, maze_tokenizer, monkeypatch):
+    """Leaving a nested training_kernels("compile") switches the layers back to eager: the old-policy pass inside the
+    update must run on the kernels the update holds, and leave them on for the update's own micro-batches."""
+    depth: dict[int, int] = {}
+
+    @contextlib.contextmanager
+    def counted(model, kind):
+        depth[id(model)] = depth.get(id(model), 0) + 1
+        try:
+            yield
+        finally:
+            depth[id(model)] -= 1
+
+    monkeypatch.setattr(passes_module, "training_kernels", counted)
+    seen = []
+    real = grpo.completion_logprobs
+    monkeypatch.setattr(grpo, "completion_logprobs", lambda model, *a, **k: seen.append(depth.get(id(model))) or real(model, *a, **k))
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu"))
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+    trainer.update(_samples(tiny_lm.config.vocab_size), np.random.default_rng(0))
+    assert seen == [1] * 12 and set(depth.values()) == {0}  # the policy's and the reference's passes, once each
+    assert trainer._logprobs(tiny_lm, _samples(tiny_lm.config.vocab_size)) and seen[-1] == 1  # outside an update too
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("micro_batch_size", 0, "micro_batch_size=0 is not allowed: expected an integer >= 1"),
+    ("logprob_micro_batch_size", 0, "logprob_micro_batch_size=0 is not allowed: expected an integer >= 1"),
+    ("micro_batch_tokens", -1, "micro_batch_tokens=-1 is not allowed: expected an integer >= 0 (0 = cut by rows)"),
+    ("logprob_micro_batch_tokens", -5, "logprob_micro_batch_tokens=-5 is not allowed: expected an integer >= 0"),
+    ("logprob_chunk_tokens", -1, "logprob_chunk_tokens=-1 is not allowed: expected an integer >= 0 (0 = unchunked)"),
+    ("param_dtype", "bf8", "param_dtype='bf8' is not allowed: expected fp32 | bf16"),
+    ("kl_reference", "start", "kl_reference='start' is not allowed: expected round-start | base"),
+    ("training_kernels", "fast", "training_kernels='fast' is not allowed: expected eager | compile | liger"),
+    ("gradient_checkpointing", 1, "gradient_checkpointing=1 is not allowed: expected False | True | auto"),
+    ("precision", "auto", "precision='auto' is not allowed: expected fp32 | bf16-mixed | bf16-base"),
+    ("loss_aggregation", "sum", "loss_aggregation='sum' is not allowed: expected trajectory-mean | token-mean"),
+    ("param_dtype", "bf16", "param_dtype='bf16' needs precision 'bf16-mixed', got precision='fp32'"),
+])
+def test_grpo_config_refuses_a_bad_value_as_it_is_made(field, value, says):
+    cfg = grpo_config(RunConfig(device="cpu", precision="fp32"))
+    with pytest.raises(ValueError) as err:
+        replace(cfg, **{field: value})
+    assert str(err.value) == says or str(err.value).startswith(says), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_trainer_checks_only_what_needs_the_model(tiny_lm, maze_tokenizer):
+    cfg = grpo_config(RunConfig(device="cpu", precision="bf16-mixed", param_dtype="bf16"))
+    frozen = copy.deepcopy(tiny_lm)
+    frozen.model.embed_tokens.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"param_dtype='bf16' needs full fine-tuning \(every weight trained"):
+        GRPOTrainer(frozen, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+    with pytest.raises(ValueError, match="training-kernels='liger' runs Triton kernels on a CUDA device"):
+        GRPOTrainer(tiny_lm, maze_tokenizer, replace(cfg, training_kernels="liger"), RolloutConfig(history_length=0))
