@@ -377,3 +377,22 @@ def test_auto_rows_stop_below_the_engines_next_bucket():
     assert plan(64).total < budget < plan(65).total == plan(128).total
     assert memory.rows_that_fit(plan, budget, 512) == 64
     assert memory.rows_that_fit(plan, plan(512).total, 512) == 512 and memory.rows_that_fit(plan, 0, 512) == 1
+
+
+def test_the_command_plans_for_the_machine_it_names_whatever_this_one_has(capsys):
+    """--device cuda on a machine without a GPU plans what a GPU run holds: auto resolves as there (bf16-mixed, the
+    static engine with its weight copy and graphs), and the output says so; --device cpu plans a CPU run."""
+    from fedagent_flwr.experiments.memory_plan import main
+
+    def plan(device: str) -> dict[str, str]:
+        main(["--shape", "qwen2.5-0.5b", "--device", device, "--context-tokens", "512"])
+        out = capsys.readouterr().out
+        rows = {line[:40].strip(): line[40:].strip() for line in out.splitlines() if line.startswith("  ")}
+        return {"out": out} | rows
+
+    gpu, cpu = plan("cuda"), plan("cpu")
+    assert "planned for a machine with a CUDA GPU (--device cuda)" in gpu["out"] and "decode engine static" in gpu["out"]
+    assert "precision bf16-mixed" in gpu["out"] and gpu["static decoder's weight copy"] != "0.00 GiB"
+    assert gpu["decode graphs (outputs and pool)"] != "0.00 GiB"
+    assert "planned for a machine without a GPU (--device cpu)" in cpu["out"] and "decode engine hf" in cpu["out"]
+    assert cpu["static decoder's weight copy"] == "0.00 GiB" and "precision fp32" in cpu["out"]
