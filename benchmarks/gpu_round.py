@@ -61,7 +61,7 @@ import fedagent_flwr.agent.play.rollout as rollout_module
 from fedagent_flwr.agent.engine import attention
 from fedagent_flwr.agent.engine.decode import StaticDecoder
 from fedagent_flwr.agent.engine.decode import release as release_decoder
-from envs import make_env
+from envs import env_class, make_env
 from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.engine.memory import GB, SHAPES, ModelShape
@@ -209,6 +209,8 @@ def paper_settings(env: str, overrides: dict | None = None, preset_path: Path = 
     the preset is another environment's (PAPER_ENVS: no preset file exists for it), then `overrides` (--paper-set).
     Returns those values, the preset's, and for each key that is not the preset's where it came from."""
     preset = tomllib.loads(preset_path.read_text())
+    if preset.get("max-steps") == 0:  # the environment's own horizon: the count below needs the number
+        preset["max-steps"] = env_class(preset["env"]).default_max_steps
     own = {} if preset.get("env") == env else PAPER_ENVS[env]
     source = {k: f"{env}'s settings: no {env} preset exists ({preset_path.name} is {preset.get('env')}'s)" for k in own}
     source |= {k: "--paper-set" for k in overrides or {}}

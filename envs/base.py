@@ -51,6 +51,11 @@ class TextEnv(ABC):
     #: raised when what the agent is shown changes (instruction, observations), so that models
     #: behaviour-cloned on the old text (tiny models) are built again rather than reused
     prompt_revision: ClassVar[int] = 0
+    #: answer-parsing=reference: characters of an answer without <action> tags that the reference's parser hands
+    #: the environment, lowercased (verl-agent's projection.py: ALFWorld 30, WebShop 20; ALFWorld's elsewhere)
+    reference_tail_chars: ClassVar[int] = 30
+    #: prompt-template=reference: the admissible actions one per line (WebShop's template) or ALFWorld's layout
+    reference_actions_per_line: ClassVar[bool] = False
 
     def __init__(self, max_steps: int | None = None) -> None:
         self.max_steps = int(max_steps or self.default_max_steps)

@@ -197,6 +197,10 @@ class MultiEnv(TextEnv):
     def is_terminal(self) -> bool:
         return self._routed().is_terminal()
 
+    # the routed env's, not TextEnv's defaults: class attributes of TextEnv, which __getattr__ never sees asked for
+    reference_tail_chars = property(lambda self: self._routed().reference_tail_chars)
+    reference_actions_per_line = property(lambda self: self._routed().reference_actions_per_line)
+
     def __getattr__(self, attr: str) -> Any:
         # Optional hooks of the routed env (e.g. Wordle's and WebShop's action_hint).
         # Only reached for names MultiEnv lacks; private names are never forwarded.

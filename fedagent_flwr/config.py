@@ -32,14 +32,14 @@ from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, base_dtype
 from fedagent_flwr.agent.models.pretrained import model_name_problem
 from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
 from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES
+from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
 from fedagent_flwr.agent.play.rollout import INVALID_ACTIONS, PENALTY_SCOPES, REWARD_MODES
 from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
 from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
 from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
 from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
-from fedagent_flwr.agent.training.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, SCALE_REWARDS, UNIFORM_GROUPS
+from fedagent_flwr.agent.training.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, SCALE_REWARDS, STD_DDOFS, UNIFORM_GROUPS
 from fedagent_flwr.agent.training.lora import LoRASpec
 from fedagent_flwr.atomic import unwritable_reason
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
@@ -49,6 +49,7 @@ from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
 from fedrl.mdps import TABULAR_ENVS
 from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
 from strategies.pavg import VARIANTS as PAVG_VARIANTS
+from strategies.fedagent_avg import CLIENT_SAMPLING
 from strategies.transfer import TRANSFER_DTYPES
 
 PARAM_DTYPE_CHOICES = (*PARAM_DTYPES, "auto")
@@ -62,7 +63,7 @@ FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
 FEDRL_CLIENT_MODES = ("all", "sampled")
 BASELINE_OPTIMIZERS = ("keep", "reset")
 TRACKERS = ("none", "tensorboard", "wandb")  # runs/tracking.py has one backend for each but none
-PARTITION_MODES = ("uniform", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
+PARTITION_MODES = ("uniform", "uniform-windows", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
 FINETUNING = ("full", "lora")  # what a GRPO client trains (methods/fedagent.py)
 BASELINES = ("none", "centralized", "local")  # fedagent_flwr/methods/tasks.py
@@ -144,6 +145,7 @@ class FederationConfig:
     min_replies: int = _key(1, "fewest successful replies that still update the model", "1 .. M", at_least=1)
     round_timeout: float = _key(3600.0, "seconds to wait for a round's replies", ">= 1")
     seed: int = _key(0, "seed of client sampling, task sampling, rollouts and partitions", "integer >= 0")
+    client_sampling: str = _key("run-seed", "how a round's clients are drawn: run-seed = a stream seeded by seed; reference = as the FedAgent reference draws them (round_orchestrator.py): Python's random.sample seeded 42 + round - 1, the same clients in every seed", choices=CLIENT_SAMPLING)
     transfer_dtype: str = _key("fp32", "dtype the weights travel in between server and clients: fp32, or bf16 (half the bytes; the server still averages in fp32); tied weights travel once either way", " | ".join(TRANSFER_DTYPES) + "; bf16 with the LLM strategies, dp-mode off and secure-aggregation false", choices=TRANSFER_DTYPES)
 
     def check(self, need: Need) -> None:
@@ -160,7 +162,7 @@ class EnvironmentConfig:
 
     env: str = _key("gridworld", "text environment, or several separated by commas (e.g. babyai,webshop,textcraft,maze,wordle)", "a registered env name, or a comma-separated list of them")
     max_steps: int = _key(0, "episode horizon; 0 = the env's default", "integer >= 0", at_least=0)
-    partition: str = _key("uniform", "how the train split is divided among clients; by-environment = client k owns env k of the env list (Fed-SE)", choices=PARTITION_MODES)
+    partition: str = _key("uniform", "how the train split is divided among clients: uniform = each client's tasks-per-client drawn independently (clients may share tasks); uniform-windows = the FedAgent reference's uniform split, a contiguous window of the pool shuffled by partition-seed (partitions/uniform.py); by-environment = client k owns env k of the env list (Fed-SE)", choices=PARTITION_MODES)
     tasks_per_client: int = _key(8, "tasks in each client's partition (overlap across clients allowed)", "1 .. train-split size", at_least=1)
 
     def check(self, need: Need) -> None:
@@ -248,8 +250,9 @@ class RolloutSection:
     top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]", interval="(0, 1]")
     reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score", choices=REWARD_MODES)
     action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest", choices=ACTION_MATCHING)
-    answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block (reference); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write)", choices=ANSWER_PARSING)
+    answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block, else malformed (the last action block taken); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write); reference = the FedAgent reference's parser (verl-agent's projection.py): lowercased, the first action block, both think tags anywhere, no Chinese characters, without action tags the last 30 characters (WebShop: 20)", choices=ANSWER_PARSING)
     prompt_roles: str = _key("user", "where the standing instructions (environment introduction, answer format) go: user = all in one user message (the FedAgent reference); system = in a system message, the way chat models take instructions; the user message keeps task, observation and admissible actions", choices=PROMPT_ROLES)
+    prompt_template: str = _key("compact", "the user message's layout: compact = ours; reference = the FedAgent reference's templates (verl-agent's prompts/alfworld.py and webshop.py) in our words: the same information, order and format (agent/play/prompts.py reference_prompt); needs prompt-roles = user, as the reference sends one message", choices=PROMPT_TEMPLATES)
     invalid_penalty: float = _key(0.1, "the penalty per invalid action (invalid-action says which; invalid-penalty-scope where it is taken off)", ">= 0", at_least=0)
     invalid_action: str = _key("inadmissible", "which step is invalid: inadmissible = not well formed, or an action the environment rejects or closest matching repaired; malformed = not well formed (no single <think> and <action> block) only, whatever the environment makes of the action (the FedAgent reference's projection)", choices=INVALID_ACTIONS)
     invalid_penalty_scope: str = _key("trajectory", "where the penalty is taken off: trajectory = summed over the episode and taken off its reward, so every step shares it; step = each step's sample scores the episode's reward less its own penalty and GRPO normalises over the group's step samples (the FedAgent reference, verl-agent)", choices=PENALTY_SCOPES)
@@ -257,6 +260,8 @@ class RolloutSection:
     def check(self, need: Need) -> None:
         need(self.temperature >= MIN_TEMPERATURE, "temperature", self.temperature,
              f">= {MIN_TEMPERATURE} (GRPO needs sampled rollouts; below this the logits / temperature overflow)")
+        need(self.prompt_template == "compact" or self.prompt_roles == "user", "prompt-roles", self.prompt_roles,
+             "user with prompt-template = reference (the reference sends one user message)")
 
 @dataclass(frozen=True)
 class GRPOSection:
@@ -273,7 +278,11 @@ class GRPOSection:
     max_grad_norm: float = _key(1.0, "gradient clipping norm", "> 0", above=0)
     finetuning: str = _key("full", "what a GRPO client trains: full = every weight; lora = a LoRA adapter (lora-rank, lora-alpha, lora-target-modules) on the frozen base, and only the adapter travels and is averaged", choices=FINETUNING)
     kl_reference: str = _key("auto", "the policy the KL term is taken against: round-start = the weights (or adapter) the round started from; base = the run's initial model for the whole run (the FedAgent reference's federated and centralized runs; with lora the adapter switched off, with full fine-tuning a second, frozen copy of the base weights on each client); auto = base for the Centralized and Local baselines (one learner trained T x tau epochs), round-start otherwise", "auto | " + " | ".join(KL_REFERENCES), choices=KL_REFERENCE_CHOICES)
-    loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, or each token equally", "trajectory-mean | token-mean", choices=LOSS_AGGREGATIONS)
+    loss_aggregation: str = _key("trajectory-mean", "how token losses are averaged: each trajectory equally, each token equally, or each micro-batch's tokens and then the micro-batches (verl's token-mean under gradient accumulation, the FedAgent reference's)", choices=LOSS_AGGREGATIONS)
+    clip_ratio_c: float = _key(0.0, "dual clip: a negative advantage's token loss stops growing at ratio c (verl's clip_ratio_c; the reference: 3.0); 0 = off", "0 or > 1")
+    kl_clamp: float = _key(0.0, "the k3 KL estimate clamped to [-value, value] (verl's low_var_kl: 10); 0 = unclamped", ">= 0", at_least=0)
+    entropy_coeff: float = _key(0.0, "entropy bonus: the loss less this x the completion tokens' mean next-token entropy, aggregated as the loss (verl's entropy_coeff; the reference's ppo_trainer.yaml: 0.001)", ">= 0", at_least=0)
+    reward_std_ddof: int = _key(0, "delta degrees of freedom of the standard deviation scale-rewards divides by: 0 = the population's, 1 = the unbiased one (torch.std, verl's)", "0 | 1", choices=STD_DDOFS)
     scale_rewards: str = _key("group", "what a reward's deviation from its group's mean is divided by (TRL's scale_rewards): group = the group's standard deviation (GRPO, verl, the FedAgent reference); batch = the standard deviation of all the epoch's rewards, so a group split only by the small invalid-action penalty gets small advantages; none = nothing (Dr. GRPO)", choices=SCALE_REWARDS)
     uniform_groups: str = _key("drop", "steps of a group whose rewards are all equal (advantage 0): drop = skipped, so with kl-beta > 0 their KL term goes too (cheaper; the default so far); keep = trained on with advantage 0, so the KL covers every step played (verl's GRPO)", choices=UNIFORM_GROUPS)
     advantage_estimator: str = _key("grpo", "grpo = every step of a trajectory gets its episode's group-normalised advantage; gigpo = plus GiGPO's step-level part (Feng et al. 2025, as verl-agent computes it; agent/training/gigpo.py): steps of one group that started from the same state (the same observation text) are compared by their discounted returns", choices=ADVANTAGE_ESTIMATORS)
@@ -283,6 +292,7 @@ class GRPOSection:
 
     def check(self, need: Need) -> None:
         need(self.group_size >= 2, "group-size", self.group_size, "an integer >= 2 (advantages compare rollouts within a group)")
+        need(self.clip_ratio_c == 0 or self.clip_ratio_c > 1, "clip-ratio-c", self.clip_ratio_c, "0 (off) or > 1")
 
 @dataclass(frozen=True)
 class EvaluationConfig:
@@ -550,7 +560,8 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             need(traits.grpo, "training-kernels", self.training_kernels,
                  "eager unless the strategy trains with GRPO (" + grpo_strategies + ")")
         # GRPO's own keys (Fed-SE's passes are fedse-sft-micro-batch-size rows; it has no advantages)
-        for key, off in (("micro_batch_tokens", 0), ("logprob_micro_batch_tokens", 0), ("advantage_estimator", "grpo")):
+        for key, off in (("micro_batch_tokens", 0), ("logprob_micro_batch_tokens", 0), ("advantage_estimator", "grpo"),
+                         ("clip_ratio_c", 0.0), ("kl_clamp", 0.0), ("entropy_coeff", 0.0), ("reward_std_ddof", 0)):
             if getattr(self, key) != off and traits:
                 need(traits.grpo, key.replace("_", "-"), getattr(self, key),
                      f"{off!r} unless the strategy trains with GRPO (" + grpo_strategies + ")")
@@ -563,6 +574,8 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                  self.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
                  f"'bf16-mixed' (here strategy={self.strategy!r}, finetuning={self.finetuning!r}, precision resolves to "
                  f"{placement.precision!r})")
+        need(self.client_sampling == "run-seed" or self.strategy == "fedagent-avg", "client-sampling", self.client_sampling,
+             "run-seed unless strategy='fedagent-avg' (the reference's draw is FedAgent's)")
         if self.training_kernels == "liger":
             need(placement is None or placement.on_cuda, "training-kernels", self.training_kernels,
                  f"eager | compile with device={self.device!r} (Liger's kernels run on CUDA only)")

@@ -9,10 +9,11 @@ from .by_environment import ByEnvironmentPartitioner, by_environment
 from .coverage import CoveragePartition, coverage_partition
 from .hardness import HardnessPartition, hardness_partition
 from .preference import PreferencePartition, preference_partition
-from .uniform import UniformPartitioner, uniform_overlap
+from .uniform import UniformPartitioner, UniformWindowsPartitioner, uniform_overlap, uniform_windows
 
 _CLASSES: dict[str, type[TaskPartitioner]] = {
     "uniform": UniformPartitioner,
+    "uniform-windows": UniformWindowsPartitioner,
     "preference": PreferencePartition,
     "coverage": CoveragePartition,
     "hardness": HardnessPartition,
@@ -59,6 +60,7 @@ __all__ = [
     "PreferencePartition",
     "TaskPartitioner",
     "UniformPartitioner",
+    "UniformWindowsPartitioner",
     "by_environment",
     "client_rng",
     "coverage_partition",
@@ -68,4 +70,5 @@ __all__ = [
     "preference_partition",
     "task_table",
     "uniform_overlap",
+    "uniform_windows",
 ]

@@ -37,3 +37,35 @@ class UniformPartitioner(TaskPartitioner):
 
     def assign(self, dataset: Dataset) -> list[np.ndarray]:
         return uniform_overlap(len(dataset), self.num_partitions, self.partition_size, self.seed)
+
+
+def uniform_windows(num_tasks: int, num_partitions: int, partition_size: int, seed: int) -> list[np.ndarray]:
+    """The FedAgent reference's uniform split (verl-agent's partition_strategy.uniform_partition over a task list its
+    environments reshuffle with the run's seed): the pool in an order drawn from `seed`, cut into K contiguous
+    windows of N // K tasks (more than `partition_size` where the pool is large, as in the reference); a window
+    smaller than `partition_size` grows to it, half to each side where there is room, the rest to the side that has it. Clients overlap only where windows had to grow (the paper's 100 x 100
+    tasks from a pool of about 3,500 ALFWorld games do not)."""
+    if num_tasks <= 0:
+        raise ValueError(f"the task pool is empty (num_tasks={num_tasks})")
+    if num_partitions <= 0:
+        raise ValueError(f"num_partitions must be positive, got {num_partitions}")
+    if not 0 < partition_size <= num_tasks:
+        raise ValueError(f"partition_size must be in [1, {num_tasks}] (the pool's size), got {partition_size}")
+    order = np.random.default_rng(seed).permutation(num_tasks)
+    base = num_tasks // num_partitions
+    windows = []
+    for k in range(num_partitions):
+        start, end = k * base, (k + 1) * base
+        missing = partition_size - base
+        if missing > 0:  # the reference's growth: half to the left where there is room, then whatever fits
+            left = min(missing // 2, start)
+            right = min(missing - left, num_tasks - end)
+            left += min(missing - left - right, start - left)
+            start, end = start - left, end + right
+        windows.append(np.sort(order[start:end]))
+    return windows
+
+
+class UniformWindowsPartitioner(UniformPartitioner):
+    def assign(self, dataset: Dataset) -> list[np.ndarray]:
+        return uniform_windows(len(dataset), self.num_partitions, self.partition_size, self.seed)

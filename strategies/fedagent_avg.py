@@ -14,6 +14,7 @@ updates the model from the others as long as `min_replies` arrived.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -32,6 +33,18 @@ from strategies.communication import CommunicationLedger
 from strategies.transfer import TRANSFER_DTYPES, array_view, decode, encode, numpy_array
 
 log = logging.getLogger(__name__)
+
+
+# How a round's clients are drawn: "run-seed" = from one NumPy stream seeded by the run's seed; "reference" = as the
+# FedAgent reference's round_orchestrator.py draws them, Python's random.sample seeded with its data-sharding seed
+# (42) + round - 1, so every seed of a run trains the same clients in the same rounds.
+CLIENT_SAMPLING = ("run-seed", "reference")
+REFERENCE_SAMPLING_SEED = 42
+
+
+def reference_clients(server_round: int, num_clients: int, clients_per_round: int) -> list[int]:
+    """The partition-ids the reference trains in `server_round` (1-based) of K clients, M a round."""
+    return random.Random(REFERENCE_SAMPLING_SEED + server_round - 1).sample(range(num_clients), clients_per_round)
 
 
 def sample_clients(rng: np.random.Generator, num_clients: int, clients_per_round: int) -> list[int]:
@@ -99,7 +112,11 @@ class FedAgentAvg(Strategy):
         seed: int = 0,
         min_replies: int = 1,
         transfer_dtype: str = "fp32",
+        client_sampling: str = "run-seed",
     ) -> None:
+        if client_sampling not in CLIENT_SAMPLING:
+            raise ValueError(f"client_sampling must be one of {CLIENT_SAMPLING}, got {client_sampling!r}")
+        self.client_sampling = client_sampling
         if transfer_dtype not in TRANSFER_DTYPES:
             raise ValueError(f"transfer_dtype must be one of {TRANSFER_DTYPES}, got {transfer_dtype!r}")
         self.transfer_dtype = transfer_dtype  # what weights travel in; the global model stays as it is
@@ -140,6 +157,8 @@ class FedAgentAvg(Strategy):
 
     def select_clients(self, server_round: int) -> list[int]:
         """Partition-ids trained this round; the Table 1 baselines (strategies/single_learner.py) fix them."""
+        if self.client_sampling == "reference":
+            return reference_clients(server_round, self.num_clients, self.clients_per_round)
         return sample_clients(self.rng, self.num_clients, self.clients_per_round)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

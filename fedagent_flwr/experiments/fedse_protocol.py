@@ -60,7 +60,7 @@ from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 from fedagent_flwr.atomic import atomic_write_text
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.simulation import parse_overrides
+from fedagent_flwr.simulation import parse_overrides, toml_value
 from fedagent_flwr.experiments.seed_statistics import (
     cell,
     ordering,
@@ -289,6 +289,17 @@ def write_tables(out: Path, results: dict[str, list[dict]], ranks: dict[int, lis
     print((out / "table.md").read_text(), flush=True)
 
 
+def print_plan(base: RunConfig, methods: list[str], ranks: list[int], seeds: list[int]) -> None:
+    """What each method would run: its run-config keys that differ from the defaults (every config checked first)."""
+    defaults = RunConfig().to_run_config()
+    plans = [(m, base.to_run_config() | METHODS[m]) for m in methods]
+    plans += [(f"rank-{r}", base.to_run_config() | {"lora-rank": r, "lora-alpha": 2.0 * r}) for r in ranks]
+    for name, values in plans:
+        RunConfig.from_run_config(values)
+        changed = " ".join(f"{k}={toml_value(v)}" for k, v in values.items() if v != defaults[k] and k != "seed")
+        print(f"[fedse-protocol] {name} (seeds {' '.join(map(str, seeds))}): {changed}", flush=True)
+
+
 def run_seed(out: Path, base: RunConfig, methods: list[str], ranks: list[int]) -> dict[str, list[dict]]:
     """Every method (and the rank sweep) at one seed, tables in `out`; returns each method's rows."""
     out.mkdir(parents=True, exist_ok=True)
@@ -372,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="several seeds: each in <out>/seed-<s>/, and <out>/table.md gives each method's mean ± standard "
                              "error and the paper's orderings with paired tests (default: the preset's seed alone, in <out>)")
     parser.add_argument("--tables-only", action="store_true", help="rewrite the tables from the metrics.jsonl files already in --out")
+    parser.add_argument("--dry-run", action="store_true", help="print each method's run-config keys that differ from "
+                                                               "the defaults, checked, without running anything")
     args = parser.parse_args(argv)
     if args.run_config and not args.run_config.is_file():
         parser.error(f"--run-config {args.run_config}: no such file (a TOML of run-config keys, e.g. configs/fedse-five-cpu.toml)")
@@ -386,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
     ranks = [int(r) for r in args.ranks.split(",") if r]
+    if args.dry_run:
+        print_plan(base, methods, ranks, args.seeds or [base.seed])
+        return 0
     several = args.seeds is not None and len(args.seeds) > 1
     if args.seeds and not several:
         # One seed writes its methods into --out itself; beside another run's seed-<s>/ folders it would mix with them

@@ -101,8 +101,12 @@ class Run:
 # ------------------------------------------------------------------ plans
 
 
-# Table 1 compares methods on one federation's data: its partitions do not move with the seed (the reference seeds
-# client k's partition with 42 + k), so "Local (client k)" is one data set and each seed pairs the methods up.
+# Table 1 compares methods on one federation's data. At the cpu preset its partitions do not move with the seed
+# (partition-seed 42), so "Local (client k)" is one data set and each seed pairs the methods up. The paper preset
+# splits as the reference does (partition uniform-windows, partition-seed -1): its uniform split cuts a task list
+# its environments reshuffle with the run's seed (shuffle_seed), so client data moves with the seed there, while a
+# round's clients are drawn seeded 42 + round - 1 (client-sampling reference); 42 + k seeds client k only in the
+# reference's other partitions (preference, coverage, hardness).
 TABLE1_PARTITION_SEED = 42
 
 

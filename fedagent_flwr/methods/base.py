@@ -18,6 +18,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message
 from flwr.serverapp.strategy import Strategy
 
+from envs import env_names, make_env
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.runs.reporting import RunReporter
@@ -55,6 +56,13 @@ class Method:
 
     def announce(self, run_dir: Path, num_clients: int) -> None:
         print(f"[fedagent] run folder: {run_dir}", flush=True)
+        if "alfworld" in env_names(self.cfg.env):
+            pool = make_env("alfworld")
+            if pool.source == "generated":  # the papers' numbers come from the official games: say so where runs start
+                print(f"[fedagent] NOTE: ALFWorld plays our {len(pool.tasks_of_split('train'))} generated training games "
+                      f"(and {len(pool.tasks()) - len(pool.tasks_of_split('train'))} held out), not the official ALFWorld "
+                      "set the papers use: set ALFWORLD_DATA to a folder of the official games (alfworld-download) for it",
+                      flush=True)
 
     def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
         raise NotImplementedError

@@ -215,7 +215,7 @@ class FedAgent(LanguageAgentMethod):
     def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
         cfg = self.cfg
         return FedAgentAvg(node_of_partition, clients_per_round=cfg.clients_per_round, seed=cfg.seed, min_replies=cfg.min_replies,
-                           transfer_dtype=cfg.transfer_dtype)
+                           transfer_dtype=cfg.transfer_dtype, client_sampling=cfg.client_sampling)
 
     def carried_optimizer(self, context: Context) -> dict[str, np.ndarray] | None:
         """The AdamW state a client continues from (None: a fresh optimizer each round, as a FedAgent client starts

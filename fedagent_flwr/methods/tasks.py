@@ -29,7 +29,7 @@ CENTRALIZED_LEARNER = 0  # the partition-id whose node plays the centralized lea
 
 def partition_kwargs(cfg: RunConfig) -> dict:
     """The partitioner's own parameters from the run config (tasks-per-client is L where a partition has one)."""
-    if cfg.partition in ("uniform", "by-environment"):
+    if cfg.partition in ("uniform", "uniform-windows", "by-environment"):
         return {"partition_size": cfg.tasks_per_client}
     if cfg.partition == "preference":
         return {"partition_size": cfg.tasks_per_client, "omega": cfg.preference_omega, "mix": cfg.preference_mix}

@@ -45,13 +45,13 @@ def test_the_run_config_reward_scaling_reaches_the_epoch_samples(tiny_lm, maze_t
 
     seen = []
     inner = grpo.step_advantages
-    monkeypatch.setattr(grpo, "step_advantages", lambda *a: seen.append(a[-1]) or inner(*a))
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig(scale_rewards="batch")), tasks_per_epoch=1,
+    monkeypatch.setattr(grpo, "step_advantages", lambda *a: seen.append(a[-2:]) or inner(*a))
+    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig(scale_rewards="batch", reward_std_ddof=1)), tasks_per_epoch=1,
                           group_size=2), RolloutConfig(history_length=0, max_new_tokens=4))
     monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
     trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
                         np.random.default_rng(0))
-    assert seen == ["batch"]
+    assert seen == [("batch", 1)]
 
 
 def test_loss_is_zero_gradient_outside_the_mask_and_clips():

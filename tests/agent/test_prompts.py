@@ -59,7 +59,7 @@ def test_prompt_shows_task_recent_history_observation_and_actions():
     assert "step" not in no_history.lower()
 
 
-def test_lenient_parsing_reads_what_chat_models_write_and_strict_stays_the_reference():
+def test_lenient_parsing_reads_what_chat_models_write_and_strict_does_not():
     from fedagent_flwr.agent.play.prompts import ParsedAction, parse_action
 
     for text in ("<action>move up</action>",  # no <think>
@@ -67,7 +67,7 @@ def test_lenient_parsing_reads_what_chat_models_write_and_strict_stays_the_refer
                  "```xml\n<action>'move up'</action>\n```"):  # fenced and quoted, no <think>
         assert parse_action(text, "lenient") == ParsedAction("move up", True), text
         strict = parse_action(text, "strict")
-        assert not (strict.well_formed and strict.action == "move up"), text  # the reference takes none of them as is
+        assert not (strict.well_formed and strict.action == "move up"), text  # strict takes none of them as is
     assert not parse_action("<action>a</action><action>b</action>", "lenient").well_formed  # two answers: still invalid
     assert not parse_action("I would go up", "lenient").well_formed  # prose: still invalid
     assert parse_action("<think>x</think><action>go</action>", "strict") == ParsedAction("go", True)
@@ -100,3 +100,61 @@ def test_prompt_roles_system_moves_the_standing_instructions_into_a_system_messa
                          RolloutConfig(history_length=0, prompt_roles="system"))
     first = trajs[0].steps[0]
     assert first.prompt == split and maze_tokenizer.decode(first.prompt_ids).count(ANSWER_FORMAT) == 1
+
+
+@pytest.mark.parametrize(
+    "text, tail, action, well_formed",
+    [
+        ("<think>go</think><action> Move Up </action>", 30, "move up", True),  # lowercased and stripped
+        # the first action block, where strict takes the last and calls the answer malformed
+        ("<think>x</think><action>go to desk 1</action><action>open drawer 2</action>", 30, "go to desk 1", True),
+        ("<action>go</action><think>x</think>", 30, "go", True),  # the tags in any order
+        ("<action>go</action>", 30, "go", False),  # no think tags
+        ("<think>x<action>go</action>", 30, "go", False),  # an unclosed think
+        ("<think>好</think><action>go</action>", 30, "go", False),  # a Chinese character
+        # without both action tags: the last 30 (ALFWorld) or 20 (WebShop) characters, lowercased
+        ("<think>x</think> I will Go To Cabinet 3 and then open it", 30, " to cabinet 3 and then open it", False),
+        ("<think>x</think> I will click[Buy Now] now please", 20, "[buy now] now please", False),
+        ("<think>x</think><action>take apple", 30, "nk>x</think><action>take apple", False),  # unclosed: no action read
+    ],
+)
+def test_reference_parsing_reads_as_the_reference_projection_does(text, tail, action, well_formed):
+    """verl-agent's alfworld/ and webshop/projection.py (the FedAgent reference), read by hand."""
+    parsed = parse_action(text, "reference", tail)
+    assert (parsed.action, parsed.well_formed) == (action, well_formed)
+
+
+def test_the_reference_parser_takes_each_environments_tail():
+    assert make_env("webshop").reference_tail_chars == 20
+    assert make_env("alfworld").reference_tail_chars == 30 and make_env("gridworld").reference_tail_chars == 30
+    both = make_env("gridworld,webshop")  # a multi-env spec answers for the environment of the episode it plays
+    seen = set()
+    for task in both.tasks()[:: max(1, len(both.tasks()) // 50)]:
+        both.reset(task)
+        seen.add((both.reference_tail_chars, both.reference_actions_per_line))
+    assert seen == {(30, False), (20, True)}
+
+
+def test_the_reference_template_carries_the_references_information_in_its_order_and_format():
+    """verl-agent's ALFWorld and WebShop templates: task; then (from the second step, with history) the steps taken
+    and the last history-length pairs as [Observation i: '...', Action i: '...']; the step and the observation;
+    the quoted admissible actions ('help' left out); the answer format last."""
+    env = make_env("alfworld")
+    obs, _ = env.reset(env.tasks()[0])
+    history = [("obs one", "go to desk 1"), ("obs two", "open drawer 1"), ("obs three", "look")]
+    prompt = build_prompt(env, obs, history, 2, template="reference")
+    task = env.instruction().removeprefix("Your task is to: ")
+    order = [f"Your task is to: {task}", "taken 3 step(s)", "The most recent 2 ",
+             "[Observation 2: 'obs two', Action 2: 'open drawer 1']\n[Observation 3: 'obs three', Action 3: 'look']",
+             "step 4", obs, "admissible now are: ['go to ", "<think> </think>", "<action> </action>"]
+    places = [prompt.find(part) for part in order]
+    assert -1 not in places and places == sorted(places), list(zip(order, places))
+    assert prompt.replace(obs, "").count("Your task is to:") == 1 and "'help'" not in prompt and "obs one" not in prompt
+    assert "'\n '" in prompt  # ALFWorld's layout: quoted actions, one a line, the next line indented
+    # the first step, and any step without history: no step counter, no history
+    for first in (build_prompt(env, obs, [], 2, template="reference"), build_prompt(env, obs, history, 0, template="reference")):
+        assert "step" not in first.split(obs)[0].lower().replace("step by step", "") and "Observation 1" not in first
+    shop = make_env("webshop")
+    shop_obs, _ = shop.reset(shop.tasks()[0])
+    assert "are: [\n'search[<your query>]',\n]." in build_prompt(shop, shop_obs, [], 2, template="reference")  # WebShop's layout
+    assert build_prompt(env, obs, history, 2) != prompt  # compact stays the default

@@ -100,3 +100,18 @@ def test_strategy_bad_arguments():
         FedAgentAvg({0: 1, 1: 2}, clients_per_round=3)
     with pytest.raises(ValueError, match="partition-ids"):
         FedAgentAvg({0: 1, 2: 2}, clients_per_round=1)
+
+
+def test_reference_sampling_draws_the_references_clients_whatever_the_run_seed():
+    """round_orchestrator.py: random.seed(42 + round - 1); random.sample(range(K), M). Values for K = 100, M = 2
+    from Python's random (its sample has been stable since Python 3.2)."""
+    from strategies.fedagent_avg import reference_clients
+
+    assert [reference_clients(r, 100, 2) for r in (1, 2, 3)] == [[81, 14], [4, 36], [52, 66]]
+    nodes = {k: 100 + k for k in range(100)}
+    for seed in (0, 1):
+        strategy = FedAgentAvg(nodes, clients_per_round=2, seed=seed, client_sampling="reference")
+        assert [strategy.select_clients(r) for r in (1, 2, 3)] == [[81, 14], [4, 36], [52, 66]]
+    assert FedAgentAvg(nodes, clients_per_round=2, seed=0).select_clients(1) != [81, 14]  # run-seed stays the default
+    with pytest.raises(ValueError, match="client_sampling"):
+        FedAgentAvg(nodes, clients_per_round=2, client_sampling="python")

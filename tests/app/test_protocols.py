@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,9 +45,12 @@ def test_the_paper_table1_dry_run_runs_the_reference_procedure(tmp_path, capsys)
     assert protocols.main(["table1", "--preset", "paper", "--dry-run", "--out", str(tmp_path)]) in (0, None)
     commands = [line for line in capsys.readouterr().out.splitlines() if "fedagent_flwr.simulation" in line]
     assert len(commands) == 15
-    reference = ["--temperature 1.0", "--eval-temperature 0.4", "--kl-reference base", "--loss-aggregation token-mean",
-                 "--uniform-groups keep", "--weight-decay 0.01", "--invalid-action malformed", "--invalid-penalty-scope step",
-                 "--kl-beta 0.01", "--learning-rate 1e-06", "--history-length 2", "--group-size 8"]
+    reference = ["--temperature 1.0", "--eval-temperature 0.4", "--kl-reference base",
+                 "--loss-aggregation micro-batch-token-mean", "--uniform-groups keep", "--weight-decay 0.01",
+                 "--invalid-action malformed", "--invalid-penalty-scope step", "--kl-beta 0.01", "--learning-rate 1e-06",
+                 "--history-length 2", "--group-size 8", "--clip-ratio-c 3.0", "--kl-clamp 10.0", "--entropy-coeff 0.001",
+                 "--reward-std-ddof 1", "--answer-parsing reference", "--prompt-template reference",
+                 "--partition uniform-windows", "--partition-seed -1", "--client-sampling reference", "--max-steps 0"]
     for command in commands:
         missing = [flag for flag in reference if f"{flag} " not in command + " "]
         assert not missing, (missing, command)
@@ -215,3 +219,14 @@ def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
     assert behind["p"] < 0.05 and "not shown" in ordering("A", "B", behind)  # significant, but the other way
     only_shared = paired_difference({0: 0.5, 1: 0.6, 5: 0.9}, {0: 0.4, 1: 0.4})
     assert only_shared["seeds"] == [0, 1]  # a seed one method lacks is left out, not paired with anything
+
+
+def test_the_fedse_paper_dry_run_prints_each_methods_checked_keys(capsys):
+    """Fed-SE's preset trains on the action given the reasoning (the paper's Eq. 7); a dry run shows it per method."""
+    from fedagent_flwr.experiments import fedse_protocol
+
+    preset = Path(protocols.APP_DIR) / "configs" / "fedse-paper.toml"
+    assert fedse_protocol.main(["--run-config", str(preset), "--out", "unused", "--dry-run", "--ranks", ""]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[fedse-protocol]")]
+    assert len(lines) == len(fedse_protocol.METHODS)
+    assert all('fedse-loss-tokens="action"' in line and 'env="babyai,webshop,textcraft,maze,wordle"' in line for line in lines)

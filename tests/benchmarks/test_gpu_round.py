@@ -7,6 +7,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from envs import env_class
 from benchmark_scripts import load_script
 from fedagent_flwr.methods.memory import memory_plans
 
@@ -100,6 +102,7 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert f["update_flops"] < f["update_flops_counted_before"] == 2 * 3 * r["parameters"] * r["sample_tokens"]
     assert r["update_tflops_per_s"] == pytest.approx(f["update_flops"] / r["update_s"] / 1e12, rel=0.02)
     preset = tomllib.loads((SCRIPT.parents[1] / "configs" / "fedagent-paper.toml").read_text())
+    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
     assert list(r["paper_rounds"]) == ["alfworld", "webshop"] == [preset["env"], "webshop"]
     p = r["paper_rounds"]["alfworld"]
     assert p["clients"] == preset["clients-per-round"] and p["local_epochs"] == preset["local-epochs"]
@@ -169,6 +172,7 @@ def test_a_paper_round_with_auto_rows_takes_the_measured_rows_and_says_when_the_
     gpu_round = load_script("gpu_round")
     measured = _measured(rollout_rows=256)
     preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
+    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
     p = gpu_round.paper_round(measured, {"tasks-per-epoch": 64, "rollout-batch-size": 0})
     assert p["rollout_batch_size"] == 256 and p["rollout_rows_as_measured"]
     assert p["token_steps_per_epoch"] == preset["max-steps"] * 2 * preset["max-new-tokens"]  # 512 episodes, 2 calls
@@ -235,6 +239,7 @@ def test_a_paper_round_scales_the_passes_by_their_flops_at_the_estimates_own_len
     and log-prob times scale by the model FLOPs of the estimate's samples (head at the completion tokens)."""
     gpu_round = load_script("gpu_round")
     preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
+    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
     p = gpu_round.paper_round(_measured(), env="alfworld", prompt_tokens=300.0)
     samples = preset["tasks-per-epoch"] * preset["group-size"] * preset["max-steps"]  # 8 x 8 x 50 = 3,200
     per_sample = 2 * (1000 * (300 + 512) + 100 * 512)  # one forward-equivalent pass
@@ -251,6 +256,7 @@ def test_a_paper_round_on_each_environment_tables_the_settings_it_used_that_are_
     both take --paper-set's values and the measured run's timing settings, and each says so, key by key."""
     gpu_round = load_script("gpu_round")
     preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
+    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
     assert preset["env"] == "alfworld" and gpu_round.paper_envs() == ["alfworld", "webshop"]
     timing = gpu_round.resolved_settings(preset, "cuda")
     # the preset's param-dtype and precision "auto" are the bf16 working copy under bf16-mixed on a GPU

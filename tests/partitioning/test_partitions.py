@@ -306,10 +306,10 @@ def test_hardness_rejects_bad_inputs():
 
 
 def test_registry_lists_every_partition_and_checks_parameters():
-    assert PARTITIONS == ("uniform", "preference", "coverage", "hardness", "by-environment")
+    assert PARTITIONS == ("uniform", "uniform-windows", "preference", "coverage", "hardness", "by-environment")
     assert isinstance(make_partitioner("uniform", 3, 42, partition_size=10), UniformPartitioner)
     assert isinstance(make_partitioner("hardness", 3, 42, partition_size=10, xi=1.0), HardnessPartition)
-    with pytest.raises(ValueError, match="unknown partition 'dirichlet'; available: uniform, preference"):
+    with pytest.raises(ValueError, match="unknown partition 'dirichlet'; available: uniform, uniform-windows, preference"):
         make_partitioner("dirichlet", 3, 42)
     with pytest.raises(ValueError, match="missing omega.*Required: partition_size, omega; optional: mix"):
         make_partitioner("preference", 3, 42, partition_size=10)
@@ -353,3 +353,21 @@ def test_plots_rejects_bad_tables_and_parameters(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--partition", "coverage", "--omega", "0.1", "--out", str(tmp_path)])
     assert "unknown omega" in capsys.readouterr().err
+
+
+def test_uniform_windows_are_the_references_contiguous_slices_of_a_seeded_order():
+    """verl-agent's uniform_partition over a list shuffled by the seed, read by hand for N = 10: the order drawn
+    from seed 0 is [4 6 2 7 3 5 9 0 8 1]."""
+    from partitions import uniform_windows
+
+    assert np.random.default_rng(0).permutation(10).tolist() == [4, 6, 2, 7, 3, 5, 9, 0, 8, 1]
+    # K = 3: windows of 10 // 3 = 3, disjoint; the 10th task is in no window (the reference drops the remainder)
+    assert [w.tolist() for w in uniform_windows(10, 3, 3, 0)] == [[2, 4, 6], [3, 5, 7], [0, 8, 9]]
+    # K = 4, 4 tasks each: windows of 2 grow by 1 on each side where there is room, else 2 to the side that has it
+    # (positions [0, 4), [1, 5), [3, 7), [5, 9)) and then overlap
+    assert [w.tolist() for w in uniform_windows(10, 4, 4, 0)] == [[2, 4, 6, 7], [2, 3, 6, 7], [3, 5, 7, 9], [0, 5, 8, 9]]
+    # a pool larger than K x tasks-per-client: each client holds N // K tasks, as the reference's do
+    assert {len(w) for w in uniform_windows(100, 4, 8, 0)} == {25}
+    # another seed, other clients' data; the same seed, the same
+    assert uniform_windows(10, 3, 3, 1)[0].tolist() != uniform_windows(10, 3, 3, 0)[0].tolist()
+    assert make_partitioner("uniform-windows", 3, 0, partition_size=3).assign(synthetic_table().select(range(10)))[1].tolist() == [3, 5, 7]

@@ -31,10 +31,12 @@ def collate(samples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int)
 
 
 def completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0,
-                        chunk_tokens: int = 0, padding_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of each sequence's next token, and the mask of completion targets.
+                        chunk_tokens: int = 0, padding_mask: bool = False, with_entropy: bool = False) -> tuple[torch.Tensor, ...]:
+    """Log-probabilities of each sequence's next token, and the mask of completion targets; with_entropy adds, as
+    a third tensor, the entropy of each completion position's whole next-token distribution (0 elsewhere), as
+    torch.unique's return_counts adds one.
 
-    Both have shape [batch, length - 1]: position t scores token t + 1. Scaling by
+    All have shape [batch, length - 1]: position t scores token t + 1. Scaling by
     the sampling temperature makes the log-probs those of the distribution the
     rollout actually sampled from. chunk_tokens > 0 takes the chunked path
     (chunked_completion_logprobs: the same values, no [batch, length, vocab] logits);
@@ -44,8 +46,10 @@ def completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], 
     device = next(model.parameters()).device
     with variable_shape_attention(device):  # a micro-batch's padded length is new almost every time
         if chunk_tokens > 0:
-            return chunked_completion_logprobs(model, batch, temperature, chunk_tokens, padding_mask)
-        return _full_completion_logprobs(model, batch, temperature, device, padding_mask)
+            scored = chunked_completion_logprobs(model, batch, temperature, chunk_tokens, padding_mask, with_entropy)
+        else:
+            scored = _full_completion_logprobs(model, batch, temperature, device, padding_mask, with_entropy)
+    return scored if with_entropy else scored[:2]
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -102,7 +106,8 @@ def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
 
 
 def _full_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                              device: torch.device, padding_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                              device: torch.device, padding_mask: bool = False,
+                              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     input_ids = to_device(batch["input_ids"], device)
     attention_mask = model_attention_mask(model, batch["attention_mask"], device, padding_mask)
     # use_cache=False: a training forward needs no KV cache (transformers would build one for the whole sequence)
@@ -110,9 +115,16 @@ def _full_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Ten
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    all_logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     mask = to_device(batch["completion_mask"][:, 1:], device)
-    return logprobs * mask, mask
+    entropy = _entropy(all_logprobs) * mask if with_entropy else None
+    return logprobs * mask, mask, entropy
+
+
+def _entropy(all_logprobs: torch.Tensor) -> torch.Tensor:
+    """The entropy of each position's distribution over the vocabulary, from its log-probabilities."""
+    return -(all_logprobs.exp() * all_logprobs).sum(-1)
 
 
 
@@ -139,17 +151,21 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     return decoder, head
 
 
-def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   with_entropy: bool = False) -> torch.Tensor:
     """log p(target) for rows of hidden states: the head's logits, in fp32, scaled and log-softmaxed as the
-    unchunked path does, so the values are the same."""
+    unchunked path does, so the values are the same. with_entropy: [rows, 2], the distributions' entropies second."""
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    all_logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return torch.stack([logprobs, _entropy(all_logprobs)], dim=-1) if with_entropy else logprobs
 
 
 def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                                chunk_tokens: int, padding_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                chunk_tokens: int, padding_mask: bool = False,
+                                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """completion_logprobs without the [batch, length, vocab] logits: the body's last hidden states are taken at
     the completion positions only (prompt and padding are never sent through the head), and the head scores
     `chunk_tokens` of them at a time, so at most [chunk_tokens, vocab] logits exist at once. With gradients on,
@@ -173,10 +189,14 @@ def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.T
     for start in range(0, len(targets), chunk_tokens):
         h, t = scored[start : start + chunk_tokens], targets[start : start + chunk_tokens]
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(_head_logprobs, head, h, t, temperature, use_reentrant=False))
+            pieces.append(checkpoint(_head_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False))
         else:
-            pieces.append(_head_logprobs(head, h, t, temperature))
+            pieces.append(_head_logprobs(head, h, t, temperature, with_entropy))
     logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+    entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device) if with_entropy else None
     if pieces:
-        logprobs = logprobs.index_put((rows, cols), torch.cat(pieces))
-    return logprobs, mask
+        scores = torch.cat(pieces)
+        logprobs = logprobs.index_put((rows, cols), scores[:, 0] if with_entropy else scores)
+        if with_entropy:
+            entropy = entropy.index_put((rows, cols), scores[:, 1])
+    return logprobs, mask, entropy

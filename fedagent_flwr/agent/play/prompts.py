@@ -22,6 +22,13 @@ ANSWER_FORMAT = "Reason briefly in <think></think>, then give one admissible act
 # message (the FedAgent reference's single prompt), or in a system message, the way chat models are trained
 # to take instructions; the user message then holds what changes: task, observations, admissible actions.
 PROMPT_ROLES = ("user", "system")
+# The user message's layout: "compact" (ours, shorter) or "reference": the FedAgent reference's templates
+# (verl-agent's prompts/alfworld.py and webshop.py, filled by env_manager.py's build_text_obs) in our own words,
+# with the same information in the same order and format; reference_prompt says what departs.
+PROMPT_TEMPLATES = ("compact", "reference")
+REFERENCE_ANSWER_FORMAT = ("It is your move now. Reason step by step about the situation first, and put that reasoning "
+                           "inside <think> </think> tags. Then choose one admissible action for this step and put it "
+                           "inside <action> </action> tags.")
 
 
 def system_prompt(env: TextEnv) -> str:
@@ -30,10 +37,14 @@ def system_prompt(env: TextEnv) -> str:
 
 
 def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]], history_length: int,
-                 roles: str = "user") -> str:
+                 roles: str = "user", template: str = "compact") -> str:
     """The user message for the current step; `history` holds all past (observation, action) pairs."""
     if roles not in PROMPT_ROLES:
         raise ValueError(f"prompt-roles={roles!r} is not allowed: expected {' | '.join(PROMPT_ROLES)}")
+    if template == "reference":
+        return reference_prompt(env, observation, history, history_length)
+    if template != "compact":
+        raise ValueError(f"prompt-template={template!r} is not allowed: expected {' | '.join(PROMPT_TEMPLATES)}")
     standing = roles == "user"
     lines = [f"{env.intro} Your task: {env.instruction()}" if standing else f"Your task: {env.instruction()}"]
     if history_length == 0:
@@ -61,6 +72,38 @@ def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]],
     return "\n".join(lines)
 
 
+def reference_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]], history_length: int) -> str:
+    """The reference's single user message: the introduction and task; from the second step on (history_length > 0)
+    the steps taken and the last `history_length` as [Observation i: '...', Action i: '...'] lines; the step and the
+    current observation; the admissible actions quoted (ALFWorld's layout, or WebShop's one per line:
+    TextEnv.reference_actions_per_line); then the answer format. Departures: the task is named at the first step too
+    (ALFWorld's first observation names it there; ours do not all), and long action lists are summarised as in the
+    compact template (MAX_LISTED_ACTIONS)."""
+    task = env.instruction().removeprefix("Your task is to: ")  # ALFWorld's instruction says it already
+    lines = [f"{env.intro} Your task is to: {task}"]
+    recent = history[-history_length:] if history_length > 0 else []
+    if recent:
+        first = len(history) - len(recent) + 1
+        past = "\n".join(f"[Observation {first + i}: '{obs}', Action {first + i}: '{act}']" for i, (obs, act) in enumerate(recent))
+        lines.append(f"Before this step you have taken {len(history)} step(s). The most recent {len(recent)} "
+                     f"observations, each with the action you took after it: {past}")
+        lines.append(f"You are at step {len(history) + 1} now, and the current observation is: {observation}")
+    else:
+        lines.append(f"The current observation is: {observation}")
+    lines.append(f"The actions admissible now are: [{_reference_actions(env)}].")
+    return "\n".join(lines) + "\n\n" + REFERENCE_ANSWER_FORMAT
+
+
+def _reference_actions(env: TextEnv) -> str:
+    hint = getattr(env, "action_hint", None)
+    actions = [a for a in env.admissible_actions() if a != "help"]  # the reference leaves ALFWorld's help out
+    if callable(hint) and len(actions) > MAX_LISTED_ACTIONS:
+        return hint()
+    if env.reference_actions_per_line:
+        return "\n" + "\n".join(f"'{a}'," for a in actions) + "\n"
+    return "\n ".join(f"'{a}'" for a in actions)
+
+
 def _describe_actions(env: TextEnv) -> str:
     hint = getattr(env, "action_hint", None)
     actions = env.admissible_actions()
@@ -86,7 +129,8 @@ class ParsedAction:
     well_formed: bool  # exactly one <think> block and one <action> block
 
 
-ANSWER_PARSING = ("strict", "lenient")
+ANSWER_PARSING = ("strict", "lenient", "reference")
+_CJK_RE = re.compile(r"[\u4e00-\u9fff]")  # the reference refuses answers with Chinese characters (Qwen switches)
 _FENCE_RE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
 
 
@@ -102,14 +146,31 @@ def _lenient_action(completion: str) -> ParsedAction | None:
     return ParsedAction(action, bool(action) and len(_THINK_RE.findall(text)) <= 1)
 
 
-def parse_action(completion: str, parsing: str = "strict") -> ParsedAction:
+def _reference_action(completion: str, tail_chars: int) -> ParsedAction:
+    """The FedAgent reference's reading (verl-agent's alfworld/ and webshop/projection.py, as vendored in
+    sunblaze-ucb/FedAgent): the text lowercased; the action between the first <action> and the first </action>,
+    stripped; without both tags, the last `tail_chars` characters. Well formed when both action tags and both
+    think tags occur anywhere and no Chinese character does."""
+    text = str(completion)
+    lowered = text.lower()
+    start, end = lowered.find("<action>"), lowered.find("</action>")
+    if start == -1 or end == -1:
+        return ParsedAction(lowered[-tail_chars:], False)
+    think = "<think>" in text and "</think>" in text  # the reference looks for them case-sensitively, in any order
+    return ParsedAction(lowered[start + len("<action>"):end].strip(), think and not _CJK_RE.search(text))
+
+
+def parse_action(completion: str, parsing: str = "strict", tail_chars: int = 30) -> ParsedAction:
     """Extract the action from a model completion; never raises.
 
     Malformed text is still turned into the best-guess action (the environment then
     judges admissibility) but is flagged so the invalid-action penalty applies.
-    `parsing="strict"` is the FedAgent reference's reading (exactly one <think> and one <action> block);
-    "lenient" also accepts the variants of `_lenient_action`.
+    `parsing="strict"`: exactly one <think> and one <action> block, the last action block otherwise;
+    "lenient" also accepts the variants of `_lenient_action`; "reference" is the FedAgent reference's own
+    reading (`_reference_action`, with the environment's `tail_chars`, TextEnv.reference_tail_chars).
     """
+    if parsing == "reference":
+        return _reference_action(completion, tail_chars)
     if parsing == "lenient":
         lenient = _lenient_action(completion)
         if lenient is not None:

@@ -21,6 +21,7 @@ from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING, match_acti
 from fedagent_flwr.agent.engine.decode import KERNELS
 from fedagent_flwr.agent.play.prompts import (
     PROMPT_ROLES,
+    PROMPT_TEMPLATES,
     build_prompt,
     expert_completion,
     parse_action,
@@ -106,6 +107,7 @@ class RolloutConfig:
     action_matching: str = "exact"  # see action_matching.py
     answer_parsing: str = "strict"  # see prompts.parse_action
     prompt_roles: str = "user"  # see prompts.PROMPT_ROLES
+    prompt_template: str = "compact"  # see prompts.PROMPT_TEMPLATES
     invalid_action: str = "inadmissible"  # see INVALID_ACTIONS
     penalty_scope: str = "trajectory"  # see PENALTY_SCOPES; agent/training/grpo.py reads it
     decode_engine: str = "auto"  # sampling.ENGINES: hf = the transformers loop; static = decode.py; auto = placement.py's choice
@@ -118,6 +120,8 @@ class RolloutConfig:
             raise ValueError(f"action_matching must be one of {ACTION_MATCHING}, got {self.action_matching!r}")
         if self.prompt_roles not in PROMPT_ROLES:
             raise ValueError(f"prompt_roles must be one of {PROMPT_ROLES}, got {self.prompt_roles!r}")
+        if self.prompt_template not in PROMPT_TEMPLATES:
+            raise ValueError(f"prompt_template must be one of {PROMPT_TEMPLATES}, got {self.prompt_template!r}")
         if self.invalid_action not in INVALID_ACTIONS:
             raise ValueError(f"invalid_action must be one of {INVALID_ACTIONS}, got {self.invalid_action!r}")
         if self.penalty_scope not in PENALTY_SCOPES:
@@ -256,14 +260,15 @@ def run_episodes(
     bar = tqdm(total=len(episodes), desc=progress if isinstance(progress, str) else "rollout", disable=not progress, leave=False)
     while live:
         for e in live:
-            e.prompt = build_prompt(e.env, e.observation, e.history, config.history_length, config.prompt_roles)
+            e.prompt = build_prompt(e.env, e.observation, e.history, config.history_length, config.prompt_roles,
+                                    config.prompt_template)
         systems = [system_prompt(e.env) for e in live] if config.prompt_roles == "system" else None
         for e, ids in zip(live, encoder.encode_many([e.prompt for e in live], systems)):
             e.prompt_ids = ids
         completions = policy.act(live)
         still_live = []
         for e, (ids, text) in zip(live, completions):
-            parsed = parse_action(text, config.answer_parsing)
+            parsed = parse_action(text, config.answer_parsing, e.env.reference_tail_chars)
             action, as_written = match_action(e.env, parsed.action, config.action_matching)
             obs, reward, terminated, truncated, info = e.env.step(action)
             valid = parsed.well_formed and info["valid"] and as_written

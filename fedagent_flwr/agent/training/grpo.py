@@ -51,7 +51,10 @@ from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_d
 from fedagent_flwr.agent.training import gigpo
 from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
 
-LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean")
+# "micro-batch-token-mean": verl's token-mean under gradient accumulation (dp_actor.py: each micro-batch's token mean,
+# divided by the number of micro-batches), so a token in a short micro-batch weighs more than one in a long one.
+LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean", "micro-batch-token-mean")
+STD_DDOFS = (0, 1)  # the group standard deviation's delta degrees of freedom: 0 = numpy's default, 1 = torch.std's
 UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a group whose rewards are all equal
 # What a reward's deviation from its group's mean is divided by (TRL's GRPOConfig.scale_rewards, same names):
 # "group" = the group's standard deviation (GRPO's, verl's and the FedAgent reference's); "batch" = the standard
@@ -130,6 +133,13 @@ class GRPOConfig:
     gigpo_gamma: float
     gigpo_mode: str
     gigpo_step_weight: float
+    # verl's loss details (core_algos.py of the FedAgent reference's verl), each 0 = off: dual clip (a negative
+    # advantage's loss capped at -advantage x clip_ratio_c, c > 1), the k3 KL estimate clamped to [-kl_clamp,
+    # kl_clamp], and an entropy bonus (the loss less entropy_coeff x the completion tokens' mean entropy)
+    clip_ratio_c: float
+    kl_clamp: float
+    entropy_coeff: float
+    std_ddof: int  # ddof of the standard deviations rewards are divided by (STD_DDOFS; verl's torch.std: 1)
     adv_eps: float = 1e-6
     # Diagnostic switches (agent/engine/passes.py, TrainingPasses): each puts back what the passes did before a change,
     # for a benchmark to measure the change side by side (benchmarks/update_profile.py's own variant keys). The
@@ -146,6 +156,11 @@ class GRPOConfig:
                            ("logprob_chunk_tokens", "unchunked")):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: expected an integer >= 0 (0 = {zero})")
+        if not (self.clip_ratio_c == 0 or self.clip_ratio_c > 1) or self.kl_clamp < 0 or self.entropy_coeff < 0:
+            raise ValueError(f"clip_ratio_c={self.clip_ratio_c!r}, kl_clamp={self.kl_clamp!r}, entropy_coeff="
+                             f"{self.entropy_coeff!r}: expected clip_ratio_c 0 (off) or > 1, the others >= 0")
+        if self.std_ddof not in STD_DDOFS:
+            raise ValueError(f"std_ddof={self.std_ddof!r} is not allowed: expected 0 | 1")
         if not 0.0 <= self.gigpo_gamma <= 1.0 or self.gigpo_step_weight < 0:
             raise ValueError(f"gigpo_gamma={self.gigpo_gamma!r} and gigpo_step_weight={self.gigpo_step_weight!r}: "
                              "expected a discount in [0, 1] and a weight >= 0")
@@ -163,9 +178,9 @@ class GRPOConfig:
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6,
-                     scale: str = "group") -> np.ndarray:
+                     scale: str = "group", ddof: int = 0) -> np.ndarray:
     """GRPO advantages: each reward less its group's mean, divided as `scale` says (SCALE_REWARDS): by the group's
-    standard deviation, by that of all `rewards`, or not at all.
+    standard deviation, by that of all `rewards`, or not at all; `ddof` 1 takes the unbiased deviations (verl's).
 
     A group whose rewards are all equal carries no learning signal: its advantages are 0.
     """
@@ -174,11 +189,11 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: fl
     rewards = np.asarray(rewards, dtype=np.float64)
     group_ids = np.asarray(group_ids)
     adv = np.zeros_like(rewards)
-    batch_std = rewards.std() if len(rewards) else 0.0
+    batch_std = rewards.std(ddof=ddof) if len(rewards) > ddof else 0.0
     for g in np.unique(group_ids):
         idx = group_ids == g
         r = rewards[idx]
-        std = r.std()
+        std = r.std(ddof=ddof) if len(r) > ddof else 0.0
         if std < eps:
             continue  # equal rewards: advantage 0
         divisor = {"group": std + eps, "batch": batch_std + eps, "none": 1.0}[scale]
@@ -196,10 +211,14 @@ def grpo_loss(
     kl_beta: float = 0.0,
     token_weights: torch.Tensor | None = None,
     normalizer: float | None = None,
+    clip_ratio_c: float = 0.0,
+    kl_clamp: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coeff: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip token loss with an optional k3 KL penalty.
+    """PPO-clip token loss with an optional k3 KL penalty, dual clip, KL clamp and entropy bonus (GRPOConfig).
 
-    logprobs/old_logprobs/ref_logprobs/mask: [batch, tokens]; advantages and
+    logprobs/old_logprobs/ref_logprobs/mask/entropy: [batch, tokens]; advantages and
     token_weights: [batch]. The loss is sum(weight * per-token loss over `mask`) /
     normalizer, where the normalizer defaults to sum(weight * mask): a (weighted)
     token mean. Positions outside `mask` contribute nothing, so they get no gradient.
@@ -211,11 +230,17 @@ def grpo_loss(
     ratio = torch.exp(logprobs - old_logprobs)
     adv = advantages.unsqueeze(-1)
     per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    if clip_ratio_c > 0:  # dual clip: a negative advantage's loss grows with the ratio only up to ratio c
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token)
     kl = torch.zeros_like(per_token)
     if ref_logprobs is not None and kl_beta > 0:
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1
+        if kl_clamp > 0:
+            kl = torch.clamp(kl, min=-kl_clamp, max=kl_clamp)
         per_token = per_token + kl_beta * kl
+    if entropy is not None and entropy_coeff > 0:
+        per_token = per_token - entropy_coeff * entropy
     denom = float(weights.sum()) if normalizer is None else normalizer
     loss = (per_token * weights).sum() / max(denom, 1e-12)
     n = mask.sum().clamp(min=1)
@@ -235,7 +260,7 @@ class StepSample:
 
 
 def step_advantages(trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float,
-                    penalty_scope: str = "trajectory", scale: str = "group") -> list[np.ndarray]:
+                    penalty_scope: str = "trajectory", scale: str = "group", ddof: int = 0) -> list[np.ndarray]:
     """Each trajectory's steps' advantages.
 
     "trajectory": one advantage per trajectory (its penalised reward normalised over the group's trajectories),
@@ -246,11 +271,11 @@ def step_advantages(trajectories: Sequence[Trajectory], group_ids: Sequence[int]
     if penalty_scope not in PENALTY_SCOPES:
         raise ValueError(f"penalty scope must be one of {PENALTY_SCOPES}, got {penalty_scope!r}")
     if penalty_scope == "trajectory":
-        adv = group_advantages([t.reward for t in trajectories], group_ids, eps, scale)
+        adv = group_advantages([t.reward for t in trajectories], group_ids, eps, scale, ddof)
         return [np.full(len(t.steps), a) for t, a in zip(trajectories, adv)]
     scores = [t.episode_reward - s.penalty for t in trajectories for s in t.steps]
     rows = [g for t, g in zip(trajectories, group_ids) for _ in t.steps]
-    adv = group_advantages(scores, rows, eps, scale)
+    adv = group_advantages(scores, rows, eps, scale, ddof)
     ends = np.cumsum([len(t.steps) for t in trajectories])
     return np.split(adv, ends[:-1]) if len(trajectories) else []
 
@@ -374,7 +399,8 @@ class GRPOTrainer:
         # memory more (1.5B shape, 128 rows: about 6 GiB), and the next rollout builds them again.
         decode.release(self.policy.model)
         rollout_seconds = time.time() - started
-        advantages = step_advantages(trajectories, group_ids, cfg.adv_eps, self.rollout.penalty_scope, cfg.scale_rewards)
+        advantages = step_advantages(trajectories, group_ids, cfg.adv_eps, self.rollout.penalty_scope, cfg.scale_rewards,
+                                     cfg.std_ddof)
         if cfg.advantage_estimator == "gigpo":  # plus credit for steps that did better than others from the same state
             step_part = gigpo.step_level_advantages(trajectories, group_ids, cfg.gigpo_gamma, cfg.gigpo_mode,
                                                     per_step_rewards=self.rollout.reward == "env")
@@ -463,18 +489,24 @@ class GRPOTrainer:
                 normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
                 if cfg.length_grouped_micro_batches:
                     mb = by_length(mb, samples)
-                for micro in micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens):
+                micros = micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens)
+                for micro in micros:
                     chunk = [samples[i] for i in micro]
+                    if cfg.loss_aggregation == "micro-batch-token-mean":  # verl: each micro-batch's mean, averaged
+                        normalizer = len(micros) * sum(len(s.completion_ids) for s in chunk)
                     batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
                     with passes.forward(batch):
-                        logprobs, mask = completion_logprobs(self.model, batch, self.rollout.temperature,
-                                                             cfg.logprob_chunk_tokens, padding_mask=passes.padding_mask)
+                        scored = completion_logprobs(self.model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens,
+                                                     padding_mask=passes.padding_mask, with_entropy=cfg.entropy_coeff > 0)
+                        logprobs, mask = scored[:2]
+                        entropy = scored[2] if cfg.entropy_coeff > 0 else None
                         host_mask = batch["completion_mask"][:, 1:]
                         old_lp = logprobs.detach() if old is None else _scatter_like(host_mask, [old[i] for i in micro], mask.device)
                         ref_lp = _scatter_like(host_mask, [ref[i] for i in micro], mask.device) if ref is not None else None
                         adv = to_device(torch.tensor([s.advantage for s in chunk], dtype=torch.float32), logprobs.device)
                         weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), logprobs.device)
-                        loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights, normalizer)
+                        loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights,
+                                                normalizer, cfg.clip_ratio_c, cfg.kl_clamp, entropy, cfg.entropy_coeff)
                     passes.backward(loss)
                     pending.append((loss.detach(), stats, int(host_mask.sum())))
                 with passes.optimizer_step():

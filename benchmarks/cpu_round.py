@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""A client's round and a held-out evaluation of a run config, setting by setting, side by side in one process.
+
+Each variant (run-config values over the run config, e.g. `precision=bf16-mixed` or `decode-engine=static`) loads
+the model as a client does (its base dtype), attaches the run's LoRA adapter, trains one round with the client's own
+code (`methods/fedagent.train_locally`: rollouts, then the GRPO update) on partition 0's tasks, and plays
+`--eval-tasks` held-out tasks `eval-samples-per-task` times as the server's evaluator does. The variants alternate
+repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the rollout's, the update's and
+the evaluation's seconds (mean and standard error over repeats), each as a ratio to the first variant's (per repeat,
+mean and standard error), and the round's success rates (what a variant plays is sampled from other numbers, so
+they differ; whether what is learnt differs is for paired runs to show, docs/results.md). Wall times, no profiler.
+
+    python benchmarks/cpu_round.py --run-config configs/smollm2-fedagent-cpu.toml \\
+        --variant precision=fp32 --variant precision=bf16-mixed --variant precision=bf16-base --repeats 2
+
+With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
+machine, versions and commit it ran on (benchmarks/results/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from envs import make_env
+from envs.multi import per_env_spread
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.fedagent import train_locally
+from fedagent_flwr.methods.library_configs import rollout_config
+from fedagent_flwr.methods.memory import rollout_rows
+from fedagent_flwr.methods.tasks import learner_tasks
+from fedagent_flwr.simulation import parse_overrides, read_run_config_file
+
+
+def one_round(cfg: RunConfig, eval_tasks: int) -> dict[str, float]:
+    """Seconds of a client's rollouts, its update and a held-out evaluation under `cfg`, and their success rates."""
+    agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), cfg.base_dtype())
+    tasks = learner_tasks(cfg, 0, cfg.num_clients)
+    held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), eval_tasks)
+    with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
+        metrics = train_locally(agent, cfg, tasks, 1, 0, model=model)
+        placement = cfg.placement("server", model=model)
+        evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
+                                    rollout_config(cfg, True, rollout_rows(cfg, agent, held_out, who="server"), placement),
+                                    cfg.eval_samples_per_task, cfg.seed, precision=placement.precision)
+        evaluation = evaluator.evaluate(0)
+    return {"rollout_s": metrics["rollout_seconds"], "update_s": metrics["seconds"] - metrics["rollout_seconds"],
+            "eval_s": evaluation["seconds"], "train_success": metrics["success_rate"],
+            "eval_success": evaluation["success_rate"]}
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-config", required=True, metavar="FILE", help="a preset TOML of run-config keys")
+    parser.add_argument("--variant", action="append", required=True, metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="run-config values of one variant over the run config; the first is the reference of the ratios")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks the evaluation plays")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:  # every variant checked before the first round starts
+        preset = RunConfig().to_run_config() | read_run_config_file(args.run_config)
+        variants = {v: RunConfig.from_run_config(preset | parse_overrides(v.split(","))) for v in args.variant}
+    except ValueError as err:
+        parser.error(str(err))
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for repeat in range(args.repeats):
+        for name, cfg in variants.items():
+            started = time.perf_counter()
+            runs[name].append(one_round(cfg, args.eval_tasks))
+            print(f"[cpu_round] repeat {repeat + 1}/{args.repeats} {name}: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in runs[name][-1].items())
+                  + f" ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+    first = args.variant[0]
+    report = {"run_config": args.run_config, "repeats": args.repeats, "eval_tasks": args.eval_tasks,
+              "threads": torch.get_num_threads(), "variants": {}}
+    for name, rows in runs.items():
+        entry = {}
+        for key in rows[0]:
+            entry[key] = mean_se([r[key] for r in rows])
+            if key.endswith("_s"):
+                entry[key.replace("_s", "_ratio")] = mean_se([ref[key] / r[key] for ref, r in zip(runs[first], rows)])
+        report["variants"][name] = entry
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{args.run_config}: {args.repeats} repeats, {args.eval_tasks} held-out tasks, {report['threads']} threads; "
+              f"ratio = {first}'s seconds / the variant's (above 1: faster)")
+        for name, entry in report["variants"].items():
+            print(f"  {name:<32} " + "  ".join(
+                f"{key} {m:.1f} +- {se:.1f} s ({entry[key.replace('_s', '_ratio')][0]:.2f}x)"
+                for key, (m, se) in entry.items() if key.endswith("_s")))
+    return report
+
+
+if __name__ == "__main__":
+    main()

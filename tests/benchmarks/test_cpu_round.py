@@ -1,0 +1,28 @@
+"""benchmarks/cpu_round.py runs a tiny preset's round under two settings, so the CPU comparison cannot rot."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_round.py"
+PRESET = Path(__file__).resolve().parents[2] / "configs" / "fedagent-cpu.toml"
+
+
+def test_a_tiny_round_is_timed_phase_by_phase_under_each_setting():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "precision=fp32",
+                           "--variant", "precision=bf16-mixed,decode-engine=static", "--repeats", "2",
+                           "--eval-tasks", "2", "--threads", "1", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert list(report["variants"]) == ["precision=fp32", "precision=bf16-mixed,decode-engine=static"]
+    for name, entry in report["variants"].items():
+        for phase in ("rollout", "update", "eval"):
+            seconds, se = entry[f"{phase}_s"]
+            assert seconds > 0 and se >= 0, (name, phase)
+        assert 0 <= entry["eval_success"][0] <= 1
+    assert report["variants"]["precision=fp32"]["update_ratio"] == [1.0, 0.0]  # the first variant is the reference
+    # a bad value is refused by its key before any round runs
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "precision=fp16"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "precision" in bad.stderr and "[cpu_round] repeat" not in bad.stderr
