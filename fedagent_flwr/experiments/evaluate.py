@@ -17,7 +17,7 @@ from fedagent_flwr.agent.play.evaluation import evaluation_seed, play, summarize
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.engine.placement import place
 from fedagent_flwr.agent.engine.precision import autocast
-from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES
+from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
 from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
     PromptEncoder,
@@ -42,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--answer-parsing", choices=ANSWER_PARSING, default="strict")
     p.add_argument("--prompt-roles", choices=PROMPT_ROLES, default="user",
                    help="user: instructions in the user message (reference); system: in a system message")
+    p.add_argument("--prompt-template", choices=PROMPT_TEMPLATES, default="compact",
+                   help="the user message's layout: compact (ours) or reference (a run config's prompt-template)")
     p.add_argument("--seed", type=int, default=0,
                    help="the run's seed: with the run's evaluation settings this replays the server's evaluation")
     p.add_argument("--out", type=Path, help="also write the metrics as JSON to this file")
@@ -61,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks = per_env_spread(make_env(args.env).tasks_of_split("test"), args.tasks)
     config = RolloutConfig(history_length=args.history_length, max_new_tokens=answer_token_budget(args.env),
                            temperature=args.temperature, action_matching=args.action_matching,
-                           answer_parsing=args.answer_parsing, prompt_roles=args.prompt_roles)
+                           answer_parsing=args.answer_parsing, prompt_roles=args.prompt_roles,
+                           prompt_template=args.prompt_template)
 
     def episodes_of(model: str):
         try:

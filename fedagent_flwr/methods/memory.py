@@ -108,7 +108,7 @@ def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int
     encoder, lengths = PromptEncoder(tokenizer), []
     for task in list(tasks)[:16]:
         observation, _ = env.reset(task)
-        lengths.append(len(encoder(build_prompt(env, observation, [], 0))))
+        lengths.append(len(encoder(build_prompt(env, observation, [], 0, template=cfg.prompt_template))))
     return max(lengths, default=0) * (1 + cfg.history_length) + rollout_config(cfg).max_new_tokens
 
 
