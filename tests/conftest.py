@@ -29,6 +29,11 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def maze_tokenizer():
+    return build_maze_tokenizer()
+
+
+def build_maze_tokenizer():
+    """A small tokenizer trained on Maze's prompts and expert answers (also built by spawned test processes)."""
     env = make_env("maze")
     texts = []
     for task in env.tasks():

@@ -38,6 +38,7 @@ from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
 from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS, apply_liger, check_training_kernels
 from fedagent_flwr.agent.engine.passes import TrainingPasses
+from fedagent_flwr.agent.engine.ranks import Ranks
 from fedagent_flwr.agent.engine.precision import RESOLVED_PRECISIONS, autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.play.rollout import (
     PENALTY_SCOPES,
@@ -341,6 +342,7 @@ class GRPOTrainer:
         if config.training_kernels == "liger":
             apply_liger(model)
         self.passes = TrainingPasses.of(config, self.device)
+        self.ranks = Ranks.current()  # N ranks share the passes (agent/engine/ranks.py); one without a process group
         # A fresh optimizer each round: the local iterate starts from the broadcast model. Only trainable
         # tensors are optimized (all of them, or a LoRA adapter's).
         self.trainable = [p for p in model.parameters() if p.requires_grad]
@@ -443,25 +445,29 @@ class GRPOTrainer:
         """Per-sample completion log-probs (1-D, completion tokens only). reference: `model` is the frozen KL
         reference (TrainingPasses.scoring)."""
         cfg, passes = self.config, self.passes
-        order = range(len(samples))
+        order = list(range(len(samples)))
         if cfg.length_grouped_micro_batches:
             order = by_length(order, samples)
+        micros = micro_batches(self.ranks.share(order), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens)
+        spare = self.ranks.most(len(micros)) - len(micros)  # passes this rank runs only to keep step with the others
         pending = []  # each micro-batch's sample indices, log-probs (on the device) and completion mask (on the host)
         with passes.scoring(model, reference):
-            for micro in micro_batches(list(order), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens):
+            for n, micro in enumerate(micros + [order[:1]] * spare):
                 batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
                 with passes.forward():
                     logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens,
                                                       padding_mask=passes.padding_mask)
-                pending.append((micro, logprobs, batch["completion_mask"][:, 1:]))
+                if n < len(micros):
+                    pending.append((micro, logprobs, batch["completion_mask"][:, 1:]))
         # Copied to the host once every micro-batch is queued, rows cut there by the host's own mask: a copy waits for
         # the device, and a wait inside the loop would keep the host from queuing the next micro-batch while the
         # device computes this one (a boolean index of each row on the device would wait twice a row).
-        out: list[torch.Tensor | None] = [None] * len(samples)
+        out: dict[int, torch.Tensor] = {}
         for micro, logprobs, host_mask in pending:
             for i, lp, m in zip(micro, logprobs.cpu(), host_mask):
                 out[i] = lp[m]
-        return out
+        everyone = self.ranks.gather(out)
+        return [everyone[i] for i in range(len(samples))]
 
     def update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
         """One pass of clipped policy-gradient updates over the samples, in shuffled minibatches.
@@ -489,8 +495,13 @@ class GRPOTrainer:
                 normalizer = sum(samples[i].weight * len(samples[i].completion_ids) for i in mb)
                 if cfg.length_grouped_micro_batches:
                     mb = by_length(mb, samples)
-                micros = micro_batches(mb, samples, cfg.micro_batch_size, cfg.micro_batch_tokens)
-                for micro in micros:
+                micros = micro_batches(self.ranks.share(mb), samples, cfg.micro_batch_size, cfg.micro_batch_tokens)
+                spare = self.ranks.most(len(micros)) - len(micros)
+                # FSDP averages the ranks' gradients: a rank's share of a loss over the whole minibatch counts world
+                # times; verl's per-micro-batch mean is each rank's own mean, averaged over the ranks as it is there
+                share = 1.0 if cfg.loss_aggregation == "micro-batch-token-mean" else float(self.ranks.world)
+                for n, micro in enumerate(micros + [mb[:1]] * spare):
+                    counts = n < len(micros)  # a spare pass keeps step with the other ranks and adds nothing
                     chunk = [samples[i] for i in micro]
                     if cfg.loss_aggregation == "micro-batch-token-mean":  # verl: each micro-batch's mean, averaged
                         normalizer = len(micros) * sum(len(s.completion_ids) for s in chunk)
@@ -507,19 +518,21 @@ class GRPOTrainer:
                         weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), logprobs.device)
                         loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights,
                                                 normalizer, cfg.clip_ratio_c, cfg.kl_clamp, entropy, cfg.entropy_coeff)
-                    passes.backward(loss)
-                    pending.append((loss.detach(), stats, int(host_mask.sum())))
+                    passes.backward(loss * (share if counts else 0.0))
+                    if counts:
+                        pending.append((loss.detach(), stats, int(host_mask.sum())))
                 with passes.optimizer_step():
                     grad_norms.append(torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm))
                     self.optimizer.step()
-            result = _update_stats(pending, grad_norms, len(samples))
+            result = _update_stats(pending, grad_norms, len(samples), self.ranks,
+                                   cfg.loss_aggregation == "micro-batch-token-mean")
             if passes.checkpointed_layers is not None:  # the share of layer passes that recomputed (1.0 = every layer)
                 result["checkpointed_layers"] = passes.checkpointed_layers
         return result
 
 
 def _update_stats(pending: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]], grad_norms: list[torch.Tensor],
-                  samples: int) -> dict[str, float]:
+                  samples: int, ranks: Ranks = Ranks(), per_rank_mean: bool = False) -> dict[str, float]:
     """An update's statistics from its micro-batches' (loss, statistics, completion tokens) and its steps' gradient
     norms, read from the device now that every step is queued."""
     steps = len(grad_norms)
@@ -530,9 +543,12 @@ def _update_stats(pending: list[tuple[torch.Tensor, dict[str, torch.Tensor], int
         sums["kl"] += float(stats["kl"]) * n_tokens
         sums["clip_frac"] += float(stats["clip_frac"]) * n_tokens
         total_tokens += n_tokens
+    if ranks.world > 1:  # each rank holds its share: the losses add up to the minibatch's (or average, per_rank_mean)
+        sums = {k: ranks.total(v) / (ranks.world if k == "loss" and per_rank_mean else 1) for k, v in sums.items()}
+        total_tokens = int(ranks.total(total_tokens))
     result = {"loss": sums["loss"] / max(1, steps), "kl": sums["kl"] / max(1, total_tokens),
               "clip_frac": sums["clip_frac"] / max(1, total_tokens)}
-    result["grad_norm"] = float(np.mean([float(norm) for norm in grad_norms]))
+    result["grad_norm"] = float(np.mean([float(getattr(norm, "full_tensor", lambda: norm)()) for norm in grad_norms]))
     result["optimizer_steps"] = float(steps)
     result["train_samples"] = float(samples)
     return result

@@ -1,0 +1,45 @@
+"""GRPO's passes on N ranks (agent/engine/ranks.py, FSDP2 with gloo on CPU) train as one rank does."""
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import rank_workers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _on_ranks(lora: bool, settings: dict, out: str, world: int) -> None:
+    port = _free_port()
+    context = mp.get_context("spawn")
+    procs = [context.Process(target=rank_workers.update, args=(lora, settings, out, r, world, port)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("settings", [
+    {"minibatch_size": 8, "micro_batch_size": 2, "kl_beta": 0.0},  # 13 samples: 2 minibatches, ranks with 3 and 2 passes
+    {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base", "length_grouped_micro_batches": True},
+], ids=["no-kl", "kl-to-base"])
+def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):
+    if not lora and settings["kl_beta"] > 0:
+        pytest.skip("the frozen base copy of full fine-tuning is not sharded yet")
+    rank_workers.update(lora, settings, str(tmp_path / "one.pt"))
+    _on_ranks(lora, settings, str(tmp_path / "two.pt"), 2)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    moved = max(float((one["weights"][k] - rank_workers.tiny_model(lora)[0].state_dict()[k]).abs().max()) for k in one["weights"])
+    assert moved > 1e-4  # the update did something
+    for k in one["weights"]:
+        torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=0, atol=1e-5, msg=k)
+    assert two["stats"]["loss"] == pytest.approx(one["stats"]["loss"], abs=1e-5)
+    assert two["stats"]["optimizer_steps"] == one["stats"]["optimizer_steps"] == 2
