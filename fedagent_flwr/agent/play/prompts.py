@@ -90,26 +90,22 @@ def reference_prompt(env: TextEnv, observation: str, history: list[tuple[str, st
         lines.append(f"You are at step {len(history) + 1} now, and the current observation is: {observation}")
     else:
         lines.append(f"The current observation is: {observation}")
-    lines.append(f"The actions admissible now are: [{_reference_actions(env)}].")
+    lines.append(f"The actions admissible now are: {_describe_actions(env, reference=True)}.")
     return "\n".join(lines) + "\n\n" + REFERENCE_ANSWER_FORMAT
 
 
-def _reference_actions(env: TextEnv) -> str:
+def _describe_actions(env: TextEnv, reference: bool = False) -> str:
+    """The admissible actions as a prompt lists them, or the environment's summary of a long list. reference: quoted,
+    in ALFWorld's layout or WebShop's one a line (TextEnv.reference_actions_per_line), ALFWorld's `help` left out."""
     hint = getattr(env, "action_hint", None)
-    actions = [a for a in env.admissible_actions() if a != "help"]  # the reference leaves ALFWorld's help out
+    actions = [a for a in env.admissible_actions() if not (reference and a == "help")]
     if callable(hint) and len(actions) > MAX_LISTED_ACTIONS:
         return hint()
+    if not reference:
+        return "[" + ", ".join(actions) + "]"
     if env.reference_actions_per_line:
-        return "\n" + "\n".join(f"'{a}'," for a in actions) + "\n"
-    return "\n ".join(f"'{a}'" for a in actions)
-
-
-def _describe_actions(env: TextEnv) -> str:
-    hint = getattr(env, "action_hint", None)
-    actions = env.admissible_actions()
-    if callable(hint) and len(actions) > MAX_LISTED_ACTIONS:
-        return hint()
-    return "[" + ", ".join(actions) + "]"
+        return "[\n" + "\n".join(f"'{a}'," for a in actions) + "\n]"
+    return "[" + "\n ".join(f"'{a}'" for a in actions) + "]"
 
 
 def expert_completion(action: str, think_limit: int | None = None) -> str:
