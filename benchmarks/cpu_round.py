@@ -3,7 +3,7 @@
 
 Each variant (run-config values over the run config, e.g. `precision=bf16-mixed` or `decode-engine=static`) loads
 the model as a client does (its base dtype), attaches the run's LoRA adapter, trains one round with the client's own
-code (`methods/fedagent.train_locally`: rollouts, then the GRPO update) on partition 0's tasks, and plays
+code (`methods/local_round.train_locally`: rollouts, then the GRPO update) on partition 0's tasks, and plays
 `--eval-tasks` held-out tasks `eval-samples-per-task` times as the server's evaluator does. The variants alternate
 repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the rollout's, the update's and
 the evaluation's seconds (mean and standard error over repeats), each as a ratio to the first variant's (per repeat,
@@ -33,7 +33,7 @@ from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.fedagent import train_locally
+from fedagent_flwr.methods.local_round import train_locally
 from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.memory import rollout_rows
 from fedagent_flwr.methods.tasks import learner_tasks

@@ -53,7 +53,10 @@ def _partition(context: Context) -> tuple[int, int]:
 
 
 def _agent_loader(cfg: RunConfig):
-    return lambda: load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())  # cached per process (agent/models/loading.py)
+    # On N ranks this process only answers the handshake's fingerprint (the ranks load their own copies): on the CPU,
+    # so that rank 0's GPU does not hold a second model.
+    device = "cpu" if cfg.ranks_per_client > 1 else cfg.device
+    return lambda: load_agent(cfg.model, cfg.env, device, cfg.base_dtype())  # cached per process (agent/models/loading.py)
 
 
 @app.query()

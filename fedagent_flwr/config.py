@@ -211,6 +211,7 @@ class SpeedConfig:
     logprob_chunk_tokens: int = _key(0, "completion tokens the output head scores at a time in GRPO's log-prob and update passes, each chunk recomputed in backward: the [micro-batch, tokens, vocab] logits are never built (1024 suits a 152k vocabulary on a GPU); 0 = full logits", "integer >= 0")
     length_grouped_micro_batches: bool = _key(False, "sort each minibatch by length before cutting it into micro-batches, so little padding is computed; the loss is the same weighted token mean", "true | false")
     gradient_checkpointing: bool | str = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute; auto = in each GRPO micro-batch only the fewest leading layers whose checkpointing makes its activations fit the memory the rest of the client's plan leaves in client-memory-gb (or else the GPU memory free when the client starts), so short micro-batches skip the recompute; every layer where no memory is known (a CPU without client-memory-gb)", "true | false | auto", words=("auto",))
+    ranks_per_client: int = _key(1, "processes a client's local round runs on, each with a device of its own (one GPU of the client's --num-gpus-per-client, or a share of the CPU's cores): each plays a share of the epoch's episodes with the whole weights, and GRPO's passes run under FSDP2 with weights, gradients and AdamW state sharded over them, the same loss as one process over the whole epoch (methods/ranked_round.py; docs/deployment.md). GRPO strategies (fedagent-avg and its baselines); 1 = the client's own process", "integer >= 1", at_least=1)
 
     def check(self, need: Need) -> None:
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
@@ -574,6 +575,17 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                  self.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
                  f"'bf16-mixed' (here strategy={self.strategy!r}, finetuning={self.finetuning!r}, precision resolves to "
                  f"{placement.precision!r})")
+        if self.ranks_per_client > 1 and traits:  # what was tested on N ranks (tests/methods/test_ranked_round.py)
+            need(traits.grpo, "ranks-per-client", self.ranks_per_client, "1 unless the strategy trains with GRPO ("
+                 + grpo_strategies + "): Fed-SE's SFT runs in the client's own process (TRL's trainer would need "
+                 "accelerate's launcher)")
+            need(placement is None or placement.param_dtype == "fp32", "param-dtype", self.param_dtype,
+                 "fp32 with ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for "
+                 "full fine-tuning on CUDA)")
+            need(self.training_kernels == "eager", "training-kernels", self.training_kernels,
+                 "eager with ranks-per-client > 1 (the others are not yet run under FSDP2)")
+            need(not self.device.startswith("cuda:"), "device", self.device,
+                 "cpu | cuda | auto with ranks-per-client > 1 (rank r computes on the client's r-th visible GPU)")
         need(self.client_sampling == "run-seed" or self.strategy == "fedagent-avg", "client-sampling", self.client_sampling,
              "run-seed unless strategy='fedagent-avg' (the reference's draw is FedAgent's)")
         if self.training_kernels == "liger":

@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("--num-cpus-per-client must be an integer >= 1")
     if args.num_gpus_per_client < 0:
         sys.exit("--num-gpus-per-client must be >= 0")
+    if cfg.ranks_per_client > 1 and args.num_gpus_per_client > 0 and args.num_gpus_per_client != cfg.ranks_per_client:
+        sys.exit(f"--num-gpus-per-client={args.num_gpus_per_client:g} but ranks-per-client={cfg.ranks_per_client}: each rank "
+                 f"computes on a GPU of its own; give --num-gpus-per-client {cfg.ranks_per_client} (or 0 for ranks on the CPU)")
     if args.num_gpus_per_client > 0:
         import torch
 

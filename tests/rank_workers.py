@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 
-def tiny_model(lora: bool):
+def tiny_model(lora: bool, tied: bool = False):
     """A 2-layer Qwen2-shaped model over the maze tokenizer's vocabulary, the same weights in every process."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -19,7 +19,7 @@ def tiny_model(lora: bool):
     torch.manual_seed(0)
     config = AutoConfig.for_model("qwen2", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                  max_position_embeddings=512, tie_word_embeddings=False,
+                                  max_position_embeddings=512, tie_word_embeddings=tied,
                                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
     model = AutoModelForCausalLM.from_config(config).eval()
     if lora:
@@ -53,19 +53,58 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.methods.library_configs import grpo_config
 
-    model, tokenizer = tiny_model(lora)
-    if world > 1:
-        from torch.distributed.fsdp import fully_shard
+    from fedagent_flwr.agent.engine.ranks import shard
+    from fedagent_flwr.methods.local_round import frozen_copy
 
-        inner = model.get_base_model() if lora else model
-        for layer in inner.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+    model, tokenizer = tiny_model(lora)
+    base = frozen_copy(model) if not lora and settings.get("kl_reference") == "base" else None
+    if world > 1:
+        model = shard(model)
+        base = shard(base) if base is not None else None
     cfg = replace(grpo_config(RunConfig(device="cpu", learning_rate=1e-2, **settings)), tasks_per_epoch=1)
-    stats = GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0)).update(
+    stats = GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0), base_model=base).update(
         samples(len(tokenizer)), np.random.default_rng(0))
     full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
     if rank == 0:
         torch.save({"weights": full, "stats": stats}, out)
     if world > 1:
         dist.destroy_process_group()
+
+
+# Targets of agent/engine/rank_launch.run_ranks: target(rank, world, tensors, *args) -> (tensors, info) on rank 0.
+
+def echo(rank: int, world: int, tensors: dict, scale: float):
+    """Every rank adds its rank to the input; rank 0 returns the sum over ranks, scaled."""
+    mine = torch.from_numpy(tensors["x"].copy()) + rank
+    dist.all_reduce(mine)
+    return {"y": (mine * scale).numpy()}, {"world": world, "pid": os.getpid()}
+
+
+def fail_on_rank_1(rank: int, world: int, tensors: dict, pid_dir: str):
+    _write_pid(pid_dir, rank)
+    if rank == 1:
+        raise ValueError("rank 1 cannot read its shard")
+    dist.barrier()  # rank 0 would wait here for ever without the launcher
+    return {}, {}
+
+
+def killed_on_rank_1(rank: int, world: int, tensors: dict, pid_dir: str):
+    import signal
+
+    _write_pid(pid_dir, rank)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return {}, {}
+
+
+def wait_forever(rank: int, world: int, tensors: dict, pid_dir: str):
+    """Each rank waits for a message the other never sends: blocked inside gloo, where no Python signal handler runs."""
+    _write_pid(pid_dir, rank)
+    dist.recv(torch.zeros(1), src=1 - rank)
+
+
+def _write_pid(pid_dir: str, rank: int) -> None:
+    from pathlib import Path
+
+    Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))

@@ -5,11 +5,14 @@
         --set kl-reference=base --set precision=bf16-mixed --context-tokens 2048
     python -m fedagent_flwr.experiments.memory_plan --shape qwen2.5-1.5b --run-config configs/fedagent-paper.toml \\
         --set gradient-checkpointing=auto --set client-memory-gb=80
+    python -m fedagent_flwr.experiments.memory_plan --shape qwen2.5-7b --ranks 4 --set gradient-checkpointing=true \\
+        --set param-dtype=fp32
 
 The shapes are the papers' Qwen2.5 models (agent/engine/memory.py); `--set` takes any run-config key. `--device`
 names the machine planned for (default cuda, whatever this machine has): every `auto` resolves as it would there
 (agent/engine/placement.py), so on a CPU `--device cuda` plans what a GPU run holds, bf16-mixed and the static decode
-engine's weight copy included. The run itself computes the same plan from its own model and prompts before round 1.
+engine's weight copy included. `--ranks N` plans each of a client's N ranks (ranks-per-client: FSDP2 over the
+client's GPUs). The run itself computes the same plan from its own model and prompts before round 1.
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config key")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="the machine to plan for: cuda (default) = a GPU machine, cpu = one without; `auto` keys resolve as there")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="plan each of a client's N ranks (the run-config key ranks-per-client; default: the run config's)")
     p.add_argument("--context-tokens", type=int, default=2048, help="prompt + generated tokens of the longest step (default 2048)")
     args = p.parse_args(argv)
     try:
         preset = read_run_config_file(args.run_config) if args.run_config else {}
-        overrides = parse_overrides(args.set)
+        overrides = parse_overrides(args.set) | ({"ranks-per-client": args.ranks} if args.ranks is not None else {})
         values = RunConfig().to_run_config() | preset | overrides
         if values["device"] == "auto":  # the run config's checks resolve auto on this machine: name the one planned for
             values["device"] = args.device
@@ -68,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     for plan in plans:
         print(plan.table())
     client = plans[0]
+    per = f"per rank ({cfg.ranks_per_client} a client)" if cfg.ranks_per_client > 1 else "per client"
     for gb in (24, 40, 80):
-        print(f"fits a {gb} GiB GPU per client: {'yes' if client.total <= gb * GB else 'no'}")
+        print(f"fits a {gb} GiB GPU {per}: {'yes' if client.total <= gb * GB else 'no'}")
     if cfg.traits.grpo:
         print(token_budgets(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0, machine))
     if cfg.gradient_checkpointing == "auto":

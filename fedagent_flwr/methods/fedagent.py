@@ -2,29 +2,26 @@
 
 Server: the base model's weights are the global model; each round FedAgentAvg samples M of the
 K clients by partition-id and replaces the weights by the plain mean of the local models that
-come back; the server evaluates the global model on held-out tasks. Client: `train_locally`,
-tau epochs of GRPO on the client's own partition, with no Flower in sight (testable on its
-own). The client's tasks and trajectories never leave it - only the updated weights and
+come back; the server evaluates the global model on held-out tasks. Client: tau epochs of GRPO on
+the client's own partition (methods/local_round.py, with no Flower in sight; on N ranks:
+methods/ranked_round.py). The client's tasks and trajectories never leave it - only the updated weights and
 numeric metrics do.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
-from envs import Task, env_names, is_multi_spec, make_env
+from envs import env_names, is_multi_spec, make_env
 from envs.multi import per_env_spread
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
-from fedagent_flwr.agent.models.loading import Agent, load_agent, load_frozen_base
+from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.training.lora import (
     adapter_num_parameters,
     adapter_to_arrays,
@@ -34,52 +31,20 @@ from fedagent_flwr.agent.training.lora import (
 )
 from fedagent_flwr.agent.engine.memory import ModelShape
 from fedagent_flwr.agent.play.multi_env import environment_table, format_row
-from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.play.transcripts import short_example, write_transcripts
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.atomic import write_json_atomic
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader, Method
-from fedagent_flwr.methods.memory import activation_room, check_memory, context_tokens, memory_plans, rollout_rows
+from fedagent_flwr.methods.memory import check_memory, context_tokens, memory_plans, rollout_rows
+from fedagent_flwr.methods.local_round import local_round
+from fedagent_flwr.methods.ranked_round import train_on_ranks
 from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
 from fedagent_flwr.privacy.differential_privacy import update_norm
 from fedagent_flwr.runs.reporting import RunReporter
 from strategies import FedAgentAvg
 from strategies.transfer import decode, encode
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
-
-
-def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int,
-                  model: torch.nn.Module | None = None, optimizer: dict[str, np.ndarray] | None = None,
-                  base_model: torch.nn.Module | None = None) -> dict[str, float]:
-    """tau epochs of GRPO from the weights currently in `model` (default `agent.model`; a LoRA-wrapped
-    base trains its adapter only); returns round metrics. With `optimizer` (a dict, empty in the first round)
-    AdamW continues from the state in it, and the state it ends in is written back. `base_model`: the frozen base
-    weights a full fine-tuning's KL term anchors to with kl-reference='base'."""
-    if not tasks:
-        raise ValueError(f"client {partition_id} has no training tasks")
-    started = time.time()
-    rng = seed_everything(cfg.seed, server_round, partition_id)
-    model = model if model is not None else agent.model
-    rows = rollout_rows(cfg, agent, tasks)
-    placement = cfg.placement("client", model=model)  # every auto of this client, the engine checked against its model
-    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, activation_room(cfg, agent, tasks, rows), placement),
-                          rollout_config(cfg, batch_size=rows, placement=placement), base_model=base_model)
-    if optimizer:
-        trainer.load_optimizer_arrays(optimizer)
-    env_factory = lambda: make_env(cfg.env, cfg.max_steps)
-    epochs = [trainer.train_epoch(env_factory, tasks, rng) for _ in range(cfg.local_epochs)]
-    if optimizer is not None:
-        optimizer.clear()
-        optimizer.update(trainer.optimizer_arrays())
-    # Rates are averaged over epochs, counts summed.
-    summed = {"episodes", "tokens", "generated_tokens", "optimizer_steps", "train_samples", "rollout_seconds"}
-    metrics = {}
-    for key in sorted({k for e in epochs for k in e}):
-        values = [e[key] for e in epochs if key in e]  # a category may be absent from an epoch
-        metrics[key] = float(sum(values)) if key in summed else float(np.mean(values))
-    metrics["seconds"] = time.time() - started
-    return metrics
+from fedagent_flwr.methods.library_configs import rollout_config
 
 
 OPTIMIZER_STATE = "optimizer"  # context.state key of a single learner's AdamW state between rounds
@@ -224,23 +189,15 @@ class FedAgent(LanguageAgentMethod):
 
     def train(self, msg: Message, context: Context, partition_id: int, num_partitions: int,
               load_agent: AgentLoader) -> Message:
-        cfg, agent = self.cfg, load_agent()
+        cfg = self.cfg
         sent = decode(msg.content.array_records["arrays"], cfg.transfer_dtype)
         tasks = learner_tasks(cfg, partition_id, num_partitions)
         server_round = int(msg.content.config_records["config"]["server-round"])
         optimizer = self.carried_optimizer(context)
-        if self.trains_adapter():
-            with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
-                arrays_to_adapter(peft_model, sent)
-                metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=peft_model, optimizer=optimizer)
-                trained = adapter_to_arrays(peft_model)
+        if cfg.ranks_per_client > 1:  # the client's ranks, each in a process of its own (methods/ranked_round.py)
+            trained, metrics = train_on_ranks(cfg, sent, tasks, server_round, partition_id, optimizer)
         else:
-            base = None
-            if cfg.kl_beta > 0 and cfg.placement().kl_reference == "base":
-                base = load_frozen_base(cfg.model, cfg.env, cfg.device)
-            arrays_to_model(agent.model, sent)
-            metrics = train_locally(agent, cfg, tasks, server_round, partition_id, optimizer=optimizer, base_model=base)
-            trained = model_to_arrays(agent.model)
+            trained, metrics = local_round(cfg, load_agent(), sent, tasks, server_round, partition_id, optimizer)
         if optimizer is not None:  # kept on the client (Flower's per-node state), never sent
             context.state[OPTIMIZER_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in optimizer.items()})
         metrics["update_norm"] = update_norm(trained, sent)  # what a DP clipping norm is compared with

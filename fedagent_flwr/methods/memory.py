@@ -32,7 +32,9 @@ from fedagent_flwr.agent.play.rollout import PromptEncoder
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import rollout_config
 
-KNOBS = ("finetuning='lora' with a small lora-rank, gradient-checkpointing=true, micro-batch-size, rollout-batch-size, kl-reference='base' "
+KNOBS = ("ranks-per-client (full fine-tuning's weights, gradients and AdamW state sharded over a client's GPUs, with "
+         "num-gpus-per-client as many), "
+         "finetuning='lora' with a small lora-rank, gradient-checkpointing=true, micro-batch-size, rollout-batch-size, kl-reference='base' "
          "(with lora), precision, num-gpus-per-client (a larger GPU share), server-device (e.g. cpu, to keep the server off the "
          "clients' GPU) and client-memory-gb / server-memory-gb")
 
@@ -60,7 +62,8 @@ def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, rollout
         logprob_chunk_tokens=cfg.logprob_chunk_tokens if grpo else 0,
         logprob_micro_batch_size=(cfg.logprob_micro_batch_size or cfg.micro_batch_size) if grpo else 0,
         logprob_micro_batch_tokens=cfg.logprob_micro_batch_tokens if grpo else 0,
-        static_decoder=client.decode_engine == "static", cuda_graphs=client.on_cuda, param_dtype=client.param_dtype)
+        static_decoder=client.decode_engine == "static", cuda_graphs=client.on_cuda, param_dtype=client.param_dtype,
+        ranks=cfg.ranks_per_client)
     server_bytes = server_plan(shape, **common, precision=server.precision, eval_batch_size=rows,
                                context_tokens=context_tokens, static_decoder=server.decode_engine == "static",
                                cuda_graphs=server.on_cuda)

@@ -54,6 +54,30 @@ def test_the_plan_adds_up_as_computed_by_hand():
 
 
 
+def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_with():
+    """ranks-per-client = 4 (FSDP2): weights, gradients, AdamW moments and a full model's KL reference a quarter each,
+    the whole weights once more while the rank decodes; its passes and KV cache are a process's."""
+    config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                  intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
+    shape = ModelShape.of(config)  # 1480 parameters (the test above)
+    common = dict(lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="fp32", kl_beta=0.01,
+                  micro_batch_size=3, rollout_batch_size=5, context_tokens=10)
+    one = client_plan(shape, finetuning="full", kl_reference="round-start", **common).as_dict()
+    plan = client_plan(shape, finetuning="full", kl_reference="round-start", ranks=4, **common)
+    rank = plan.as_dict()
+    assert plan.who == "each of a client's 4 ranks"
+    assert rank["weights (fp32), 1/4 shard"] == 1480 and rank["weights gathered whole to decode"] == 1480 * 4
+    assert rank["gradients, 1/4 shard"] == 1480 and rank["AdamW moments, 1/4 shard"] == 1480 * 2
+    assert rank["KL reference, 1/4 shard"] == 1480
+    for row in ("KV cache of a rollout batch", "training logits", "activations of a micro-batch"):
+        assert rank[row] == one[row]
+    assert rank["total"] == one["total"] - 1480 * (4 + 4 + 8 + 4) * 3 // 4 + 1480 * 4
+    lora = client_plan(shape, finetuning="lora", kl_reference="base", ranks=2, **common).as_dict()
+    assert lora["weights (fp32), 1/2 shard"] == 1480 * 2 and lora["adapter (fp32), 1/2 shard"] == 112 * 2
+    assert lora["weights gathered whole to decode"] == (1480 + 112) * 4 and lora["gradients, 1/2 shard"] == 112 * 2
+    assert "weights gathered whole to decode" not in one  # one process decodes with the weights it holds
+
+
 def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update():
     """The no-grad passes at logprob-micro-batch-size L hold one layer's activations and L x S rows of logits (or a
     chunk): the plan takes the larger of theirs and the update's, by hand on a small shape."""
@@ -234,7 +258,7 @@ def test_a_run_whose_plan_does_not_fit_stops_before_round_1(tmp_path, run_identi
                                                 "client-memory-gb": 0.001}
     grid = LoopbackGrid(run_config, 2)
     try:
-        with pytest.raises(ValueError, match=r"each client needs about .* GiB but client-memory-gb=0.001.*\n(.*\n)*knobs: finetuning='lora'"):
+        with pytest.raises(ValueError, match=r"each client needs about .* GiB but client-memory-gb=0.001.*\n(.*\n)*knobs: ranks-per-client .*finetuning='lora'"):
             run_federation(grid, RunConfig.from_run_config(run_config))
     finally:
         load_agent.cache_clear()

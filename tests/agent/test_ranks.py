@@ -32,8 +32,6 @@ def _on_ranks(lora: bool, settings: dict, out: str, world: int) -> None:
     {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base", "length_grouped_micro_batches": True},
 ], ids=["no-kl", "kl-to-base"])
 def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):
-    if not lora and settings["kl_beta"] > 0:
-        pytest.skip("the frozen base copy of full fine-tuning is not sharded yet")
     rank_workers.update(lora, settings, str(tmp_path / "one.pt"))
     _on_ranks(lora, settings, str(tmp_path / "two.pt"), 2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")

@@ -117,6 +117,12 @@ NO_GPU = not torch.cuda.is_available()
         ({"transfer-dtype": "bf16", "dp-mode": "server-side"}, "transfer-dtype='bf16'"),
         ({"kl-reference": "initial"}, "kl-reference='initial'"),
         ({"logprob-micro-batch-size": -1}, "logprob-micro-batch-size=-1 is not allowed: expected an integer >= 0"),
+        # a client on N ranks: GRPO strategies, and what has run under FSDP2
+        ({"ranks-per-client": 0}, "ranks-per-client=0 is not allowed: expected an integer >= 1"),
+        ({"ranks-per-client": 2, "strategy": "fedse-lora"}, "ranks-per-client=2 is not allowed: expected 1 unless the strategy trains with GRPO"),
+        ({"ranks-per-client": 2, "training-kernels": "compile"}, "training-kernels='compile' is not allowed: expected eager with ranks-per-client > 1"),
+        ({"ranks-per-client": 2, "param-dtype": "bf16", "precision": "bf16-mixed", "finetuning": "full"}, "param-dtype='bf16' is not allowed: expected fp32 with ranks-per-client > 1"),
+        ({"ranks-per-client": 2, "device": "cuda:1"}, "device='cuda:1' is not allowed: expected cpu | cuda | auto with ranks-per-client > 1"),
     ],
 )
 def test_bad_configurations_fail_with_a_clear_message(override, message):
@@ -191,6 +197,8 @@ def test_gpu_requests_without_a_gpu_fail_before_any_work():
         (["--num-gpus-per-client", "0.5"], "--num-gpus-per-client=0.5 but no CUDA GPU is visible"),
         (["--device", "cuda"], "--device=cuda but no CUDA GPU is visible"),
         (["--device", "cuda:1"], "--device=cuda:1 but no CUDA GPU is visible"),
+        (["--ranks-per-client", "2", "--num-gpus-per-client", "1"],
+         "--num-gpus-per-client=1 but ranks-per-client=2: each rank computes on a GPU of its own"),
     ):
         proc = subprocess.run([sys.executable, str(ROOT / "run_simulation.py"), *flags, "--dry-run"],
                               capture_output=True, text=True, timeout=120)

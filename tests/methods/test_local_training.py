@@ -2,7 +2,7 @@ import torch
 
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.fedagent import train_locally
+from fedagent_flwr.methods.local_round import train_locally
 from fedagent_flwr.methods.tasks import learner_tasks as client_tasks
 from fedagent_flwr.agent.models.pretrained import ModelSpec, fingerprint
 

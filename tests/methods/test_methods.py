@@ -74,7 +74,7 @@ def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_
     from fedagent_flwr.agent.models.loading import Agent
     from fedagent_flwr.agent.models.pretrained import ModelSpec
     from fedagent_flwr.agent.training.weights import model_to_arrays
-    from fedagent_flwr.methods import fedagent
+    from fedagent_flwr.methods import local_round
 
     seen, anchors = [], []
 
@@ -86,8 +86,8 @@ def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_
             optimizer.update({"0/step": np.array(float(server_round))})
         return {"episodes": 1.0}
 
-    monkeypatch.setattr(fedagent, "train_locally", fake_round)
-    monkeypatch.setattr(fedagent, "load_frozen_base", lambda *args: "the base weights")
+    monkeypatch.setattr(local_round, "train_locally", fake_round)
+    monkeypatch.setattr(local_round, "load_frozen_base", lambda *args: "the base weights")
     method = method_for(RunConfig(**overrides))
     agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), "fp")
     context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})

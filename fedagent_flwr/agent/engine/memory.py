@@ -166,13 +166,17 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
                 kl_reference: str, micro_batch_size: int, rollout_batch_size: int, context_tokens: int,
                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int = 0,
                 static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32",
-                micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0, cuda_graphs: bool = False) -> MemoryPlan:
+                micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0, cuda_graphs: bool = False,
+                ranks: int = 1) -> MemoryPlan:
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
     holds full fine-tuning's round-start KL reference in bf16 (agent/engine/master_weights.py) and a bf16 residual stream
     (layer_activations). `micro_batch_tokens` > 0: the update's passes are cut by padded tokens (grpo.micro_batches), so
     one holds at most max(that, the context); `logprob_micro_batch_tokens` likewise for the no-grad passes.
     `static_decoder`, `cuda_graphs`: the rollout's engine, whose cache and graphs are counted as it allocates them
-    (decode_rows)."""
+    (decode_rows). `ranks` > 1: what each of a client's ranks holds under FSDP2 (ranks-per-client): the weights, the
+    gradients, AdamW's moments and a full model's KL reference sharded, a 1/ranks part each, and the whole weights
+    gathered while it decodes its share of the episodes (the update gathers a layer or two at a time, less than that).
+    Its own passes' activations and logits, and its KV cache, are a rank's as they are a process's."""
     _check_base_precision(finetuning, precision)
     a = value_bytes(precision)
     P = shape.parameters
@@ -200,13 +204,16 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     passes = max(logprob_micro_batch_tokens, S) if logprob_micro_batch_tokens > 0 else (logprob_micro_batch_size or micro_batch_size) * S
     activations = max(activations, layer_activation_bytes(shape, passes, per_token))
     logit_rows = max(logits_of(update_tokens), logits_of(passes))
+    name, weights = base_weights(shape, precision)
+    shard = f", 1/{ranks} shard" if ranks > 1 else ""
     rows = [
-        base_weights(shape, precision),
-        ("adapter (fp32)", adapter * 4),
+        (name + shard, weights // ranks),
+        ("adapter (fp32)" + shard, adapter * 4 // ranks),
+        *([("weights gathered whole to decode", weights + adapter * 4)] if ranks > 1 else []),
         ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
-        ("gradients", T * 4),
-        ("AdamW moments", 2 * T * 4),
-        ("KL reference", reference),
+        ("gradients" + shard, T * 4 // ranks),
+        ("AdamW moments" + shard, 2 * T * 4 // ranks),
+        ("KL reference" + shard, reference // ranks if finetuning == "full" else reference),
         kv_cache("KV cache of a rollout batch", shape, S, rollout_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
         ("training logits", 2 * logit_rows * shape.vocab * 4),
@@ -214,7 +221,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         static_decoder_copy(shape, precision, static_decoder),
         decode_graphs(shape, S, rollout_batch_size, a, static_decoder and cuda_graphs),
     ]
-    return MemoryPlan("each client", tuple(rows))
+    return MemoryPlan(f"each of a client's {ranks} ranks" if ranks > 1 else "each client", tuple(rows))
 
 
 @dataclass(frozen=True)

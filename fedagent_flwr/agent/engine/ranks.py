@@ -6,12 +6,17 @@ whole minibatch's loss times the world size (the averaging divides it back), and
 passes as the others (each forward gathers the weights: a rank that stopped early would leave the others waiting),
 so a rank short of passes runs spare ones whose loss counts zero.
 
+Rollouts are not sharded: a sharded model's forward gathers the weights with the other ranks, and each rank's
+episodes end after their own number of token steps. `unsharded` gathers every weight once and holds it on every rank
+while the ranks decode their own episodes (FSDP2's unshard with resharding after forward switched off), then frees it.
+
 Without a process group this is one rank of one, and nothing changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -57,3 +62,60 @@ class Ranks:
         t = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(t)
         return float(t)
+
+    def unsharded(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Inside: every weight of a sharded `model` whole on this rank, so forwards need no other rank (decoding)."""
+        if self.world == 1:
+            return contextlib.nullcontext()
+        return _unsharded(model)
+
+
+def fsdp_modules(model: torch.nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def _unsharded(model: torch.nn.Module) -> Iterator[None]:
+    modules = fsdp_modules(model)
+    for m in modules:
+        m.set_reshard_after_forward(False)  # a forward would free the gathered weights again
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(True)
+
+
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 on `model` in place: each decoder layer a unit (transformers names its class in `_no_split_modules`), the
+    rest (embeddings, final norm, head) in the root's unit. A PEFT model is sharded with its adapter inside the layers."""
+    from torch.distributed.fsdp import fully_shard
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(inner, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(inner).__name__} names no decoder layer class (_no_split_modules): cannot shard it")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor as one rank would hold it: a sharded DTensor gathered from every rank (all ranks must call this on the
+    same tensors in the same order), anything else as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def like(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A full tensor shaped as `param` sharded as `param` is (this rank's part of it), or as it is for a plain one."""
+    if not hasattr(param, "device_mesh"):
+        return tensor
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(tensor.to(param.device), param.device_mesh, param.placements)

@@ -38,7 +38,7 @@ from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
 from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS, apply_liger, check_training_kernels
 from fedagent_flwr.agent.engine.passes import TrainingPasses
-from fedagent_flwr.agent.engine.ranks import Ranks
+from fedagent_flwr.agent.engine.ranks import Ranks, like, whole
 from fedagent_flwr.agent.engine.precision import RESOLVED_PRECISIONS, autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.play.rollout import (
     PENALTY_SCOPES,
@@ -325,7 +325,8 @@ class GRPOTrainer:
 
     def __init__(self, model, tokenizer, config: GRPOConfig, rollout: RolloutConfig,
                  base_model: torch.nn.Module | None = None) -> None:
-        """`base_model`: the run's initial weights, frozen, for kl_reference='base' under full fine-tuning."""
+        """`base_model`: the frozen KL anchor of full fine-tuning, where the caller holds it: the run's initial weights
+        for kl_reference='base'; under N ranks also the round-start copy (a sharded model cannot be deep-copied)."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -358,7 +359,7 @@ class GRPOTrainer:
             if isinstance(model, PeftModel):
                 if config.kl_reference == "round-start":
                     self.reference_adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-            elif config.kl_reference == "base":
+            elif config.kl_reference == "base" or base_model is not None:
                 if base_model is None:
                     raise ValueError("kl_reference='base' with full fine-tuning needs the base model's weights (base_model)")
                 self.reference = base_model.eval()
@@ -393,13 +394,8 @@ class GRPOTrainer:
         cfg = self.config
         started = time.time()
         chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
-        episodes = [t for t in chosen for _ in range(cfg.group_size)]
         group_ids = [i for i in range(len(chosen)) for _ in range(cfg.group_size)]
-        with autocast(cfg.precision, self.device):
-            trajectories = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
-        # The static decode engine keeps a weight copy, a KV cache and CUDA graphs per model; the update needs that
-        # memory more (1.5B shape, 128 rows: about 6 GiB), and the next rollout builds them again.
-        decode.release(self.policy.model)
+        trajectories = self._play(env_factory, chosen, rng, progress)
         rollout_seconds = time.time() - started
         advantages = step_advantages(trajectories, group_ids, cfg.adv_eps, self.rollout.penalty_scope, cfg.scale_rewards,
                                      cfg.std_ddof)
@@ -424,20 +420,40 @@ class GRPOTrainer:
         metrics["seconds"] = time.time() - started
         return metrics
 
+    def _play(self, env_factory: Callable[[], TextEnv], chosen: Sequence[Task], rng: np.random.Generator,
+              progress: bool | str) -> list[Trajectory]:
+        """group_size episodes of each chosen task, in that order. On N ranks each plays whole groups (a stride of them)
+        with every weight gathered, and all ranks receive every episode."""
+        cfg, ranks = self.config, self.ranks
+        mine = ranks.share(range(len(chosen)))
+        if ranks.world > 1:  # every rank drew the same seed: each samples from a stream of its own
+            torch.manual_seed(int(rng.integers(2**62)) + ranks.rank)
+        episodes = [chosen[g] for g in mine for _ in range(cfg.group_size)]
+        with ranks.unsharded(self.model), autocast(cfg.precision, self.device):
+            played = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
+        # The static decode engine keeps a weight copy, a KV cache and CUDA graphs per model; the update needs that
+        # memory more (1.5B shape, 128 rows: about 6 GiB), and the next rollout builds them again.
+        decode.release(self.policy.model)
+        if ranks.world == 1:
+            return played
+        groups = ranks.gather({g: played[i * cfg.group_size:(i + 1) * cfg.group_size] for i, g in enumerate(mine)})
+        return [t for g in range(len(chosen)) for t in groups[g]]
+
     def optimizer_arrays(self) -> dict[str, np.ndarray]:
         """AdamW's step counts and moments by parameter position ("<i>/exp_avg", ...): what a learner that trains
         on without averaging (the Centralized and Local baselines) carries from one round into the next."""
-        return {f"{i}/{name}": value.detach().cpu().numpy().copy()
+        return {f"{i}/{name}": whole(value).detach().cpu().numpy().copy()  # a sharded moment gathered, rank by rank alike
                 for i, state in self.optimizer.state_dict()["state"].items() for name, value in state.items()}
 
     def load_optimizer_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Continue from `optimizer_arrays()` of an earlier round's trainer on the same parameters."""
         state: dict[int, dict[str, torch.Tensor]] = {}
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]  # the state dict's numbering
         for key, value in arrays.items():
             i, name = key.split("/", 1)
             tensor = torch.from_numpy(np.array(value))
             # AdamW keeps its step count as a 0-d tensor; a trip through Flower's ArrayRecord makes it 1-d
-            state.setdefault(int(i), {})[name] = tensor.reshape(()) if name == "step" else tensor
+            state.setdefault(int(i), {})[name] = tensor.reshape(()) if name == "step" else like(tensor, params[int(i)])
         self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
 
     @torch.no_grad()

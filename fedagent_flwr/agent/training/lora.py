@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from flwr.app import ArrayRecord
 
+from fedagent_flwr.agent.engine.ranks import whole
+
 # PEFT is imported where an adapter is made or read, not at the top: reading a run config must not pay for it
 # (about 2 s of every process's start on 2 cores).
 if TYPE_CHECKING:
@@ -88,8 +90,8 @@ def adapter_to_arrays(peft_model: PeftModel) -> ArrayRecord:
 
     """The adapter's tensors only (float32 on the CPU: bf16 has no numpy dtype)."""
     state = get_peft_model_state_dict(peft_model)
-    return ArrayRecord({k: (v.detach().to("cpu").float() if v.dtype == torch.bfloat16 else v.detach().to("cpu")).contiguous()
-                        for k, v in state.items()})
+    state = {k: whole(v).detach().to("cpu") for k, v in state.items()}  # a sharded adapter gathered, rank by rank alike
+    return ArrayRecord({k: (v.float() if v.dtype == torch.bfloat16 else v).contiguous() for k, v in state.items()})
 
 
 def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord) -> None:

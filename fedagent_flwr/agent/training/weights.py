@@ -17,6 +17,7 @@ import warnings
 import torch
 from flwr.app import ArrayRecord
 
+from fedagent_flwr.agent.engine.ranks import whole
 from strategies.transfer import array_view, numpy_array
 
 
@@ -27,6 +28,7 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
     for name, tensor in model.state_dict().items():
         if tensor.numel() == 0:
             continue
+        tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a sharded weight: this rank's part
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
         if key in first:
             tied[name] = first[key]
@@ -41,7 +43,7 @@ def model_to_arrays(model: torch.nn.Module) -> ArrayRecord:
     for name, tensor in model.state_dict().items():
         if name in tied:
             continue
-        t = tensor.detach().to("cpu")
+        t = whole(tensor).detach().to("cpu")  # every rank of a sharded model gathers each weight in the same order
         record[name] = numpy_array((t.float() if t.dtype == torch.bfloat16 else t).numpy())
     return record
 

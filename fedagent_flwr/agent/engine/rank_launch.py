@@ -1,0 +1,135 @@
+"""Starting a client's N ranks, and ending them with the client.
+
+Each rank is a fresh interpreter started by torch.multiprocessing (`start_processes` with the spawn method, what
+`torch.multiprocessing.spawn` runs: CUDA cannot be forked). Its join ends every other rank as soon as one fails and
+raises with the failed rank's traceback, or with the signal that killed it. torchrun was the other choice: it
+re-executes a script, and a ClientApp is already a process Flower or a Ray actor started, whose ranks must end with it.
+
+What this module adds to torch's launcher:
+- a rendezvous in a private folder (a file store: no port to collide with another client's ranks on the machine);
+- tensors in and out as safetensors files in that folder (a 7B model's weights do not go through a pickle pipe), and
+  rank 0's other results as JSON;
+- ranks that end when the client process dies: a SIGKILLed client runs no atexit hook, so each rank watches its
+  parent's pid and exits when it changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+RankTarget = Callable[..., tuple[dict[str, np.ndarray], dict[str, Any]]]
+
+
+class RankFailed(RuntimeError):
+    """One of a client's ranks failed (raised, or was killed); the others were ended."""
+
+
+def run_ranks(world: int, backend: str, target: RankTarget, tensors: dict[str, np.ndarray], *args: Any,
+              timeout_s: float | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """`target(rank, world, tensors, *args)` on `world` ranks in one process group (`backend`: gloo or nccl); rank 0's
+    return value, (tensors, JSON-able info). `args` travel pickled; `tensors` once through a file every rank maps."""
+    from safetensors.numpy import load_file, save_file
+
+    with tempfile.TemporaryDirectory(prefix="fedagent-ranks-") as folder:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(folder, "in.safetensors"))
+        context = mp.start_processes(_rank_main, args=(world, backend, folder, os.getpid(), target, args), nprocs=world,
+                                     join=False, daemon=True, start_method="spawn")
+        started = time.monotonic()
+        try:
+            while not context.join(timeout=1.0):
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    raise RankFailed(f"the client's {world} ranks did not finish in {timeout_s:g} s")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+            exitcodes = [p.exitcode for p in context.processes]  # before any rank is ended by us
+            _end(context.processes)
+            raise _first_failure(Path(folder), exitcodes) from None
+        finally:
+            _end(context.processes)
+        out = Path(folder)
+        return load_file(str(out / "out.safetensors")), json.loads((out / "out.json").read_text())
+
+
+def _first_failure(folder: Path, exitcodes: list[int | None]) -> RankFailed:
+    """The failure that ended the ranks. When one rank fails, the others fail too, in the next collective, with a lost
+    connection: a rank killed by a signal is the cause (but SIGTERM, which torch's join sends the survivors), or else
+    the rank that raised first."""
+    world = len(exitcodes)
+    for rank, code in enumerate(exitcodes):
+        if code is not None and code < 0 and -code != signal.SIGTERM:
+            return RankFailed(f"rank {rank} of the client's {world} died (signal {signal.Signals(-code).name}); "
+                              "the other ranks were ended")
+    raised = sorted((float(f.read_text().split("\n", 1)[0]), f) for f in folder.glob("error-*.txt"))
+    if not raised:
+        return RankFailed(f"the client's {world} ranks ended with exit codes {exitcodes}")
+    when, first = raised[0]
+    rank, traceback_text = int(first.stem.split("-")[1]), first.read_text().split("\n", 1)[1]
+    last = traceback_text.strip().splitlines()[-1]
+    return RankFailed(f"rank {rank} of the client's {world} failed: {last}\n{traceback_text}")
+
+
+def _end(processes) -> None:
+    """Every rank still running is ended (SIGTERM, then SIGKILL after 5 s) and reaped."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in processes:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        if os.getppid() != parent:  # the client died; nobody will collect this rank's result
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def _rank_main(rank: int, world: int, backend: str, folder: str, parent: int, target: RankTarget, args: tuple) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+    try:
+        try:
+            tensors, info = target(rank, world, load_file(os.path.join(folder, "in.safetensors")), *args)
+        except BaseException:  # when it failed, and why: the launcher names the first rank that failed
+            Path(folder, f"error-{rank}.txt").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+            raise
+        if rank == 0:
+            save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(folder, "out.safetensors"))
+            Path(folder, "out.json").write_text(json.dumps(info))
+        dist.barrier()  # rank 0 has written: the others may end
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """The device rank `rank` computes on: its own card of the client's visible ones, or the CPU."""
+    if device.type == "cuda":
+        if torch.cuda.device_count() <= rank:
+            raise RankFailed(f"rank {rank} needs a CUDA device of its own, and {torch.cuda.device_count()} are visible "
+                             "(ranks-per-client = the GPUs each client gets: --num-gpus-per-client)")
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"

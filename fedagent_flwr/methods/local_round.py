@@ -1,0 +1,85 @@
+"""A FedAgent client's local round, with no Flower in sight: tau epochs of GRPO from the weights the server sent, on
+the client's partition. One process runs it as it is; each of a client's N ranks runs it on the model sharded
+(methods/ranked_round.py passes `shard`), and all ranks return the same full weights.
+"""
+
+from __future__ import annotations
+
+import time
+from copy import deepcopy
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from envs import Task, make_env
+from fedagent_flwr.agent.models.loading import Agent, load_frozen_base
+from fedagent_flwr.agent.play.seeding import seed_everything
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.memory import activation_room, rollout_rows
+
+
+def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int,
+                  model: torch.nn.Module | None = None, optimizer: dict[str, np.ndarray] | None = None,
+                  base_model: torch.nn.Module | None = None) -> dict[str, float]:
+    """tau epochs of GRPO from the weights currently in `model` (default `agent.model`; a LoRA-wrapped
+    base trains its adapter only); returns round metrics. With `optimizer` (a dict, empty in the first round)
+    AdamW continues from the state in it, and the state it ends in is written back. `base_model`: the frozen base
+    weights a full fine-tuning's KL term anchors to with kl-reference='base'."""
+    if not tasks:
+        raise ValueError(f"client {partition_id} has no training tasks")
+    started = time.time()
+    rng = seed_everything(cfg.seed, server_round, partition_id)
+    model = model if model is not None else agent.model
+    rows = rollout_rows(cfg, agent, tasks)
+    placement = cfg.placement("client", model=model)  # every auto of this client, the engine checked against its model
+    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, activation_room(cfg, agent, tasks, rows), placement),
+                          rollout_config(cfg, batch_size=rows, placement=placement), base_model=base_model)
+    if optimizer:
+        trainer.load_optimizer_arrays(optimizer)
+    env_factory = lambda: make_env(cfg.env, cfg.max_steps)
+    epochs = [trainer.train_epoch(env_factory, tasks, rng) for _ in range(cfg.local_epochs)]
+    if optimizer is not None:
+        optimizer.clear()
+        optimizer.update(trainer.optimizer_arrays())
+    # Rates are averaged over epochs, counts summed.
+    summed = {"episodes", "tokens", "generated_tokens", "optimizer_steps", "train_samples", "rollout_seconds"}
+    metrics = {}
+    for key in sorted({k for e in epochs for k in e}):
+        values = [e[key] for e in epochs if key in e]  # a category may be absent from an epoch
+        metrics[key] = float(sum(values)) if key in summed else float(np.mean(values))
+    metrics["seconds"] = time.time() - started
+    return metrics
+
+
+def local_round(cfg: RunConfig, agent: Agent, sent: ArrayRecord, tasks: Sequence[Task], server_round: int,
+                partition_id: int, optimizer: dict[str, np.ndarray] | None = None,
+                shard: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model) -> tuple[ArrayRecord, dict[str, float]]:
+    """The weights the server sent (the full model, or a LoRA adapter on the base), trained by `train_locally`; the
+    trained weights in the same form, and the round's metrics. `shard` is applied to each model before it trains."""
+    if cfg.finetuning == "lora":
+        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
+            arrays_to_adapter(peft_model, sent)
+            model = shard(peft_model)
+            metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer)
+            return adapter_to_arrays(model), metrics
+    anchor = cfg.placement().kl_reference if cfg.kl_beta > 0 else None
+    base = shard(load_frozen_base(cfg.model, cfg.env, cfg.device)) if anchor == "base" else None
+    arrays_to_model(agent.model, sent)
+    if anchor == "round-start" and cfg.ranks_per_client > 1:  # copied whole, then sharded (FSDP2 cannot deep-copy)
+        base = shard(frozen_copy(agent.model))
+    model = shard(agent.model)
+    metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer, base_model=base)
+    return model_to_arrays(model), metrics
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    copy = deepcopy(model).eval()
+    for p in copy.parameters():
+        p.requires_grad_(False)
+    return copy
