@@ -6,8 +6,9 @@ the model as a client does (its base dtype), attaches the run's LoRA adapter, tr
 code (`methods/local_round.train_locally`: rollouts, then the GRPO update) on partition 0's tasks, and plays
 `--eval-tasks` held-out tasks `eval-samples-per-task` times as the server's evaluator does. The variants alternate
 repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the rollout's, the update's and
-the evaluation's seconds (mean and standard error over repeats), each as a ratio to the first variant's (per repeat,
-mean and standard error), and the round's success rates (what a variant plays is sampled from other numbers, so
+the evaluation's seconds, and milliseconds per generated token (rollout, evaluation) and per trained step (update)
+(mean and standard error over repeats), each as a ratio to the first variant's (per repeat, mean and standard
+error), and the round's success rates (what a variant plays is sampled from other numbers, so
 they differ; whether what is learnt differs is for paired runs to show, docs/results.md). Wall times, no profiler.
 
     python benchmarks/cpu_round.py --run-config configs/smollm2-fedagent-cpu.toml \\
@@ -52,9 +53,24 @@ def one_round(cfg: RunConfig, eval_tasks: int) -> dict[str, float]:
                                     rollout_config(cfg, True, rollout_rows(cfg, agent, held_out, who="server"), placement),
                                     cfg.eval_samples_per_task, cfg.seed, precision=placement.precision)
         evaluation = evaluator.evaluate(0)
-    return {"rollout_s": metrics["rollout_seconds"], "update_s": metrics["seconds"] - metrics["rollout_seconds"],
-            "eval_s": evaluation["seconds"], "train_success": metrics["success_rate"],
-            "eval_success": evaluation["success_rate"]}
+        eval_tokens = sum(len(s.completion_ids) for t in evaluator.last_trajectories for s in t.steps)
+    update_s = metrics["seconds"] - metrics["rollout_seconds"]
+    # Per generated token and per trained step: what each variant played differs (sampled), so its seconds alone
+    # compare different work; these divide the work out (the prompts' lengths still vary with the episodes).
+    return {"rollout_s": metrics["rollout_seconds"], "update_s": update_s, "eval_s": evaluation["seconds"],
+            "rollout_ms_per_token": 1000 * metrics["rollout_seconds"] / max(1.0, metrics["generated_tokens"]),
+            "update_ms_per_sample": 1000 * update_s / max(1.0, metrics["train_samples"]),
+            "eval_ms_per_token": 1000 * evaluation["seconds"] / max(1, eval_tokens),
+            "train_success": metrics["success_rate"], "eval_success": evaluation["success_rate"]}
+
+
+def timed(key: str) -> bool:
+    """Whether a key of one_round's result is a time (a ratio to the first variant's is reported)."""
+    return key.endswith("_s") or "_ms_per_" in key
+
+
+def ratio_key(key: str) -> str:
+    return key.removesuffix("_s") + "_ratio"
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -93,8 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
         entry = {}
         for key in rows[0]:
             entry[key] = mean_se([r[key] for r in rows])
-            if key.endswith("_s"):
-                entry[key.replace("_s", "_ratio")] = mean_se([ref[key] / r[key] for ref, r in zip(runs[first], rows)])
+            if timed(key):
+                entry[ratio_key(key)] = mean_se([ref[key] / r[key] for ref, r in zip(runs[first], rows)])
         report["variants"][name] = entry
     if args.json:
         print(json.dumps(report))
@@ -103,8 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"ratio = {first}'s seconds / the variant's (above 1: faster)")
         for name, entry in report["variants"].items():
             print(f"  {name:<32} " + "  ".join(
-                f"{key} {m:.1f} +- {se:.1f} s ({entry[key.replace('_s', '_ratio')][0]:.2f}x)"
-                for key, (m, se) in entry.items() if key.endswith("_s")))
+                f"{key} {m:.1f} +- {se:.1f} ({entry[ratio_key(key)][0]:.2f}x)"
+                for key, (m, se) in entry.items() if timed(key) and not key.endswith("_ratio")))
     return report
 
 

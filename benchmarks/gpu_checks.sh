@@ -12,6 +12,8 @@
 # Stages, in the order given:
 #   tests         the static engine's CUDA graphs against the transformers loop and against eager, with eager and with
 #                 compiled kernels (tests/agent/test_decode.py -k cuda)
+#   ranks         a client's round through the rank launcher on one card (NCCL, one rank: ranks-per-client > 1 waits
+#                 for a machine with several GPUs; tests/methods/test_ranked_round.py -k nccl)
 #   waits         the log-prob and update passes do not synchronize with the host between micro-batches
 #                 (tests/agent/test_device_waits.py, on CUDA under torch.cuda.set_sync_debug_mode), and the fused AdamW
 #                 steps as the reference loop does (tests/agent/test_grpo.py); then, side by side, update_profile.py at
@@ -75,7 +77,7 @@
 set -u
 ROOT=${1:-benchmarks/results}; shift || true
 STAGES=${*:-tests decode update round-static}
-KNOWN="tests waits decode decode-compile round-compile prefill update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast"
+KNOWN="tests ranks waits decode decode-compile round-compile prefill update round-static round-hf round-fast round-auto kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast"
 for stage in $STAGES; do  # every name checked before anything runs
   case " $KNOWN " in *" $stage "*) ;; *) echo "unknown stage $stage ($KNOWN)"; exit 2 ;; esac
 done
@@ -116,6 +118,8 @@ run_stage() {
   case $1 in
     tests)
       bench tests 150 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda ;;
+    ranks)
+      bench ranks 150 -m pytest -q -p no:cacheprovider tests/methods/test_ranked_round.py -k nccl ;;
     decode-compile)
       bench decode-compile 150 benchmarks/step_kernels.py --shape $SHAPE --rows 128 --prompt-tokens 512 --steps 32 --runs 6 --json
       bench decode-compile.profile 200 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json ;;

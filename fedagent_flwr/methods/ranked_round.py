@@ -42,7 +42,8 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
     if optimizer is not None:
         optimizer.clear()
         optimizer.update({k[len(OPTIMIZER):]: v for k, v in out.items() if k.startswith(OPTIMIZER)})
-    trained = ArrayRecord({k[len(TRAINED):]: numpy_array(v) for k, v in out.items() if k.startswith(TRAINED)})
+    # in the order they were sent (a safetensors file keeps its keys sorted): a reply is the weights sent, in order
+    trained = ArrayRecord({k: numpy_array(out[TRAINED + k]) for k in sent.keys()})
     return trained, info["metrics"]
 
 

@@ -21,6 +21,8 @@ def test_a_tiny_round_is_timed_phase_by_phase_under_each_setting():
             seconds, se = entry[f"{phase}_s"]
             assert seconds > 0 and se >= 0, (name, phase)
         assert 0 <= entry["eval_success"][0] <= 1
+        for key in ("rollout_ms_per_token", "update_ms_per_sample", "eval_ms_per_token"):
+            assert entry[key][0] > 0 and entry[key + "_ratio"][0] > 0, (name, key)
     assert report["variants"]["precision=fp32"]["update_ratio"] == [1.0, 0.0]  # the first variant is the reference
     # a bad value is refused by its key before any round runs
     bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "precision=fp16"],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import rank_workers
 from fedagent_flwr.agent.engine.rank_launch import RankFailed, run_ranks
@@ -85,7 +86,9 @@ def tiny_folder(tmp_path_factory):
     return str(folder)
 
 
-@pytest.mark.parametrize("finetuning", ["lora", "full"])
+# full fine-tuning in the default run (tied weights gathered, the round-start KL anchor sharded); LoRA's passes on
+# ranks are checked in the default run by tests/agent/test_ranks.py, its whole round under -m slow (about 30 s)
+@pytest.mark.parametrize("finetuning", [pytest.param("lora", marks=pytest.mark.slow), "full"])
 def test_a_clients_round_on_two_ranks_trains_what_one_process_trains(finetuning, tiny_folder):
     # Closest-action matching turns the random model's text into moves, so some episodes win and GRPO has groups to
     # learn from; the KL term anchors to the round's start (the full model's copy is sharded like the model).
@@ -104,8 +107,10 @@ def test_a_clients_round_on_two_ranks_trains_what_one_process_trains(finetuning,
     alone, on_ranks = {}, {}
     one, one_metrics = local_round(cfg, agent, sent, tasks, 1, 0, alone)
     two, two_metrics = train_on_ranks(cfg, sent, tasks, 1, 0, on_ranks)
-    # every key and shape of the reply, whole (not rank 0's shard); both moved from what was sent
-    assert {k: array_view(two[k]).shape for k in two.keys()} == {k: array_view(one[k]).shape for k in one.keys()}
+    # every key of the reply in the order sent (the reply filter refuses any other) and every shape whole (not rank
+    # 0's shard); both moved from what was sent
+    assert list(two.keys()) == list(one.keys()) == list(sent.keys())
+    assert [array_view(two[k]).shape for k in two.keys()] == [array_view(one[k]).shape for k in one.keys()]
     for trained in (one, two):
         assert max(float(np.abs(array_view(trained[k]) - array_view(sent[k])).max()) for k in sent.keys()) > 1e-3
     # the whole epoch's episodes were played and counted once; AdamW's state comes back whole, ready for next round
@@ -113,3 +118,18 @@ def test_a_clients_round_on_two_ranks_trains_what_one_process_trains(finetuning,
     assert two_metrics["optimizer_steps"] > 0
     assert sorted(on_ranks) == sorted(alone)
     assert all(np.asarray(on_ranks[k]).size == np.asarray(alone[k]).size for k in alone)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_rank_on_nccl_runs_a_clients_round(tiny_folder):
+    """The launcher's CUDA path (NCCL, rank 0 on the first visible card) on a machine with one GPU; N > 1 ranks wait
+    for a machine with several (benchmarks/gpu_checks.sh, stage ranks)."""
+    cfg = RunConfig.from_run_config({
+        "env": "maze", "model": tiny_folder, "device": "cuda", "finetuning": "lora", "tasks-per-epoch": 3,
+        "group-size": 4, "max-steps": 6, "max-new-tokens": 8, "action-matching": "closest", "invalid-penalty": 0.0,
+        "learning-rate": 1e-2, "minibatch-size": 4, "micro-batch-size": 2, "scale-rewards": "batch"})
+    agent = load_agent(cfg.model, cfg.env, "cpu")
+    with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
+        sent = adapter_to_arrays(peft_model)
+    trained, metrics = train_on_ranks(cfg, sent, learner_tasks(cfg, 0, 2), 1, 0)
+    assert list(trained.keys()) == list(sent.keys()) and metrics["episodes"] == 12
