@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from fedagent_flwr.simulation import processes_of, stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +70,7 @@ class Job:
         assert processes_of(home) == set() and not Path(home).exists(), "".join(self.lines)[-3000:]
 
 
+@pytest.mark.slow  # two whole jobs side by side: about 3 minutes, the default run's largest share (pytest -m slow)
 def test_two_jobs_at_once_and_stopping_one_leaves_nothing_behind_and_the_other_finishes(tmp_path):
     # All three start together, so the kept job is still mid-run when the other two are stopped.
     jobs = [Job(tmp_path, "kept", rounds=30), Job(tmp_path, "ctrl-c", rounds=50), Job(tmp_path, "timeout", rounds=50)]

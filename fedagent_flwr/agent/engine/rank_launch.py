@@ -54,8 +54,8 @@ def run_ranks(world: int, backend: str, target: RankTarget, tensors: dict[str, n
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     raise RankFailed(f"the client's {world} ranks did not finish in {timeout_s:g} s")
         except (mp.ProcessRaisedException, mp.ProcessExitedException):
-            exitcodes = [p.exitcode for p in context.processes]  # before any rank is ended by us
-            _end(context.processes)
+            exitcodes = [p.exitcode for p in context.processes]  # torch's join has sent the survivors SIGTERM
+            _end(context.processes)  # every rank reaped before their error files are read
             raise _first_failure(Path(folder), exitcodes) from None
         finally:
             _end(context.processes)
