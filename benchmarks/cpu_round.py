@@ -77,23 +77,49 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def summarise(runs: dict[str, list[dict[str, float]]], first: str, is_timed=timed) -> dict[str, dict]:
+    """Per variant and key, the mean and standard error over repeats; for a timed key also the ratio of the `first`
+    variant's value to this one's, repeat by repeat (above 1: faster)."""
+    report = {}
+    for name, rows in runs.items():
+        entry = {}
+        for key in rows[0]:
+            entry[key] = mean_se([r[key] for r in rows])
+            if is_timed(key):
+                entry[ratio_key(key)] = mean_se([ref[key] / r[key] for ref, r in zip(runs[first], rows)])
+        report[name] = entry
+    return report
+
+
+def variant_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a side-by-side benchmark of run-config variants (this script, update_passes.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-config", required=True, metavar="FILE", help="a preset TOML of run-config keys")
     parser.add_argument("--variant", action="append", required=True, metavar="KEY=VALUE[,KEY=VALUE]",
                         help="run-config values of one variant over the run config; the first is the reference of the ratios")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks the evaluation plays")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def read_variants(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, RunConfig]:
+    """Each --variant's run config over --run-config, every one checked before any work (a bad value: the parser's
+    one-line error); --threads applied."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:  # every variant checked before the first round starts
+    try:
         preset = RunConfig().to_run_config() | read_run_config_file(args.run_config)
-        variants = {v: RunConfig.from_run_config(preset | parse_overrides(v.split(","))) for v in args.variant}
+        return {v: RunConfig.from_run_config(preset | parse_overrides(v.split(","))) for v in args.variant}
     except ValueError as err:
         parser.error(str(err))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = variant_parser(__doc__)
+    parser.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks the evaluation plays")
+    args = parser.parse_args(argv)
+    variants = read_variants(parser, args)
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for repeat in range(args.repeats):
         for name, cfg in variants.items():
@@ -104,14 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
                   + f" ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     first = args.variant[0]
     report = {"run_config": args.run_config, "repeats": args.repeats, "eval_tasks": args.eval_tasks,
-              "threads": torch.get_num_threads(), "variants": {}}
-    for name, rows in runs.items():
-        entry = {}
-        for key in rows[0]:
-            entry[key] = mean_se([r[key] for r in rows])
-            if timed(key):
-                entry[ratio_key(key)] = mean_se([ref[key] / r[key] for ref, r in zip(runs[first], rows)])
-        report["variants"][name] = entry
+              "threads": torch.get_num_threads(), "variants": summarise(runs, first)}
     if args.json:
         print(json.dumps(report))
     else:

@@ -39,7 +39,14 @@ from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
 from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
 from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
-from fedagent_flwr.agent.training.grpo import KL_REFERENCES, LOSS_AGGREGATIONS, SCALE_REWARDS, STD_DDOFS, UNIFORM_GROUPS
+from fedagent_flwr.agent.training.grpo import (
+    KL_REFERENCES,
+    LOSS_AGGREGATIONS,
+    OLD_LOGPROBS,
+    SCALE_REWARDS,
+    STD_DDOFS,
+    UNIFORM_GROUPS,
+)
 from fedagent_flwr.agent.training.lora import LoRASpec
 from fedagent_flwr.atomic import unwritable_reason
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
@@ -210,6 +217,8 @@ class SpeedConfig:
     logprob_micro_batch_tokens: int = _key(0, "the no-grad log-prob passes as micro-batch-tokens cuts the update's: > 0 = passes of at most this many padded tokens instead of logprob-micro-batch-size rows, a longer agent step alone; they keep no activations for backward, so a budget several times the update's fits. The memory plan counts max(this, the context) tokens a pass; 0 = logprob-micro-batch-size", "integer >= 0 (0 = logprob-micro-batch-size)")
     logprob_chunk_tokens: int = _key(0, "completion tokens the output head scores at a time in GRPO's log-prob and update passes, each chunk recomputed in backward: the [micro-batch, tokens, vocab] logits are never built (1024 suits a 152k vocabulary on a GPU); 0 = full logits", "integer >= 0")
     length_grouped_micro_batches: bool = _key(False, "sort each minibatch by length before cutting it into micro-batches, so little padding is computed; the loss is the same weighted token mean", "true | false")
+    shared_prompt_prefix: bool = _key(False, "GRPO's log-prob and update passes compute the tokens every prompt of a micro-batch opens with (the chat template's system message, the environment's instructions and task) once, as one row whose keys and values every row attends to, instead of once per row: the same log-probs and gradients up to float rounding, and fewer tokens through the model (a quarter of a Gridworld step's), yet on a 2-core CPU the update ran slower with it (benchmarks/update_passes.py; docs/results.md); not yet measured on a GPU. Not with gradient-checkpointing", "true | false")
+    old_logprobs: str = _key("recompute", "where GRPO's PPO ratio takes the round-start policy's log-probs from: recompute = a no-grad pass over every sample before the first optimizer step (verl, TRL); rollout = the log-probs the sampler drew each token with, kept by the rollout: the same policy and tokens, so the same numbers up to the decode passes' rounding, and that pass is saved (the update 1.2x faster on a 2-core CPU; benchmarks/update_passes.py)", choices=OLD_LOGPROBS)
     gradient_checkpointing: bool | str = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute; auto = in each GRPO micro-batch only the fewest leading layers whose checkpointing makes its activations fit the memory the rest of the client's plan leaves in client-memory-gb (or else the GPU memory free when the client starts), so short micro-batches skip the recompute; every layer where no memory is known (a CPU without client-memory-gb)", "true | false | auto", words=("auto",))
     ranks_per_client: int = _key(1, "processes a client's local round runs on, each with a device of its own (one GPU of the client's --num-gpus-per-client, or a share of the CPU's cores): each plays a share of the epoch's episodes with the whole weights, and GRPO's passes run under FSDP2 with weights, gradients and AdamW state sharded over them, the same loss as one process over the whole epoch (methods/ranked_round.py; docs/deployment.md). GRPO strategies (fedagent-avg and its baselines); 1 = the client's own process", "integer >= 1", at_least=1)
 
@@ -227,6 +236,10 @@ class SpeedConfig:
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), f"an integer >= 0 (0 = {zero})")
         need(self.gradient_checkpointing in (True, False, "auto"), "gradient-checkpointing", self.gradient_checkpointing,
              "true | false | auto")
+        # transformers' checkpointed layers turn the KV cache off, and the prefix reaches the rows through it
+        need(not (self.shared_prompt_prefix and self.gradient_checkpointing), "shared-prompt-prefix",
+             self.shared_prompt_prefix, "false with gradient-checkpointing on (the prefix's keys and values travel in the "
+             "KV cache, which checkpointed layers turn off)")
 
 @dataclass(frozen=True)
 class LoRAConfig:

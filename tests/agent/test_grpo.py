@@ -219,6 +219,19 @@ def test_a_trainer_that_loads_the_optimizer_arrays_continues_exactly_where_the_l
     assert any(not torch.allclose(fresh[k], v, atol=1e-7) for k, v in tiny_lm.state_dict().items())
 
 
+def _update_recording_grads(model, tokenizer, cfg, samples):
+    """A fresh trainer's update of `model` on `samples`: its statistics and every optimizer step's gradients."""
+    trainer = GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
+    grads, step = [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    return trainer.update(samples, np.random.default_rng(0)), grads
+
+
 def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less_padding(tiny_lm, maze_tokenizer, monkeypatch):
     """Sorting a minibatch by length before cutting micro-batches changes which samples share a forward pass, not
     the loss: it stays one weighted token mean over the minibatch, so every optimizer step sees the same gradient."""
@@ -239,22 +252,14 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
     def run(grouped):
         padding = [0]
 
-        def counting_collate(pairs, pad_id):
-            batch = real_collate(pairs, pad_id)
+        def counting_collate(pairs, pad_id, share_prefix=False):
+            batch = real_collate(pairs, pad_id, share_prefix)
             padding[0] += int((batch["attention_mask"] == 0).sum())
             return batch
 
         monkeypatch.setattr(grpo, "collate", counting_collate)
-        model = copy.deepcopy(tiny_lm)
-        trainer = GRPOTrainer(model, maze_tokenizer, replace(cfg, length_grouped_micro_batches=grouped), RolloutConfig(history_length=0))
-        grads, step = [], trainer.optimizer.step
-
-        def recording_step(*args, **kwargs):
-            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-            return step(*args, **kwargs)
-
-        trainer.optimizer.step = recording_step
-        stats = trainer.update(samples, np.random.default_rng(0))
+        stats, grads = _update_recording_grads(copy.deepcopy(tiny_lm), maze_tokenizer,
+                                               replace(cfg, length_grouped_micro_batches=grouped), samples)
         return stats, grads, padding[0]
 
     plain, plain_grads, plain_padding = run(False)
@@ -267,6 +272,50 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
     for before, after in zip(plain_grads, grouped_grads):
         for name, grad in before.items():
             torch.testing.assert_close(after[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_shared_prompt_prefix_takes_the_same_update_steps(tiny_lm, maze_tokenizer, monkeypatch):
+    """shared-prompt-prefix computes the prompts' common opening once per pass: the old-policy, reference and update
+    passes see shorter rows, and every optimizer step's gradient and the update's statistics are those of whole rows."""
+    import copy
+
+    from fedagent_flwr.agent.training import grpo
+    from fedagent_flwr.agent.training.grpo import StepSample
+
+    rng = np.random.default_rng(11)
+    vocab = tiny_lm.config.vocab_size
+    head = rng.integers(3, vocab, size=20).tolist()  # what every prompt opens with (instructions, task)
+    samples = [StepSample(head + rng.integers(3, vocab, size=int(rng.integers(1, 30))).tolist(),
+                          rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal()),
+                          float(rng.uniform(0.2, 1.0))) for _ in range(12)]
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=6, micro_batch_size=3, device="cpu"))
+    real_collate = grpo.collate
+
+    def run(shared):
+        widths = []
+
+        def recording_collate(pairs, pad_id, share_prefix=False):
+            batch = real_collate(pairs, pad_id, share_prefix)
+            widths.append((batch["input_ids"].shape[1], len(batch.get("prefix_ids", []))))
+            return batch
+
+        monkeypatch.setattr(grpo, "collate", recording_collate)
+        stats, grads = _update_recording_grads(copy.deepcopy(tiny_lm), maze_tokenizer,
+                                               replace(cfg, shared_prompt_prefix=shared), samples)
+        return stats, grads, widths
+
+    whole, whole_grads, whole_widths = run(False)
+    shared, shared_grads, shared_widths = run(True)
+    assert all(prefix == 0 for _, prefix in whole_widths)
+    # 4 old-policy, 4 reference and 4 update passes, each a row shorter by the 20 tokens it shares
+    assert len(shared_widths) == len(whole_widths) == 12
+    assert all(prefix == 20 and width + prefix == full for (width, prefix), (full, _) in zip(shared_widths, whole_widths))
+    assert whole["optimizer_steps"] == shared["optimizer_steps"] == 2 and whole["kl"] > 0
+    for key in ("loss", "kl", "clip_frac", "grad_norm"):
+        assert shared[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+    for before, after in zip(whole_grads, shared_grads):
+        for name, grad in before.items():
+            torch.testing.assert_close(after[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_else(tiny_lm, maze_tokenizer, monkeypatch):

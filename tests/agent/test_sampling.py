@@ -2,6 +2,7 @@ import torch
 
 from fedagent_flwr.agent.play.rollout import stop_token_ids
 from fedagent_flwr.agent.engine.sampling import pick_tokens, sample_batch
+from fedagent_flwr.agent.engine.tokens import shared_prefix
 
 
 def _generate_one(model, prompt, stop_ids, pad_id, max_new):
@@ -49,7 +50,7 @@ def test_a_shared_prompt_prefix_is_encoded_once_and_changes_nothing(tiny_lm, maz
     head = maze_tokenizer("You are an agent in a maze. Reach the goal at position 8, 6. The goal is at")["input_ids"]
     tails = ["position 1, 1.", "position 5, 9. There are walls above you, below you.", "move"]
     prompts = [head + maze_tokenizer(t)["input_ids"] for t in tails]
-    assert sampling._shared_prefix(prompts)[: len(head)] == head
+    assert shared_prefix(prompts)[: len(head)] == head
 
     calls = []
     forward = tiny_lm.forward
@@ -60,7 +61,7 @@ def test_a_shared_prompt_prefix_is_encoded_once_and_changes_nothing(tiny_lm, maz
     for prompt, ids in zip(prompts, got):
         assert ids == _generate_one(tiny_lm, prompt, stop, pad, 10)
     # Every prompt keeps at least one token of its own, even a prompt that is all prefix.
-    assert len(sampling._shared_prefix([head, head + [5]])) == len(head) - 1
+    assert len(shared_prefix([head, head + [5]])) == len(head) - 1
 
 
 def test_identical_prompts_are_prefilled_once_yet_sampled_independently(tiny_lm, maze_tokenizer, monkeypatch):

@@ -117,6 +117,7 @@ NO_GPU = not torch.cuda.is_available()
         ({"transfer-dtype": "bf16", "dp-mode": "server-side"}, "transfer-dtype='bf16'"),
         ({"kl-reference": "initial"}, "kl-reference='initial'"),
         ({"logprob-micro-batch-size": -1}, "logprob-micro-batch-size=-1 is not allowed: expected an integer >= 0"),
+        ({"shared-prompt-prefix": True, "gradient-checkpointing": "auto"}, "shared-prompt-prefix=True is not allowed: expected false with gradient-checkpointing on"),
         # a client on N ranks: GRPO strategies, and what has run under FSDP2
         ({"ranks-per-client": 0}, "ranks-per-client=0 is not allowed: expected an integer >= 1"),
         ({"ranks-per-client": 2, "strategy": "fedse-lora"}, "ranks-per-client=2 is not allowed: expected 1 unless the strategy trains with GRPO"),

@@ -87,5 +87,5 @@ def test_the_real_model_presets_run_a_round_end_to_end(preset, tmp_path):
     # every sampled client came back: the first Fed-SE preset lost 3 of 4 clients to Ray's memory monitor in most
     # rounds, and the run went on with one adapter a round
     assert rows[1].get("train/failed-replies", 0.0) == 0.0, log
-    assert rows[1]["train/replies"] == (2.0 if preset == "smollm2-fedagent-cpu" else 4.0)
+    assert rows[1]["train/replies"] == 4.0  # both presets train all 4 clients every round
     assert (out / preset / "checkpoints" / "round-0001" / "adapter_config.json").exists()

@@ -6,9 +6,10 @@ stops, so one long (often malformed) completion makes all the others pay for
 holds such a row. This loop removes a row from the batch and its KV cache as soon
 as it emits a stop token, so the work per step shrinks with the live rows, and the
 prompt prefix every row shares (instructions, task text) is encoded once. It is
-plain ancestral sampling (temperature, top-p) or greedy decoding; the log-probs
-GRPO trains on are recomputed from the tokens, so nothing depends on how the
-sampler was written. Measured against `generate` on the same batch (benchmarks/rollout_throughput.py,
+plain ancestral sampling (temperature, top-p) or greedy decoding. It can hand back each
+drawn token's log-probability (`logprobs=`), which GRPO takes as the round-start policy's
+under old-logprobs = rollout; by default GRPO recomputes them from the tokens, and then
+nothing depends on how the sampler was written. Measured against `generate` on the same batch (benchmarks/rollout_throughput.py,
 warm SmolLM2-135M, 2 CPU cores): 2.2-2.5x the tokens/s on GRPO-shaped batches (4 tasks x G = 8), 1.3x on
 8 distinct tasks (docs/agent.md); it stays only while it is faster.
 
@@ -20,7 +21,6 @@ decoder refuses, and "hf" everywhere else, so CPU runs sample exactly what they 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections.abc import Sequence
@@ -30,42 +30,9 @@ import torch
 from fedagent_flwr.agent.engine.attention import variable_shape_attention
 from fedagent_flwr.agent.engine.decode import StaticDecoder, decoder_for
 from fedagent_flwr.agent.engine.placement import ENGINES, decode_engine_for
+from fedagent_flwr.agent.engine.tokens import MIN_SHARED_PREFIX, cache_name, last_logits_only, shared_prefix
 log = logging.getLogger(__name__)
 _REFUSED: weakref.WeakSet = weakref.WeakSet()  # models the static engine refused, so "auto" says so only once
-
-# Below this many shared tokens a separate prefix pass costs more than it saves.
-MIN_SHARED_PREFIX = 8
-
-
-def _shared_prefix(prompts: Sequence[Sequence[int]]) -> list[int]:
-    """The longest common prefix, always leaving every prompt at least one token of its own."""
-    first = list(prompts[0])
-    n = min(len(p) for p in prompts) - 1
-    for p in prompts[1:]:
-        k = 0
-        while k < n and p[k] == first[k]:
-            k += 1
-        n = k
-    return first[:max(n, 0)]
-
-
-def _forward_parameters(model) -> set[str]:
-    """The keywords the transformers model's forward takes (a PEFT wrapper's forward only passes them on)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return set(inspect.signature(base.forward).parameters)
-
-
-def _last_logits_only(model) -> dict:
-    # Prefill needs the next-token logits of the last position only; the LM head over every
-    # prompt token is a sizeable share of a small model's prefill.
-    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
-
-
-def _cache_name(model) -> str:
-    """The KV cache's keyword and output field: transformers 5.24 renamed `past_key_values` to `cache` and
-    drops the old name in 5.40; earlier 5.x releases know only the old one."""
-    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
-
 
 def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """One token per row: greedy at temperature 0, else a sample from the (top-p) softmax."""
@@ -94,9 +61,12 @@ def sample_batch(
     top_p: float = 1.0,
     engine: str = "auto",
     kernels: str = "eager",
+    logprobs: list[list[float]] | None = None,
 ) -> list[list[int]]:
     """Completion token ids per prompt, each ending at its first stop token (kept) or at the cap. `kernels`: the
-    static engine's token step (decode.KERNELS); the hf engine has none to choose."""
+    static engine's token step (decode.KERNELS); the hf engine has none to choose. `logprobs`: a list that receives,
+    per prompt, each drawn token's log-probability under the temperature-scaled softmax (before top-p), the quantity
+    GRPO's ratio divides by (engines' rounding included: these come from the decode passes, not a training forward)."""
     if engine not in ENGINES:
         raise ValueError(f"decode engine must be one of {ENGINES}, got {engine!r}")
     if engine == "auto":  # resolved where every auto is (placement.py), the model's refusal said once
@@ -105,8 +75,9 @@ def sample_batch(
             log.warning("%s; sampling with the hf engine", note)
             _REFUSED.add(model)
     if engine == "static":
-        return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, kernels=kernels)
-    return hf_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p)
+        return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, kernels=kernels,
+                                 logprobs=logprobs)
+    return hf_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, logprobs=logprobs)
 
 
 def _device_type(model) -> str:
@@ -129,6 +100,7 @@ def fast_sample_batch(
     top_p: float = 1.0,
     decoder: StaticDecoder | None = None,
     kernels: str = "eager",
+    logprobs: list[list[float]] | None = None,
 ) -> list[list[int]]:
     """`sample_batch` on decode.py's static decoder (raises UnsupportedModel for a model it does not reproduce).
 
@@ -138,25 +110,34 @@ def fast_sample_batch(
     model's own (decode.decoder_for), with CUDA graphs on a GPU and the token step's `kernels`."""
     n_rows = len(prompts)
     if max_new_tokens <= 0 or n_rows == 0:
+        if logprobs is not None:
+            logprobs[:] = [[] for _ in range(n_rows)]
         return [[] for _ in range(n_rows)]
     device = next(model.parameters()).device
     decoder = decoder or decoder_for(model, _rollout_dtype(device), kernels=kernels)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     logits = decoder.start([list(p) for p in prompts], pad_id, max_new_tokens)
-    return _sample_rows(decoder, logits, n_rows, stops, max_new_tokens, temperature, top_p)
+    return _sample_rows(decoder, logits, n_rows, stops, max_new_tokens, temperature, top_p, logprobs)
 
 
 def _sample_rows(decoder, logits: torch.Tensor, n_rows: int, stops: torch.Tensor, max_new_tokens: int,
-                 temperature: float, top_p: float) -> list[list[int]]:
+                 temperature: float, top_p: float, logprobs: list[list[float]] | None = None) -> list[list[int]]:
     """The token loop both engines share: draw a token per live row, drop the rows that stopped (decoder.keep), and
     advance the rest one step (decoder.step -> next logits). One loop, so both engines hand `pick_tokens` the same
     rows in the same order and a seed draws the same numbers."""
     rows = torch.arange(n_rows, device=logits.device)  # which prompt each live batch row belongs to
     completions: list[list[int]] = [[] for _ in range(n_rows)]
+    if logprobs is not None:
+        logprobs[:] = [[] for _ in range(n_rows)]
     for step in range(max_new_tokens):
         tokens = pick_tokens(logits, temperature, top_p)
         for row, tok in zip(rows.tolist(), tokens.tolist()):
             completions[row].append(tok)
+        if logprobs is not None:  # as tokens.completion_logprobs scores them: fp32 logits over the temperature
+            scaled = logits.float() / temperature if temperature not in (0, 1.0) else logits.float()
+            drawn = torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+            for row, lp in zip(rows.tolist(), drawn.tolist()):
+                logprobs[row].append(lp)
         if step == max_new_tokens - 1:
             break
         live = ~torch.isin(tokens, stops)
@@ -199,16 +180,17 @@ def hf_sample_batch(
     max_new_tokens: int,
     temperature: float,
     top_p: float = 1.0,
+    logprobs: list[list[float]] | None = None,
 ) -> list[list[int]]:
     """The "hf" engine: the transformers model's forward with its dynamic cache (the reference)."""
     device = next(model.parameters()).device
     with variable_shape_attention(device):  # the keys grow by one every step: a new shape each time (attention.py)
-        return _hf_rows(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, device)
+        return _hf_rows(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, device, logprobs)
 
 
 def _hf_rows(model, prompts, pad_id: int, stop_ids, max_new_tokens: int, temperature: float, top_p: float,
-             device: torch.device) -> list[list[int]]:
-    cache_name = _cache_name(model)
+             device: torch.device, logprobs: list[list[float]] | None = None) -> list[list[int]]:
+    name = cache_name(model)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     # Identical prompts are common (a GRPO group's first step; episodes of a Markov task that
     # reach the same state): prefill each distinct prompt once and give every row a copy of its
@@ -216,12 +198,12 @@ def _hf_rows(model, prompts, pad_id: int, stop_ids, max_new_tokens: int, tempera
     distinct: dict[tuple[int, ...], int] = {}
     source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     n_rows, prompts = len(prompts), [list(p) for p in distinct]
-    prefix = _shared_prefix(prompts) if len(prompts) > 1 else []
+    prefix = shared_prefix(prompts) if len(prompts) > 1 else []
     cache = None
     if len(prefix) >= MIN_SHARED_PREFIX:
         # Every episode's prompt opens with the same instructions: compute their keys and
         # values once and share them across the batch instead of once per row.
-        cache = model(input_ids=torch.as_tensor([prefix], device=device), use_cache=True, **_last_logits_only(model))[cache_name]
+        cache = model(input_ids=torch.as_tensor([prefix], device=device), use_cache=True, **last_logits_only(model))[name]
         cache.batch_repeat_interleave(len(prompts))
     else:
         prefix = []
@@ -239,12 +221,12 @@ def _hf_rows(model, prompts, pad_id: int, stop_ids, max_new_tokens: int, tempera
     positions = ((mask.cumsum(dim=-1) - 1).clamp(min=0))[:, len(prefix):]
 
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                **{cache_name: cache}, **_last_logits_only(model))
-    cache, logits = out[cache_name], out.logits[:, -1, :]
+                **{name: cache}, **last_logits_only(model))
+    cache, logits = out[name], out.logits[:, -1, :]
     next_position = positions[:, -1] + 1
     if len(prompts) < n_rows:
         expand = torch.as_tensor(source, dtype=torch.long, device=device)
         cache.batch_select_indices(expand)
         logits, mask, next_position = logits[expand], mask[expand], next_position[expand]
-    stepper = _TransformersStepper(model, cache, mask, next_position, cache_name)
-    return _sample_rows(stepper, logits, n_rows, stops, max_new_tokens, temperature, top_p)
+    stepper = _TransformersStepper(model, cache, mask, next_position, name)
+    return _sample_rows(stepper, logits, n_rows, stops, max_new_tokens, temperature, top_p, logprobs)

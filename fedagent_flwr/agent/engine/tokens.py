@@ -7,6 +7,7 @@ padding tokens - the environment's text - are masked out.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -15,19 +16,63 @@ from torch.utils.checkpoint import checkpoint
 from fedagent_flwr.agent.engine.attention import variable_shape_attention
 
 
-def collate(samples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad prompt+completion sequences; mark which positions hold completion tokens."""
-    lengths = [len(p) + len(c) for p, c in samples]
+# Below this many shared tokens a separate prefix pass costs more than it saves.
+MIN_SHARED_PREFIX = 8
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """The longest common prefix, always leaving every prompt at least one token of its own."""
+    first = list(prompts[0])
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        k = 0
+        while k < n and p[k] == first[k]:
+            k += 1
+        n = k
+    return first[:max(n, 0)]
+
+
+def forward_parameters(model) -> set[str]:
+    """The keywords the transformers model's forward takes (a PEFT wrapper's forward only passes them on)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return set(inspect.signature(base.forward).parameters)
+
+
+def last_logits_only(model) -> dict:
+    # Prefill needs the next-token logits of the last position only; the LM head over every
+    # prompt token is a sizeable share of a small model's prefill.
+    return {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
+
+
+def cache_name(model) -> str:
+    """The KV cache's keyword and output field: transformers 5.24 renamed `past_key_values` to `cache` and
+    drops the old name in 5.40; earlier 5.x releases know only the old one."""
+    return "cache" if "cache" in forward_parameters(model) else "past_key_values"
+
+
+def collate(samples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
+            share_prefix: bool = False) -> dict[str, torch.Tensor]:
+    """Right-pad prompt+completion sequences; mark which positions hold completion tokens.
+
+    share_prefix: where the prompts share at least MIN_SHARED_PREFIX leading tokens (the chat template's system
+    message, the environment's instructions and task), those go to "prefix_ids" once and every row holds only the
+    rest; completion_logprobs then computes the prefix's keys and values once for the whole batch."""
+    prefix = shared_prefix([p for p, _ in samples]) if share_prefix and len(samples) > 1 else []
+    cut = len(prefix) if len(prefix) >= MIN_SHARED_PREFIX else 0
+    lengths = [len(p) - cut + len(c) for p, c in samples]
     width = max(lengths)
     input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
     completion_mask = torch.zeros((len(samples), width), dtype=torch.bool)
     for i, (prompt, completion) in enumerate(samples):
-        n_p, n_c = len(prompt), len(completion)
-        input_ids[i, : n_p + n_c] = torch.tensor(list(prompt) + list(completion), dtype=torch.long)
+        n_p, n_c = len(prompt) - cut, len(completion)
+        input_ids[i, : n_p + n_c] = torch.tensor(list(prompt[cut:]) + list(completion), dtype=torch.long)
         attention_mask[i, : n_p + n_c] = 1
         completion_mask[i, n_p : n_p + n_c] = True
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
+    if cut:
+        batch["prefix_ids"] = torch.tensor(prefix[:cut], dtype=torch.long)
+    return batch
 
 
 def completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0,
@@ -105,13 +150,35 @@ def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
     return to_device(causal & attention_mask.bool()[:, None, None, :], device)
 
 
+def body_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], input_ids: torch.Tensor, device: torch.device,
+                padding_mask: bool = False) -> dict:
+    """The keywords of a forward over a `collate` batch's rows (`input_ids`: its rows on the device).
+
+    Without "prefix_ids": the rows alone, no KV cache (a training forward needs none; transformers would build one
+    for the whole sequence). With them: the prefix runs once, as one row, and its keys and values are repeated for
+    every row (repeat_interleave, so in a backward each row's gradient flows back into the one prefix pass); the rows
+    follow at positions after the prefix, under the 2-D mask over prefix and row, from which transformers builds the
+    causal mask offset by the cache's length (the causal kernel without a mask would align a row's first token with
+    the prefix's first, not its last)."""
+    if "prefix_ids" not in batch:
+        return {"input_ids": input_ids, "attention_mask": model_attention_mask(model, batch["attention_mask"], device,
+                                                                                padding_mask), "use_cache": False}
+    name = cache_name(model)
+    prefix = to_device(batch["prefix_ids"], device)[None]
+    cache = model(input_ids=prefix, use_cache=True, **last_logits_only(model))[name]
+    rows, width, shared = input_ids.shape[0], input_ids.shape[1], prefix.shape[1]
+    cache.batch_repeat_interleave(rows)
+    mask = torch.cat([torch.ones((rows, shared), dtype=torch.long), batch["attention_mask"]], dim=1)
+    positions = torch.arange(shared, shared + width, dtype=torch.long).expand(rows, width)
+    return {"input_ids": input_ids, "attention_mask": to_device(mask, device), "position_ids": to_device(positions, device),
+            name: cache, "use_cache": True}
+
+
 def _full_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                               device: torch.device, padding_mask: bool = False,
                               with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     input_ids = to_device(batch["input_ids"], device)
-    attention_mask = model_attention_mask(model, batch["attention_mask"], device, padding_mask)
-    # use_cache=False: a training forward needs no KV cache (transformers would build one for the whole sequence)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    logits = model(**body_inputs(model, batch, input_ids, device, padding_mask)).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:]
@@ -177,12 +244,11 @@ def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.T
     decoder, head = decoder_and_head(model)
     device = next(model.parameters()).device
     input_ids = to_device(batch["input_ids"], device)
-    attention_mask = model_attention_mask(decoder, batch["attention_mask"], device, padding_mask)
     host_mask = batch["completion_mask"][:, 1:]
     mask = to_device(host_mask, device)
     # the completion positions from the host's mask: nonzero of the device's would wait for the body's forward
     rows, cols = (to_device(index, device) for index in host_mask.nonzero(as_tuple=True))
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = decoder(**body_inputs(decoder, batch, input_ids, device, padding_mask)).last_hidden_state
     scored = hidden[rows, cols]  # [completion tokens, hidden]: position t predicts token t + 1
     targets = input_ids[rows, cols + 1]
     pieces = []

@@ -41,6 +41,9 @@ class StepRecord:
     observation: str = ""  # what the agent saw before this step (for transcripts)
     prompt: str = ""  # the user message the step answered (demonstrations for supervised warm starts)
     penalty: float = 0.0  # the invalid-action penalty this step drew (RolloutConfig.invalid_action says which step does)
+    # each completion token's log-probability under the policy that sampled it (LMPolicy at a temperature > 0; None
+    # from other policies): GRPO's old-policy log-probs under old-logprobs = rollout
+    logprobs: list[float] | None = None
 
 
 @dataclass
@@ -72,8 +75,9 @@ class Episode:
 
 
 class Policy(Protocol):
-    def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
-        """(completion token ids, completion text) for every episode."""
+    def act(self, episodes: Sequence[Episode]) -> list[tuple]:
+        """(completion token ids, completion text) for every episode, or (ids, text, each token's log-probability)
+        where the policy knows them."""
 
 
 REWARD_MODES = ("success", "env", "score")
@@ -192,23 +196,27 @@ class LMPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
 
     @torch.no_grad()
-    def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
-        out: list[tuple[list[int], str]] = []
+    def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str, list[float] | None]]:
+        out: list[tuple[list[int], str, list[float] | None]] = []
         size = self.config.batch_size
         for start in range(0, len(episodes), size):
             out.extend(self._generate([e.prompt_ids for e in episodes[start : start + size]]))
         return out
 
-    def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
+    def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str, list[float] | None]]:
         cfg = self.config
         was_training = self.model.training
         self.model.eval()
+        # the drawn tokens' log-probs, a few floats a token: greedy decoding (temperature 0) samples from no distribution
+        logprobs: list[list[float]] | None = [] if cfg.temperature > 0 else None
         try:
             rows = sample_batch(self.model, prompts, self.pad_id, self.stop_ids, cfg.max_new_tokens,
-                                cfg.temperature, cfg.top_p, engine=cfg.decode_engine, kernels=cfg.decode_kernels)
+                                cfg.temperature, cfg.top_p, engine=cfg.decode_engine, kernels=cfg.decode_kernels,
+                                logprobs=logprobs)
         finally:
             self.model.train(was_training)
-        return [(ids, self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in rows]
+        return [(ids, self.tokenizer.decode(ids, skip_special_tokens=True), logprobs[i] if logprobs is not None else None)
+                for i, ids in enumerate(rows)]
 
 
 class ExpertPolicy:
@@ -267,14 +275,15 @@ def run_episodes(
             e.prompt_ids = ids
         completions = policy.act(live)
         still_live = []
-        for e, (ids, text) in zip(live, completions):
+        for e, (ids, text, *known) in zip(live, completions):
             parsed = parse_action(text, config.answer_parsing, e.env.reference_tail_chars)
             action, as_written = match_action(e.env, parsed.action, config.action_matching)
             obs, reward, terminated, truncated, info = e.env.step(action)
             valid = parsed.well_formed and info["valid"] and as_written
             traj = e.trajectory
             penalty = config.step_penalty(parsed.well_formed, valid)
-            traj.steps.append(StepRecord(e.prompt_ids, ids, text, action, reward, valid, e.observation, e.prompt, penalty))
+            traj.steps.append(StepRecord(e.prompt_ids, ids, text, action, reward, valid, e.observation, e.prompt, penalty,
+                                         known[0] if known else None))
             traj.env_return += reward
             traj.penalty += penalty
             e.history.append((e.observation, action))

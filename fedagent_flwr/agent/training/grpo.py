@@ -65,6 +65,10 @@ UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a grou
 # (docs/results.md, issue 34).
 SCALE_REWARDS = ("group", "batch", "none")
 KL_REFERENCES = ("round-start", "base")
+# Where the PPO ratio's denominator comes from: "recompute" = a no-grad pass of the round-start policy over every
+# sample before the first step (verl's and TRL's way); "rollout" = the log-probs the sampler drew each token with
+# (the same policy and the same tokens: the same numbers up to the decode passes' rounding), which saves that pass
+OLD_LOGPROBS = ("recompute", "rollout")
 
 
 @dataclass
@@ -119,6 +123,9 @@ class GRPOConfig:
     # log-prob passes), so that samples of similar length share a micro-batch and little padding is computed.
     # The loss is the same weighted token mean (same normalizer); only float summation order changes.
     length_grouped_micro_batches: bool
+    # The prompts' shared prefix computed once per pass (tokens.collate's share_prefix): the same values up to rounding
+    shared_prompt_prefix: bool
+    old_logprobs: str  # OLD_LOGPROBS: recompute them in a pass, or take the rollout's
     weight_decay: float  # AdamW's decoupled weight decay (verl's actor default is 0.01)
     # the decoder layers' kernels in the log-prob and update passes: eager | compile | liger (agent/engine/kernels.py)
     training_kernels: str
@@ -166,6 +173,7 @@ class GRPOConfig:
             raise ValueError(f"gigpo_gamma={self.gigpo_gamma!r} and gigpo_step_weight={self.gigpo_step_weight!r}: "
                              "expected a discount in [0, 1] and a weight >= 0")
         for name, allowed in (("advantage_estimator", ADVANTAGE_ESTIMATORS), ("gigpo_mode", GIGPO_MODES),
+                              ("old_logprobs", OLD_LOGPROBS),
                               ("loss_aggregation", LOSS_AGGREGATIONS), ("kl_reference", KL_REFERENCES),
                               ("uniform_groups", UNIFORM_GROUPS), ("scale_rewards", SCALE_REWARDS),
                               ("precision", RESOLVED_PRECISIONS), ("training_kernels", TRAINING_KERNELS),
@@ -174,6 +182,9 @@ class GRPOConfig:
             # `is` for the booleans: 1 == True would pass a membership test
             if not any(value is a if isinstance(a, bool) else value == a for a in allowed):
                 raise ValueError(f"{name}={value!r} is not allowed: expected {' | '.join(map(str, allowed))}")
+        if self.shared_prompt_prefix and self.gradient_checkpointing:
+            raise ValueError(f"shared_prompt_prefix=True needs gradient_checkpointing False, got "
+                             f"{self.gradient_checkpointing!r} (checkpointed layers turn off the KV cache the prefix needs)")
         if self.param_dtype == "bf16" and self.precision != "bf16-mixed":
             raise ValueError(f"param_dtype='bf16' needs precision 'bf16-mixed', got precision={self.precision!r}")
 
@@ -258,6 +269,7 @@ class StepSample:
     completion_ids: list[int]
     advantage: float
     weight: float = 1.0  # per-token weight in the loss (see GRPOConfig.loss_aggregation)
+    old_logprobs: list[float] | None = None  # the completion tokens' log-probs as the rollout sampled them, if known
 
 
 def step_advantages(trajectories: Sequence[Trajectory], group_ids: Sequence[int], eps: float,
@@ -302,7 +314,7 @@ def trajectories_to_samples(
     for t, advs in zip(trajectories, advantages):
         tokens = sum(len(s.completion_ids) for s in t.steps)
         weight = 1.0 / max(1, tokens) if aggregation == "trajectory-mean" else 1.0
-        samples.extend(StepSample(s.prompt_ids, s.completion_ids, float(a), weight) for s, a in zip(t.steps, advs)
+        samples.extend(StepSample(s.prompt_ids, s.completion_ids, float(a), weight, s.logprobs) for s, a in zip(t.steps, advs)
                        if s.completion_ids and not (a == 0.0 and uniform_groups == "drop"))
     return samples
 
@@ -469,7 +481,8 @@ class GRPOTrainer:
         pending = []  # each micro-batch's sample indices, log-probs (on the device) and completion mask (on the host)
         with passes.scoring(model, reference):
             for n, micro in enumerate(micros + [order[:1]] * spare):
-                batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id)
+                batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in micro], self.tokenizer.pad_token_id,
+                                cfg.shared_prompt_prefix)
                 with passes.forward():
                     logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens,
                                                       padding_mask=passes.padding_mask)
@@ -485,6 +498,13 @@ class GRPOTrainer:
         everyone = self.ranks.gather(out)
         return [everyone[i] for i in range(len(samples))]
 
+    def _old_logprobs(self, samples: Sequence[StepSample]) -> list[torch.Tensor]:
+        """The round-start policy's completion log-probs: the rollout's where old_logprobs = rollout and every sample
+        carries them (a demonstration or a greedy step does not), else a no-grad pass."""
+        if self.config.old_logprobs == "rollout" and all(s.old_logprobs is not None for s in samples):
+            return [torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples]
+        return self._logprobs(self.model, samples)
+
     def update(self, samples: list[StepSample], rng: np.random.Generator) -> dict[str, float]:
         """One pass of clipped policy-gradient updates over the samples, in shuffled minibatches.
 
@@ -498,7 +518,9 @@ class GRPOTrainer:
             # With a single minibatch the policy has not moved before the update, so the
             # "old" log-probs are the current ones (detached): skip a forward pass.
             single = len(samples) <= cfg.minibatch_size
-            old = None if single else self._logprobs(self.model, samples)
+            old = None if single else self._old_logprobs(samples)
+            from_rollout = old is not None and cfg.old_logprobs == "rollout" and samples[0].old_logprobs is not None
+            gaps: list[torch.Tensor] = []  # |trained pass - rollout| over the first step's tokens, where the two agree
             ref = self._reference_logprobs(samples)
             # Each micro-batch's loss and statistics, and each step's gradient norm, stay on the device until every
             # step is queued: reading one waits for the device, and a wait inside the loop would keep the host from
@@ -521,7 +543,8 @@ class GRPOTrainer:
                     chunk = [samples[i] for i in micro]
                     if cfg.loss_aggregation == "micro-batch-token-mean":  # verl: each micro-batch's mean, averaged
                         normalizer = len(micros) * sum(len(s.completion_ids) for s in chunk)
-                    batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id)
+                    batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id,
+                                    cfg.shared_prompt_prefix)
                     with passes.forward(batch):
                         scored = completion_logprobs(self.model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens,
                                                      padding_mask=passes.padding_mask, with_entropy=cfg.entropy_coeff > 0)
@@ -537,11 +560,15 @@ class GRPOTrainer:
                     passes.backward(loss * (share if counts else 0.0))
                     if counts:
                         pending.append((loss.detach(), stats, int(host_mask.sum())))
+                        if from_rollout and not grad_norms:  # no step taken yet: both are the round-start policy's
+                            gaps.append(((logprobs.detach() - old_lp).abs() * mask).sum() / mask.sum().clamp(min=1))
                 with passes.optimizer_step():
                     grad_norms.append(torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm))
                     self.optimizer.step()
             result = _update_stats(pending, grad_norms, len(samples), self.ranks,
                                    cfg.loss_aggregation == "micro-batch-token-mean")
+            if gaps:  # how far the decode passes' rounding puts the rollout's log-probs from a training pass's
+                result["rollout_logprob_gap"] = float(torch.stack(gaps).mean())
             if passes.checkpointed_layers is not None:  # the share of layer passes that recomputed (1.0 = every layer)
                 result["checkpointed_layers"] = passes.checkpointed_layers
         return result

@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""GRPO's update on one real epoch's agent steps, pass setting by pass setting, side by side in one process.
+
+The run config's model is loaded as a client loads it (its base dtype, the run's LoRA adapter) and plays one epoch of
+the config's rollouts on partition 0's tasks, once. Every agent step then gets a random advantage, so that every
+variant trains on all of them (a real epoch keeps only the steps of groups a reward split, a number that would vary
+with the sampling), and `--samples` of them are kept. Each `--variant` (run-config values over the run config, e.g.
+`shared-prompt-prefix=true,old-logprobs=rollout`) then times `GRPOTrainer.update` on exactly those samples from a
+fresh adapter and optimizer; the variants alternate repeat by repeat, so drift in the machine falls on all of them.
+Printed per variant: the update's seconds (mean and standard error over repeats), their ratio to the first variant's
+(per repeat), and, where old-logprobs = rollout, how far the rollout's log-probs lie from a training pass's (mean
+absolute difference per completion token, `rollout_logprob_gap`). Unlike cpu_round.py, every variant does the same
+work, so the ratio is one of speed alone; what a setting changes in what is learnt is for paired runs to show.
+
+    python benchmarks/update_passes.py --run-config configs/smollm2-fedagent-cpu.toml --samples 96 --repeats 2 \\
+        --variant shared-prompt-prefix=false,old-logprobs=recompute --variant shared-prompt-prefix=true \\
+        --variant shared-prompt-prefix=true,old-logprobs=rollout
+
+With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
+machine, versions and commit it ran on (benchmarks/results/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from envs import make_env
+from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.memory import rollout_rows
+from fedagent_flwr.methods.tasks import learner_tasks
+
+from cpu_round import read_variants, summarise, variant_parser  # the variant arguments both benchmarks take
+
+
+def epoch_samples(cfg: RunConfig, agent, model, n: int, seed: int) -> list[StepSample]:
+    """One epoch of `cfg`'s rollouts as GRPO plays it, every step a sample with a random advantage; the first `n`
+    of them in a seeded shuffle (all if fewer)."""
+    tasks = learner_tasks(cfg, 0, cfg.num_clients)
+    placement = cfg.placement("client", model=model)
+    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, None, placement),
+                          rollout_config(cfg, batch_size=rollout_rows(cfg, agent, tasks), placement=placement))
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
+    played = trainer._play(lambda: make_env(cfg.env, cfg.max_steps), chosen, rng, False)
+    steps = [(s, 1.0 / max(1, sum(len(x.completion_ids) for x in t.steps))) for t in played for s in t.steps
+             if s.completion_ids]
+    order = rng.permutation(len(steps))[:n]
+    return [StepSample(steps[i][0].prompt_ids, steps[i][0].completion_ids, float(rng.normal()), steps[i][1],
+                       steps[i][0].logprobs) for i in order]
+
+
+def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int) -> dict[str, float]:
+    """Seconds of one GRPOTrainer.update under `cfg` on a fresh adapter (its first-step log-prob gap, if any)."""
+    with attached_lora(agent.model, cfg.lora_spec(), seed=seed) as model:
+        placement = cfg.placement("client", model=model)
+        trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, None, placement),
+                              rollout_config(cfg, batch_size=cfg.rollout_batch_size, placement=placement))
+        started = time.perf_counter()
+        stats = trainer.update(samples, np.random.default_rng(seed))
+        seconds = time.perf_counter() - started
+    out = {"update_s": seconds, "optimizer_steps": stats["optimizer_steps"], "loss": stats["loss"]}
+    if "rollout_logprob_gap" in stats:
+        out["rollout_logprob_gap"] = stats["rollout_logprob_gap"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = variant_parser(__doc__)
+    parser.add_argument("--samples", type=int, default=96, help="agent steps each update trains on")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    variants = read_variants(parser, args)
+    first = variants[args.variant[0]]
+    if any(c.base_dtype() != first.base_dtype() for c in variants.values()):
+        parser.error("every --variant must hold the base in the same dtype (the samples are played once)")
+    agent = load_agent(first.model, first.env, first.device_key("client"), first.base_dtype())
+    started = time.perf_counter()
+    with attached_lora(agent.model, first.lora_spec(), seed=args.seed) as model:
+        # played with the logprobs kept (the rollout keeps them at any temperature > 0), whatever a variant uses
+        samples = epoch_samples(replace(first, old_logprobs="rollout"), agent, model, args.samples, args.seed)
+    play_s = time.perf_counter() - started
+    print(f"[update_passes] played {len(samples)} samples in {play_s:.0f} s", file=sys.stderr, flush=True)
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for repeat in range(args.repeats):
+        for name, cfg in variants.items():
+            runs[name].append(timed_update(cfg, agent, samples, args.seed))
+            print(f"[update_passes] repeat {repeat + 1}/{args.repeats} {name}: "
+                  + ", ".join(f"{k} {v:.4g}" for k, v in runs[name][-1].items()), file=sys.stderr, flush=True)
+    report = {"run_config": args.run_config, "samples": len(samples), "repeats": args.repeats,
+              "threads": torch.get_num_threads(), "play_s": play_s,
+              "sample_tokens": float(np.mean([len(s.prompt_ids) + len(s.completion_ids) for s in samples])),
+              "variants": summarise(runs, args.variant[0], lambda key: key == "update_s")}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{args.run_config}: {report['samples']} samples of {report['sample_tokens']:.0f} tokens, {args.repeats} "
+              f"repeats, {report['threads']} threads; ratio = {args.variant[0]}'s seconds / the variant's (above 1: faster)")
+        for name, entry in report["variants"].items():
+            (m, se), (r, rse) = entry["update_s"], entry["update_ratio"]
+            gap = f"  gap {entry['rollout_logprob_gap'][0]:.2e}" if "rollout_logprob_gap" in entry else ""
+            print(f"  {name:<56} update {m:.1f} +- {se:.1f} s  ({r:.2f} +- {rse:.2f}x){gap}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
