@@ -37,7 +37,7 @@ CLIENT_METRICS = frozenset({
     # GRPO (agent/training/grpo.py, methods/fedagent.py)
     "loss", "kl", "clip_frac", "grad_norm", "optimizer_steps", "train_samples", "tokens", "generated_tokens",
     "rollout_seconds", "seconds", "update_norm", "informative_groups",
-    "outcome_groups", "checkpointed_layers", "repeated_states",
+    "outcome_groups", "checkpointed_layers", "repeated_states", "rollout_logprob_gap",
     # Fed-SE (agent/self_evolution.py, agent/training/experience.py)
     "fedse/seeded-demos", "fedse/kept-trajectories", "fedse/new-successes", "fedse/loss-first", "fedse/train-samples",
     "fedse/buffer-seed-trajectories", "fedse/buffer-steps", "fedse/buffer-trajectories", "fedse/buffer-won-fraction",

@@ -519,7 +519,8 @@ class GRPOTrainer:
             # "old" log-probs are the current ones (detached): skip a forward pass.
             single = len(samples) <= cfg.minibatch_size
             old = None if single else self._old_logprobs(samples)
-            from_rollout = old is not None and cfg.old_logprobs == "rollout" and samples[0].old_logprobs is not None
+            from_rollout = (old is not None and cfg.old_logprobs == "rollout"
+                            and all(s.old_logprobs is not None for s in samples))  # as _old_logprobs decides
             gaps: list[torch.Tensor] = []  # |trained pass - rollout| over the first step's tokens, where the two agree
             ref = self._reference_logprobs(samples)
             # Each micro-batch's loss and statistics, and each step's gradient norm, stay on the device until every
