@@ -68,6 +68,9 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
     if rank == 0:
         torch.save({"weights": full, "stats": stats}, out)
     if world > 1:
+        # Both ranks reach the teardown together: a rank tearing gloo down while its peer still saves its output
+        # can abort the peer ("terminate called without an active exception"; CI, stop 63).
+        dist.barrier()
         dist.destroy_process_group()
 
 
