@@ -317,6 +317,7 @@ class EvaluationConfig:
     eval_samples_per_task: int = _key(16, "episodes per evaluated task", "integer >= 1", at_least=1)
     eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", "0 or >= 0.01")
     eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0", at_least=0)
+    initial_evaluation: str = _key("", "a run folder whose evaluation before round 1 this run takes instead of playing it again (a Local or Centralized baseline, or another estimator, from the same model and seed: the SmolLM2 preset saves 6 of its 55 minutes); taken only if that run evaluated the same initial weights on the same held-out episodes with the same evaluation settings, project sources and torch / transformers / peft versions, else the run stops before round 1 naming what differs (runs/reused_evaluation.py); empty = evaluate", "empty, or an absolute (or ~) path to a run folder")
     output_dir: str = _key("~/fedagent-flwr/runs", "where run folders are written; must be absolute or start with ~", "path")
     tracker: str = _key("none", "where the run is also logged: tensorboard = <run folder>/tensorboard/ (every metric row as scalars, the run config and the held-out episode texts as text; `tensorboard --logdir <output-dir>`); wandb = the same to a Weights & Biases run named after the run folder, files in <run folder>/wandb/ unless WANDB_DIR (extra `pip install -e \".[wandb]\"`; WANDB_MODE=offline needs no account)", choices=TRACKERS)
     run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>; an existing run's name needs resume=true (nothing is overwritten)", "letters, digits and . _ + -")
@@ -340,6 +341,12 @@ class EvaluationConfig:
             if smallest is not None:
                 need(self.eval_tasks <= smallest, "eval-tasks", self.eval_tasks,
                      f"0 (all) or at most {smallest}, the size of the test split of env={self.env!r}")
+        if self.initial_evaluation:
+            folder = self.initial_evaluation
+            need(folder.startswith("~") or Path(folder).is_absolute(), "initial-evaluation", folder,
+                 "empty, or an absolute path (or ~/...) to a run folder (run_simulation.py resolves relative paths)")
+            need((Path(folder).expanduser() / "episodes" / "round-0000.json").is_file(), "initial-evaluation", folder,
+                 "empty, or a run folder whose evaluation before round 1 finished (it holds episodes/round-0000.json)")
         need(
             self.output_dir.startswith("~") or Path(self.output_dir).is_absolute(),
             "output-dir",

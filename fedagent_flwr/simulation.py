@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             overrides[f.name.replace("_", "-")] = value
     if "output-dir" in overrides and not overrides["output-dir"].startswith("~"):
         overrides["output-dir"] = str(Path(overrides["output-dir"]).resolve())  # relative to where you run this
-    if overrides.get("success-labels") and not overrides["success-labels"].startswith("~"):
-        overrides["success-labels"] = str(Path(overrides["success-labels"]).resolve())  # likewise
+    for key in ("success-labels", "initial-evaluation"):  # likewise
+        if overrides.get(key) and not overrides[key].startswith("~"):
+            overrides[key] = str(Path(overrides[key]).resolve())
     try:  # fail here, in one line, before Ray starts
         cfg = RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
         check_run_folder(cfg.output_path, cfg.run_name, cfg.resume)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from flwr.serverapp.strategy import Strategy
 
 from envs import env_names, is_multi_spec, make_env
 from envs.multi import per_env_spread
-from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
+from fedagent_flwr.agent.play.evaluation import GlobalEvaluator, evaluation_seed
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.training.lora import (
     adapter_num_parameters,
@@ -33,7 +34,7 @@ from fedagent_flwr.agent.engine.memory import ModelShape
 from fedagent_flwr.agent.play.multi_env import environment_table, format_row
 from fedagent_flwr.agent.play.transcripts import short_example, write_transcripts
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
-from fedagent_flwr.atomic import write_json_atomic
+from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader, Method
 from fedagent_flwr.methods.memory import check_memory, context_tokens, memory_plans, rollout_rows
@@ -42,6 +43,7 @@ from fedagent_flwr.methods.ranked_round import train_on_ranks
 from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
 from fedagent_flwr.privacy.differential_privacy import update_norm
 from fedagent_flwr.runs.reporting import RunReporter
+from fedagent_flwr.runs.reused_evaluation import IDENTITY, evaluation_identity, reused_evaluation
 from strategies import FedAgentAvg
 from strategies.transfer import decode, encode
 from fedagent_flwr.methods.library_configs import rollout_config
@@ -76,6 +78,19 @@ class LanguageAgentMethod(Method):
         self.peft_model = None
         if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model
             self.peft_model = self._stack.enter_context(attached_lora(self.agent.model, cfg.lora_spec(), seed=cfg.seed))
+        self.initial_identity: dict[str, Any] = {}  # what the evaluation before round 1 depends on, once known
+        self.reused = None  # initial-evaluation: another run's evaluation of exactly these weights, checked before round 1
+        if cfg.initial_evaluation:
+            self.reused = reused_evaluation(cfg.initial_evaluation, self.evaluation_identity(self.initial_arrays()))
+
+    def evaluation_identity(self, arrays: ArrayRecord) -> dict[str, Any]:
+        """What the server's evaluation of `arrays` depends on (runs/reused_evaluation.py)."""
+        cfg, evaluator = self.cfg, self.evaluator
+        return evaluation_identity(
+            model=cfg.model, base_fingerprint=self.agent.base_fingerprint, weights=arrays, env=cfg.env,
+            max_steps=cfg.max_steps, task_ids=[t.id for t in evaluator.tasks], samples_per_task=evaluator.samples_per_task,
+            evaluation_seed=evaluation_seed(evaluator.seed), rollout=evaluator.config, precision=evaluator.precision,
+            device=str(evaluator.device), weights_dtype=str(next(self.agent.model.parameters()).dtype))
 
     def close(self) -> None:
         """Restore the plain base model in this process."""
@@ -112,6 +127,13 @@ class LanguageAgentMethod(Method):
             arrays_to_model(self.agent.model, arrays)
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
+        if server_round == 0 and self.reused is not None:  # checked in prepare: the same weights and episodes
+            self.evaluator.last_trajectories = []
+            print(f"[fedagent] round 0: the evaluation before round 1 taken from {self.cfg.initial_evaluation} (the same "
+                  "initial weights, held-out episodes, settings, sources and libraries; not played again)", flush=True)
+            return {**self.reused[0], "seconds": 0.0}
+        if server_round == 0:
+            self.initial_identity = self.evaluation_identity(arrays)
         self.load_global(arrays)
         return self.evaluator.evaluate(server_round)
 
@@ -124,11 +146,20 @@ class LanguageAgentMethod(Method):
 
     def after_evaluation(self, reporter: RunReporter, server_round: int, metrics: dict[str, float]) -> None:
         self.checkpoint(reporter, server_round)  # the round's console line is federation.py's
-        if self.evaluator.last_trajectories:
+        episodes = reporter.run_dir / "episodes" / f"round-{server_round:04d}.json"
+        if server_round == 0 and self.reused is not None:  # the source run's record, saying where it came from
+            write_json_atomic(episodes, self.reused[1] | {"taken-from": self.cfg.initial_evaluation})
+            transcript = Path(self.cfg.initial_evaluation).expanduser() / "episodes" / "round-0000.txt"
+            if transcript.is_file():
+                atomic_write_text(episodes.with_suffix(".txt"), transcript.read_text())
+        elif self.evaluator.last_trajectories:
             # every episode's outcome, so two evaluations of a run compare room by room without playing them again
-            # (python -m fedagent_flwr.experiments.paired_rounds)
-            write_json_atomic(reporter.run_dir / "episodes" / f"round-{server_round:04d}.json",
-                              evaluation_record(self.evaluator.last_trajectories, server_round, self.cfg))
+            # (python -m fedagent_flwr.experiments.paired_rounds); the first also says what it depends on, so that a
+            # later run from the same weights may take it (initial-evaluation)
+            record = evaluation_record(self.evaluator.last_trajectories, server_round, self.cfg)
+            if server_round == 0:
+                record[IDENTITY] = self.initial_identity
+            write_json_atomic(episodes, record)
         if self.cfg.eval_transcripts and self.evaluator.last_trajectories:
             path = write_transcripts(reporter.run_dir / "episodes" / f"round-{server_round:04d}.txt",
                                      self.evaluator.last_trajectories, self.cfg.eval_transcripts,
