@@ -580,6 +580,10 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.training_kernels != "eager" and traits:
             need(traits.grpo, "training-kernels", self.training_kernels,
                  "eager unless the strategy trains with GRPO (" + grpo_strategies + ")")
+        if self.initial_evaluation and traits:  # only a language-model method's server evaluates held-out episodes
+            llm_strategies = " | ".join(n for n, t in STRATEGIES.items() if t.trains == "llm")
+            need(traits.trains == "llm", "initial-evaluation", self.initial_evaluation,
+                 "empty unless the strategy trains a language-model agent (" + llm_strategies + ")")
         # GRPO's own keys (Fed-SE's passes are fedse-sft-micro-batch-size rows; it has no advantages)
         for key, off in (("micro_batch_tokens", 0), ("logprob_micro_batch_tokens", 0), ("advantage_estimator", "grpo"),
                          ("clip_ratio_c", 0.0), ("kl_clamp", 0.0), ("entropy_coeff", 0.0), ("reward_std_ddof", 0)):

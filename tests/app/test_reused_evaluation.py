@@ -109,6 +109,8 @@ def test_a_record_without_identity_or_a_folder_without_records_is_refused(runs, 
         RunConfig.from_run_config(base | {"initial-evaluation": str(tmp_path / "nothing")})
     with pytest.raises(ValueError, match=r"initial-evaluation.*an absolute path"):
         RunConfig.from_run_config(base | {"initial-evaluation": "runs/a"})
+    with pytest.raises(ValueError, match=r"initial-evaluation=.* empty unless the strategy trains a language-model agent"):
+        RunConfig.from_run_config(base | {"initial-evaluation": str(a), "strategy": "qavg", "env": "random-mdp"})
 
 
 def test_differences_name_nested_entries():
