@@ -5,7 +5,7 @@ Run folders live on the machine that ran them, and machines are not kept: the se
 gone a session later, so their paired tests could not be repeated. What `python -m
 fedagent_flwr.experiments.paired_rounds` reads is small (every evaluation's episodes, the metric rows, the config):
 this copies config.json, metrics.jsonl, summary.json and episodes/round-*.json / .txt, and writes every path under
-RUNS_ROOT as `<runs>/...`, so no machine's scratch path lands in the repository. It refuses a destination that
+RUNS_ROOT as `<runs>/...` and the model cache's as `<model-cache>/...`, so no machine's scratch path lands in the repository. It refuses a destination that
 exists (nothing is overwritten) and a record that would still name an absolute path.
 """
 
@@ -16,6 +16,8 @@ import re
 import shutil
 import sys
 from pathlib import Path
+
+from fedagent_flwr.agent.models.model_cache import default_cache_root
 
 FILES = ("config.json", "metrics.jsonl", "summary.json")
 ABSOLUTE = re.compile(r'"(/[^"]*)"')  # a JSON string value that is an absolute path
@@ -31,6 +33,7 @@ def keep(run_dir: Path, dest: Path, root: Path) -> list[Path]:
     texts = {}
     for src in sources:
         text = src.read_text().replace(str(root.resolve()), "<runs>").replace(str(root), "<runs>")
+        text = text.replace(str(default_cache_root()), "<model-cache>")  # config.json's model-source: the warm model's folder
         left = ABSOLUTE.findall(text) if src.suffix != ".txt" else []
         if left:
             raise ValueError(f"{src}: still names the absolute path {left[0]!r}; give a --relative-to that holds it")

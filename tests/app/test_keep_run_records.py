@@ -11,7 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run_folder(root: Path, name: str, wins: list[bool]) -> Path:
     run = root / "s55" / name
     (run / "episodes").mkdir(parents=True)
+    from fedagent_flwr.agent.models.model_cache import default_cache_root
+
     (run / "config.json").write_text(json.dumps({"seed": 2, "output-dir": str(root / "s55"),
+                                                 "model-source": str(default_cache_root() / "warm-x"),
                                                  "initial-evaluation": str(root / "s55" / "other")}))
     (run / "summary.json").write_text(json.dumps({"run_dir": str(run), "seconds": 10.0}))
     rows = [{"round": 0, "eval/success_rate": 0.0}, {"round": 3, "eval/success_rate": sum(wins) / len(wins)}]
@@ -42,7 +45,8 @@ def test_records_are_kept_without_machine_paths_and_paired_rounds_reads_them(tmp
                     "metrics.jsonl", "summary.json"]  # no weights
     texts = "".join(p.read_text() for p in dest.rglob("*") if p.is_file())
     assert str(tmp_path) not in texts and "<runs>/other" in texts
-    assert json.loads((dest / "config.json").read_text())["output-dir"] == "<runs>"
+    config = json.loads((dest / "config.json").read_text())
+    assert config["output-dir"] == "<runs>" and config["model-source"] == "<model-cache>/warm-x"
     out = subprocess.run([sys.executable, "-m", "fedagent_flwr.experiments.paired_rounds", str(dest), "--json"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
