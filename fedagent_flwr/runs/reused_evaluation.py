@@ -28,6 +28,7 @@ import envs
 
 EPISODES = Path("episodes") / "round-0000.json"  # the evaluation before round 1 as every run folder keeps it
 IDENTITY = "identity"  # the key under which an evaluation record keeps what it depends on
+SOURCE_ROOTS = (Path(__file__).resolve().parents[1] / "agent", Path(envs.__file__).resolve().parent)  # source_digest
 
 
 def arrays_digest(arrays) -> str:
@@ -40,11 +41,14 @@ def arrays_digest(arrays) -> str:
     return digest.hexdigest()
 
 
-def source_digest() -> str:
-    """SHA-256 of the project's Python sources that play and score an episode (this package and the environments):
-    any edit there may change an evaluation, so an evaluation is reused only under the same sources."""
+def source_digest(roots: tuple[Path, ...] = ()) -> str:
+    """SHA-256 of the Python sources that play and score an episode: the environments (envs/) and the agent
+    (fedagent_flwr/agent/: prompts, parsing, rollout, sampling engines, models). An edit there may change an
+    evaluation, so an evaluation is reused only under the same sources. The rest of the package (methods, strategies,
+    the run config) only hands the agent values that the identity holds itself (tasks, seed, rollout settings,
+    precision, weights), so an edit there leaves earlier evaluations reusable."""
     digest = hashlib.sha256()
-    for root in (Path(__file__).resolve().parents[1], Path(envs.__file__).resolve().parent):  # fedagent_flwr/, envs/
+    for root in roots or SOURCE_ROOTS:
         for path in sorted(root.rglob("*.py")):
             digest.update(f"{root.name}/{path.relative_to(root).as_posix()}|".encode())
             digest.update(path.read_bytes())

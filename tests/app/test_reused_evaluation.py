@@ -116,3 +116,20 @@ def test_a_record_without_identity_or_a_folder_without_records_is_refused(runs, 
 def test_differences_name_nested_entries():
     assert differences({"a": 1, "r": {"t": 0.4, "h": 2}}, {"a": 1, "r": {"t": 1.0, "h": 2}}) == ["r.t: 1.0 there, 0.4 here"]
     assert differences({"a": 1}, {}) == ["a: (absent) there, 1 here"]
+
+
+def test_the_sources_digest_follows_the_agents_and_environments_code(tmp_path):
+    from fedagent_flwr.runs.reused_evaluation import SOURCE_ROOTS, source_digest
+
+    assert [p.name for p in SOURCE_ROOTS] == ["agent", "envs"] and SOURCE_ROOTS[0].parent.name == "fedagent_flwr"
+    (tmp_path / "agent" / "play").mkdir(parents=True)
+    (tmp_path / "agent" / "play" / "rollout.py").write_text("X = 1\n")
+    roots = (tmp_path / "agent",)
+    before = source_digest(roots)
+    (tmp_path / "agent" / "notes.md").write_text("prose does not play episodes")
+    assert source_digest(roots) == before
+    (tmp_path / "agent" / "play" / "rollout.py").write_text("X = 2\n")
+    edited = source_digest(roots)
+    assert edited != before
+    (tmp_path / "agent" / "play" / "rollout.py").rename(tmp_path / "agent" / "play" / "sampling.py")
+    assert source_digest(roots) not in (before, edited)
