@@ -460,7 +460,7 @@ class FedSEConfig:
 class ResilienceConfig:
     """Resume, privacy and fault injection (runs/resume.py, privacy/, faults.py; docs/deployment.md)."""
 
-    resume: bool = _key(False, "continue the run named run-name from its last complete round (state in <run folder>/state/, written after every round)", "true | false; true needs run-name")
+    resume: bool = _key(False, "continue the run named run-name from its last complete round (state in <run folder>/state/, written after every round)", "true | false; true needs run-name, and not with a baseline whose AdamW state carries over (baseline-optimizer='keep')")
     dp_mode: str = _key("off", "central differential privacy on client updates with Flower's fixed-clipping wrappers (fedagent_flwr/privacy/differential_privacy.py): the update is clipped on the server or on the client, Gaussian noise is added to the aggregate", "off | server-side | client-side; fedagent-avg, fedse-lora and the baselines", choices=DP_MODES)
     dp_noise_multiplier: float = _key(1.0, "DP noise: standard deviation of the noise added to each aggregated coordinate = dp-noise-multiplier x dp-clipping-norm / clients-per-round", ">= 0", at_least=0)
     dp_clipping_norm: float = _key(1.0, "DP clipping: L2 norm above which a client's update (its weights minus the global weights) is scaled down", "> 0", above=0)
@@ -666,6 +666,11 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             resumable = [name for name, t in STRATEGIES.items() if t.resume]
             need(traits.resume, "resume", self.resume,
                  f"false with strategy={self.strategy!r} (resume covers {', '.join(resumable)} and the baselines)")
+        # A baseline's carried AdamW moments live in the client's node state, which a resumed run (a new Flower run)
+        # does not have: it would go on with fresh moments, another procedure than the run it continues.
+        need(not (self.resume and self.baseline != "none" and self.baseline_optimizer == "keep"), "resume", self.resume,
+             f"false with baseline={self.baseline!r} and baseline-optimizer='keep' (the learner's AdamW state stays on "
+             "its client and is not in the saved state; baseline-optimizer='reset' runs resume)")
         if self.dp_mode != "off" and traits:
             private = [name for name, t in STRATEGIES.items() if t.dp]
             need(traits.dp, "dp-mode", self.dp_mode,

@@ -21,6 +21,7 @@ NO_GPU = not torch.cuda.is_available()
         ({"resume": True}, "resume=True"),
         ({"resume": True, "run-name": "r", "strategy": "pavg", "env": "random-mdp"}, "false with strategy='pavg'"),
         ({"resume": True, "run-name": "r", "strategy": "qavg", "env": "random-mdp"}, "false with strategy='qavg'"),
+        ({"resume": True, "run-name": "r", "baseline": "local"}, "false with baseline='local' and baseline-optimizer='keep'"),
         ({"fault-injection": "explode:partition=0"}, "fault-injection='explode:partition=0'"),
         ({"fault-injection": "raise:prob=1.5"}, "fault-injection='raise:prob=1.5'"),
         ({"fault-injection": "raise"}, "fault-injection='raise'"),
