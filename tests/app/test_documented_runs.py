@@ -33,6 +33,8 @@ GAINS = {
     "central-s1": (0.333, 0.514, +0.181, 0.044),
     "local1-s2": (0.299, 0.576, +0.278, 0.050),
     "central-s2": (0.299, 0.396, +0.097, 0.041),
+    "gigpo-s1": (0.333, 0.431, +0.097, 0.043),
+    "gigpo-s2": (0.299, 0.549, +0.250, 0.050),
 }
 
 # (run, against): (difference, its standard error, p)
@@ -41,6 +43,8 @@ DIFFERENCES = {
     ("fedagent-preset-s1", "central-s1"): (-0.014, 0.034, 0.69),
     ("fedagent-preset-s2", "local1-s2"): (-0.083, 0.035, 0.022),
     ("fedagent-preset-s2", "central-s2"): (+0.097, 0.041, 0.021),
+    ("gigpo-s1", "fedagent-preset-s1"): (-0.069, 0.031, 0.031),
+    ("gigpo-s2", "fedagent-preset-s2"): (+0.056, 0.035, 0.12),
 }
 
 
@@ -70,6 +74,8 @@ def test_runs_of_one_seed_start_from_the_same_evaluation():
         return json.loads((RUNS / run / "episodes" / "round-0000.json").read_text())["episodes"]
 
     assert episodes("local1-s2-stopped") == episodes("fedagent-preset-s2")
+    # GiGPO's seed-1 run evaluated itself (the GRPO run's record predates the sources digest it would be checked by)
+    assert episodes("gigpo-s1") == episodes("fedagent-preset-s1")
     # the baselines that took their round 0 from another run say so, and carry the source's episodes
     taken = json.loads((RUNS / "local1-s2" / "episodes" / "round-0000.json").read_text())
     assert "taken-from" in taken and taken["episodes"] == episodes("fedagent-preset-s2")
@@ -88,3 +94,10 @@ def test_the_over_seeds_lines_are_the_per_seed_success_rates():
     central = over_seeds([(0.576, 0.493), (s["fedagent-preset-s1"][3], s["central-s1"][3]),
                           (s["fedagent-preset-s2"][3], s["central-s2"][3])])
     assert (round(central["mean"], 3), round(central["se"], 3), round(central["p"], 2)) == (0.055, 0.035, 0.25)
+
+
+def test_gigpo_against_grpo_over_seeds_1_and_2():
+    gigpo = [success_rounds(RUNS / f"gigpo-s{s}")[3] for s in (1, 2)]
+    grpo = [success_rounds(RUNS / f"fedagent-preset-s{s}")[3] for s in (1, 2)]
+    out = over_seeds(list(zip(gigpo, grpo)))
+    assert (round(out["mean"], 3), round(out["se"], 3), round(out["p"], 2)) == (-0.007, 0.062, 0.93)
