@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds, over_seeds, success_rounds
+from fedagent_flwr.experiments.paired_rounds import compare, compare_runs, evaluation_rounds, over_seeds, success_rounds
 
 RUNS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-12-01-cpu" / "runs"
 
@@ -17,7 +17,7 @@ RUNS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "2026-12
 def _gain(run: str) -> dict:
     """A run's last evaluation minus its first, paired over the held-out rooms."""
     rounds = evaluation_rounds(RUNS / run)
-    return compare_runs(RUNS / run, RUNS / run, rounds[-1], rounds[0])
+    return compare(RUNS / run, rounds[-1], rounds[0])
 
 
 def _against(run: str, other: str) -> dict:
