@@ -1,6 +1,7 @@
 """The SmolLM2 numbers docs/results.md gives for issue 55 are what `paired_rounds` computes from the run records kept
-in benchmarks/results/2026-12-0[12]-cpu/runs/ (scripts/keep_run_records.py; one folder per day the runs ran). If a record or a documented number is
-edited, or the paired test changes, these fail; they read JSON only, so they cost nothing in the default suite."""
+in benchmarks/results/2026-12-0[12]-cpu/runs/ (scripts/keep_run_records.py; one folder per day the runs ran). If a
+record or a documented number is edited, or the paired test changes, these fail; they read JSON only, so they cost
+nothing in the default suite."""
 
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ def test_runs_of_one_seed_start_from_the_same_evaluation():
 
 
 def test_the_over_seeds_lines_are_the_per_seed_success_rates():
-    """docs/results.md's tests over seeds 0-2 (seed 0's runs stayed on another machine: its rates are the table's)."""
+    """docs/results.md's tests over seeds 0-2. Seed 0's FedAgentAvg, Local and Centralized runs of the table stayed on
+    the Xeon, so their rates are the table's; `fedagent-preset-s0` is seed 0 run again on the AMD EPYC."""
     s = {run: success_rounds(_run(run)) for run in ("fedagent-preset-s1", "fedagent-preset-s2", "local1-s1", "local1-s2",
                                                      "central-s1", "central-s2")}
     preset = over_seeds([(0.576, 0.389), (s["fedagent-preset-s1"][3], s["fedagent-preset-s1"][0]),
