@@ -36,7 +36,7 @@ from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.local_round import train_locally
 from fedagent_flwr.methods.library_configs import rollout_config
-from fedagent_flwr.methods.memory import rollout_rows
+from fedagent_flwr.methods.placement import process_placement
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
@@ -48,9 +48,9 @@ def one_round(cfg: RunConfig, eval_tasks: int) -> dict[str, float]:
     held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), eval_tasks)
     with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
         metrics = train_locally(agent, cfg, tasks, 1, 0, model=model)
-        placement = cfg.placement("server", model=model)
+        placement = process_placement(cfg, agent, held_out, "server", model=model)  # as the run's server resolves it
         evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
-                                    rollout_config(cfg, True, rollout_rows(cfg, agent, held_out, who="server"), placement),
+                                    rollout_config(cfg, True, placement),
                                     cfg.eval_samples_per_task, cfg.seed, precision=placement.precision)
         evaluation = evaluator.evaluate(0)
         eval_tokens = sum(len(s.completion_ids) for t in evaluator.last_trajectories for s in t.steps)

@@ -12,8 +12,8 @@
 # Stages, in the order given:
 #   tests         the static engine's CUDA graphs against the transformers loop and against eager, with eager and with
 #                 compiled kernels (tests/agent/test_decode.py -k cuda)
-#   ranks         a client's round through the rank launcher on one card (NCCL, one rank: ranks-per-client > 1 waits
-#                 for a machine with several GPUs; tests/methods/test_ranked_round.py -k nccl)
+#   ranks         a client's round through the rank launcher on NCCL: one rank on one card, two where the machine has
+#                 two GPUs (skipped with its reason otherwise; tests/methods/test_ranked_round.py -k nccl)
 #   waits         the log-prob and update passes do not synchronize with the host between micro-batches
 #                 (tests/agent/test_device_waits.py, on CUDA under torch.cuda.set_sync_debug_mode), and the fused AdamW
 #                 steps as the reference loop does (tests/agent/test_grpo.py); then, side by side, update_profile.py at
@@ -119,7 +119,7 @@ run_stage() {
     tests)
       bench tests 150 -m pytest -q -p no:cacheprovider tests/agent/test_decode.py -k cuda ;;
     ranks)
-      bench ranks 150 -m pytest -q -p no:cacheprovider tests/methods/test_ranked_round.py -k nccl ;;
+      bench ranks 150 -m pytest -q -rs -p no:cacheprovider tests/methods/test_ranked_round.py -k nccl ;;
     decode-compile)
       bench decode-compile 150 benchmarks/step_kernels.py --shape $SHAPE --rows 128 --prompt-tokens 512 --steps 32 --runs 6 --json
       bench decode-compile.profile 200 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json ;;

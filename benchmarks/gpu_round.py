@@ -48,6 +48,7 @@ import multiprocessing
 import resource
 import sys
 import time
+from dataclasses import replace
 import tomllib
 from collections import defaultdict
 from pathlib import Path
@@ -62,7 +63,8 @@ from fedagent_flwr.agent.engine import attention
 from fedagent_flwr.agent.engine.decode import StaticDecoder
 from fedagent_flwr.agent.engine.decode import release as release_decoder
 from envs import env_class, make_env
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.engine.memory import GB, SHAPES, ModelShape
 from fedagent_flwr.agent.models.pretrained import pick_device
@@ -77,10 +79,11 @@ from fedagent_flwr.agent.models.shaped_model import (
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
-from fedagent_flwr.methods.memory import context_tokens, memory_budget
+from fedagent_flwr.methods.memory import memory_budget
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.transfer import decode, encode
-from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_rollout_rows
+from fedagent_flwr.methods.memory import memory_plan
+from fedagent_flwr.methods.placement import context_tokens, place_run
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 import raw_output
 
@@ -193,7 +196,7 @@ def resolved_settings(values: dict, device_type: str) -> dict:
     """TIMING_KEYS of run-config `values` (defaults where absent), every auto among them resolved as a client on
     `device_type` (cpu or cuda) resolves it (agent/engine/placement.py)."""
     full = RunConfig().to_run_config() | values
-    placement = RunConfig.from_run_config(full | {"device": device_type}).placement()
+    placement = place_run(RunConfig.from_run_config(full | {"device": device_type}))
     return {k: full[k] for k in TIMING_KEYS} | {"precision": placement.precision, "param-dtype": placement.param_dtype,
                                                 "decode-engine": placement.decode_engine}
 
@@ -247,7 +250,7 @@ def played_prompt_tokens(values: dict, shape: str, tasks: int = 8, seed: int = 0
     tokenizer = environment_tokenizer(cfg.env)
     name = SHAPE_NAMES[shape]
     vocab = SHAPES[name]["vocab_size"] if name else len(tokenizer)  # build_model's vocabulary for this shape
-    rollout = rollout_config(cfg, batch_size=tasks)
+    rollout = rollout_config(replace(cfg, rollout_batch_size=tasks))
     pool = make_env(cfg.env, cfg.max_steps).tasks_of_split("train")
     chosen = [pool[i] for i in np.random.default_rng(seed).choice(len(pool), size=tasks, replace=True)]
     trajectories = run_episodes(_Babbler(tokenizer, vocab, rollout.max_new_tokens, seed),
@@ -433,21 +436,23 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     shape_facts = ModelShape.of(model.config)
     eval_tasks = env.tasks_of_split("test")[:16]
     plan_context = context_tokens(cfg, tokenizer, env, eval_tasks)
-    # rollout-batch-size=0 (auto) resolved as a client resolves it: the most rows the memory plan fits in
-    # client-memory-gb, or else in the GPU memory free now, up to an epoch's episodes
-    rows = plan_rollout_rows(cfg, shape_facts, plan_context, memory_budget(cfg, device))
-    client_plan, _ = memory_plans(cfg, shape_facts, plan_context, rows)
+    # every auto resolved as a client resolves it (methods/placement.py): rollout-batch-size=0 the most rows the memory
+    # plan fits in client-memory-gb, or else in the GPU memory free now, up to an epoch's episodes; auto checkpointing
+    # within the room the plan leaves
+    placement = place_run(cfg, model=model, shape=shape_facts, context_tokens=plan_context,
+                          budget_bytes=memory_budget(cfg, device))
+    rows = placement.rollout_rows
+    client_plan = memory_plan(cfg, shape_facts, plan_context, placement, rows)
 
     lora = attached_lora(model, cfg.lora_spec(), seed=seed) if cfg.finetuning == "lora" else contextlib.nullcontext()
     with lora as peft_model:
         trained = peft_model if peft_model is not None else model
         memory = PeakMemory(device)
-        room = plan_activation_room(cfg, shape_facts, plan_context, rows, memory_budget(cfg, device))  # auto checkpointing
-        trainer = GRPOTrainer(trained, tokenizer, grpo_config(cfg, room), rollout_config(cfg, batch_size=rows))
+        trainer = GRPOTrainer(trained, tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
         clock: dict[str, float] = defaultdict(float)
         timed_method(trainer, "_logprobs", clock)
         rng = np.random.default_rng(seed)
-        grpo = grpo_config(cfg)
+        grpo = trainer.config
         pool = env.tasks_of_split("train")
         chosen = [pool[i] for i in rng.choice(len(pool), size=grpo.tasks_per_epoch, replace=True)]
         episodes = [t for t in chosen for _ in range(grpo.group_size)]
@@ -512,12 +517,12 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     mean_prompt = sampler["prompt_tokens"] / max(sampler["rows"], 1)
     # the context a step reads, averaged over the steps of a call: the prompt and half the completion
     context = mean_prompt + token_steps / max(sampler["calls"], 1) / 2
-    value_bytes = 4 if cfg.placement().precision == "fp32" else 2  # bf16 forwards read bf16 weights at best
+    value_bytes = 4 if placement.precision == "fp32" else 2  # bf16 forwards read bf16 weights at best
     bound = decode_bound(shape_facts, bool(getattr(model.config, "tie_word_embeddings", False)), rows_per_step, context,
                          value_bytes, bandwidth)
     return {
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.finetuning, "precision": cfg.placement().precision,
+        "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.finetuning, "precision": placement.precision,
         "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
         "env": cfg.env, "run_config": cfg.to_run_config(),
         # the settings the phases' times depend on, every auto resolved as it ran, so that the paper round compares

@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
-from fedagent_flwr.methods.memory import memory_plans
+from fedagent_flwr.methods.memory import memory_plan
 
 
 def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, completion_tokens: int, seed: int) -> dict:
@@ -32,12 +32,12 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
     from fedagent_flwr.agent.engine.memory import GB, ModelShape
     from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.methods.memory import context_tokens
+    from fedagent_flwr.methods.placement import place_run, process_placement
 
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro})
-    agent = load_agent(cfg.model, cfg.env, cfg.device if cfg.device != "auto" else "cpu")
-    env = make_env(cfg.env, cfg.max_steps)
-    plan = memory_plans(cfg, ModelShape.of(agent.model.config), context_tokens(cfg, agent.tokenizer, env, env.tasks_of_split("test")))[0]
+    agent = load_agent(cfg.model, cfg.env, place_run(cfg).device)  # where a run's client computes on this machine
+    placement = process_placement(cfg, agent, make_env(cfg.env, cfg.max_steps).tasks_of_split("test"))
+    plan = memory_plan(cfg, ModelShape.of(agent.model.config), placement.context_tokens, placement, placement.rollout_rows)
     rng = np.random.default_rng(seed)
     vocab = agent.model.config.vocab_size
     lo, hi = int(prompt_tokens * 0.9), int(prompt_tokens * 1.1) + 1

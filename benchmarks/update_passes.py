@@ -32,11 +32,12 @@ import torch
 
 from envs import make_env
 from fedagent_flwr.agent.models.loading import load_agent
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
-from fedagent_flwr.methods.memory import rollout_rows
+from fedagent_flwr.methods.placement import place_run, process_placement
 from fedagent_flwr.methods.tasks import learner_tasks
 
 from cpu_round import read_variants, summarise, variant_parser  # the variant arguments both benchmarks take
@@ -46,9 +47,8 @@ def epoch_samples(cfg: RunConfig, agent, model, n: int, seed: int) -> list[StepS
     """One epoch of `cfg`'s rollouts as GRPO plays it, every step a sample with a random advantage; the first `n`
     of them in a seeded shuffle (all if fewer)."""
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
-    placement = cfg.placement("client", model=model)
-    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, None, placement),
-                          rollout_config(cfg, batch_size=rollout_rows(cfg, agent, tasks), placement=placement))
+    placement = process_placement(cfg, agent, tasks, model=model)  # as a run's client resolves it
+    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
@@ -63,9 +63,8 @@ def epoch_samples(cfg: RunConfig, agent, model, n: int, seed: int) -> list[StepS
 def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int) -> dict[str, float]:
     """Seconds of one GRPOTrainer.update under `cfg` on a fresh adapter (its first-step log-prob gap, if any)."""
     with attached_lora(agent.model, cfg.lora_spec(), seed=seed) as model:
-        placement = cfg.placement("client", model=model)
-        trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, None, placement),
-                              rollout_config(cfg, batch_size=cfg.rollout_batch_size, placement=placement))
+        placement = place_run(cfg, model=model)
+        trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
         started = time.perf_counter()
         stats = trainer.update(samples, np.random.default_rng(seed))
         seconds = time.perf_counter() - started

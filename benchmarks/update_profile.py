@@ -47,7 +47,10 @@ import torch
 from torch._dynamo.utils import counters
 
 from fedagent_flwr.agent.engine import attention
-from fedagent_flwr.agent.training.grpo import GRPOConfig, GRPOTrainer, StepSample, by_length, micro_batches
+from fedagent_flwr.agent.training.grpo_config import GRPOConfig
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
+from fedagent_flwr.agent.engine.micro_batches import by_length, micro_batches
 from fedagent_flwr.agent.engine.kernels import training_kernels
 from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
@@ -66,7 +69,8 @@ from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.methods.memory import memory_budget
 from decode_profile import LAUNCH_NAMES, device_us
 from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, recorded_passes, sample_flops, timed_method
-from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_layer_activations
+from fedagent_flwr.methods.memory import memory_plan, plan_layer_activations
+from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
 
@@ -126,8 +130,8 @@ def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[li
     (micro-batch-size rows, or micro-batch-tokens padded tokens): the profiled micro-batch is the first of them."""
     order = list(range(len(samples)))
     if grpo.length_grouped_micro_batches:
-        order = by_length(order, samples)
-    return micro_batches(order, samples, grpo.micro_batch_size, grpo.micro_batch_tokens)
+        order = by_length(order, [s.length for s in samples])
+    return micro_batches(order, [s.length for s in samples], grpo.micro_batch_size, grpo.micro_batch_tokens)
 
 
 def sync(device: torch.device) -> None:
@@ -142,11 +146,9 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     # its own bound method): collect it, or every variant after the first measures its peak on top of ~19 GiB of it.
     gc.collect()
     graphs = counters["stats"]["unique_graphs"]
-    # gradient-checkpointing=auto: the room a client would leave the activations, the plan at these samples' longest
-    # context (it counts the rollout's KV cache and decoder copy, which this benchmark does not hold: a margin)
-    context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    room = plan_activation_room(cfg, ModelShape.of(model.config), context, cfg.rollout_batch_size, memory_budget(cfg, device))
-    trainer = GRPOTrainer(model, tokenizer, replace(grpo_config(cfg, room), **(config_switches or {})), rollout_config(cfg))
+    placement = client_placement(model, cfg, samples, device)
+    trainer = GRPOTrainer(model, tokenizer, replace(grpo_config(cfg, placement), **(config_switches or {})),
+                          rollout_config(cfg, placement=placement))
     clock: dict[str, float] = defaultdict(float)
     timed_method(trainer, "_logprobs", clock)
     if device.type == "cuda":
@@ -159,7 +161,7 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
         sync(device)
     passes_all, passes_run = passes, passes[True]
     total = time.perf_counter() - started
-    grpo = grpo_config(cfg)
+    grpo = trainer.config
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     computed = sum(rows * width for rows, width in passes_run)  # padding included
     update_s = max(total - clock["_logprobs"], 1e-9)
@@ -186,23 +188,29 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     return result
 
 
+def client_placement(model, cfg: RunConfig, samples: list[StepSample], device: torch.device):
+    """The placement a client would resolve for these samples: the plan at their longest context, in the budget a client
+    would have on `device` (it counts the rollout's KV cache and decoder copy, which this benchmark does not hold: a
+    margin for gradient-checkpointing=auto's room)."""
+    return place_run(cfg, model=model, shape=ModelShape.of(model.config), context_tokens=max(s.length for s in samples),
+                     budget_bytes=memory_budget(cfg, device))
+
+
 def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.device) -> dict | None:
     """What the memory plan decided for a gradient-checkpointing=auto variant, so that a peak (or an out-of-memory) can be
     set beside it: the budget, the room it left the activations, and at the largest pass the trainer cuts from these
     samples the layers checkpointed and the activations planned; the plan's rows too (it counts a rollout's KV cache
     and decoder copy, which this benchmark does not hold). None for other variants or without a known budget."""
-    shape = ModelShape.of(model.config)
-    context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    budget = memory_budget(cfg, device)
-    room = plan_activation_room(cfg, shape, context, cfg.rollout_batch_size, budget)
+    shape, placement = ModelShape.of(model.config), client_placement(model, cfg, samples, device)
+    room = placement.activation_room_bytes
     if room is None:
         return None
     largest = max(len(micro) * max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)
-                  for micro in update_micro_batches(samples, grpo_config(cfg)))
-    per_token = plan_layer_activations(cfg, shape)
+                  for micro in update_micro_batches(samples, grpo_config(cfg, placement)))
+    per_token = plan_layer_activations(cfg, shape, placement)
     layers = layers_to_checkpoint(shape, largest, room, per_token)
-    plan = memory_plans(cfg, shape, context, cfg.rollout_batch_size)[0].as_dict()
-    return {"budget_bytes": int(budget), "room_bytes": int(room), "largest_pass_tokens": largest,
+    plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows).as_dict()
+    return {"budget_bytes": int(memory_budget(cfg, device)), "room_bytes": int(room), "largest_pass_tokens": largest,
             "layers": layers, "activation_bytes": update_activation_bytes(shape, largest, layers, per_token),
             "plan_bytes": {k: int(v) for k, v in plan.items()}}
 
@@ -218,24 +226,22 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
     decides them: none, every layer, or auto's k; the no-grad passes' one layer). `passes`: the [rows, width] of the
     passes as run (gpu_round.recorded_passes); None for the ones the trainer would cut from all samples as one
     minibatch (a variant that ran out of memory). Set beside the measured peak, it checks the plan's count on a card."""
-    shape = ModelShape.of(model.config)
-    context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    plan = memory_plans(cfg, shape, context, cfg.rollout_batch_size)[0].as_dict()
-    per_token = plan_layer_activations(cfg, shape)
-    grpo = grpo_config(cfg)
+    shape, placement = ModelShape.of(model.config), client_placement(model, cfg, samples, device)
+    plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows).as_dict()
+    per_token = plan_layer_activations(cfg, shape, placement)
+    grpo = grpo_config(cfg, placement)
     if passes is None:
-        order = by_length(list(range(len(samples))), samples) if grpo.length_grouped_micro_batches else list(range(len(samples)))
+        order = by_length(list(range(len(samples))), [s.length for s in samples]) if grpo.length_grouped_micro_batches else list(range(len(samples)))
         width = lambda micro: max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)  # noqa: E731
         passes = {True: [(len(m), width(m)) for m in update_micro_batches(samples, grpo)],
-                  False: [(len(m), width(m)) for m in micro_batches(order, samples, grpo.logprob_micro_batch_size,
+                  False: [(len(m), width(m)) for m in micro_batches(order, [s.length for s in samples], grpo.logprob_micro_batch_size,
                                                                      grpo.logprob_micro_batch_tokens)]}
     update = max(rows * width for rows, width in passes[True])
     logprob = max((rows * width for rows, width in passes[False]), default=0)
-    if cfg.gradient_checkpointing == "auto":
-        room = plan_activation_room(cfg, shape, context, cfg.rollout_batch_size, memory_budget(cfg, device))
-        layers = shape.layers if room is None else layers_to_checkpoint(shape, update, room, per_token)
+    if placement.gradient_checkpointing == "auto":  # within the room the placement left (auto without one: True)
+        layers = layers_to_checkpoint(shape, update, placement.activation_room_bytes, per_token)
     else:
-        layers = shape.layers if cfg.gradient_checkpointing else 0
+        layers = shape.layers if placement.gradient_checkpointing else 0
     activations = max(update_activation_bytes(shape, update, layers, per_token), layer_activation_bytes(shape, logprob, per_token))
     held = plan["total"] - plan[ACTIVATIONS_ROW] - sum(plan[row] for row in ROLLOUT_ROWS)
     return int(held + activations)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from .base import SPLITS, Task, TextEnv, normalize_action
 from .multi import MultiEnv, env_names, is_multi_spec, task_env
 from .registry import ENVIRONMENTS, available_envs, env_class
@@ -23,7 +25,13 @@ def make_env(name: str, max_steps: int | None = None) -> TextEnv:
     return env_class(name)(max_steps=max_steps or None)
 
 
+@functools.cache
+def split_size(name: str, split: str) -> int:
+    """How many tasks the named env's `split` holds (an instance is built once to count them)."""
+    return len(make_env(name).tasks_of_split(split))
+
+
 __all__ = [
     "SPLITS", "Task", "TextEnv", "ENVIRONMENTS", "MultiEnv", "answer_token_budget", "available_envs", "env_class", "env_names", "is_multi_spec",
-    "make_env", "normalize_action", "task_env",
+    "make_env", "normalize_action", "split_size", "task_env",
 ]

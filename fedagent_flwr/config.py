@@ -4,14 +4,14 @@ Flower passes the run config as a flat dict of kebab-case keys (defaults in pypr
 overrides from `--run-config`, a string or a TOML file such as configs/fedagent-cpu.toml). `RunConfig` turns it into a
 typed object before any work starts, so a bad value fails at once naming the key, the value and what is allowed. The
 keys are grouped in sections by concern, each checking its own fields (as TRL's configs do); `check_across` holds the
-rules that tie sections together. What `auto` becomes is decided in agent/engine/placement.py (`RunConfig.placement`),
+rules that tie sections together. Whether a config is valid does not depend on the machine that checks it: what `auto`
+becomes is decided where the run runs, by agent/engine/placement.py (each process's placement: methods/placement.py),
 the library configs are built in methods/library_configs.py and the memory plan in methods/memory.py. After adding or
 changing a key run `python -m fedagent_flwr.experiments.config_files` (pyproject's table, docs/run-config.md).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
 import re
@@ -22,12 +22,11 @@ from typing import Any
 
 import torch
 
-from envs import available_envs, env_names, is_multi_spec, make_env
+from envs import available_envs, env_names, is_multi_spec, split_size
 from fedagent_flwr.agent.engine.decode import KERNELS
 from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
-from fedagent_flwr.agent.engine.memory import MemoryPlan
-from fedagent_flwr.agent.engine.placement import DEVICES, ENGINES, Machine, Placement, place
+from fedagent_flwr.agent.engine.placement import DEVICES, ENGINES
 from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, base_dtype
 from fedagent_flwr.agent.models.pretrained import model_name_problem
 from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
@@ -39,37 +38,23 @@ from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
 from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
 from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
-from fedagent_flwr.agent.training.grpo import (
-    KL_REFERENCES,
-    LOSS_AGGREGATIONS,
-    OLD_LOGPROBS,
-    SCALE_REWARDS,
-    STD_DDOFS,
-    UNIFORM_GROUPS,
-)
+from fedagent_flwr.agent.training.grpo_config import KL_REFERENCES, LOSS_AGGREGATIONS, OLD_LOGPROBS, SCALE_REWARDS, STD_DDOFS, UNIFORM_GROUPS
 from fedagent_flwr.agent.training.lora import LoRASpec
 from fedagent_flwr.atomic import unwritable_reason
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
 from fedagent_flwr.privacy.differential_privacy import DP_MODES
-from fedrl.ddpg import CONTINUOUS_ENVS
-from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
-from fedrl.mdps import TABULAR_ENVS
 from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
 from strategies.pavg import VARIANTS as PAVG_VARIANTS
+from strategies.registry import FEDRL_DDPG_ENVS, FEDRL_DQN_ENVS, FEDRL_ENVS, STRATEGIES, Traits, named
 from strategies.fedagent_avg import CLIENT_SAMPLING
 from strategies.transfer import TRANSFER_DTYPES
 
 PARAM_DTYPE_CHOICES = (*PARAM_DTYPES, "auto")
 KL_REFERENCE_CHOICES = ("auto", *KL_REFERENCES)  # auto: resolved by agent/engine/placement.py
 
-# QAvg / PAvg (fedrl): strategies that train tabular or deep RL learners, not LLM agents, on these envs
-FEDRL_TABULAR_ENVS = TABULAR_ENVS
-FEDRL_DQN_ENVS = DISCRETE_ENVS  # qavg: DQNAvg (discrete actions)
-FEDRL_DDPG_ENVS = CONTINUOUS_ENVS  # pavg: DDPGAvg (continuous actions)
-FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
 FEDRL_CLIENT_MODES = ("all", "sampled")
 BASELINE_OPTIMIZERS = ("keep", "reset")
-TRACKERS = ("none", "tensorboard", "wandb")  # runs/tracking.py has one backend for each but none
+TRACKERS = ("none", "tensorboard", "wandb", "mlflow")  # runs/tracking.py has one backend for each but none
 PARTITION_MODES = ("uniform", "uniform-windows", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
 PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
 FINETUNING = ("full", "lora")  # what a GRPO client trains (methods/fedagent.py)
@@ -78,38 +63,7 @@ MIN_TEMPERATURE = 0.01  # logits / temperature in fp32 overflow to inf (NaN prob
 RUN_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]*")  # a folder name that needs no quoting anywhere
 
 
-@dataclass(frozen=True)
-class Traits:
-    """What a strategy trains and which run-wide features it supports.
-
-    The allowed `strategy` values are the keys of STRATEGIES; validation asks these traits, never a
-    name. The method registry (fedagent_flwr/methods/__init__.py) maps each name to its code.
-    """
-
-    trains: str  # "llm": a language-model agent on text envs; "fedrl": RL tables or networks on FEDRL_ENVS
-    envs: tuple[str, ...] = ()  # fedrl: the envs this strategy runs on
-    resume: bool = False  # the server's state is saved after every round (runs/resume.py)
-    dp: bool = False  # Flower's DP wrappers apply (privacy/differential_privacy.py)
-    secure_aggregation: bool = False  # SecAgg+ applies (privacy/secure_aggregation.py)
-    baselines: bool = False  # the Table 1 baselines (baseline = centralized | local) apply
-    experience_buffer: bool = False  # Fed-SE: clients train on a buffer seeded by demonstrations
-    grpo: bool = False  # clients train with GRPO (finetuning, kl-reference apply)
-
-
-STRATEGIES = {
-    "fedagent-avg": Traits("llm", resume=True, dp=True, secure_aggregation=True, baselines=True, grpo=True),
-    "fedse-lora": Traits("llm", resume=True, dp=True, experience_buffer=True),
-    "qavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS),  # deep QAvg is DQNAvg: discrete actions
-    "pavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS),  # deep PAvg is DDPGAvg: continuous actions
-}
-
-
 Need = Callable[[bool, str, Any, str], None]  # need(ok, key, value, allowed): records a problem when not ok
-
-
-@functools.cache
-def test_split_size(env: str) -> int:
-    return len(make_env(env).tasks_of_split("test"))
 
 
 def _key(default: Any, doc: str, allowed: str = "", words: tuple[str, ...] = (), choices: tuple[str, ...] = (),
@@ -159,9 +113,9 @@ class FederationConfig:
         # Flower waits in whole seconds: a fraction of a second would become a timeout of 0 s.
         need(self.round_timeout >= 1, "round-timeout", self.round_timeout, ">= 1 (seconds)")
         need(self.seed >= 0, "seed", self.seed, "an integer >= 0 (NumPy seeds take no negative numbers)")
-        if self.num_clients:
+        if self.num_clients > 0:  # a negative one is refused by its bound, not against clients-per-round
             need(self.clients_per_round <= self.num_clients, "clients-per-round", self.clients_per_round, f"<= num-clients ({self.num_clients})")
-        need(self.min_replies <= self.clients_per_round, "min-replies", self.min_replies, f"<= clients-per-round ({self.clients_per_round})")
+        need(self.clients_per_round < 1 or self.min_replies <= self.clients_per_round, "min-replies", self.min_replies, f"<= clients-per-round ({self.clients_per_round})")
 
 @dataclass(frozen=True)
 class EnvironmentConfig:
@@ -319,7 +273,7 @@ class EvaluationConfig:
     eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0", at_least=0)
     initial_evaluation: str = _key("", "a run folder whose evaluation before round 1 this run takes instead of playing it again (a Local or Centralized baseline, or another estimator, from the same model and seed: the SmolLM2 preset saves 6 of its 55 minutes); taken only if that run evaluated the same initial weights on the same held-out episodes with the same evaluation settings, project sources and torch / transformers / peft versions, else the run stops before round 1 naming what differs (runs/reused_evaluation.py); empty = evaluate", "empty, or an absolute (or ~) path to a run folder")
     output_dir: str = _key("~/fedagent-flwr/runs", "where run folders are written; must be absolute or start with ~", "path")
-    tracker: str = _key("none", "where the run is also logged: tensorboard = <run folder>/tensorboard/ (every metric row as scalars, the run config and the held-out episode texts as text; `tensorboard --logdir <output-dir>`); wandb = the same to a Weights & Biases run named after the run folder, files in <run folder>/wandb/ unless WANDB_DIR (extra `pip install -e \".[wandb]\"`; WANDB_MODE=offline needs no account)", choices=TRACKERS)
+    tracker: str = _key("none", "where the run is also logged: tensorboard = <run folder>/tensorboard/ (every metric row as scalars, the run config and the held-out episode texts as text; `tensorboard --logdir <output-dir>`); wandb = the same to a Weights & Biases run named after the run folder, files in <run folder>/wandb/ unless WANDB_DIR (extra `pip install -e \".[wandb]\"`; WANDB_MODE=offline needs no account); mlflow = the same to an MLflow run named after the run folder, in sqlite:///<run folder>/mlflow.db unless MLFLOW_TRACKING_URI (extra `pip install -e \".[mlflow]\"`; needs no server)", choices=TRACKERS)
     run_name: str = _key("", "run folder name; empty = <env>-<strategy>-<timestamp>; an existing run's name needs resume=true (nothing is overwritten)", "letters, digits and . _ + -")
 
     def check(self, need: Need) -> None:
@@ -328,14 +282,14 @@ class EvaluationConfig:
         if self.tracker == "tensorboard":
             need(importlib.util.find_spec("tensorboard") is not None, "tracker", self.tracker,
                  "none, or tensorboard with the tensorboard package installed")
-        if self.tracker == "wandb":
-            need(importlib.util.find_spec("wandb") is not None, "tracker", self.tracker,
-                 'none | tensorboard, or wandb once installed: pip install -e ".[wandb]"')
+        if self.tracker in ("wandb", "mlflow"):  # an optional extra each
+            need(importlib.util.find_spec(self.tracker) is not None, "tracker", self.tracker,
+                 f'none | tensorboard, or {self.tracker} once installed: pip install -e ".[{self.tracker}]"')
         need(self.run_name == "" or RUN_NAME.fullmatch(self.run_name) is not None, "run-name", self.run_name,
              "empty (a name is made up) or a folder name of letters, digits and . _ + - not starting with . or -")
         if self.eval_tasks and self.env not in FEDRL_ENVS:
             try:
-                smallest = min(test_split_size(name) for name in env_names(self.env))
+                smallest = min(split_size(name, "test") for name in env_names(self.env))
             except ValueError:
                 smallest = None  # a bad env is reported by its section
             if smallest is not None:
@@ -380,7 +334,7 @@ class PartitionConfig:
             need(0 < self.preference_omega < 1, "preference-omega", self.preference_omega, "in (0, 1) with preference-mix='dirichlet'")
         else:
             need(self.preference_omega >= 0, "preference-omega", self.preference_omega, ">= 0 (the noise scale)")
-        need(0 <= self.coverage_l_min <= self.coverage_l_avg <= self.coverage_l_max, "coverage-l-min/avg/max",
+        need(self.coverage_l_max < 1 or 0 <= self.coverage_l_min <= self.coverage_l_avg <= self.coverage_l_max, "coverage-l-min/avg/max",
              (self.coverage_l_min, self.coverage_l_avg, self.coverage_l_max), "0 <= coverage-l-min <= coverage-l-avg <= coverage-l-max")
         need(self.hardness_r >= 0, "hardness-r", self.hardness_r, ">= 0 (0 = derived from the labels)")
         if self.partition == "hardness":
@@ -390,14 +344,10 @@ class PartitionConfig:
             if labels.startswith("~") or Path(labels).is_absolute():
                 need(Path(labels).expanduser().is_file(), "success-labels", labels, "an existing file")
             if Path(labels).expanduser().is_file() and self.env in available_envs():
-                from partitions.labels import (
-                    load_labels,  # here: the partitions package imports flwr-datasets
-                )
+                from partitions.labels import label_file_problem  # here: the partitions package imports flwr-datasets
 
-                try:
-                    load_labels(labels, self.env, make_env(self.env).tasks_of_split("train"))
-                except ValueError as err:
-                    need(False, "success-labels", labels, f"a success-label file of env {self.env!r} ({err})")
+                problem = label_file_problem(labels, self.env)
+                need(problem is None, "success-labels", labels, f"a success-label file of env {self.env!r} ({problem})")
 
 @dataclass(frozen=True)
 class BaselineConfig:
@@ -498,7 +448,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         problems: list[str] = []
 
         def need(ok: bool, key: str, value: Any, allowed: str) -> None:
-            if not ok:
+            if not ok and not any(p.startswith(f"{key}=") for p in problems):  # one line a key: later rules repeat it
                 problems.append(f"{key}={value!r} is not allowed: expected {allowed}")
 
         for f in fields(self):
@@ -540,16 +490,6 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         """The most episodes a client plays at once: an epoch's GRPO groups (rollout-batch-size=auto's cap)."""
         return self.tasks_per_epoch * self.group_size
 
-    def placement(self, role: str = "client", machine: Machine | None = None, model: torch.nn.Module | None = None,
-                  plan_for: Callable[[int], MemoryPlan] | None = None, budget_bytes: float | None = None) -> Placement:
-        """Every `auto` of this run resolved for `role` (client, or server: server-device) on `machine` (default: this
-        process's), by agent/engine/placement.py's one function; `model`, `plan_for` and `budget_bytes` as it takes them."""
-        return place(device=self.device_key(role), precision=self.precision, param_dtype=self.param_dtype,
-                     decode_engine=self.decode_engine, kl_reference=self.kl_reference, single_learner=self.baseline != "none",
-                     full_grpo=self.finetuning == "full" and STRATEGIES.get(self.strategy, Traits("")).grpo,
-                     machine=machine, model=model, rollout_batch_size=self.rollout_batch_size,
-                     max_rows=self.epoch_episodes(), plan_for=plan_for, budget_bytes=budget_bytes)
-
     def device_key(self, role: str = "client") -> str:
         """The device key `role` (client or server) runs on, auto unresolved: server-device, or device where it is same."""
         return self.device if role == "client" or self.server_device == "same" else self.server_device
@@ -564,59 +504,83 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         return STRATEGIES[self.strategy]
 
     def check_across(self, need: Need) -> None:
-        """The rules that tie sections together: what the strategy supports, and keys that limit each other."""
+        """The rules that tie sections together, a method a concern; none asks the machine it runs on (what `auto`
+        resolves to is checked where the run runs: methods/placement.py)."""
+        traits = STRATEGIES.get(self.strategy)  # None: a bad strategy, reported by its section; its rules wait
+        self._check_model_across(need, traits)
+        self._check_grpo_keys(need, traits)
+        self._check_ranks(need, traits)
+        self._check_envs_across(need, traits)
+        self._check_resilience_across(need, traits)
+
+    def _check_model_across(self, need: Need, traits: Traits | None) -> None:
         if self.precision == "bf16-base":  # a bf16 base cannot take AdamW's steps: only a LoRA adapter over it trains
             need(self.finetuning == "lora" and self.strategy == "fedagent-avg", "precision", self.precision,
                  "fp32 | bf16-mixed | auto unless strategy='fedagent-avg' with finetuning='lora'")
-        for f in fields(GRPOSection)[-3:] if self.advantage_estimator != "gigpo" else ():  # the gigpo-* keys
-            need(getattr(self, f.name) == f.default, f.name.replace("_", "-"), getattr(self, f.name),
-                 f"{f.default!r} (its default) unless advantage-estimator='gigpo'")
         if self.model.startswith(WARM_PREFIX):  # the warm start cloned the expert on prompts of one shape
             for key in ("history_length", "prompt_roles"):
                 need(getattr(self, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(self, key),
                      f"{WARM_RECIPE[key]!r} with model={self.model!r} (the warm start's prompts; agent/models/warm_start.py)")
-        traits = STRATEGIES.get(self.strategy)
-        grpo_strategies = " | ".join(n for n, t in STRATEGIES.items() if t.grpo)  # named where a GRPO-only key is refused
-        if self.training_kernels != "eager" and traits:
-            need(traits.grpo, "training-kernels", self.training_kernels,
-                 "eager unless the strategy trains with GRPO (" + grpo_strategies + ")")
         if self.initial_evaluation and traits:  # only a language-model method's server evaluates held-out episodes
             llm_strategies = " | ".join(n for n, t in STRATEGIES.items() if t.trains == "llm")
             need(traits.trains == "llm", "initial-evaluation", self.initial_evaluation,
                  "empty unless the strategy trains a language-model agent (" + llm_strategies + ")")
-        # GRPO's own keys (Fed-SE's passes are fedse-sft-micro-batch-size rows; it has no advantages)
+        if self.transfer_dtype != "fp32":
+            # DP clips and SecAgg+ masks the weights as they travel; QAvg / PAvg tables are small and exact
+            need(bool(traits) and traits.trains == "llm" and self.dp_mode == "off" and not self.secure_aggregation,
+                 "transfer-dtype", self.transfer_dtype, "fp32 unless the strategy trains a language model and dp-mode='off' "
+                 "and secure-aggregation=false")
+
+    def _check_grpo_keys(self, need: Need, traits: Traits | None) -> None:
+        """Keys only a GRPO strategy takes (Fed-SE's passes are fedse-sft-micro-batch-size rows; it has no advantages)."""
+        for f in fields(GRPOSection)[-3:] if self.advantage_estimator != "gigpo" else ():  # the gigpo-* keys
+            need(getattr(self, f.name) == f.default, f.name.replace("_", "-"), getattr(self, f.name),
+                 f"{f.default!r} (its default) unless advantage-estimator='gigpo'")
         for key, off in (("micro_batch_tokens", 0), ("logprob_micro_batch_tokens", 0), ("advantage_estimator", "grpo"),
-                         ("clip_ratio_c", 0.0), ("kl_clamp", 0.0), ("entropy_coeff", 0.0), ("reward_std_ddof", 0)):
+                         ("clip_ratio_c", 0.0), ("kl_clamp", 0.0), ("entropy_coeff", 0.0), ("reward_std_ddof", 0),
+                         ("training_kernels", "eager")):
             if getattr(self, key) != off and traits:
                 need(traits.grpo, key.replace("_", "-"), getattr(self, key),
-                     f"{off!r} unless the strategy trains with GRPO (" + grpo_strategies + ")")
-        try:
-            placement = self.placement()  # on this machine
-        except ValueError:
-            placement = None  # a bad device, precision or engine is reported by its section
-        if self.param_dtype == "bf16" and traits and placement:  # a working copy of every weight under bf16 compute
-            need(traits.grpo and self.finetuning == "full" and placement.precision == "bf16-mixed", "param-dtype",
+                     f"{off!r} unless the strategy trains with GRPO ({named('grpo')})")
+        if self.param_dtype == "bf16" and traits:  # a working copy of every weight under bf16 compute
+            # precision auto resolves where the run runs: methods/placement.py checks it there
+            need(traits.grpo and self.finetuning == "full" and self.precision in ("bf16-mixed", "auto"), "param-dtype",
                  self.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
                  f"'bf16-mixed' (here strategy={self.strategy!r}, finetuning={self.finetuning!r}, precision resolves to "
-                 f"{placement.precision!r})")
-        if self.ranks_per_client > 1 and traits:  # what was tested on N ranks (tests/methods/test_ranked_round.py)
-            need(traits.grpo, "ranks-per-client", self.ranks_per_client, "1 unless the strategy trains with GRPO ("
-                 + grpo_strategies + "): Fed-SE's SFT runs in the client's own process (TRL's trainer would need "
-                 "accelerate's launcher)")
-            need(placement is None or placement.param_dtype == "fp32", "param-dtype", self.param_dtype,
-                 "fp32 with ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for "
-                 "full fine-tuning on CUDA)")
-            need(self.training_kernels == "eager", "training-kernels", self.training_kernels,
-                 "eager with ranks-per-client > 1 (the others are not yet run under FSDP2)")
-            need(not self.device.startswith("cuda:"), "device", self.device,
-                 "cpu | cuda | auto with ranks-per-client > 1 (rank r computes on the client's r-th visible GPU)")
-        need(self.client_sampling == "run-seed" or self.strategy == "fedagent-avg", "client-sampling", self.client_sampling,
-             "run-seed unless strategy='fedagent-avg' (the reference's draw is FedAgent's)")
-        if self.training_kernels == "liger":
-            need(placement is None or placement.on_cuda, "training-kernels", self.training_kernels,
+                 f"{self.precision!r})")
+        if self.training_kernels == "liger":  # CUDA only (device auto: methods/placement.py checks it where it runs)
+            need(self.device != "cpu", "training-kernels", self.training_kernels,
                  f"eager | compile with device={self.device!r} (Liger's kernels run on CUDA only)")
             need(importlib.util.find_spec("liger_kernel") is not None, "training-kernels", self.training_kernels,
                  "eager | compile where liger-kernel is not installed (pip install liger-kernel)")
+        if self.finetuning != "full" and traits:
+            need(traits.grpo, "finetuning", self.finetuning,
+                 f"full unless the strategy trains with GRPO ({named('grpo')}); fedse-lora always trains a LoRA adapter")
+            need(not self.secure_aggregation, "finetuning", self.finetuning, "full with secure-aggregation=true")
+        if self.baseline != "none" and traits:
+            need(traits.baselines, "baseline", self.baseline,
+                 f"none with strategy={self.strategy!r} (the Table 1 baselines train GRPO agents: strategy "
+                 f"{named('baselines')}; Fed-SE's Local / Centralized / FedAvg baselines: python -m "
+                 "fedagent_flwr.experiments.fedse_protocol)")
+        need(self.client_sampling == "run-seed" or self.strategy == "fedagent-avg", "client-sampling", self.client_sampling,
+             "run-seed unless strategy='fedagent-avg' (the reference's draw is FedAgent's)")
+
+    def _check_ranks(self, need: Need, traits: Traits | None) -> None:
+        """What was run on N ranks (tests/methods/test_ranked_round.py)."""
+        if self.ranks_per_client == 1 or traits is None:
+            return
+        need(traits.grpo, "ranks-per-client", self.ranks_per_client, f"1 unless the strategy trains with GRPO "
+             f"({named('grpo')}): Fed-SE's SFT runs in the client's own process (TRL's trainer would need accelerate's "
+             "launcher)")
+        need(self.param_dtype != "bf16", "param-dtype", self.param_dtype,
+             "fp32 with ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for "
+             "full fine-tuning on CUDA)")
+        need(self.training_kernels == "eager", "training-kernels", self.training_kernels,
+             "eager with ranks-per-client > 1 (the others are not yet run under FSDP2)")
+        need(not self.device.startswith("cuda:"), "device", self.device,
+             "cpu | cuda | auto with ranks-per-client > 1 (rank r computes on the client's r-th visible GPU)")
+
+    def _check_envs_across(self, need: Need, traits: Traits | None) -> None:
         if traits and traits.trains == "fedrl":
             need(self.env in traits.envs, "env", self.env, f"one of {', '.join(traits.envs)} with strategy={self.strategy!r} (QAvg / PAvg train RL tables or networks, not LLM agents; deep QAvg is DQNAvg: discrete actions, deep PAvg is DDPGAvg: continuous actions)")
             if self.local_updates == 0:
@@ -641,21 +605,6 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if traits and traits.experience_buffer:
             need(self.fedse_explore_samples > 0 or self.fedse_seed_demos > 0, "fedse-seed-demos", self.fedse_seed_demos,
                  "> 0 when fedse-explore-samples=0 (otherwise no client has anything to train on)")
-        if self.baseline != "none" and traits:
-            need(traits.baselines, "baseline", self.baseline,
-                 f"none with strategy={self.strategy!r} (the Table 1 baselines train GRPO agents: strategy "
-                 + " | ".join(n for n, t in STRATEGIES.items() if t.baselines) + "; Fed-SE's Local / Centralized / FedAvg baselines: python -m fedagent_flwr.experiments.fedse_protocol)")
-        if self.finetuning != "full" and traits:
-            need(traits.grpo, "finetuning", self.finetuning,
-                 "full unless the strategy trains with GRPO (" + grpo_strategies
-                 + "); fedse-lora always trains a LoRA adapter")
-            need(not self.secure_aggregation, "finetuning", self.finetuning, "full with secure-aggregation=true")
-        if self.transfer_dtype != "fp32":
-            # DP clips and SecAgg+ masks the weights as they travel; QAvg / PAvg tables are small and exact
-            need(bool(traits) and traits.trains == "llm" and self.dp_mode == "off" and not self.secure_aggregation,
-                 "transfer-dtype", self.transfer_dtype, "fp32 unless the strategy trains a language model and dp-mode='off' "
-                 "and secure-aggregation=false")
-        self._check_resilience_across(need, traits)
 
     def _check_resilience_across(self, need: Need, traits: Traits | None) -> None:
         need(not self.resume or self.run_name != "", "resume", self.resume,
@@ -663,22 +612,20 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.resume and traits:
             # qavg/pavg runs save no state. Fed-SE clients' buffers are keyed by the strategy's run
             # key, which the saved state restores, and a replayed round replaces its entries.
-            resumable = [name for name, t in STRATEGIES.items() if t.resume]
             need(traits.resume, "resume", self.resume,
-                 f"false with strategy={self.strategy!r} (resume covers {', '.join(resumable)} and the baselines)")
+                 f"false with strategy={self.strategy!r} (resume covers {named('resume')} and the baselines)")
         # A baseline's carried AdamW moments live in the client's node state, which a resumed run (a new Flower run)
         # does not have: it would go on with fresh moments, another procedure than the run it continues.
         need(not (self.resume and self.baseline != "none" and self.baseline_optimizer == "keep"), "resume", self.resume,
              f"false with baseline={self.baseline!r} and baseline-optimizer='keep' (the learner's AdamW state stays on "
              "its client and is not in the saved state; baseline-optimizer='reset' runs resume)")
         if self.dp_mode != "off" and traits:
-            private = [name for name, t in STRATEGIES.items() if t.dp]
             need(traits.dp, "dp-mode", self.dp_mode,
-                 f"off with strategy={self.strategy!r} (DP wraps the LLM strategies: {', '.join(private)}, baselines)")
+                 f"off with strategy={self.strategy!r} (DP wraps the LLM strategies: {named('dp')}, baselines)")
         if self.secure_aggregation:
             for ok, key, value, allowed in (
                 (traits is not None and traits.secure_aggregation, "strategy", self.strategy,
-                 " | ".join(n for n, t in STRATEGIES.items() if t.secure_aggregation) + " with secure-aggregation=true"),
+                 f"{named('secure_aggregation')} with secure-aggregation=true"),
                 (self.clients_per_round >= 2, "clients-per-round", self.clients_per_round, ">= 2 with secure-aggregation=true (a mean of one client is that client)"),
                 (self.dp_mode == "off", "dp-mode", self.dp_mode, "off with secure-aggregation=true (not combined here)"),
                 (not self.resume, "resume", self.resume, "false with secure-aggregation=true"),

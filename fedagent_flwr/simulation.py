@@ -42,9 +42,14 @@ from fedagent_flwr.runs.run_folder import check_run_folder
 PROJECT_DIR = Path(__file__).resolve().parents[1]  # the checkout this package sits in (editable install)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, as a refused run config: no usage line above it
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the keys)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     usage="%(prog)s [--run-config FILE] [--<run-config-key> VALUE ...] [--num-cpus-per-client N] ...")
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           usage="%(prog)s [--run-config FILE] [--<run-config-key> VALUE ...] [--num-cpus-per-client N] ...")
     parser.add_argument("--run-config", dest="run_config_file", default=None, metavar="FILE",
                         help="a TOML file of run-config keys (e.g. configs/fedagent-cpu.toml); flags given here override it")
     for section in SECTIONS:  # --help lists the keys under the config section that owns them
@@ -104,11 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, f.name)
         if value is not None:
             overrides[f.name.replace("_", "-")] = value
-    if "output-dir" in overrides and not overrides["output-dir"].startswith("~"):
-        overrides["output-dir"] = str(Path(overrides["output-dir"]).resolve())  # relative to where you run this
-    for key in ("success-labels", "initial-evaluation"):  # likewise
-        if overrides.get(key) and not overrides[key].startswith("~"):
-            overrides[key] = str(Path(overrides[key]).resolve())
+    for key in ("output-dir", "success-labels", "initial-evaluation"):  # relative to where you run this
+        value = overrides.get(key)
+        if isinstance(value, str) and value and not value.startswith("~"):  # "" or a wrong type: RunConfig refuses it
+            overrides[key] = str(Path(value).resolve())
     try:  # fail here, in one line, before Ray starts
         cfg = RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
         check_run_folder(cfg.output_path, cfg.run_name, cfg.resume)
@@ -256,17 +260,23 @@ def superlink_pids(port: str) -> set[int]:
 def read_run_config_file(path: str) -> dict:
     """Run-config keys from a TOML file, read by Flower's own parser (as `flwr run --run-config FILE` reads it)."""
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise ValueError(f"--run-config {path}: {'is a folder' if file.is_dir() else 'no such file'}; expected a TOML file of run-config keys")
+    if not file.is_file() or file.suffix != ".toml":  # Flower reads any other file as key=value text: silently nothing
+        problem = "is a folder" if file.is_dir() else "is not named *.toml" if file.exists() else "no such file"
+        raise ValueError(f"--run-config {path}: {problem}; expected a TOML file of run-config keys")
     try:
         flat = parse_config_args([str(file)])
     except ValueError as err:  # tomllib/tomli decode errors and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"--run-config {path}: not valid TOML ({err})") from None
+        # tomli's message gives a line number, not the key: quote the line (the last one at the end of the document)
+        lines = file.read_text(errors="replace").splitlines()
+        line = lines[min(err.lineno, len(lines)) - 1] if getattr(err, "lineno", None) and lines else ""
+        raise ValueError(f"--run-config {path}: not valid TOML ({err})" + (f" in {line[:80]!r}" if line else "")) from None
     except OSError as err:
         raise ValueError(f"--run-config {path}: cannot be read ({err.strerror or err})") from None
     unknown = sorted(set(flat) - set(RunConfig().to_run_config()))
     if unknown:
         raise ValueError(f"--run-config {path}: unknown run-config key(s) {unknown}")
+    if not flat:  # a truncated or wrong file would run every default
+        raise ValueError(f"--run-config {path}: holds no run-config keys")
     return flat
 
 
@@ -278,6 +288,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or key not in known:
             raise ValueError(f"--set {item!r}: expected key=value with a run-config key (e.g. learning-rate=1e-5)")
+        if key in out:  # the later would silently win
+            raise ValueError(f"--set {item!r}: {key} is already set")
         kind, words = type(known[key].default), known[key].metadata["words"]
         if raw in words:
             out[key] = raw

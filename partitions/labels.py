@@ -33,3 +33,14 @@ def load_labels(path: str | Path, env: str, tasks: Sequence) -> list[bool]:
     if bad:
         raise ValueError(f"success-labels={str(path)!r}: labels must be true/false, e.g. task {bad[0]!r} has {labels[bad[0]]!r}")
     return [labels[t.id] for t in tasks]
+
+
+def label_file_problem(path: str | Path, env: str) -> str | None:
+    """Why a success-label file does not fit env's train split (what load_labels would raise), or None."""
+    from envs import make_env  # here: only a check reads the train split
+
+    try:
+        load_labels(path, env, make_env(env).tasks_of_split("train"))
+    except ValueError as err:
+        return str(err)
+    return None

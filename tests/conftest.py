@@ -62,3 +62,22 @@ def run_identity(monkeypatch):
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0)
     monkeypatch.setattr(TaskIdentity, "_task_id", 0)
+
+
+def planned(cfg, shape, context_tokens: int, rows: int, role: str = "client"):
+    """`role`'s memory plan for `cfg` placed on this machine (no memory budget), at `rows` rollout rows."""
+    from fedagent_flwr.methods.memory import memory_plan
+    from fedagent_flwr.methods.placement import place_run
+
+    return memory_plan(cfg, shape, context_tokens, place_run(cfg, role), rows, role)
+
+
+def both_plans(cfg, shape, context_tokens: int):
+    """(client, server) plans as a run's start-up makes them, each role's rows in its memory key."""
+    from fedagent_flwr.agent.engine.memory import GB
+    from fedagent_flwr.methods.memory import memory_plans
+    from fedagent_flwr.methods.placement import place_run
+
+    client, server = (place_run(cfg, role, shape=shape, context_tokens=context_tokens, budget_bytes=gb * GB)
+                      for role, gb in (("client", cfg.client_memory_gb), ("server", cfg.server_memory_gb)))
+    return memory_plans(cfg, shape, context_tokens, client, server)

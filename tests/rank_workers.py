@@ -31,7 +31,7 @@ def tiny_model(lora: bool, tied: bool = False):
 
 
 def samples(vocab: int, count: int = 13):
-    from fedagent_flwr.agent.training.grpo import StepSample
+    from fedagent_flwr.agent.training.advantages import StepSample
 
     rng = np.random.default_rng(5)
     return [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 20))).tolist(),
@@ -53,7 +53,7 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.methods.library_configs import grpo_config
 
-    from fedagent_flwr.agent.engine.ranks import shard
+    from fedagent_flwr.agent.fsdp.ranks import shard
     from fedagent_flwr.methods.local_round import frozen_copy
 
     model, tokenizer = tiny_model(lora)
@@ -74,7 +74,7 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
         dist.destroy_process_group()
 
 
-# Targets of agent/engine/rank_launch.run_ranks: target(rank, world, tensors, *args) -> (tensors, info) on rank 0.
+# Targets of agent/fsdp/launch.run_ranks: target(rank, world, tensors, *args) -> (tensors, info) on rank 0.
 
 def echo(rank: int, world: int, tensors: dict, scale: float):
     """Every rank adds its rank to the input; rank 0 returns the sum over ranks, scaled."""

@@ -73,6 +73,7 @@ from fedagent_flwr.simulation import read_run_config_file
 from strategies.communication import payload_bytes
 from strategies.fedse_lora import aggregate_adapters
 from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
+from fedagent_flwr.methods.placement import place_run
 
 # CPU preset (configs/fedse-cpu.toml): 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
 CPU_PRESET = read_run_config_file(str(APP_DIR / "configs" / "fedse-cpu.toml"))
@@ -96,12 +97,13 @@ def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str |
     tasks = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), cfg.eval_tasks)  # per env with a spec
     if only_env is not None:  # a Local client is scored on its own environment's held-out tasks
         tasks = [t for t in tasks if task_env(t) == only_env]
-    spec = self_evolution_config(cfg).lora
+    spec = cfg.lora_spec()
     with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
+        placement = place_run(cfg, "server", model=peft_model)  # as the run's server resolves it
         evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), tasks,
-                                    rollout_config(cfg, evaluation=True), cfg.eval_samples_per_task, cfg.seed,
-                                    precision=cfg.placement().precision)
+                                    rollout_config(cfg, True, placement), cfg.eval_samples_per_task, cfg.seed,
+                                    precision=placement.precision)
         return evaluator.evaluate(server_round)
 
 
@@ -161,8 +163,9 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
     atomic_write_text(out / method / "config.json", json.dumps(cfg.to_run_config(), indent=2, sort_keys=True))
     agent = load_agent(cfg.model, cfg.env, cfg.device)
     k = cfg.num_clients
-    se = self_evolution_config(cfg)
-    rollout = rollout_config(cfg)
+    placement = place_run(cfg, model=agent.model)  # every auto of the clients, once
+    se = self_evolution_config(cfg, placement)
+    rollout = rollout_config(cfg, placement=placement)
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)  # noqa: E731
     buffers_root = out / method / "buffers"
     shutil.rmtree(buffers_root, ignore_errors=True)

@@ -31,7 +31,8 @@ from fedagent_flwr.agent.engine.memory import (
 from fedagent_flwr.agent.engine.placement import Machine
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
-from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_layer_activations, plan_rollout_rows
+from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.simulation import read_run_config_file
 
 
@@ -50,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         preset = read_run_config_file(args.run_config) if args.run_config else {}
         overrides = parse_overrides(args.set) | ({"ranks-per-client": args.ranks} if args.ranks is not None else {})
-        values = RunConfig().to_run_config() | preset | overrides
-        if values["device"] == "auto":  # the run config's checks resolve auto on this machine: name the one planned for
-            values["device"] = args.device
-        cfg = RunConfig.from_run_config(values)
+        cfg = RunConfig.from_run_config(RunConfig().to_run_config() | preset | overrides)
+        machine = Machine(cuda=args.device == "cuda")  # auto keys resolve as on the machine planned for
+        shape = ModelShape.of(shape_config(args.shape))
+        # each role's rows planned in its memory key (client-memory-gb, server-memory-gb), as a run's start-up plans them
+        placement, server = (place_run(cfg, role, machine, shape=shape, context_tokens=args.context_tokens,
+                                       budget_bytes=gb * GB)
+                             for role, gb in (("client", cfg.client_memory_gb), ("server", cfg.server_memory_gb)))
     except ValueError as err:
         p.error(str(err))
-    machine = Machine(cuda=args.device == "cuda")
-    placement = cfg.placement("client", machine)
-    shape = ModelShape.of(shape_config(args.shape))
     print(f"planned for {machine.describe()} (--device {args.device}), whatever this one has: {placement.summary()}")
     print(f"{args.shape}: {shape.parameters:,} parameters; finetuning={cfg.finetuning}, precision={placement.precision}, "
           f"param-dtype={placement.param_dtype}, micro-batch-size={cfg.micro_batch_size}, "
@@ -66,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if placement.decode_engine == "static":
         print("the rollout decodes with the static engine, which keeps its own compute-dtype copy of the weights "
               "(counted below)")
-    per_token = plan_layer_activations(cfg, shape, machine)
+    per_token = plan_layer_activations(cfg, shape, placement)
     print(f"a decoder layer keeps {per_token.full:,} bytes a token for backward ({per_token.kept:,} as a checkpointed "
           f"layer's input)")
-    plans = memory_plans(cfg, shape, args.context_tokens, machine=machine)
+    plans = memory_plans(cfg, shape, args.context_tokens, placement, server)
     for plan in plans:
         print(plan.table())
     client = plans[0]
@@ -86,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 def token_budgets(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float, machine: Machine | None = None) -> str:
     """The largest micro-batch-tokens whose pass keeps every activation, and with every layer checkpointed, in the room
     the rest of the plan leaves in `budget_gb` (the update's activations grow linearly with a pass's tokens)."""
-    budget = budget_gb * GB
     # the room is the same whatever checkpointing says: every row of the plan but the activations
-    rows = plan_rollout_rows(cfg, shape, context, budget, machine=machine)
-    room = plan_activation_room(replace(cfg, gradient_checkpointing="auto"), shape, context, rows, budget, machine)
-    per_token = plan_layer_activations(cfg, shape, machine)
+    placement = place_run(replace(cfg, gradient_checkpointing="auto"), "client", machine, shape=shape,
+                          context_tokens=context, budget_bytes=budget_gb * GB)
+    room = placement.activation_room_bytes
+    per_token = plan_layer_activations(cfg, shape, placement)
     whole, every = (max(0, int(room // update_activation_bytes(shape, 1, k, per_token))) for k in (0, shape.layers))
     return (f"in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations) a pass keeps every activation up to "
             f"{whole:,} padded tokens and up to {every:,} with every layer checkpointed (micro-batch-tokens = {whole:,} or "
@@ -100,9 +101,8 @@ def token_budgets(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: fl
 def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float,
                        machine: Machine | None = None) -> str:
     """What gradient-checkpointing='auto' would do in `budget_gb`: the layers a micro-batch checkpoints, by width."""
-    budget = budget_gb * GB
-    room = plan_activation_room(cfg, shape, context, plan_rollout_rows(cfg, shape, context, budget, machine=machine),
-                                budget, machine)
+    placement = place_run(cfg, "client", machine, shape=shape, context_tokens=context, budget_bytes=budget_gb * GB)
+    room = placement.activation_room_bytes
     widths = sorted({w for w in (256, 512, 1024) if w < context} | {context})
     # rows a pass holds at each width: micro-batch-size, or as many as micro-batch-tokens allows (one at least, a
     # minibatch at most)
@@ -112,7 +112,7 @@ def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_g
     else:
         rows = [cfg.micro_batch_size] * len(widths)
         who = f"micro-batch of {cfg.micro_batch_size} rows"
-    per_token = plan_layer_activations(cfg, shape, machine)
+    per_token = plan_layer_activations(cfg, shape, placement)
     layers = [layers_to_checkpoint(shape, n * w, room, per_token) for n, w in zip(rows, widths)]
     return (f"gradient-checkpointing=auto in {budget_gb:g} GiB ({room / GB:.1f} GiB left to the update's activations): a "
             f"{who} checkpoints " + ", ".join(

@@ -30,14 +30,15 @@ from fedagent_flwr.agent.training.lora import (
     attached_lora,
     save_adapter,
 )
-from fedagent_flwr.agent.engine.memory import ModelShape
+from fedagent_flwr.agent.engine.memory import GB, ModelShape
 from fedagent_flwr.agent.play.multi_env import environment_table, format_row
 from fedagent_flwr.agent.play.transcripts import short_example, write_transcripts
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader, Method
-from fedagent_flwr.methods.memory import check_memory, context_tokens, memory_plans, rollout_rows
+from fedagent_flwr.methods.memory import check_memory, memory_budget, memory_plans
+from fedagent_flwr.methods.placement import context_tokens, place_run
 from fedagent_flwr.methods.local_round import local_round
 from fedagent_flwr.methods.ranked_round import train_on_ranks
 from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
@@ -63,17 +64,21 @@ class LanguageAgentMethod(Method):
     def prepare(self) -> None:
         cfg = self.cfg
         self.agent = load_agent(cfg.model, cfg.env, cfg.device_key("server"), cfg.base_dtype())  # builds a tiny model first if needed
-        # Every auto resolved with the model in hand: decode-engine='static' for a model the static engine refuses stops
-        # the run here, and auto's fall-back to hf is named on the console at start-up (clients resolve alike).
-        self.placements = {role: cfg.placement(role, model=self.agent.model) for role in ("client", "server")}
         env = make_env(cfg.env, cfg.max_steps)
         eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval_tasks)  # a multi-env spec: eval-tasks per env
-        eval_rows = rollout_rows(cfg, self.agent, eval_tasks, who="server")
+        # Every auto resolved once, with the model in hand: decode-engine='static' for a model the static engine refuses
+        # stops the run here, and auto's fall-back to hf is named on the console at start-up (clients resolve alike on
+        # their machines). The server plans its own rows in server-memory-gb (or the GPU memory free here); a client's
+        # rows are planned here only as client-memory-gb allows, for the plan checked before round 1.
+        shape, context = ModelShape.of(self.agent.model.config), context_tokens(cfg, self.agent.tokenizer, env, eval_tasks)
+        self.placements = {role: place_run(cfg, role, model=self.agent.model, shape=shape, context_tokens=context,
+                                           budget_bytes=budget)
+                           for role, budget in (("client", cfg.client_memory_gb * GB),
+                                                ("server", memory_budget(cfg, self.agent.device, "server")))}
         self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
-                                         eval_tasks, rollout_config(cfg, True, eval_rows, self.placements["server"]),
+                                         eval_tasks, rollout_config(cfg, True, self.placements["server"]),
                                          cfg.eval_samples_per_task, cfg.seed, precision=self.placements["server"].precision)
-        shape = ModelShape.of(self.agent.model.config)
-        self.memory = memory_plans(cfg, shape, context_tokens(cfg, self.agent.tokenizer, env, eval_tasks))
+        self.memory = memory_plans(cfg, shape, context, self.placements["client"], self.placements["server"])
         self._stack = contextlib.ExitStack()
         self.peft_model = None
         if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model

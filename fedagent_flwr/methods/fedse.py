@@ -26,6 +26,7 @@ from fedagent_flwr.methods.tasks import learner_tasks
 from strategies.fedse_lora import RUN_KEY, FedSELoRA, clients_for_fraction
 from strategies.transfer import decode, encode
 from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
+from fedagent_flwr.methods.placement import process_placement
 
 
 class FedSE(LanguageAgentMethod):
@@ -47,8 +48,10 @@ class FedSE(LanguageAgentMethod):
         server_round = int(config["server-round"])
         seed_everything(cfg.seed, server_round, partition_id)  # exploration sampling is reproducible per (round, client)
         buffer = ExperienceBuffer(client_buffer_dir(cfg.fedse_buffer_dir, str(config[RUN_KEY]), partition_id), agent.base_fingerprint)
+        tasks = learner_tasks(cfg, partition_id, num_partitions)
+        placement = process_placement(cfg, agent, tasks)  # every auto of this client, once
         adapter, metrics = self_evolution_round(
-            agent, self_evolution_config(cfg), rollout_config(cfg), lambda: make_env(cfg.env, cfg.max_steps),
-            learner_tasks(cfg, partition_id, num_partitions), server_round, buffer,
+            agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
+            lambda: make_env(cfg.env, cfg.max_steps), tasks, server_round, buffer,
             decode(msg.content.array_records["arrays"], cfg.transfer_dtype))
         return Message(RecordDict({"arrays": encode(adapter, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)

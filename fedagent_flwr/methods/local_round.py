@@ -20,26 +20,27 @@ from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.agent.engine.placement import Placement
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
-from fedagent_flwr.methods.memory import activation_room, rollout_rows
+from fedagent_flwr.methods.placement import process_placement
 
 
 def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_round: int, partition_id: int,
                   model: torch.nn.Module | None = None, optimizer: dict[str, np.ndarray] | None = None,
-                  base_model: torch.nn.Module | None = None) -> dict[str, float]:
+                  base_model: torch.nn.Module | None = None, placement: Placement | None = None) -> dict[str, float]:
     """tau epochs of GRPO from the weights currently in `model` (default `agent.model`; a LoRA-wrapped
     base trains its adapter only); returns round metrics. With `optimizer` (a dict, empty in the first round)
     AdamW continues from the state in it, and the state it ends in is written back. `base_model`: the frozen base
-    weights a full fine-tuning's KL term anchors to with kl-reference='base'."""
+    weights a full fine-tuning's KL term anchors to with kl-reference='base'. `placement`: this client's
+    (default: process_placement's, over `tasks` with `model`)."""
     if not tasks:
         raise ValueError(f"client {partition_id} has no training tasks")
     started = time.time()
     rng = seed_everything(cfg.seed, server_round, partition_id)
     model = model if model is not None else agent.model
-    rows = rollout_rows(cfg, agent, tasks)
-    placement = cfg.placement("client", model=model)  # every auto of this client, the engine checked against its model
-    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, activation_room(cfg, agent, tasks, rows), placement),
-                          rollout_config(cfg, batch_size=rows, placement=placement), base_model=base_model)
+    placement = placement or process_placement(cfg, agent, tasks, model=model)
+    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement),
+                          base_model=base_model)
     if optimizer:
         trainer.load_optimizer_arrays(optimizer)
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)
@@ -68,13 +69,15 @@ def local_round(cfg: RunConfig, agent: Agent, sent: ArrayRecord, tasks: Sequence
             model = shard(peft_model)
             metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer)
             return adapter_to_arrays(model), metrics
-    anchor = cfg.placement().kl_reference if cfg.kl_beta > 0 else None
+    placement = process_placement(cfg, agent, tasks)  # once, before sharding: the anchor is chosen by it
+    anchor = placement.kl_reference if cfg.kl_beta > 0 else None
     base = shard(load_frozen_base(cfg.model, cfg.env, cfg.device)) if anchor == "base" else None
     arrays_to_model(agent.model, sent)
     if anchor == "round-start" and cfg.ranks_per_client > 1:  # copied whole, then sharded (FSDP2 cannot deep-copy)
         base = shard(frozen_copy(agent.model))
     model = shard(agent.model)
-    metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer, base_model=base)
+    metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer, base_model=base,
+                            placement=placement)
     return model_to_arrays(model), metrics
 
 

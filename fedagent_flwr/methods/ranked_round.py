@@ -3,7 +3,7 @@ device (a card of the client's, or a share of the CPU), the model sharded over t
 
 Every rank runs methods/local_round.py's round on the same tasks and seed: it plays a stride of the epoch's groups
 with the whole weights gathered, receives every rank's episodes, computes the advantages over the whole epoch, and
-takes its stride of each minibatch's passes (agent/engine/ranks.py). The gradients FSDP2 averages over the ranks are
+takes its stride of each minibatch's passes (agent/fsdp/ranks.py). The gradients FSDP2 averages over the ranks are
 one rank's over the whole minibatch, so the weights move as one process's would; rank 0's full weights (and the AdamW
 state a baseline carries) are the reply. Nothing of the client leaves the machine: the ranks talk over its own
 process group (NCCL between cards, gloo on a CPU).
@@ -20,8 +20,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from envs import Task
-from fedagent_flwr.agent.engine.rank_launch import backend_for, rank_device, run_ranks
-from fedagent_flwr.agent.engine.ranks import shard
+from fedagent_flwr.agent.fsdp.launch import backend_for, rank_device, run_ranks
+from fedagent_flwr.agent.fsdp.ranks import shard
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.config import RunConfig

@@ -9,6 +9,11 @@ runs (run-config `tracker`). One class per backend, each with the same four meth
   the metrics at step = round, the run config as the run's config, the transcripts as HTML text. wandb's own
   variables apply: WANDB_MODE (online when logged in; `WANDB_MODE=offline` needs no account, `wandb sync`
   uploads later), WANDB_PROJECT (default fedagent-flwr), WANDB_DIR (default the run folder: `<run folder>/wandb/`).
+- mlflow: the same to an MLflow run named after the run folder (the extra `pip install -e ".[mlflow]"`): the metrics
+  at step = round, the run config as params, each transcript as the artifact `<tag>/round-NNNN.txt`. The store is
+  `sqlite:///<run folder>/mlflow.db` with artifacts in `<run folder>/mlflow-artifacts/`, or MLFLOW_TRACKING_URI
+  when set (a server, or one database for several runs); MLFLOW_EXPERIMENT_NAME (default fedagent-flwr). Reading
+  the store needs only the extra (`MlflowClient(tracking_uri=...)`); its web UI needs the full `pip install mlflow`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -89,7 +95,62 @@ class WandbTracker:
         self.run.finish()
 
 
-BACKENDS: dict[str, Callable[[Path], Tracker]] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker}
+class MlflowTracker:
+    def __init__(self, run_dir: Path) -> None:
+        # here: an optional extra, imported only by runs that ask for it
+        from mlflow.entities import Metric, Param
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+        from mlflow.utils.file_utils import path_to_local_sqlite_uri
+
+        self.Metric, self.Param = Metric, Param
+        # SQLite, not a file store: mlflow 3 refuses `file:` stores unless MLFLOW_ALLOW_FILE_STORE=true (the file
+        # backend is in maintenance mode), while SQLite is its default local store and needs no server.
+        local = not os.environ.get("MLFLOW_TRACKING_URI")
+        # MLflow's own spelling of the path: SQLAlchemy 2.1 URL-decodes it (a % in output-dir), older ones don't.
+        uri = path_to_local_sqlite_uri(run_dir / "mlflow.db") if local else None  # None: MLflow reads the variable
+        self.client = MlflowClient(tracking_uri=uri)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "fedagent-flwr")
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            # Local: artifacts beside the database (MLflow's default root is ./mlruns of the working directory);
+            # a shared store keeps its own artifact root.
+            where = (run_dir.resolve() / "mlflow-artifacts").as_uri() if local else None
+            try:
+                experiment_id = self.client.create_experiment(name, artifact_location=where)
+            except MlflowException:  # another run sharing the store created it first
+                experiment = self.client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+                experiment_id = experiment.experiment_id
+        else:
+            experiment_id = experiment.experiment_id
+        self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+
+    def config(self, config: dict[str, Any]) -> None:
+        # Params, not a dict artifact: every key is searchable and comparable across runs in MLflow, and the run
+        # config fits its limits (values of at most 6000 characters; ~130 keys, sent 100 a request, the most a
+        # tracking server takes). Strings as written, other values as config.json spells them (true, not True).
+        params = [self.Param(key, value if isinstance(value, str) else json.dumps(value))
+                  for key, value in sorted(config.items())]
+        for start in range(0, len(params), 100):
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+
+    def row(self, row: dict[str, Any]) -> None:
+        now, step = int(time.time() * 1000), int(row["round"])
+        metrics = [self.Metric(key, float(value), now, step) for key, value in numeric_scalars(row).items()]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self.client.log_text(self.run_id, text, f"{tag}/round-{step:04d}.txt")  # the run folder's episodes/ names
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+BACKENDS: dict[str, Callable[[Path], Tracker]] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker,
+                                                  "mlflow": MlflowTracker}
 
 
 def open_tracker(tracker: str, run_dir: Path) -> Tracker | None:

@@ -1,6 +1,7 @@
 """gradient-checkpointing = 'auto': each micro-batch checkpoints only the leading layers its memory needs."""
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -8,7 +9,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from fedagent_flwr.agent.engine.checkpointing import activation_checkpointing
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
     GB,
@@ -22,7 +24,8 @@ from fedagent_flwr.agent.engine.memory import (
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
-from fedagent_flwr.methods.memory import memory_plans, plan_activation_room
+from conftest import planned
+from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.methods.library_configs import grpo_config
 
 LAYERS = 4
@@ -88,7 +91,9 @@ def _update(model, tokenizer, checkpointing, room=None, client_gb=0.0):
     cfg = RunConfig(device="cpu", learning_rate=1e-3, kl_beta=0.1, minibatch_size=8, micro_batch_size=2,
                     length_grouped_micro_batches=True, gradient_checkpointing=checkpointing, client_memory_gb=client_gb)
     samples = _samples(tokenizer, 8)
-    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg, room), RolloutConfig(history_length=0))
+    grpo = grpo_config(cfg)  # auto without a room resolves to every layer; with one, as place() leaves it
+    grpo = replace(grpo, gradient_checkpointing="auto", activation_room_bytes=room) if room is not None else grpo
+    trainer = GRPOTrainer(model, tokenizer, grpo, RolloutConfig(history_length=0))
     stats = trainer.update(samples, np.random.default_rng(0))
     return stats, samples
 
@@ -165,13 +170,18 @@ def test_auto_without_a_known_room_checkpoints_every_layer(deep_lm, maze_tokeniz
 def test_the_room_is_the_budget_less_the_rest_of_the_plan():
     shape = _small_shape()
     cfg = RunConfig(device="cpu", gradient_checkpointing="auto", micro_batch_size=2)
-    plan = memory_plans(cfg, shape, 20, 4)[0].as_dict()
+    plan = planned(cfg, shape, 20, 4).as_dict()
     others = plan["total"] - plan[ACTIVATIONS_ROW]
-    assert plan_activation_room(cfg, shape, 20, 4, 10 * GB) == 10 * GB - others
+    placed = lambda c, budget: place_run(replace(c, rollout_batch_size=4), shape=shape, context_tokens=20,  # noqa: E731
+                                         budget_bytes=budget)
+    auto = placed(cfg, 10 * GB)
+    assert (auto.gradient_checkpointing, auto.activation_room_bytes) == ("auto", 10 * GB - others)
     # the plan counts the worst case, every layer checkpointed, as with true
-    assert plan == memory_plans(RunConfig(device="cpu", gradient_checkpointing=True, micro_batch_size=2), shape, 20, 4)[0].as_dict()
-    assert plan_activation_room(cfg, shape, 20, 4, None) is None  # no memory known: every layer
-    assert plan_activation_room(RunConfig(device="cpu", gradient_checkpointing=True), shape, 20, 4, 10 * GB) is None
+    assert plan == planned(RunConfig(device="cpu", gradient_checkpointing=True, micro_batch_size=2), shape, 20, 4).as_dict()
+    unknown = placed(cfg, None)  # no memory known: every layer
+    assert (unknown.gradient_checkpointing, unknown.activation_room_bytes) == (True, None)
+    every = placed(RunConfig(device="cpu", gradient_checkpointing=True), 10 * GB)
+    assert (every.gradient_checkpointing, every.activation_room_bytes) == (True, None)
 
 
 def test_auto_is_a_value_of_the_key_and_other_words_are_refused():

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs

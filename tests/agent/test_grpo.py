@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from envs import Task
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, group_advantages, grpo_loss, trajectories_to_samples
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import group_advantages, trajectories_to_samples
+from fedagent_flwr.agent.training.grpo_loss import grpo_loss
 from fedagent_flwr.agent.play.rollout import RolloutConfig, StepRecord, Trajectory
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
@@ -238,7 +240,7 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
     import copy
 
     from fedagent_flwr.agent.training import grpo
-    from fedagent_flwr.agent.training.grpo import StepSample
+    from fedagent_flwr.agent.training.advantages import StepSample
 
     rng = np.random.default_rng(5)
     vocab = tiny_lm.config.vocab_size
@@ -280,7 +282,7 @@ def test_a_shared_prompt_prefix_takes_the_same_update_steps(tiny_lm, maze_tokeni
     import copy
 
     from fedagent_flwr.agent.training import grpo
-    from fedagent_flwr.agent.training.grpo import StepSample
+    from fedagent_flwr.agent.training.advantages import StepSample
 
     rng = np.random.default_rng(11)
     vocab = tiny_lm.config.vocab_size
@@ -324,7 +326,7 @@ def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_els
     import copy
 
     from fedagent_flwr.agent.training import grpo
-    from fedagent_flwr.agent.training.grpo import StepSample
+    from fedagent_flwr.agent.training.advantages import StepSample
 
     rng = np.random.default_rng(7)
     vocab = tiny_lm.config.vocab_size
@@ -384,7 +386,7 @@ def test_the_static_decoders_memory_is_released_before_the_update(tiny_lm, maze_
 
 def test_the_epoch_reports_the_share_of_groups_whose_rewards_differ(tiny_lm, maze_tokenizer, monkeypatch):
     from envs import make_env
-    from fedagent_flwr.agent.training.grpo import informative_share
+    from fedagent_flwr.agent.training.advantages import informative_share
 
     task = Task("t", "c", "train")
     trajs = [Trajectory(task=task, reward=r) for r in (1.0, 0.0, 0.5, 0.5, 0.0, 0.0)]
@@ -399,7 +401,7 @@ def test_the_epoch_reports_the_share_of_groups_whose_rewards_differ(tiny_lm, maz
 
 
 def test_groups_that_only_the_penalty_splits_count_as_informative_but_not_as_differing_in_outcome():
-    from fedagent_flwr.agent.training.grpo import informative_share
+    from fedagent_flwr.agent.training.advantages import informative_share
 
     task = Task("t", "c", "train")
     # group 0: a win and a loss; group 1: two losses, one of them with an invalid step (penalty 0.1)
@@ -415,7 +417,7 @@ def test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop
     reference loop's to rounding, and AdamW's carried moments load into it (its step count lives on the GPU)."""
     import copy
 
-    from fedagent_flwr.agent.training.grpo import StepSample
+    from fedagent_flwr.agent.training.advantages import StepSample
 
     rng = np.random.default_rng(7)
     vocab = tiny_lm.config.vocab_size

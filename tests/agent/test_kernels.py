@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.kernels import check_training_kernels, decoder_layers, training_kernels
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
@@ -145,7 +146,7 @@ def test_liger_is_refused_where_it_cannot_run():
         check_training_kernels("fused", torch.device("cpu"))
     defaults = RunConfig().to_run_config()
     for override, message in (({"training-kernels": "liger", "device": "cpu"}, "training-kernels='liger' is not allowed: expected eager | compile with device='cpu'"),
-                              ({"training-kernels": "compile", "strategy": "fedse-lora"}, "training-kernels='compile' is not allowed: expected eager unless the strategy trains with GRPO"),
+                              ({"training-kernels": "compile", "strategy": "fedse-lora"}, "training-kernels='compile' is not allowed: expected 'eager' unless the strategy trains with GRPO"),
                               ({"training-kernels": "fast"}, "training-kernels='fast'")):
         with pytest.raises(ValueError) as err:
             RunConfig.from_run_config(defaults | override)

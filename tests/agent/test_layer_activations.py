@@ -17,6 +17,7 @@ from fedagent_flwr.agent.engine.precision import autocast
 from fedagent_flwr.agent.engine.tokens import MASK_MAPPING_MODELS, collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.memory import plan_layer_activations
+from fedagent_flwr.methods.placement import place_run
 
 # every size distinct, so that a term counted at the wrong size cannot pass
 FIELDS = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -123,7 +124,8 @@ def test_for_the_1_5b_shape_a_layer_keeps_116_kib_a_token_with_fp32_weights_and_
     assert (fp32_weights.full, bf16_copy.full) == (118_840, 103_480)
     assert (fp32_weights.kept, bf16_copy.kept) == (4 * 1536, 2 * 1536)
     # the run config hands the plan its resolved param-dtype and adapter
-    assert plan_layer_activations(RunConfig(precision="bf16-mixed", param_dtype="bf16"), shape) == bf16_copy
-    lora = plan_layer_activations(RunConfig(precision="bf16-mixed", finetuning="lora"), shape)
+    per_token = lambda cfg: plan_layer_activations(cfg, shape, place_run(cfg))  # noqa: E731
+    assert per_token(RunConfig(precision="bf16-mixed", param_dtype="bf16")) == bf16_copy
+    lora = per_token(RunConfig(precision="bf16-mixed", finetuning="lora"))
     assert lora == layer_activations(shape, "bf16-mixed", "fp32", LoRASpec().target_modules, 8)
     assert lora.full < bf16_copy.full

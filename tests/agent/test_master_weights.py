@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy, bf16_view
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.memory import memory_plans
+from conftest import planned
+from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.methods.library_configs import grpo_config
 
 
@@ -103,8 +105,8 @@ def test_the_plan_holds_the_round_start_reference_in_bf16_with_a_working_copy():
     from fedagent_flwr.agent.engine.memory import ModelShape, shape_config
 
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    rows = {dtype: memory_plans(RunConfig(device="cpu", precision="bf16-mixed", param_dtype=dtype, kl_beta=0.01,
-                                          kl_reference="round-start"), shape, 512, 8)[0].as_dict()["KL reference"]
+    rows = {dtype: planned(RunConfig(device="cpu", precision="bf16-mixed", param_dtype=dtype, kl_beta=0.01,
+                                     kl_reference="round-start"), shape, 512, 8).as_dict()["KL reference"]
             for dtype in ("fp32", "bf16")}
     assert rows == {"fp32": 4 * shape.parameters, "bf16": 2 * shape.parameters}
 
@@ -143,23 +145,23 @@ def test_param_dtype_auto_takes_the_working_copy_where_it_applies_and_fp32_elsew
 
     def resolved(**kw):
         cfg = RunConfig(param_dtype="auto", **kw)
-        return cfg.placement().param_dtype, grpo_config(cfg).param_dtype
+        return place_run(cfg).param_dtype, grpo_config(cfg).param_dtype
 
     assert resolved(device="cuda") == ("bf16", "bf16")
     assert resolved(device="cpu", precision="bf16-mixed") == ("bf16", "bf16")
     assert resolved(device="cpu") == ("fp32", "fp32")  # precision auto resolves to fp32 on a CPU
     assert resolved(device="cuda", precision="fp32") == ("fp32", "fp32")
     assert resolved(device="cuda", finetuning="lora") == ("fp32", "fp32")
-    assert RunConfig(param_dtype="auto", device="cuda", strategy="fedse-lora").placement().param_dtype == "fp32"
-    assert RunConfig().placement().param_dtype == "fp32"  # the default stays fp32
+    assert place_run(RunConfig(param_dtype="auto", device="cuda", strategy="fedse-lora")).param_dtype == "fp32"
+    assert place_run(RunConfig()).param_dtype == "fp32"  # the default stays fp32
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    plans = {dtype: memory_plans(RunConfig(device="cuda", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start"),
-                                 shape, 512, 8)[0].as_dict()["KL reference"] for dtype in ("auto", "bf16", "fp32")}
+    plans = {dtype: planned(RunConfig(device="cuda", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start"),
+                            shape, 512, 8).as_dict()["KL reference"] for dtype in ("auto", "bf16", "fp32")}
     assert plans["auto"] == plans["bf16"] == plans["fp32"] / 2
     preset = read_run_config_file(str(Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"))
     assert preset["param-dtype"] == "auto"
-    assert RunConfig.from_run_config(preset | {"device": "cpu"}).placement().param_dtype == "fp32"
-    assert RunConfig.from_run_config(preset | {"device": "cuda"}).placement().param_dtype == "bf16"
+    assert place_run(RunConfig.from_run_config(preset | {"device": "cpu"})).param_dtype == "fp32"
+    assert place_run(RunConfig.from_run_config(preset | {"device": "cuda"})).param_dtype == "bf16"
     with pytest.raises(ValueError, match=r"param-dtype='bf8' is not allowed: expected fp32 \| bf16 \| auto"):
         RunConfig(param_dtype="bf8")
 

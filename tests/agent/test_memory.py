@@ -9,7 +9,9 @@ from transformers import AutoConfig
 
 from fedagent_flwr.agent.engine.memory import GB, ModelShape, client_plan, layer_activations, server_plan, shape_config
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.memory import memory_plans, plan_activation_room, plan_layer_activations, plan_rollout_rows
+from conftest import both_plans, planned
+from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.methods.library_configs import rollout_config
 
 
@@ -101,10 +103,10 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
     # checkpointed update: 2 layer inputs of 3 rows + one layer's set; the passes' one layer of 5 rows is larger
     assert plan(5, gradient_checkpointing=True)["activations of a micro-batch"] == 5 * layer
     cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=7, precision="bf16-mixed")
-    assert memory_plans(cfg, shape, 10, 5)[0].as_dict()["activations of a micro-batch"] == 7 * layer  # the key reaches it
+    assert planned(cfg, shape, 10, 5).as_dict()["activations of a micro-batch"] == 7 * layer  # the key reaches it
     # Fed-SE's fine-tuning: a pass holds fedse-sft-micro-batch-size rows when set, else the whole batch
     fedse = RunConfig(strategy="fedse-lora", fedse_sft_batch_size=16, precision="bf16-mixed")
-    whole, passes_of_4 = (memory_plans(replace(fedse, fedse_sft_micro_batch_size=m), shape, 10, 5)[0].as_dict() for m in (0, 4))
+    whole, passes_of_4 = (planned(replace(fedse, fedse_sft_micro_batch_size=m), shape, 10, 5).as_dict() for m in (0, 4))
     assert whole["training logits"] == 4 * passes_of_4["training logits"] == 2 * 16 * 10 * 32 * 4
 
 
@@ -275,13 +277,14 @@ def test_rollout_batch_size_auto_takes_the_most_rows_the_plan_fits():
     shape = ModelShape.of(shape_config("qwen2.5-1.5b"))
     cfg = RunConfig(rollout_batch_size=0, tasks_per_epoch=64, group_size=8, precision="bf16-mixed", client_memory_gb=48.0,
                     micro_batch_size=8, gradient_checkpointing=True, logprob_chunk_tokens=1024)
-    rows = plan_rollout_rows(cfg, shape, 2048, 48 * GB)
+    rows_in = lambda c, budget: place_run(c, shape=shape, context_tokens=2048, budget_bytes=budget).rollout_rows  # noqa: E731
+    rows = rows_in(cfg, 48 * GB)
     assert 16 < rows < 512  # the KV cache of 2,048 tokens is about 59 MB a row at 1.5B in bf16
-    assert memory_plans(cfg, shape, 2048, rows)[0].total <= 48 * GB < memory_plans(cfg, shape, 2048, rows + 1)[0].total
-    assert memory_plans(cfg, shape, 2048)[0].total == memory_plans(cfg, shape, 2048, rows)[0].total  # the plan uses them
-    assert plan_rollout_rows(cfg, shape, 2048, 1e15) == 512  # never more than an epoch's episodes
-    assert plan_rollout_rows(cfg, shape, 2048, None) == 512 and rollout_config(cfg).batch_size == 512
-    assert plan_rollout_rows(RunConfig(rollout_batch_size=32), shape, 2048, 48 * GB) == 32  # a number is kept as given
+    assert planned(cfg, shape, 2048, rows).total <= 48 * GB < planned(cfg, shape, 2048, rows + 1).total
+    assert both_plans(cfg, shape, 2048)[0].total == planned(cfg, shape, 2048, rows).total  # the plan uses them
+    assert rows_in(cfg, 1e15) == 512  # never more than an epoch's episodes
+    assert rows_in(cfg, None) == 512 and rollout_config(cfg).batch_size == 512
+    assert rows_in(RunConfig(rollout_batch_size=32), 48 * GB) == 32  # a number is kept as given
 
 
 def test_a_client_and_the_server_resolve_auto_rows_against_their_own_memory(tiny_lm, maze_tokenizer):
@@ -291,19 +294,20 @@ def test_a_client_and_the_server_resolve_auto_rows_against_their_own_memory(tiny
     from fedagent_flwr.agent.engine.memory import GB, ModelShape
     from fedagent_flwr.agent.models.pretrained import ModelSpec
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.methods.memory import context_tokens, rollout_rows
+    from fedagent_flwr.methods.placement import context_tokens, process_placement
     from envs import make_env
 
     agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), "fp")
     tasks = make_env("maze").tasks_of_split("train")[:4]
     cfg = RunConfig(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=4)
-    assert rollout_rows(cfg, agent, tasks) == 12  # a CPU with no memory given: an epoch's episodes
+    assert process_placement(cfg, agent, tasks).rollout_rows == 12  # a CPU with no memory given: an epoch's episodes
     shape, context = ModelShape.of(tiny_lm.config), context_tokens(cfg, maze_tokenizer, make_env("maze"), tasks)
-    fixed = memory_plans(cfg, shape, context, 0)[0].total
-    per_row = memory_plans(cfg, shape, context, 1)[0].total - fixed
+    fixed = planned(cfg, shape, context, 0).total
+    per_row = planned(cfg, shape, context, 1).total - fixed
     budget = (fixed + 5.5 * per_row) / GB
     small = RunConfig(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=4, client_memory_gb=budget)
-    assert rollout_rows(small, agent, tasks) == 5 and rollout_rows(small, agent, tasks, who="server") == 12
+    assert process_placement(small, agent, tasks).rollout_rows == 5
+    assert process_placement(small, agent, tasks, "server").rollout_rows == 12
 
 
 def test_the_plan_counts_the_static_decoders_weight_copy():
@@ -311,9 +315,9 @@ def test_the_plan_counts_the_static_decoders_weight_copy():
     from fedagent_flwr.config import RunConfig
 
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    hf = memory_plans(RunConfig(device="cpu"), shape, 1024)
-    static = memory_plans(RunConfig(device="cpu", decode_engine="static"), shape, 1024)
-    auto_cpu = memory_plans(RunConfig(device="cpu", decode_engine="auto"), shape, 1024)
+    hf = both_plans(RunConfig(device="cpu"), shape, 1024)
+    static = both_plans(RunConfig(device="cpu", decode_engine="static"), shape, 1024)
+    auto_cpu = both_plans(RunConfig(device="cpu", decode_engine="auto"), shape, 1024)
     for plain, with_copy in zip(hf, static):
         assert with_copy.total - plain.total == 4 * shape.parameters  # fp32 on a CPU: the copy is in the model's dtype
         assert with_copy.as_dict()["static decoder's weight copy"] == 4 * shape.parameters
@@ -358,9 +362,10 @@ def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
     shape = ModelShape.of(shape_config("qwen2.5-1.5b"))
     line = token_budgets(cfg, shape, 2048, 80.0)
     whole, every = (int(x.replace(",", "")) for x in re.findall(r"up to ([\d,]+)", line))
-    room = plan_activation_room(cfg, shape, 2048, plan_rollout_rows(cfg, shape, 2048, 80 * GB), 80 * GB)
+    placement = place_run(cfg, shape=shape, context_tokens=2048, budget_bytes=80 * GB)
+    room = placement.activation_room_bytes
     assert f"({room / GB:.1f} GiB left" in line and 2048 < whole < every
-    per = plan_layer_activations(cfg, shape)  # the preset's param-dtype auto: the bf16 working copy on a GPU
+    per = plan_layer_activations(cfg, shape, placement)  # the preset's param-dtype auto: the bf16 working copy on a GPU
     assert per == layer_activations(shape, "bf16-mixed", "bf16")
     assert layers_to_checkpoint(shape, whole, room, per) == 0 and layers_to_checkpoint(shape, whole + 1, room, per) >= 1
     assert update_activation_bytes(shape, every, 28, per) <= room < update_activation_bytes(shape, every + 1, 28, per)

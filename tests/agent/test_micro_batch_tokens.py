@@ -10,7 +10,9 @@ import torch
 from transformers import AutoConfig
 
 from fedagent_flwr.agent.training import grpo
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample, micro_batches
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
+from fedagent_flwr.agent.engine.micro_batches import micro_batches
 from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
     ModelShape,
@@ -21,31 +23,28 @@ from fedagent_flwr.agent.engine.memory import (
 )
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from conftest import planned
+from fedagent_flwr.methods.memory import plan_layer_activations
+from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.methods.library_configs import grpo_config
 
 
-def _samples(lengths: list[int]) -> list[StepSample]:
-    """Samples of these total lengths (prompt + one completion token)."""
-    return [StepSample(list(range(3, 3 + n - 1)), [3], 1.0) for n in lengths]
-
-
 def test_micro_batches_hold_as_many_consecutive_samples_as_the_padded_budget_allows():
-    samples = _samples([10, 9, 8, 8, 7, 30, 2, 2, 2])
+    lengths = [10, 9, 8, 8, 7, 30, 2, 2, 2]  # each sample's prompt and completion tokens
     # Within 32 padded tokens (rows x longest) the fewest passes are 4: [10, 9, 8] = 30 (adding 8 makes 40),
     # [8, 7] = 16 (adding 30 makes 90), 30 alone (longer than the budget), [2, 2, 2] = 6. Evened out, the 4 passes
     # are those of the smallest budget that needs no more, 24: [10, 9] = 20, [8, 8, 7] = 24, [30], [2, 2, 2]
-    assert micro_batches(range(9), samples, size=2, tokens=32) == [[0, 1], [2, 3, 4], [5], [6, 7, 8]]
+    assert micro_batches(range(9), lengths, size=2, tokens=32) == [[0, 1], [2, 3, 4], [5], [6, 7, 8]]
     # a minibatch that needs two passes gets two halves, not a full pass and a remnant
-    assert micro_batches(range(10), _samples([10] * 10), size=2, tokens=90) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert micro_batches(range(10), [10] * 10, size=2, tokens=90) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     # the order given is kept (the trainer sorts by length first when asked), and every sample is in one pass
     order = [8, 5, 0, 6, 1]
-    cut = micro_batches(order, samples, size=2, tokens=32)
+    cut = micro_batches(order, lengths, size=2, tokens=32)
     assert [i for m in cut for i in m] == order
-    assert all(len(m) == 1 or len(m) * max(len(samples[i].prompt_ids) + 1 for i in m) <= 32 for m in cut)
+    assert all(len(m) == 1 or len(m) * max(lengths[i] for i in m) <= 32 for m in cut)
     # 0 = cut by rows, as before
-    assert micro_batches(range(9), samples, size=4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
-    assert micro_batches(range(9), samples, size=4, tokens=0) == micro_batches(range(9), samples, size=4)
+    assert micro_batches(range(9), lengths, size=4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert micro_batches(range(9), lengths, size=4, tokens=0) == micro_batches(range(9), lengths, size=4)
 
 
 def test_an_update_cut_by_tokens_runs_fewer_fuller_passes_and_trains_as_one_cut_by_rows(tiny_lm, maze_tokenizer, monkeypatch):
@@ -117,11 +116,11 @@ def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_conte
     assert plan(logprob_micro_batch_tokens=4) == plan(logprob_micro_batch_size=1)  # one whole row at least, alone
     # the run-config keys reach the plan
     cfg = RunConfig(micro_batch_size=3, micro_batch_tokens=50, logprob_micro_batch_size=1, precision="bf16-mixed")
-    per = plan_layer_activations(cfg, shape)
+    per = plan_layer_activations(cfg, shape, place_run(cfg))
     assert per == layer_activations(shape, "bf16-mixed")
-    assert memory_plans(cfg, shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
+    assert planned(cfg, shape, 10, 5).as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
     cfg = replace(cfg, micro_batch_tokens=0, logprob_micro_batch_tokens=200)
-    assert memory_plans(cfg, shape, 10, 5)[0].as_dict()[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, per)
+    assert planned(cfg, shape, 10, 5).as_dict()[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, per)
 
 
 @pytest.mark.parametrize("overrides, allowed", [

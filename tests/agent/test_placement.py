@@ -6,9 +6,10 @@ import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import fedagent_flwr.agent.engine.placement as placement_module
-from fedagent_flwr.agent.engine.memory import GB, MemoryPlan
+from fedagent_flwr.agent.engine.memory import ACTIVATIONS_ROW, GB, MemoryPlan
 from fedagent_flwr.agent.engine.placement import Machine, place
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.placement import place_run
 
 CPU, GPU = Machine(cuda=False), Machine(cuda=True)
 
@@ -30,7 +31,7 @@ def test_auto_resolves_by_the_machine_and_explicit_values_stay():
 
 
 def test_auto_rows_are_the_most_the_plan_fits_up_to_an_epoch():
-    def plan_for(rows: int) -> MemoryPlan:
+    def plan_for(placement, rows: int) -> MemoryPlan:
         return MemoryPlan("each client", [("fixed", 10 * GB), ("per row", rows * GB)])
 
     assert place(max_rows=64, plan_for=plan_for, budget_bytes=20 * GB).rollout_rows == 10
@@ -46,6 +47,22 @@ def _llama(rope_scaling=None):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+def test_auto_checkpointing_takes_the_room_the_rest_of_the_plan_leaves():
+    asked = set()
+
+    def plan_for(placement, rows: int) -> MemoryPlan:
+        asked.add(placement.gradient_checkpointing)
+        return MemoryPlan("each client", [("fixed", 10 * GB), ("per row", rows * GB), (ACTIVATIONS_ROW, 3 * GB)])
+
+    auto = place(gradient_checkpointing="auto", max_rows=4, plan_for=plan_for, budget_bytes=20 * GB)
+    assert asked == {"auto"}  # the plan is asked for auto's worst case (memory.py counts every layer checkpointed)
+    # 4 rows fit (17 GiB); the activations may take what the other rows leave: 20 - (10 + 4)
+    assert (auto.rollout_rows, auto.gradient_checkpointing, auto.activation_room_bytes) == (4, "auto", 6 * GB)
+    unknown = place(gradient_checkpointing="auto", max_rows=4)  # no memory known: every layer, as true
+    assert (unknown.gradient_checkpointing, unknown.activation_room_bytes) == (True, None)
+    assert place(gradient_checkpointing=False, plan_for=plan_for, budget_bytes=20 * GB).activation_room_bytes is None
+
+
 def test_a_model_the_static_engine_refuses_is_named_or_refused_with_the_model_in_hand():
     """Llama 3's rope scaling is not one the static engine reproduces: auto on a GPU takes hf and says why (the server
     prints it at start-up); decode-engine='static' stops the run before any work."""
@@ -55,7 +72,7 @@ def test_a_model_the_static_engine_refuses_is_named_or_refused_with_the_model_in
     assert auto.decode_engine == "hf" and "rope scaling 'llama3'" in auto.engine_note
     assert "rope scaling 'llama3'" in auto.summary()
     with pytest.raises(ValueError, match="rope scaling 'llama3'"):
-        RunConfig(decode_engine="static").placement("client", GPU, model=llama3)
+        place_run(RunConfig(decode_engine="static"), "client", GPU, model=llama3)
     plain = place(machine=GPU, model=_llama())
     assert plain.decode_engine == "static" and plain.engine_note == ""
 
@@ -89,8 +106,22 @@ def test_evaluation_the_warm_start_and_a_run_resolve_the_same_engine_and_precisi
                           "--samples-per-task", "1", "--device", "auto"]) == 0
     pretrained.resolve_model(f"warm:{tmp_path / 'model'}", "maze")
     cfg = RunConfig(env="maze")
-    run = {role: cfg.placement(role, model=tiny_lm) for role in ("client", "server")}
+    run = {role: place_run(cfg, role, model=tiny_lm) for role in ("client", "server")}
     evaluation, warm = seen["evaluation"], warm_placements[0]
     expected = ("bf16-mixed", "static") if machine.cuda else ("fp32", "hf")
     for resolved in (run["client"], run["server"], evaluation, warm):
         assert (resolved.precision, resolved.decode_engine) == expected, resolved
+
+
+def test_a_config_is_valid_wherever_it_is_checked_and_what_auto_becomes_is_checked_where_it_runs():
+    """param-dtype = bf16 needs bf16-mixed, which precision = auto becomes on a GPU only: the config is valid on this
+    CPU (it once was refused here and accepted on the GPU node), and refused in one line where it would run on a CPU."""
+    cfg = RunConfig(param_dtype="bf16", finetuning="full")
+    assert place_run(cfg, machine=GPU).param_dtype == "bf16"
+    with pytest.raises(ValueError, match=r"^invalid run config: param-dtype='bf16' is not allowed: .*precision resolves "
+                                         r"to 'fp32' on a CPU\)$"):
+        place_run(cfg, machine=CPU)
+    ranks = RunConfig(param_dtype="auto", finetuning="full", ranks_per_client=2)  # auto takes the working copy on a GPU, not yet under FSDP2
+    with pytest.raises(ValueError, match="param-dtype='auto' is not allowed: expected fp32 with ranks-per-client > 1"):
+        place_run(ranks, machine=GPU)
+    assert place_run(ranks, machine=CPU).param_dtype == "fp32"

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
-from fedagent_flwr.agent.engine.precision import resolve_precision
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
+from fedagent_flwr.agent.engine.placement import resolve_precision
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
 from fedagent_flwr.config import RunConfig

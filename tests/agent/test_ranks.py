@@ -1,4 +1,4 @@
-"""GRPO's passes on N ranks (agent/engine/ranks.py, FSDP2 with gloo on CPU) train as one rank does."""
+"""GRPO's passes on N ranks (agent/fsdp/ranks.py, FSDP2 with gloo on CPU) train as one rank does."""
 
 import socket
 
@@ -26,11 +26,22 @@ def _on_ranks(lora: bool, settings: dict, out: str, world: int) -> None:
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-@pytest.mark.parametrize("settings", [
-    {"minibatch_size": 8, "micro_batch_size": 2, "kl_beta": 0.0},  # 13 samples: 2 minibatches, ranks with 3 and 2 passes
-    {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base", "length_grouped_micro_batches": True},
-], ids=["no-kl", "kl-to-base"])
+NO_KL = {"minibatch_size": 8, "micro_batch_size": 2, "kl_beta": 0.0}  # 13 samples: 2 minibatches, ranks with 3 and 2 passes
+KL_TO_BASE = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base",
+              "length_grouped_micro_batches": True}
+# verl's per-micro-batch mean with uneven counts: minibatches of 8 and 5 cut into 3 and 2 micro-batches, so rank 0 runs
+# 2 and 1, rank 1 runs 1 and 1: each micro-batch's token mean must weigh 1/3 and 1/2 of its minibatch's loss
+PER_MICRO_BATCH = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.0, "loss_aggregation": "micro-batch-token-mean"}
+# micro-batches cut by padded tokens, each of another size, under the plain token mean
+BY_TOKENS = {"minibatch_size": 8, "micro_batch_size": 8, "micro_batch_tokens": 60, "kl_beta": 0.05, "kl_reference": "base",
+             "loss_aggregation": "token-mean"}
+
+
+# every loss aggregation once; the aggregation is the trainer's, so one model kind each suffices for the newer two
+@pytest.mark.parametrize("lora, settings", [
+    (False, NO_KL), (True, NO_KL), (False, KL_TO_BASE), (True, KL_TO_BASE), (False, PER_MICRO_BATCH), (True, BY_TOKENS),
+], ids=["no-kl-full", "no-kl-lora", "kl-to-base-full", "kl-to-base-lora", "micro-batch-token-mean-full",
+        "token-mean-by-tokens-lora"])
 def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):
     rank_workers.update(lora, settings, str(tmp_path / "one.pt"))
     _on_ranks(lora, settings, str(tmp_path / "two.pt"), 2)

@@ -12,7 +12,9 @@ import torch
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.training import grpo
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample, group_advantages, grpo_loss
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample, group_advantages
+from fedagent_flwr.agent.training.grpo_loss import grpo_loss
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import grpo_config
 

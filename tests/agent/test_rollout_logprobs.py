@@ -12,7 +12,8 @@ from envs import make_env
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.agent.play.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, run_episodes
 from fedagent_flwr.agent.training import grpo
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, trajectories_to_samples
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import trajectories_to_samples
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import grpo_config
 

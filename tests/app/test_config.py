@@ -124,14 +124,16 @@ def test_simulation_reads_a_preset_file_and_flags_override_it(tmp_path, capsys):
     from fedagent_flwr.simulation import main
 
     preset = tmp_path / "p.toml"
-    preset.write_text('env = "maze"\nnum-server-rounds = 3\nmodel = "org/it\'s"\n')
+    folder = tmp_path / "it's"  # a model folder whose name needs quoting
+    folder.mkdir()
+    preset.write_text(f'env = "maze"\nnum-server-rounds = 3\nmodel = "{folder}"\n')
     assert main(["--run-config", str(preset), "--num-server-rounds", "5", "--dry-run"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "num-server-rounds=5" in line and "num-server-rounds=3" not in line and "env=" in line
     from flwr.common.config import parse_config_args
     run_config = line.split("--run-config ", 1)[1]
     import shlex
-    assert parse_config_args([shlex.split(run_config)[0]])["model"] == "org/it's"  # quotes survive the trip to flwr
+    assert parse_config_args([shlex.split(run_config)[0]])["model"] == str(folder)  # quotes survive the trip to flwr
 
 
 @pytest.mark.parametrize("content, expected", [
@@ -169,7 +171,7 @@ def test_library_configs_are_built_from_the_run_config_alone():
     """GRPOConfig has no defaults to disagree with the run config; RolloutConfig's history comes from it too."""
     import dataclasses
 
-    from fedagent_flwr.agent.training.grpo import GRPOConfig
+    from fedagent_flwr.agent.training.grpo_config import GRPOConfig
     from fedagent_flwr.agent.play.rollout import RolloutConfig
 
     run = RunConfig(learning_rate=3e-6, tasks_per_epoch=16, minibatch_size=32, micro_batch_size=8, history_length=2)

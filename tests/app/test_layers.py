@@ -74,7 +74,7 @@ def test_no_test_folder_shadows_a_package():
     assert not folders & packages, folders & packages
 
 
-AGENT_ROOMS = ("engine", "play", "training", "models")  # agent/'s rooms, each importing only the rooms before it
+AGENT_ROOMS = ("fsdp", "engine", "play", "training", "models")  # agent/'s rooms, each importing only the rooms before it
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "fedagent_flwr" / "agent").rglob("*.py")),

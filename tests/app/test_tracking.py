@@ -1,5 +1,6 @@
-"""tracker=tensorboard and tracker=wandb log what metrics.jsonl holds, the run config and the episode texts, each
-read back with the backend's own format; tracker=wandb without wandb is refused before any work."""
+"""tracker=tensorboard, tracker=wandb and tracker=mlflow log what metrics.jsonl holds, the run config and the episode
+texts, each read back with the backend's own format or client; tracker=wandb without wandb is refused before any
+work."""
 
 import html
 import importlib.util
@@ -128,12 +129,65 @@ def test_tracker_wandb_defaults_to_the_run_folder_and_the_project_fedagent_flwr(
     assert history[3][("eval/success_rate",)] == 0.5 and ("flag",) not in history[3]  # a bool is no scalar
 
 
-def test_tracker_wandb_without_wandb_is_refused_with_the_install_command(monkeypatch):
+def test_a_run_with_tracker_mlflow_logs_every_metric_the_config_and_the_episodes(tmp_path, run_identity, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # MLflow's own default artifact root is ./mlruns: nothing may land there
+    rows = _run(tmp_path, "mlflow", "ml")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("fedagent-flwr").experiment_id])
+    assert (run.info.run_name, run.info.status) == ("ml", "FINISHED")
+    assert set(run.data.metrics) == {key for row in rows for key in row if key != "round"}
+    for key in run.data.metrics:
+        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        expected = {row["round"]: row[key] for row in rows if key in row}
+        assert logged.keys() == expected.keys(), key
+        for step, value in expected.items():
+            assert abs(logged[step] - value) <= 1e-6 * max(1.0, abs(value)), (key, step)
+    config = json.loads((tmp_path / "ml" / "config.json").read_text())
+    assert run.data.params == {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
+    assert run.data.params["tracker"] == "mlflow"
+    episodes = [f.path for f in client.list_artifacts(run.info.run_id, "episodes")]
+    assert episodes == [f"episodes/round-{step:04d}.txt" for step in (0, 1, 2)]
+    assert run.info.artifact_uri.startswith((tmp_path / "ml" / "mlflow-artifacts").as_uri())
+    logged = client.download_artifacts(run.info.run_id, "episodes/round-0002.txt", str(tmp_path))
+    assert Path(logged).read_text() == (tmp_path / "ml" / "episodes" / "round-0002.txt").read_text()
+    assert not any((tmp_path / "cwd").iterdir())
+
+
+def test_tracker_mlflow_logs_to_mlflow_tracking_uri_when_it_is_set(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from fedagent_flwr.runs.tracking import open_tracker
+
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", shared)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "maze")
+    monkeypatch.chdir(tmp_path)  # a shared store's artifacts go to MLflow's default, ./mlruns
+    run_dir = tmp_path / "maze-run"
+    run_dir.mkdir()
+    tracker = open_tracker("mlflow", run_dir)
+    tracker.row({"round": 3, "eval/success_rate": 0.5, "flag": True})
+    tracker.close()
+    client = MlflowClient(tracking_uri=shared)
+    (run,) = client.search_runs([client.get_experiment_by_name("maze").experiment_id])
+    assert run.info.run_name == "maze-run" and run.data.metrics == {"eval/success_rate": 0.5}  # a bool is no scalar
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/success_rate")] == [3]
+    assert not any(run_dir.iterdir())  # nothing in the run folder: the store is elsewhere
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+def test_a_tracker_without_its_package_is_refused_with_the_install_command(monkeypatch, tracker):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tracker else real(name, *a))
     with pytest.raises(ValueError) as err:
-        RunConfig.from_run_config(RunConfig().to_run_config() | {"tracker": "wandb"})
-    assert "tracker='wandb' is not allowed" in str(err.value) and 'pip install -e ".[wandb]"' in str(err.value)
+        RunConfig.from_run_config(RunConfig().to_run_config() | {"tracker": tracker})
+    assert f"tracker='{tracker}' is not allowed" in str(err.value) and f'pip install -e ".[{tracker}]"' in str(err.value)
 
 
 def test_a_run_that_fails_midway_still_closes_its_tracker(tmp_path, run_identity, monkeypatch):

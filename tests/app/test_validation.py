@@ -98,7 +98,7 @@ NO_GPU = not torch.cuda.is_available()
         ({"answer-parsing": "loose"}, "answer-parsing='loose'"),
         ({"dp-mode": "local"}, "dp-mode='local'"),
         ({"baseline": "oracle"}, "baseline='oracle'"),
-        ({"tracker": "mlflow"}, "tracker='mlflow' is not allowed: expected none | tensorboard | wandb"),
+        ({"tracker": "comet"}, "tracker='comet' is not allowed: expected none | tensorboard | wandb | mlflow"),
         # paths
         ({"model": "/nonexistent/model"}, "model='/nonexistent/model' is not allowed: expected a model folder that exists"),
         ({"model": "./relative-model"}, "model='./relative-model'"),

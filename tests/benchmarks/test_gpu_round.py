@@ -10,7 +10,7 @@ import pytest
 
 from envs import env_class
 from benchmark_scripts import load_script
-from fedagent_flwr.methods.memory import memory_plans
+from conftest import planned
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_round.py"
 SMALL = ["--set", "tasks-per-epoch=2", "--set", "group-size=2", "--set", "max-steps=2", "--set", "max-new-tokens=16",
@@ -136,7 +136,7 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     from fedagent_flwr.agent.models.shaped_model import environment_tokenizer
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.simulation import parse_overrides
-    from fedagent_flwr.methods.memory import context_tokens
+    from fedagent_flwr.methods.placement import context_tokens
 
     gpu_round = load_script("gpu_round")
     # device cpu here and in the script: on a GPU machine auto would plan for bf16 and the static decoder
@@ -146,7 +146,7 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     env = make_env(cfg.env, cfg.max_steps)
     shape = ModelShape.of(gpu_round.build_model("tiny", tokenizer, torch.device("cpu"), 0).config)
     context = context_tokens(cfg, tokenizer, env, env.tasks_of_split("test")[:16])
-    one, four = (memory_plans(cfg, shape, context, rows)[0].total for rows in (1, 4))
+    one, four = (planned(cfg, shape, context, rows).total for rows in (1, 4))
     budget = (one + four) / 2
     r = _run("--device", "cpu", "--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}")
     assert 1 <= r["rollout_rows"] < 4 == r["episodes"]
@@ -215,7 +215,7 @@ def test_model_flops_count_the_head_only_at_the_positions_it_scores(tied):
     q 8 x 8 + 8 bias, k and v 8 x 4 + 4 each, o 8 x 8, MLP 3 x 8 x 16, two norms of 8: 608; the final norm 8; so
     the body is 616. The head is 10 x 8 = 80, the input embedding another 80 when untied (a lookup: no FLOPs).
     Two samples: prompts of 5 and 2 tokens, completions of 3 and 4: 14 tokens, 7 of them completions."""
-    from fedagent_flwr.agent.training.grpo import StepSample
+    from fedagent_flwr.agent.training.advantages import StepSample
 
     gpu_round = load_script("gpu_round")
     config = _tiny_config(tied)

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 from benchmark_scripts import load_script
-from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from conftest import planned
+from fedagent_flwr.methods.memory import plan_layer_activations
+from fedagent_flwr.methods.placement import place_run
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_profile.py"
 
@@ -158,10 +160,10 @@ def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations
     shape = ModelShape.of(tiny_lm.config)
     cfg = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8)
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    plan = memory_plans(cfg, shape, context, 8)[0].as_dict()
+    plan = planned(cfg, shape, context, 8).as_dict()
     held = plan["total"] - plan["activations of a micro-batch"] - sum(plan[row] for row in up.ROLLOUT_ROWS)
     assert plan["KV cache of a rollout batch"] > 0 and held < plan["total"] - plan["activations of a micro-batch"]
-    per = plan_layer_activations(cfg, shape)
+    per = plan_layer_activations(cfg, shape, place_run(cfg))
     passes = {True: [(2, 30), (2, 28)], False: [(2, 30)]}
     assert up.planned_peak(tiny_lm, cfg, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, 0, per)
     # every layer checkpointed: their inputs and one layer's set, unless the no-grad pass of 40 rows holds more

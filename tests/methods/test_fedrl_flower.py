@@ -275,7 +275,7 @@ def test_learner_state_survives_the_round_trip_through_context_state(strategy, e
 
 def test_deep_env_lists_agree_with_the_config():
     pytest.importorskip("torch")
-    from fedagent_flwr import config
+    from strategies import registry as config  # the strategies' registry holds what each runs on
     from fedagent_flwr.methods.fedrl import deep as fedrl_deep
 
     assert config.FEDRL_DQN_ENVS == fedrl_deep.DQN_ENVS and config.FEDRL_DDPG_ENVS == fedrl_deep.DDPG_ENVS

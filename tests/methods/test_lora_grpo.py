@@ -6,7 +6,8 @@ import torch
 from flwr.app import MessageType
 from peft import get_peft_model_state_dict
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer, StepSample
+from fedagent_flwr.agent.training.grpo import GRPOTrainer
+from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig

@@ -2,7 +2,8 @@
 
 import pytest
 
-from fedagent_flwr.config import STRATEGIES, RunConfig
+from fedagent_flwr.config import RunConfig
+from strategies.registry import STRATEGIES
 from fedagent_flwr.methods import METHODS, method_for
 from fedagent_flwr.methods.baselines import Baseline
 from fedagent_flwr.methods.fedagent import FedAgent
@@ -78,7 +79,8 @@ def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_
 
     seen, anchors = [], []
 
-    def fake_round(agent, cfg, tasks, server_round, partition_id, model=None, optimizer=None, base_model=None):
+    def fake_round(agent, cfg, tasks, server_round, partition_id, model=None, optimizer=None, base_model=None,
+                   placement=None):
         seen.append(None if optimizer is None else dict(optimizer))
         anchors.append(base_model)
         if optimizer is not None:  # what the trainer leaves behind: AdamW's state after this round's steps

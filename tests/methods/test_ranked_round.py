@@ -1,4 +1,4 @@
-"""A client's round on N ranks (methods/ranked_round.py, agent/engine/rank_launch.py): gloo on this CPU."""
+"""A client's round on N ranks (methods/ranked_round.py, agent/fsdp/launch.py): gloo on this CPU."""
 
 import os
 import signal
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rank_workers
-from fedagent_flwr.agent.engine.rank_launch import RankFailed, run_ranks
+from fedagent_flwr.agent.fsdp.launch import RankFailed, run_ranks
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
@@ -58,7 +58,7 @@ def test_a_failed_rank_fails_the_client_and_leaves_no_rank_behind(target, says, 
 def test_ranks_end_when_their_client_is_killed(tmp_path):
     client = subprocess.Popen([sys.executable, "-c", (
         "import sys; sys.path.insert(0, sys.argv[1]); import rank_workers\n"
-        "from fedagent_flwr.agent.engine.rank_launch import run_ranks\n"
+        "from fedagent_flwr.agent.fsdp.launch import run_ranks\n"
         "run_ranks(2, 'gloo', rank_workers.wait_forever, {}, sys.argv[2])"), str(TESTS), str(tmp_path)])
     try:
         deadline = time.monotonic() + 120
@@ -120,14 +120,18 @@ def test_a_clients_round_on_two_ranks_trains_what_one_process_trains(finetuning,
     assert all(np.asarray(on_ranks[k]).size == np.asarray(alone[k]).size for k in alone)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_one_rank_on_nccl_runs_a_clients_round(tiny_folder):
-    """The launcher's CUDA path (NCCL, rank 0 on the first visible card) on a machine with one GPU; N > 1 ranks wait
-    for a machine with several (benchmarks/gpu_checks.sh, stage ranks)."""
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ranks_on_nccl_run_a_clients_round(tiny_folder, ranks):
+    """The launcher's CUDA path (rank r on the r-th visible card; NCCL for CUDA tensors, gloo for the CPU ones the
+    ranks sum): one rank on a machine with one GPU, two where it has two (benchmarks/gpu_checks.sh, stage ranks, prints
+    the skip reason where a machine has fewer)."""
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"needs {ranks} CUDA device(s), {torch.cuda.device_count()} visible")
     cfg = RunConfig.from_run_config({
         "env": "maze", "model": tiny_folder, "device": "cuda", "finetuning": "lora", "tasks-per-epoch": 3,
         "group-size": 4, "max-steps": 6, "max-new-tokens": 8, "action-matching": "closest", "invalid-penalty": 0.0,
-        "learning-rate": 1e-2, "minibatch-size": 4, "micro-batch-size": 2, "scale-rewards": "batch"})
+        "learning-rate": 1e-2, "minibatch-size": 4, "micro-batch-size": 2, "scale-rewards": "batch",
+        "ranks-per-client": ranks})
     agent = load_agent(cfg.model, cfg.env, "cpu")
     with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
         sent = adapter_to_arrays(peft_model)

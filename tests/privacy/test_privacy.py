@@ -17,7 +17,8 @@ import torch
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from loopback_grid import LoopbackGrid
 
-from fedagent_flwr.config import STRATEGIES, RunConfig
+from fedagent_flwr.config import RunConfig
+from strategies.registry import STRATEGIES
 from fedagent_flwr.privacy.reply_filter import (
     CLIENT_FAILED,
     REPLY_BLOCKED,

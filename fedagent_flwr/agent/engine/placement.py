@@ -1,25 +1,27 @@
-"""Every `auto` of a run, decided in one place: `place()`.
+"""Every `auto` of a process, decided in one place: `place()`.
 
-The run config lets six things say `auto`: the device, the precision, the working weights' dtype (param-dtype), the
-decode engine, the rollout rows (rollout-batch-size = 0) and the KL reference. What each becomes depends on the machine the process runs
-on (and, for the engine, on the model; for the rows, on the memory plan), so it cannot be decided when the run config
-is read. Runs (clients and the server), evaluation and its replay, the warm start, the memory plan and the
-benchmarks all call `place()` (the run config's `RunConfig.placement()` passes its keys), so on one machine they
-resolve alike. `Machine` is what this process can use; a caller that plans for another machine (the memory plan's
-`--device cuda` on a CPU) passes that machine instead of `this_machine()`.
+The run config lets eight things say `auto` (or 0 for auto): the device, the precision, the working weights' dtype
+(param-dtype), the decode engine, the rollout rows (rollout-batch-size = 0), the KL reference, gradient checkpointing
+and, with it, the room the update's activations may take. What each becomes depends on the machine the process runs on
+(and, for the engine, on the model; for the rows and the room, on the memory plan), so it cannot be decided when the run
+config is read. Each process builds its placement once (methods/placement.py gives place() the run config's keys and
+the memory planner) and passes it alone to what it builds; runs (clients and the server), evaluation and its replay,
+the warm start, the memory plan and the benchmarks all come here, so on one machine they resolve alike. `Machine` is
+what this process can use; a caller that plans for another machine (the memory plan's `--device cuda` on a CPU)
+passes that machine instead of `this_machine()`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from fedagent_flwr.agent.engine.decode import UnsupportedModel, check_supported
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
-from fedagent_flwr.agent.engine.memory import MemoryPlan, rows_that_fit
-from fedagent_flwr.agent.engine.precision import compute_precision, resolve_precision
+from fedagent_flwr.agent.engine.memory import ACTIVATIONS_ROW, MemoryPlan, rows_that_fit
+from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, compute_precision
 
 DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
 ENGINES = ("auto", "hf", "static")  # decode-engine (agent/engine/sampling.py runs them)
@@ -50,6 +52,11 @@ class Placement:
     rollout_rows: int  # episodes per generate call
     kl_reference: str = "round-start"  # round-start | base: what GRPO's KL term anchors to
     engine_note: str = ""  # why `auto` took the hf engine where a GPU would take the static one ("" otherwise)
+    # False | True (every layer) | "auto": per micro-batch the fewest leading layers whose activations fit
+    # activation_room_bytes (agent/engine/checkpointing.py); auto with no memory known is True
+    gradient_checkpointing: bool | str = False
+    activation_room_bytes: float | None = None  # what the update's activations may take under "auto"
+    context_tokens: int = 0  # the longest context the memory plan was made for (0: no plan)
 
     @property
     def on_cuda(self) -> bool:
@@ -72,19 +79,27 @@ class Placement:
 
 
 def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "auto", decode_engine: str = "auto",
-          kl_reference: str = "auto", single_learner: bool = False, full_grpo: bool = False,
-          machine: Machine | None = None, model: torch.nn.Module | None = None,
-          rollout_batch_size: int = 0, max_rows: int = 1, plan_for: Callable[[int], MemoryPlan] | None = None,
-          budget_bytes: float | None = None) -> Placement:
-    """Resolve every `auto`.
+          kl_reference: str = "auto", gradient_checkpointing: bool | str = False, single_learner: bool = False,
+          full_grpo: bool = False, machine: Machine | None = None, model: torch.nn.Module | None = None,
+          rollout_batch_size: int = 0, max_rows: int = 1,
+          plan_for: Callable[[Placement, int], MemoryPlan] | None = None, budget_bytes: float | None = None,
+          context_tokens: int = 0) -> Placement:
+    """Resolve every `auto`, in this order (each may read the ones before it):
 
-    device: auto = cuda where the machine has a GPU, else cpu. precision: auto = bf16-mixed on CUDA, fp32 on a CPU.
-    param-dtype: auto = bf16 where a working copy applies (`full_grpo`: a GRPO strategy training every weight) under
-    bf16-mixed, else fp32. decode-engine: auto = static on CUDA, hf on a CPU; given the `model`, a model the static
-    engine does not reproduce takes hf under auto (with the reason in `engine_note`) and is refused under static.
-    rollout rows: rollout-batch-size where it is set; 0 = the most rows up to `max_rows` whose `plan_for(rows)` (a memory plan)
-    fits `budget_bytes`, or `max_rows` where no budget is known. kl-reference: auto = base for a single learner (a
-    Table 1 baseline, as one plain run anchors to its initial model), round-start for a federated client.
+    - device: auto = cuda where the machine has a GPU, else cpu;
+    - precision: auto = bf16-mixed on CUDA, fp32 on a CPU;
+    - param-dtype: auto = bf16 where a working copy applies (`full_grpo`: a GRPO strategy training every weight) under
+      bf16-mixed, else fp32;
+    - decode-engine: auto = static on CUDA, hf on a CPU; given the `model`, a model the static engine does not
+      reproduce takes hf under auto (with the reason in `engine_note`) and is refused under static;
+    - kl-reference: auto = base for a single learner (a Table 1 baseline, as one plain run anchors to its initial
+      model), round-start for a federated client;
+    - rollout rows: rollout-batch-size where it is set; 0 = the most rows up to `max_rows` whose plan
+      (`plan_for(placement so far, rows)`, the process's memory plan) fits `budget_bytes`, or `max_rows` where no
+      budget is known;
+    - gradient-checkpointing: auto = "auto" with the room the update's activations may take, `budget_bytes` less every
+      other row of the plan at those rows (which counts the rollout's KV cache too, though the update runs after it is
+      freed: a margin); where no budget is known, True (every layer).
     """
     machine = machine or this_machine()
     if device not in DEVICES and not device.startswith("cuda:"):
@@ -97,15 +112,35 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
     elif param_dtype not in PARAM_DTYPES:
         raise ValueError(f"param-dtype={param_dtype!r} is not allowed: expected {' | '.join(PARAM_DTYPES)} | auto")
     engine, note = decode_engine_for(decode_engine, on_cuda, model)
-    if rollout_batch_size:
-        rows = rollout_batch_size
-    elif plan_for is not None and budget_bytes:
-        rows = rows_that_fit(plan_for, budget_bytes, max_rows)
-    else:
-        rows = max_rows
     if kl_reference == "auto":
         kl_reference = "base" if single_learner else "round-start"
-    return Placement(resolved_device, resolved_precision, param_dtype, engine, rows, kl_reference, note)
+    # the plan is asked with the checkpointing key as given: "auto" plans its worst case, every layer checkpointed
+    placement = Placement(resolved_device, resolved_precision, param_dtype, engine, max_rows, kl_reference, note,
+                          gradient_checkpointing, None, context_tokens)
+    planned = plan_for is not None and bool(budget_bytes)
+    if rollout_batch_size:
+        rows = rollout_batch_size
+    elif planned:
+        rows = rows_that_fit(lambda n: plan_for(placement, n), budget_bytes, max_rows)
+    else:
+        rows = max_rows
+    room = None
+    if gradient_checkpointing == "auto" and planned:
+        plan = plan_for(placement, rows)
+        kept = plan.as_dict().get(ACTIVATIONS_ROW)  # a client's plan has the row; a server's does not
+        room = None if kept is None else budget_bytes - (plan.total - kept)
+    if gradient_checkpointing == "auto" and room is None:
+        gradient_checkpointing = True
+    return replace(placement, rollout_rows=rows, gradient_checkpointing=gradient_checkpointing, activation_room_bytes=room)
+
+
+def resolve_precision(precision: str, on_cuda: bool) -> str:
+    """'fp32', 'bf16-mixed' or 'bf16-base' for a run-config value and the device the model runs on."""
+    if precision not in ALL_PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not allowed: expected {' | '.join(ALL_PRECISIONS)}")
+    if precision == "auto":
+        return "bf16-mixed" if on_cuda else "fp32"
+    return precision
 
 
 def decode_engine_for(decode_engine: str, on_cuda: bool, model: torch.nn.Module | None = None) -> tuple[str, str]:

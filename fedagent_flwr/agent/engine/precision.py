@@ -28,15 +28,6 @@ ALL_PRECISIONS = (*PRECISIONS, "bf16-base")
 RESOLVED_PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
 
 
-def resolve_precision(precision: str, on_cuda: bool) -> str:
-    """'fp32', 'bf16-mixed' or 'bf16-base' for a run-config value and the device the model runs on."""
-    if precision not in ALL_PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not allowed: expected {' | '.join(ALL_PRECISIONS)}")
-    if precision == "auto":
-        return "bf16-mixed" if on_cuda else "fp32"
-    return precision
-
-
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context forward passes run in: bf16 autocast for bf16-mixed and bf16-base, nothing for fp32."""
     if precision in ("bf16-mixed", "bf16-base"):

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,11 @@ def looks_like_local_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or model.count("/") > 1 or os.sep != "/" and os.sep in model
 
 
+# what the hub accepts as a repo id (huggingface_hub's validate_repo_id: word characters, '-', '.', one '/'); our own
+# names (tiny, tiny:<env>, shape:<name>, smollm2-135m-instruct) match it but for their ':'
+HUB_ID = re.compile(r"[\w.:-]+(/[\w.-]+)?")
+
+
 def model_name_problem(model: str) -> str | None:
     """What a `model` value must be, where this one cannot load (the run config's check, before any work); else None."""
     if model.strip() == "":
@@ -105,6 +111,8 @@ def model_name_problem(model: str) -> str | None:
     if looks_like_local_path(base) and not is_gguf_model(base) and not Path(base).expanduser().is_dir():
         return ("a model folder that exists (a local path: it starts with /, ., ~ or has more than one /), "
                 "or a Hugging Face hub id such as Qwen/Qwen2.5-1.5B-Instruct")
+    if not looks_like_local_path(base) and not HUB_ID.fullmatch(base):  # e.g. a stray quote from a shell or TOML
+        return "a Hugging Face hub id (letters, digits, '-', '_', '.', one optional 'owner/'), a folder, or tiny"
     return None
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from flwr.app import ArrayRecord
 
-from fedagent_flwr.agent.engine.ranks import whole
+from fedagent_flwr.agent.fsdp.ranks import whole
 
 # PEFT is imported where an adapter is made or read, not at the top: reading a run config must not pay for it
 # (about 2 s of every process's start on 2 cores).

@@ -17,7 +17,7 @@ import warnings
 import torch
 from flwr.app import ArrayRecord
 
-from fedagent_flwr.agent.engine.ranks import whole
+from fedagent_flwr.agent.fsdp.ranks import whole
 from strategies.transfer import array_view, numpy_array
 
 

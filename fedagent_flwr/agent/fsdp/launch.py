@@ -132,4 +132,6 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 
 
 def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    """The process group's backend for ranks computing on `device`. CUDA ranks still run collectives on CPU tensors
+    (Ranks.total's sums, all_gather_object's pickles), which plain "nccl" does not serve: gloo takes those."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"

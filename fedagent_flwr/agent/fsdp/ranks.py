@@ -1,10 +1,12 @@
 """One client's passes shared by N ranks (torch.distributed, the model under FSDP2's fully_shard).
 
-Every rank holds every sample; each computes a stride of them (rank::world), and FSDP2 averages the gradients over
-the ranks. For the result to be one rank's over the whole batch: the loss a rank backpropagates is its share of the
-whole minibatch's loss times the world size (the averaging divides it back), and every rank runs as many forward
-passes as the others (each forward gathers the weights: a rank that stopped early would leave the others waiting),
-so a rank short of passes runs spare ones whose loss counts zero.
+Every rank holds every sample, and cuts each batch into micro-batches as one process would (agent/engine/
+micro_batches.py); rank r computes micro-batches r, r + N, ... (`Ranks.passes`), and FSDP2 averages the gradients over
+the ranks. For the result to be one process's over the whole batch: the loss a rank backpropagates is its micro-batches'
+shares of the whole minibatch's loss times the world size (the averaging divides it back), so the loss is the one a
+single process computes under every loss aggregation, and every rank runs as many forward passes as the others (each
+forward gathers the weights: a rank that stopped early would leave the others waiting), so a rank short of passes runs
+spare ones whose loss counts zero. Every rank knows the cut, so no collective is needed to agree on how many.
 
 Rollouts are not sharded: a sharded model's forward gathers the weights with the other ranks, and each rank's
 episodes end after their own number of token steps. `unsharded` gathers every weight once and holds it on every rank
@@ -24,6 +26,20 @@ import torch.distributed as dist
 
 
 @dataclass(frozen=True)
+class Pass:
+    """One forward (and backward) a rank runs: `rows` (sample indices), its `part` of the plan (-1: a spare pass, run only
+    to keep step with the other ranks), and what its loss is multiplied by before backward (0 for a spare pass)."""
+
+    rows: list[int]
+    part: int
+    scale: float
+
+    @property
+    def spare(self) -> bool:
+        return self.part < 0
+
+
+@dataclass(frozen=True)
 class Ranks:
     rank: int = 0
     world: int = 1
@@ -39,13 +55,12 @@ class Ranks:
         """This rank's stride of `items` (all of them on one rank)."""
         return list(items[self.rank :: self.world])
 
-    def most(self, count: int) -> int:
-        """The largest `count` any rank has."""
-        if self.world == 1:
-            return count
-        value = torch.tensor([count])
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return int(value)
+    def passes(self, plan: Sequence[list[int]]) -> list[Pass]:
+        """This rank's passes over a batch cut into `plan` (micro-batches of sample indices, the same on every rank):
+        every world-th micro-batch from this rank's, then spare passes until it runs as many as the rank with most."""
+        mine = [Pass(plan[i], i, float(self.world)) for i in range(self.rank, len(plan), self.world)]
+        most = -(-len(plan) // self.world)
+        return mine + [Pass(plan[0][:1], -1, 0.0)] * (most - len(mine))
 
     def gather(self, mine: dict) -> dict:
         """Every rank's dict merged (keys are disjoint across ranks), on every rank."""
@@ -92,7 +107,11 @@ def _unsharded(model: torch.nn.Module) -> Iterator[None]:
 
 def shard(model: torch.nn.Module) -> torch.nn.Module:
     """FSDP2 on `model` in place: each decoder layer a unit (transformers names its class in `_no_split_modules`), the
-    rest (embeddings, final norm, head) in the root's unit. A PEFT model is sharded with its adapter inside the layers."""
+    rest (embeddings, final norm, head) in the root's unit. A PEFT model is sharded with its adapter inside the layers.
+
+    The mesh is on the device the model's weights are on: fully_shard's default mesh is on whatever accelerator torch
+    finds, so CPU ranks on a machine with a GPU would otherwise shard onto cuda:0."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -100,9 +119,11 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
         raise ValueError(f"{type(inner).__name__} names no decoder layer class (_no_split_modules): cannot shard it")
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 

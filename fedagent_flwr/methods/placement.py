@@ -1,0 +1,88 @@
+"""A process's placement: the run config's `auto` keys resolved once, by agent/engine/placement.py's `place()`, with
+the memory plan that decides the rollout rows and the room of the update's activations, then passed alone to what the
+process builds (library configs, trainer, evaluator).
+
+Whether a run config is valid does not depend on the machine that checks it (config.py); whether it can run here does:
+`check_placement` says so at start-up, before round 1, in one line naming the key (the server's prepare and every
+client's round call `place_run`, which checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from envs import Task, answer_token_budget, make_env
+from fedagent_flwr.agent.engine.memory import ModelShape
+from fedagent_flwr.agent.engine.placement import Machine, Placement, place
+from fedagent_flwr.agent.models.loading import Agent
+from fedagent_flwr.agent.play.prompts import build_prompt
+from fedagent_flwr.agent.play.rollout import PromptEncoder
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.memory import memory_budget, memory_plan
+
+
+def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = None, model: torch.nn.Module | None = None,
+              shape: ModelShape | None = None, context_tokens: int = 0, budget_bytes: float | None = None) -> Placement:
+    """Every `auto` of this run resolved for `role` (client, or server: server-device) on `machine` (default: this
+    process's). With the model's `shape` and the longest `context_tokens`, the rows and the activation room are planned
+    in `budget_bytes` (None or 0: no budget known, an epoch's rows and every layer checkpointed under auto)."""
+    grpo_client = role == "client" and cfg.traits.grpo  # only a GRPO client's update checkpoints
+    plan_for = None if shape is None else (lambda p, rows: memory_plan(cfg, shape, context_tokens, p, rows, role))
+    placement = place(device=cfg.device_key(role), precision=cfg.precision, param_dtype=cfg.param_dtype,
+                      decode_engine=cfg.decode_engine, kl_reference=cfg.kl_reference,
+                      gradient_checkpointing=cfg.gradient_checkpointing if grpo_client else False,
+                      single_learner=cfg.baseline != "none", full_grpo=cfg.finetuning == "full" and cfg.traits.grpo,
+                      machine=machine, model=model, rollout_batch_size=cfg.rollout_batch_size,
+                      max_rows=cfg.epoch_episodes(), plan_for=plan_for, budget_bytes=budget_bytes,
+                      context_tokens=context_tokens)
+    check_placement(cfg, placement)
+    return placement
+
+
+def process_placement(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], role: str = "client",
+                      model: torch.nn.Module | None = None) -> Placement:
+    """This process's placement, with its agent loaded: the context estimated once over `tasks`, rows and activation
+    room planned in client-memory-gb (server-memory-gb), or else the GPU memory free now; the engine checked against
+    `model` (default: the agent's)."""
+    context = context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks)
+    return place_run(cfg, role, model=model if model is not None else agent.model, shape=ModelShape.of(agent.model.config),
+                     context_tokens=context, budget_bytes=memory_budget(cfg, agent.device, role))
+
+
+def new_tokens(cfg: RunConfig) -> int:
+    """Tokens generated per agent step: max-new-tokens, or the environment's need."""
+    return cfg.max_new_tokens or answer_token_budget(cfg.env)
+
+
+def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int:
+    """An estimate of the longest context of the run's episodes, for the memory plan: the longest first-step
+    prompt over up to 16 tasks, once more for every step of history shown, plus the generated tokens."""
+    encoder, lengths = PromptEncoder(tokenizer), []
+    for task in list(tasks)[:16]:
+        observation, _ = env.reset(task)
+        lengths.append(len(encoder(build_prompt(env, observation, [], 0, template=cfg.prompt_template))))
+    return max(lengths, default=0) * (1 + cfg.history_length) + new_tokens(cfg)
+
+
+def check_placement(cfg: RunConfig, placement: Placement) -> None:
+    """What the run config allows only as its `auto` keys resolve on this machine; a ValueError naming the key."""
+    traits = cfg.traits
+    if placement.param_dtype == "bf16":  # a working copy of every weight under bf16 compute
+        _need(traits.grpo and cfg.finetuning == "full" and placement.precision == "bf16-mixed", "param-dtype",
+              cfg.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
+              f"'bf16-mixed' (here strategy={cfg.strategy!r}, finetuning={cfg.finetuning!r}, precision resolves to "
+              f"{placement.precision!r} on {'a GPU' if placement.on_cuda else 'a CPU'})")
+        _need(cfg.ranks_per_client == 1, "param-dtype", cfg.param_dtype,
+              "fp32 with ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for full "
+              "fine-tuning on CUDA)")
+    if cfg.training_kernels == "liger":
+        _need(placement.on_cuda, "training-kernels", cfg.training_kernels,
+              f"eager | compile with device={cfg.device!r} resolving to {placement.device!r} (Liger's kernels run on "
+              "CUDA only)")
+
+
+def _need(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid run config: {key}={value!r} is not allowed: expected {allowed}")
