@@ -175,6 +175,7 @@ class SpeedConfig:
     old_logprobs: str = _key("recompute", "where GRPO's PPO ratio takes the round-start policy's log-probs from: recompute = a no-grad pass over every sample before the first optimizer step (verl, TRL); rollout = the log-probs the sampler drew each token with, kept by the rollout: the same policy and tokens, so the same numbers up to the decode passes' rounding, and that pass is saved (the update 1.2x faster on a 2-core CPU; benchmarks/update_passes.py)", choices=OLD_LOGPROBS)
     gradient_checkpointing: bool | str = _key(False, "recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): far less memory for the update, about a third more compute; auto = in each GRPO micro-batch only the fewest leading layers whose checkpointing makes its activations fit the memory the rest of the client's plan leaves in client-memory-gb (or else the GPU memory free when the client starts), so short micro-batches skip the recompute; every layer where no memory is known (a CPU without client-memory-gb)", "true | false | auto", words=("auto",))
     ranks_per_client: int = _key(1, "processes a client's local round runs on, each with a device of its own (one GPU of the client's --num-gpus-per-client, or a share of the CPU's cores): each plays a share of the epoch's episodes with the whole weights, and GRPO's passes run under FSDP2 with weights, gradients and AdamW state sharded over them, the same loss as one process over the whole epoch (methods/ranked_round.py; docs/deployment.md). GRPO strategies (fedagent-avg and its baselines); 1 = the client's own process", "integer >= 1", at_least=1)
+    rank_timeout_s: float = _key(7200.0, "seconds a client's round on its ranks (ranks-per-client > 1), and each of their collectives, may take before the client fails and ends its ranks: a hung rank would otherwise block it for gloo's 30 or NCCL's 10 minutes, or forever in a teardown (agent/fsdp/launch.py)", ">= 60", at_least=60)
 
     def check(self, need: Need) -> None:
         need(self.device in DEVICES or self.device.startswith("cuda:"), "device", self.device, " | ".join(DEVICES) + " | cuda:N")
@@ -531,8 +532,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
                  "transfer-dtype", self.transfer_dtype, "fp32 unless the strategy trains a language model and dp-mode='off' "
                  "and secure-aggregation=false")
 
-    def _check_grpo_keys(self, need: Need, traits: Traits | None) -> None:
-        """Keys only a GRPO strategy takes (Fed-SE's passes are fedse-sft-micro-batch-size rows; it has no advantages)."""
+    def _check_grpo_keys(self, need: Need, traits: Traits | None) -> None:  # Fed-SE has no advantages, its own passes
         for f in fields(GRPOSection)[-3:] if self.advantage_estimator != "gigpo" else ():  # the gigpo-* keys
             need(getattr(self, f.name) == f.default, f.name.replace("_", "-"), getattr(self, f.name),
                  f"{f.default!r} (its default) unless advantage-estimator='gigpo'")

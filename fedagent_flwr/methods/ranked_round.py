@@ -38,7 +38,7 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
     tensors = {SENT + k: array_view(sent[k]) for k in sent.keys()}
     tensors.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
     out, info = run_ranks(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), _round_on_rank, tensors,
-                          cfg, list(tasks), server_round, partition_id, optimizer is not None)
+                          cfg, list(tasks), server_round, partition_id, optimizer is not None, timeout_s=cfg.rank_timeout_s)
     if optimizer is not None:
         optimizer.clear()
         optimizer.update({k[len(OPTIMIZER):]: v for k, v in out.items() if k.startswith(OPTIMIZER)})

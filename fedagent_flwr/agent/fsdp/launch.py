@@ -10,14 +10,23 @@ What this module adds to torch's launcher:
 - tensors in and out as safetensors files in that folder (a 7B model's weights do not go through a pickle pipe), and
   rank 0's other results as JSON;
 - ranks that end when the client process dies: a SIGKILLed client runs no atexit hook, so each rank watches its
-  parent's pid and exits when it changes.
+  parent's pid and exits when it changes; the folder it leaves (the whole weights, in memory on a tmpfs) is removed
+  by the next client that starts ranks on the machine;
+- a deadline (run-config rank-timeout-s) for the round and for every collective, so a hung rank fails the client
+  instead of blocking it for gloo's 30 or NCCL's 10 minutes, or forever in a teardown;
+- the ranks' sockets on loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo) unless the user names an interface:
+  a client's ranks are all on its own machine.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
+import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -32,6 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 RankTarget = Callable[..., tuple[dict[str, np.ndarray], dict[str, Any]]]
+FOLDER_PREFIX = "fedagent-ranks-"  # a client's rank folder in the temp directory, with its pid in client.pid
 
 
 class RankFailed(RuntimeError):
@@ -44,10 +54,12 @@ def run_ranks(world: int, backend: str, target: RankTarget, tensors: dict[str, n
     return value, (tensors, JSON-able info). `args` travel pickled; `tensors` once through a file every rank maps."""
     from safetensors.numpy import load_file, save_file
 
-    with tempfile.TemporaryDirectory(prefix="fedagent-ranks-") as folder:
+    remove_orphaned_folders()
+    with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as folder:
+        Path(folder, "client.pid").write_text(str(os.getpid()))
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(folder, "in.safetensors"))
-        context = mp.start_processes(_rank_main, args=(world, backend, folder, os.getpid(), target, args), nprocs=world,
-                                     join=False, daemon=True, start_method="spawn")
+        context = mp.start_processes(_rank_main, args=(world, backend, folder, os.getpid(), target, args, timeout_s),
+                                     nprocs=world, join=False, daemon=True, start_method="spawn")
         started = time.monotonic()
         try:
             while not context.join(timeout=1.0):
@@ -63,6 +75,32 @@ def run_ranks(world: int, backend: str, target: RankTarget, tensors: dict[str, n
         return load_file(str(out / "out.safetensors")), json.loads((out / "out.json").read_text())
 
 
+def remove_orphaned_folders(root: str | Path | None = None) -> list[Path]:
+    """Remove the rank folders (in `root`, default the temp directory) whose client is no longer running: a SIGKILLed
+    client cleans nothing up. A folder whose client.pid is not yet written (a client starting) is left. Returns what
+    was removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
+        try:
+            pid = int((folder / "client.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if not _running(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _first_failure(folder: Path, exitcodes: list[int | None]) -> RankFailed:
     """The failure that ended the ranks. When one rank fails, the others fail too, in the next collective, with a lost
     connection: a rank killed by a signal is the cause (but SIGTERM, which torch's join sends the survivors), or else
@@ -72,12 +110,17 @@ def _first_failure(folder: Path, exitcodes: list[int | None]) -> RankFailed:
         if code is not None and code < 0 and -code != signal.SIGTERM:
             return RankFailed(f"rank {rank} of the client's {world} died (signal {signal.Signals(-code).name}); "
                               "the other ranks were ended")
-    raised = sorted((float(f.read_text().split("\n", 1)[0]), f) for f in folder.glob("error-*.txt"))
+    raised = []
+    for f in folder.glob("error-*.txt"):
+        when, _, text = f.read_text(errors="replace").partition("\n")
+        try:
+            raised.append((float(when), int(f.stem.split("-")[1]), text))
+        except ValueError:  # not as the rank writes it (it writes whole files): still the rank's, last in time
+            raised.append((math.inf, int(f.stem.split("-")[1]), when + text))
     if not raised:
         return RankFailed(f"the client's {world} ranks ended with exit codes {exitcodes}")
-    when, first = raised[0]
-    rank, traceback_text = int(first.stem.split("-")[1]), first.read_text().split("\n", 1)[1]
-    last = traceback_text.strip().splitlines()[-1]
+    _, rank, traceback_text = min(raised)
+    last = (traceback_text.strip().splitlines() or ["(its error file is empty)"])[-1]
     return RankFailed(f"rank {rank} of the client's {world} failed: {last}\n{traceback_text}")
 
 
@@ -101,16 +144,32 @@ def _watch_parent(parent: int) -> None:
         time.sleep(0.5)
 
 
-def _rank_main(rank: int, world: int, backend: str, folder: str, parent: int, target: RankTarget, args: tuple) -> None:
+def loopback_bootstrap() -> None:
+    """The ranks' sockets on the loopback interface, unless the user named one: a client's ranks share its machine,
+    and the interface the host name resolves to may be firewalled or absent."""
+    names = {name for _, name in socket.if_nameindex()}
+    loopback = next((name for name in ("lo", "lo0") if name in names), None)
+    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if loopback and not os.environ.get(variable):
+            os.environ[variable] = loopback
+
+
+def _rank_main(rank: int, world: int, backend: str, folder: str, parent: int, target: RankTarget, args: tuple,
+               timeout_s: float | None = None) -> None:
     from safetensors.numpy import load_file, save_file
 
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+    loopback_bootstrap()
+    deadline = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}  # every collective's
+    dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world, **deadline)
     try:
         try:
             tensors, info = target(rank, world, load_file(os.path.join(folder, "in.safetensors")), *args)
         except BaseException:  # when it failed, and why: the launcher names the first rank that failed
-            Path(folder, f"error-{rank}.txt").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+            # written whole (a temporary name, then renamed): a rank killed while writing leaves no half file
+            partial = Path(folder, f".error-{rank}.txt")
+            partial.write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+            os.replace(partial, Path(folder, f"error-{rank}.txt"))
             raise
         if rank == 0:
             save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(folder, "out.safetensors"))
