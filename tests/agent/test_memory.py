@@ -10,7 +10,7 @@ from transformers import AutoConfig
 from fedagent_flwr.agent.engine.memory import GB, ModelShape, client_plan, layer_activations, server_plan, shape_config
 from fedagent_flwr.config import RunConfig
 from conftest import both_plans, planned
-from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from fedagent_flwr.methods.memory import plan_layer_activations
 from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.methods.library_configs import rollout_config
 
