@@ -74,10 +74,7 @@ def planned(cfg, shape, context_tokens: int, rows: int, role: str = "client"):
 
 def both_plans(cfg, shape, context_tokens: int):
     """(client, server) plans as a run's start-up makes them, each role's rows in its memory key."""
-    from fedagent_flwr.agent.engine.memory import GB
     from fedagent_flwr.methods.memory import memory_plans
-    from fedagent_flwr.methods.placement import place_run
+    from fedagent_flwr.methods.placement import memory_key_placements
 
-    client, server = (place_run(cfg, role, shape=shape, context_tokens=context_tokens, budget_bytes=gb * GB)
-                      for role, gb in (("client", cfg.client_memory_gb), ("server", cfg.server_memory_gb)))
-    return memory_plans(cfg, shape, context_tokens, client, server)
+    return memory_plans(cfg, shape, context_tokens, *memory_key_placements(cfg, shape, context_tokens))

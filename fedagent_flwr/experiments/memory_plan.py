@@ -32,7 +32,7 @@ from fedagent_flwr.agent.engine.placement import Machine
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
-from fedagent_flwr.methods.placement import place_run
+from fedagent_flwr.methods.placement import memory_key_placements, place_run
 from fedagent_flwr.simulation import read_run_config_file
 
 
@@ -54,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig.from_run_config(RunConfig().to_run_config() | preset | overrides)
         machine = Machine(cuda=args.device == "cuda")  # auto keys resolve as on the machine planned for
         shape = ModelShape.of(shape_config(args.shape))
-        # each role's rows planned in its memory key (client-memory-gb, server-memory-gb), as a run's start-up plans them
-        placement, server = (place_run(cfg, role, machine, shape=shape, context_tokens=args.context_tokens,
-                                       budget_bytes=gb * GB)
-                             for role, gb in (("client", cfg.client_memory_gb), ("server", cfg.server_memory_gb)))
+        placement, server = memory_key_placements(cfg, shape, args.context_tokens, machine)
     except ValueError as err:
         p.error(str(err))
     print(f"planned for {machine.describe()} (--device {args.device}), whatever this one has: {placement.summary()}")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from envs import Task, answer_token_budget, make_env
-from fedagent_flwr.agent.engine.memory import ModelShape
+from fedagent_flwr.agent.engine.memory import GB, ModelShape
 from fedagent_flwr.agent.engine.placement import Machine, Placement, place
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.agent.play.prompts import build_prompt
@@ -39,6 +39,15 @@ def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = No
                       context_tokens=context_tokens)
     check_placement(cfg, placement)
     return placement
+
+
+def memory_key_placements(cfg: RunConfig, shape: ModelShape, context_tokens: int,
+                          machine: Machine | None = None) -> tuple[Placement, Placement]:
+    """(client, server) placements with each role's rows planned in its memory key (client-memory-gb,
+    server-memory-gb; 0: an epoch's rows), as the memory plan checked before round 1 plans them."""
+    client, server = (place_run(cfg, role, machine, shape=shape, context_tokens=context_tokens, budget_bytes=gb * GB)
+                      for role, gb in (("client", cfg.client_memory_gb), ("server", cfg.server_memory_gb)))
+    return client, server
 
 
 def process_placement(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], role: str = "client",

@@ -11,7 +11,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_round.py"
 PRESET = Path(__file__).resolve().parents[2] / "configs" / "fedagent-cpu.toml"
 
 
-@pytest.mark.slow  # four client rounds and evaluations in a subprocess: 75 s of the default run on a 2-core Xeon
+@pytest.mark.slow  # four client rounds and evaluations in a subprocess: among the default run's slowest
 def test_a_tiny_round_is_timed_phase_by_phase_under_each_setting():
     done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "precision=fp32",
                            "--variant", "precision=bf16-mixed,decode-engine=static", "--repeats", "2",

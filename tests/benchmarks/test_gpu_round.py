@@ -75,7 +75,7 @@ def test_tiny_lora_round_sends_the_adapter_in_bf16(precision):
     assert r["optimizer_steps"] == 2 and r["precision"] == precision
 
 
-@pytest.mark.slow  # a round on the static engine in a subprocess: 73 s of the default run on a 2-core Xeon
+@pytest.mark.slow  # a round on the static engine in a subprocess: among the default run's slowest
 def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     r = _run("--decode-engine", "static", "--paper-round", "--paper-set", "tasks-per-epoch=64", "--bandwidth", "1e12",
              "--set", "logprob-chunk-tokens=8")
