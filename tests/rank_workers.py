@@ -39,12 +39,12 @@ def samples(vocab: int, count: int = 13):
                        float(rng.uniform(0.2, 1.0))) for _ in range(count)]
 
 
-def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, port: int = 0) -> None:
-    """One GRPOTrainer.update of the same samples: on one rank, or on `world` ranks under FSDP2 (gloo). Rank 0 writes
-    the full trained weights (and the update's statistics) to `out`."""
+def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, rendezvous: str = "") -> None:
+    """One GRPOTrainer.update of the same samples: on one rank, or on `world` spawned ranks under FSDP2 (gloo, meeting
+    at the file `rendezvous` as the launcher's ranks do). Rank 0 writes the full trained weights (and the update's
+    statistics) to `out`."""
     if world > 1:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     from dataclasses import replace
 
@@ -68,10 +68,10 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
     if rank == 0:
         torch.save({"weights": full, "stats": stats}, out)
     if world > 1:
-        # Both ranks reach the teardown together: a rank tearing gloo down while its peer still saves its output
-        # can abort the peer ("terminate called without an active exception"; CI, stop 63).
-        dist.barrier()
-        dist.destroy_process_group()
+        from fedagent_flwr.agent.fsdp.launch import end_rank
+
+        dist.barrier()  # rank 0 has written
+        end_rank()
 
 
 # Targets of agent/fsdp/launch.run_ranks: target(rank, world, tensors, *args) -> (tensors, info) on rank 0.

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from fedagent_flwr.agent.models.model_cache import MARKER, is_built
 from fedagent_flwr.agent.models.pretrained import tiny_model_env
+from fedagent_flwr.agent.play.progress import clock
 from fedagent_flwr.agent.models.tiny_model import (
     TinyRecipe,
-    clock,
     default_recipe,
     ensure_tiny_model,
     tiny_model_dir,

@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord
 from envs import Task, make_env
 from fedagent_flwr.agent.models.loading import Agent, load_frozen_base
 from fedagent_flwr.agent.play.seeding import seed_everything
+from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
@@ -44,7 +45,8 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     if optimizer:
         trainer.load_optimizer_arrays(optimizer)
     env_factory = lambda: make_env(cfg.env, cfg.max_steps)
-    epochs = [trainer.train_epoch(env_factory, tasks, rng) for _ in range(cfg.local_epochs)]
+    epochs = [trainer.train_epoch(env_factory, tasks, rng, ProgressLines(f"client {partition_id} rollout, round {server_round}"))
+              for _ in range(cfg.local_epochs)]
     if optimizer is not None:
         optimizer.clear()
         optimizer.update(trainer.optimizer_arrays())

@@ -30,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from fedagent_flwr.agent.play.progress import clock
 from fedagent_flwr.atomic import atomic_write_text
 from fedagent_flwr.runs.tracking import open_tracker
 
@@ -198,11 +199,23 @@ def binomial_se(p: float, n: float) -> float:
     return math.sqrt(p * (1 - p) / n) if n >= 1 else 0.0
 
 
+def time_split(row: dict[str, Any]) -> str:
+    """Where the round's time went: a client's rollout and update (the clients' mean; what a round of several
+    clients on few cores takes is the elapsed time's business) and the held-out evaluation, each where the row has it."""
+    parts = []
+    if "train/seconds" in row and "train/rollout_seconds" in row:
+        rollout = row["train/rollout_seconds"]
+        parts.append(f"a client's rollout {clock(rollout)} + update {clock(max(0.0, row['train/seconds'] - rollout))}")
+    if "eval/seconds" in row:
+        parts.append(f"evaluation {clock(row['eval/seconds'])}")
+    return ", ".join(parts)
+
+
 def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
     """The console's one line per round, from the round's metric row: clients (and how many replies failed),
     training success and reward,
     held-out success with its standard error (binomial, over the evaluation's episodes) when evaluated, bytes
-    moved and seconds so far."""
+    moved, where the round's time went (time_split) and seconds so far."""
     parts = [f"round {int(row['round'])}"]
     if sampled:
         parts.append("clients " + ",".join(str(p) for p in sampled))
@@ -217,5 +230,8 @@ def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
     moved = row.get("train/comm/bytes-sent-round", 0.0) + row.get("train/comm/bytes-received-round", 0.0)
     if moved:
         parts.append(f"{moved / 1e6:.1f} MB")
+    split = time_split(row)
+    if split:
+        parts.append(split)
     parts.append(f"{row['elapsed_seconds']:.0f} s")
     return "[fedagent] " + " | ".join(parts)

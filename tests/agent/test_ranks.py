@@ -1,7 +1,5 @@
 """GRPO's passes on N ranks (agent/fsdp/ranks.py, FSDP2 with gloo on CPU) train as one rank does."""
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -9,16 +7,11 @@ import torch.multiprocessing as mp
 import rank_workers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _on_ranks(lora: bool, settings: dict, out: str, world: int) -> None:
-    port = _free_port()
+    rendezvous = out + ".rendezvous"
     context = mp.get_context("spawn")
-    procs = [context.Process(target=rank_workers.update, args=(lora, settings, out, r, world, port)) for r in range(world)]
+    procs = [context.Process(target=rank_workers.update, args=(lora, settings, out, r, world, rendezvous))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -37,9 +30,11 @@ BY_TOKENS = {"minibatch_size": 8, "micro_batch_size": 8, "micro_batch_tokens": 6
              "loss_aggregation": "token-mean"}
 
 
-# every loss aggregation once; the aggregation is the trainer's, so one model kind each suffices for the newer two
+# every loss aggregation once; the aggregation is the trainer's, so one model kind each suffices for the newer two.
+# The default suite runs each setting once with one model kind (about 14 s a case); -m slow adds the other kind.
 @pytest.mark.parametrize("lora, settings", [
-    (False, NO_KL), (True, NO_KL), (False, KL_TO_BASE), (True, KL_TO_BASE), (False, PER_MICRO_BATCH), (True, BY_TOKENS),
+    pytest.param(False, NO_KL, marks=pytest.mark.slow), (True, NO_KL), (False, KL_TO_BASE),
+    pytest.param(True, KL_TO_BASE, marks=pytest.mark.slow), (False, PER_MICRO_BATCH), (True, BY_TOKENS),
 ], ids=["no-kl-full", "no-kl-lora", "kl-to-base-full", "kl-to-base-lora", "micro-batch-token-mean-full",
         "token-mean-by-tokens-lora"])
 def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):

@@ -22,9 +22,19 @@ def test_a_round_line_says_how_many_replies_failed():
     assert "FAILED" not in round_line(row | {"train/failed-replies": 0.0}, [0, 2, 3, 1])
 
 
+def test_a_round_line_says_where_the_rounds_time_went():
+    row = {"round": 1, "elapsed_seconds": 1474.0, "train/success_rate": 0.133, "train/mean_reward": 1.31,
+           "train/seconds": 457.7, "train/rollout_seconds": 185.3, "eval/success_rate": 0.42, "eval/episodes": 144.0,
+           "eval/seconds": 419.7}
+    assert round_line(row, [0, 1, 2, 3]) == ("[fedagent] round 1 | clients 0,1,2,3 | train success 0.133 reward 1.31 | "
+                                             "held-out 0.420 +- 0.041 (144 episodes) | a client's rollout 3:05 + update "
+                                             "4:32, evaluation 7:00 | 1474 s")
+
+
 def test_round_zero_has_only_the_evaluation():
-    line = round_line({"round": 0, "elapsed_seconds": 12.0, "eval/success_rate": 0.5, "eval/episodes": 4.0}, None)
-    assert line == "[fedagent] round 0 | held-out 0.500 +- 0.250 (4 episodes) | 12 s"
+    line = round_line({"round": 0, "elapsed_seconds": 12.0, "eval/success_rate": 0.5, "eval/episodes": 4.0,
+                       "eval/seconds": 11.5}, None)
+    assert line == "[fedagent] round 0 | held-out 0.500 +- 0.250 (4 episodes) | evaluation 11.5 s | 12 s"
 
 
 def test_the_learning_curve_has_error_bars_and_communication_gets_its_own_plot(tmp_path):
@@ -107,3 +117,23 @@ def test_flowers_raw_metric_dicts_and_final_dump_are_left_out_of_the_log(caplog)
     with caplog.at_level(logging.INFO, logger="flwr"):  # (on its own: flwr may not have set its level yet)
         flwr.info("after the run")  # the filter is gone once the run's strategy returns
     assert caplog.records[-1].getMessage() == "after the run"
+
+
+def test_a_long_loop_says_how_far_it_is_and_the_time_left_and_a_short_one_says_nothing():
+    from fedagent_flwr.agent.play.progress import ProgressLines
+
+    said, now = [], [0.0]
+    lines = ProgressLines("client 2 rollout, round 1", say=said.append, now=lambda: now[0])
+    for done, at in [(1, 20.0), (2, 61.0), (3, 90.0), (4, 125.0), (8, 200.0)]:
+        now[0] = at
+        lines.update(done, 8)
+    # nothing in the first minute, then at most a line a minute, none once done; time left from the mean so far
+    assert said == ["[fedagent] client 2 rollout, round 1: 2/8 episodes (25%), 1:01 elapsed, about 3:03 left",
+                    "[fedagent] client 2 rollout, round 1: 4/8 episodes (50%), 2:05 elapsed, about 2:05 left"]
+    # episodes played side by side: the steps left at most, at the mean step's cost so far
+    said.clear()
+    lines = ProgressLines("held-out evaluation", say=said.append, now=lambda: now[0])
+    now[0] += 80.0
+    lines.update(0, 144, 4, 20)
+    assert said == ["[fedagent] held-out evaluation: step 4 of at most 20, 0/144 episodes done, 1:20 elapsed, "
+                    "at most 5:20 left"]

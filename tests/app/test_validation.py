@@ -152,19 +152,42 @@ def test_a_malformed_success_label_file_is_refused_up_front(tmp_path, content, m
     assert message in str(err.value) and "\n" not in str(err.value), err.value
 
 
-def test_a_refused_config_stops_run_simulation_with_one_line_and_a_non_zero_exit(tmp_path):
+def _refused(flags: list[str], capsys) -> tuple[int, str]:
+    """run_simulation's main on `flags` --dry-run in this process (a process of its own costs about 8 s of imports,
+    so one case of each test below runs as a process): its exit code and what it wrote to stderr."""
+    from fedagent_flwr.simulation import main
+
+    capsys.readouterr()
+    try:
+        code = main([*flags, "--dry-run"])
+    except SystemExit as stop:  # sys.exit("...") prints its message to stderr and exits 1
+        code = stop.code
+    captured = capsys.readouterr()
+    if isinstance(code, str):
+        return 1, captured.err + code + "\n"
+    assert "flwr run" not in captured.out  # stopped before building the command
+    return code, captured.err
+
+
+def _refused_as_a_process(flags: list[str]) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, str(ROOT / "run_simulation.py"), *flags, "--dry-run"],
+                          capture_output=True, text=True, timeout=120)
+    assert "flwr run" not in proc.stdout
+    return proc.returncode, proc.stderr
+
+
+def test_a_refused_config_stops_run_simulation_with_one_line_and_a_non_zero_exit(tmp_path, capsys):
     (tmp_path / "runs" / "taken").mkdir(parents=True)
     (tmp_path / "runs" / "taken" / "summary.json").write_text("{}")
-    for flags, message in (
+    for i, (flags, message) in enumerate((
         (["--seed", "-1"], "seed=-1 is not allowed"),
         (["--learning-rate", "inf"], "learning-rate=inf is not allowed"),
         (["--output-dir", str(tmp_path / "runs"), "--run-name", "taken"], "already holds a run; set resume=true"),
         (["--output-dir", str(tmp_path / "runs"), "--run-name", "missing", "--resume", "true"], "names no run"),
-    ):
-        proc = subprocess.run([sys.executable, str(ROOT / "run_simulation.py"), *flags, "--dry-run"],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    )):
+        code, err = _refused_as_a_process(flags) if i == 0 else _refused(flags, capsys)
+        assert code == 2 and message in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "runs" / "missing").exists()
 
 
@@ -189,23 +212,21 @@ def test_every_problem_is_reported_at_once():
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
-def test_gpu_requests_without_a_gpu_fail_before_any_work():
+def test_gpu_requests_without_a_gpu_fail_before_any_work(capsys):
     from fedagent_flwr.agent.models.pretrained import pick_device
 
     with pytest.raises(ValueError, match="device='cuda' but no CUDA GPU is visible"):
         pick_device("cuda")
     assert pick_device("auto").type == "cpu"
-    for flags, message in (
+    for i, (flags, message) in enumerate((
         (["--num-gpus-per-client", "0.5"], "--num-gpus-per-client=0.5 but no CUDA GPU is visible"),
         (["--device", "cuda"], "--device=cuda but no CUDA GPU is visible"),
         (["--device", "cuda:1"], "--device=cuda:1 but no CUDA GPU is visible"),
         (["--ranks-per-client", "2", "--num-gpus-per-client", "1"],
          "--num-gpus-per-client=1 but ranks-per-client=2: each rank computes on a GPU of its own"),
-    ):
-        proc = subprocess.run([sys.executable, str(ROOT / "run_simulation.py"), *flags, "--dry-run"],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
-        assert "flwr run" not in proc.stdout  # stopped before building the command
+    )):
+        code, err = _refused_as_a_process(flags) if i == 0 else _refused(flags, capsys)
+        assert code != 0 and message in err, err
 
 
 def test_the_base_model_is_loaded_once_per_process_and_reused_across_rounds(tmp_path, monkeypatch):

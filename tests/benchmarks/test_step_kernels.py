@@ -10,7 +10,8 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_kernels.py"
 
 
-@pytest.mark.parametrize("model", [["--model", "tiny:gridworld"], ["--shape", "tiny"]])
+# the shaped model's case only under -m slow (each case compiles its token steps in a subprocess, about 20 s)
+@pytest.mark.parametrize("model", [["--model", "tiny:gridworld"], pytest.param(["--shape", "tiny"], marks=pytest.mark.slow)])
 def test_tiny_model_sets_compiled_token_steps_beside_eager_ones(model):
     done = subprocess.run([sys.executable, str(SCRIPT), *model, "--json", "--rows", "4",
                            "--prompt-tokens", "16", "--steps", "4", "--runs", "2", "--threads", "1"],

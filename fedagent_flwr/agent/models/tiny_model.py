@@ -34,6 +34,7 @@ from transformers import (
 from envs import env_class, env_names, is_multi_spec, make_env
 from envs.multi import normalize_spec, per_env_sample
 from fedagent_flwr.agent.models.model_cache import build_once, default_cache_root
+from fedagent_flwr.agent.play.progress import clock
 from fedagent_flwr.agent.play.prompts import expert_completion
 from fedagent_flwr.agent.play.rollout import (
     ExpertPolicy,
@@ -173,15 +174,6 @@ def ensure_tiny_model(env_name: str, cache_root: Path | None = None, recipe: Tin
     recipe = recipe or default_recipe(env_name)
     return build_once(tiny_model_dir(recipe, cache_root), lambda folder: build_tiny_model(recipe, folder),
                       what=f"the tiny model for {recipe.env}", force=force)
-
-
-def clock(seconds: float) -> str:
-    """Seconds below a minute ("4.2 s"), else m:ss, or h:mm:ss from an hour on."""
-    if seconds < 59.95:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 class BuildPhases:

@@ -11,6 +11,7 @@ import torch
 from envs import Task, TextEnv
 from fedagent_flwr.agent.play.multi_env import per_env_summary
 from fedagent_flwr.agent.engine.precision import autocast, model_device
+from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
     Policy,
@@ -60,7 +61,7 @@ def play(
     encoder: PromptEncoder,
     config: RolloutConfig,
     samples_per_task: int = 1,
-    progress: bool | str = False,
+    progress: bool | str | ProgressLines = False,
 ) -> list[Trajectory]:
     """The episodes of every task played `samples_per_task` times (kept, e.g. for transcripts)."""
     if samples_per_task <= 0:
@@ -101,9 +102,9 @@ class GlobalEvaluator:
         started = time.time()
         with torch.random.fork_rng(devices=[]), autocast(self.precision, self.device):
             torch.manual_seed(evaluation_seed(self.seed))
-            # No progress bar: streamed through Flower's log it stays half-drawn; the round's line follows.
+            # Progress lines, not a bar (a bar streamed through Flower's log stays half-drawn), and only past a minute
             self.last_trajectories = play(self.policy, self.env_factory, self.tasks, self.encoder, self.config,
-                                          self.samples_per_task)
+                                          self.samples_per_task, progress=ProgressLines("held-out evaluation"))
         metrics = summarize(self.last_trajectories)
         metrics["seconds"] = time.time() - started
         return metrics

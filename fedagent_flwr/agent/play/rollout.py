@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from envs import Task, TextEnv
 from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING, match_action
 from fedagent_flwr.agent.engine.decode import KERNELS
+from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.play.prompts import (
     PROMPT_ROLES,
     PROMPT_TEMPLATES,
@@ -256,16 +257,21 @@ def run_episodes(
     tasks: Sequence[Task],
     encoder: PromptEncoder,
     config: RolloutConfig,
-    progress: bool | str = False,
+    progress: bool | str | ProgressLines = False,
 ) -> list[Trajectory]:
-    """Play one episode per task (tasks may repeat, e.g. a GRPO group) and return the trajectories."""
+    """Play one episode per task (tasks may repeat, e.g. a GRPO group) and return the trajectories. `progress`: a tqdm
+    bar (True, or its label), or ProgressLines told of every finished episode."""
     episodes = []
     for task in tasks:
         env = env_factory()
         obs, _ = env.reset(task)
         episodes.append(Episode(env=env, trajectory=Trajectory(task=task), observation=obs))
     live = list(episodes)
-    bar = tqdm(total=len(episodes), desc=progress if isinstance(progress, str) else "rollout", disable=not progress, leave=False)
+    lines = progress if isinstance(progress, ProgressLines) else None
+    bar = tqdm(total=len(episodes), desc=progress if isinstance(progress, str) else "rollout",
+               disable=lines is not None or not progress, leave=False)
+    finished, step = 0, 0
+    max_steps = max((e.env.max_steps for e in episodes), default=0)
     while live:
         for e in live:
             e.prompt = build_prompt(e.env, e.observation, e.history, config.history_length, config.prompt_roles,
@@ -294,8 +300,12 @@ def run_episodes(
                 traj.episode_reward = config.episode_reward(traj)
                 traj.reward = config.trajectory_reward(traj)
                 bar.update(1)
+                finished += 1
             else:
                 still_live.append(e)
         live = still_live
+        step += 1
+        if lines is not None:
+            lines.update(finished, len(episodes), step, max_steps)
     bar.close()
     return [e.trajectory for e in episodes]

@@ -39,6 +39,7 @@ from fedagent_flwr.agent.engine.precision import autocast, check_trainable_preci
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
 from fedagent_flwr.agent.fsdp.ranks import Pass, Ranks, like, whole
 from fedagent_flwr.agent.play.evaluation import summarize
+from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
 from fedagent_flwr.agent.training import gigpo
 from fedagent_flwr.agent.training.advantages import StepSample, informative_share, step_advantages, trajectories_to_samples
@@ -116,7 +117,8 @@ class GRPOTrainer:
         finally:
             set_peft_model_state_dict(self.model, current)
 
-    def train_epoch(self, env_factory: Callable[[], TextEnv], tasks: Sequence[Task], rng: np.random.Generator, progress: bool | str = False) -> dict[str, float]:
+    def train_epoch(self, env_factory: Callable[[], TextEnv], tasks: Sequence[Task], rng: np.random.Generator,
+                    progress: bool | str | ProgressLines = False) -> dict[str, float]:
         cfg = self.config
         started = time.time()
         chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
@@ -147,7 +149,7 @@ class GRPOTrainer:
         return metrics
 
     def _play(self, env_factory: Callable[[], TextEnv], chosen: Sequence[Task], rng: np.random.Generator,
-              progress: bool | str) -> list[Trajectory]:
+              progress: bool | str | ProgressLines) -> list[Trajectory]:
         """group_size episodes of each chosen task, in that order. On N ranks each plays whole groups (a stride of them)
         with every weight gathered, and all ranks receive every episode."""
         cfg, ranks = self.config, self.ranks
@@ -181,8 +183,6 @@ class GRPOTrainer:
             # AdamW keeps its step count as a 0-d tensor; a trip through Flower's ArrayRecord makes it 1-d
             state.setdefault(int(i), {})[name] = tensor.reshape(()) if name == "step" else like(tensor, params[int(i)])
         self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
-
-    @torch.no_grad()
 
     def _cut(self, rows: Sequence[int], samples: Sequence[StepSample], size: int, tokens: int) -> list[list[int]]:
         """`rows` cut into micro-batches as one process cuts them (longest first where length-grouped); on N ranks every

@@ -1,0 +1,118 @@
+"""benchmarks/cpu_roofline.py: the positions each phase's passes run the weights at, counted as the sampler and the
+trainer compute them, and the whole script on a tiny preset."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmark_scripts import load_script
+
+roofline = load_script("cpu_roofline")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_sampler_is_split_into_its_prefill_and_token_steps_and_their_positions_counted(tiny_lm, maze_tokenizer):
+    from fedagent_flwr.agent.engine.sampling import sample_batch
+
+    shared = list(range(3, 13))  # 10 tokens: at least MIN_SHARED_PREFIX, so the sampler computes it once
+    prompts = [shared + [20, 21, 22], shared + [23], shared + [24, 25], shared + [20, 21, 22]]  # the last a repeat
+    meter = roofline.PhaseMeter()
+    torch.manual_seed(0)
+    with roofline.instrumented(meter):
+        rows = sample_batch(tiny_lm, prompts, maze_tokenizer.pad_token_id, [maze_tokenizer.eos_token_id], 6, 1.0, engine="hf")
+    # the prefix once, then 3 distinct prompts' rests left-padded to 3 tokens
+    assert meter.body_model["rollout prefill"] == 10 + 3 + 1 + 2
+    assert meter.body_computed["rollout prefill"] == 10 + 3 * 3
+    assert meter.head["rollout prefill"] == 1 + 3  # the prefix's last position, each distinct prompt's last
+    # a row is advanced once per token it drew, but its last
+    assert meter.counts["rollout row steps"] == meter.body_model["rollout decode"] == sum(len(r) - 1 for r in rows)
+    assert meter.seconds["rollout prefill"] > 0 and meter.seconds["rollout decode"] > 0
+    assert meter.counts["rollout prompts"] == 4 and meter.counts["rollout distinct prompts"] == 3
+
+
+def test_the_update_backward_counts_one_forward_for_lora_two_for_a_full_model_and_recomputation_as_computed_only():
+    meter = roofline.PhaseMeter()
+    meter.body_computed["update forward"], meter.body_model["update forward"], meter.head["update forward"] = 100, 80, 20
+    for phase, seconds in {"update total": 10.0, "update backward": 4.0, "optimizer step": 1.0,
+                           "reference log-probs": 2.0}.items():
+        meter.add(phase, seconds)
+    peaks = {"fp32": {"peak_flops": 1e9}, "bf16": {"peak_flops": 2e9}}
+    shape = roofline.FlopShape(body=1000, head=40)
+    lora = roofline.phase_table(meter, shape, "fp32", True, peaks, 0.0)["phases"]
+    full = roofline.phase_table(meter, shape, "bf16-mixed", False, peaks, 0.5)["phases"]
+    forward = 2 * (1000 * 100 + 40 * 20) / 1e9
+    assert lora["update forward"]["gflop_computed"] == pytest.approx(forward)
+    assert lora["update forward"]["seconds"] == pytest.approx(10 - 2 - 4 - 1)  # the rest of the update's time
+    assert lora["update backward"]["gflop_computed"] == pytest.approx(forward)
+    assert full["update backward"]["gflop_computed"] == pytest.approx(2.5 * forward)  # two passes, half recomputed
+    assert full["update backward"]["gflop_model"] == pytest.approx(2 * 2 * (1000 * 80 + 40 * 20) / 1e9)
+    # set against the peak of the dtype the matmuls run in
+    assert full["update forward"]["share_of_peak"] == pytest.approx(forward * 1e9 / 3.0 / 2e9)
+    assert lora["update forward"]["share_of_peak"] == pytest.approx(forward * 1e9 / 3.0 / 1e9)
+
+
+@pytest.mark.slow  # a client's round and an evaluation of the tiny preset in a subprocess (about 45 s)
+def test_the_script_reports_every_phase_on_a_tiny_round():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_roofline.py"), "--run-config",
+                           str(ROOT / "configs" / "fedagent-cpu.toml"), "--eval-tasks", "2", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(report["phases"]) == set(roofline.PHASES)
+    for phase in ("rollout prefill", "rollout decode", "update forward", "update backward", "evaluation prefill",
+                  "evaluation decode"):
+        row = report["phases"][phase]
+        assert row["seconds"] > 0 and row["gflop_computed"] >= row["gflop_model"] > 0, phase
+        assert 0 < row["share_of_peak"] < 2, phase  # a rate near the measured peak, not a unit slip
+    assert sum(r["share_of_round"] for r in report["phases"].values()) == pytest.approx(1.0)
+    assert report["peaks"]["fp32"]["peak_flops"] > 0 and report["peaks"]["bf16"]["decode_sweep_flops"] > 0
+
+
+def test_the_performance_page_quotes_each_kept_roofline_as_its_table_prints_it():
+    """docs/performance.md's tables are `--table` of the raw output each names; editing either fails here."""
+    import re
+
+    page = (ROOT / "docs" / "performance.md").read_text()
+    quoted = re.findall(r"<!-- roofline table: (\S+) -->\n(.*?)\n<!-- end -->", page, flags=re.S)
+    assert quoted, "docs/performance.md quotes no roofline table"
+    for path, table in quoted:
+        report = json.loads((ROOT / path).read_text())
+        assert table.strip() == roofline.markdown(report).strip(), path
+
+
+def test_the_performance_pages_figures_are_recomputed_from_the_kept_results():
+    """The prose of docs/performance.md: each ratio and share it quotes, from the two raw outputs."""
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    folder = ROOT / "benchmarks" / "results" / "2026-12-03-cpu"
+    bf16, fp32 = (json.loads((folder / name).read_text()) for name in ("cpu_roofline.json", "cpu_roofline.fp32.json"))
+    rate = lambda report, phase: report["phases"][phase]["gflop_per_s"]  # noqa: E731
+    ratio = {p: f"{rate(fp32, p) / rate(bf16, p):.1f}x" for p in roofline.PHASES if rate(bf16, p)}
+    assert (f"the rollout's prefill at {ratio['rollout prefill']} the bf16-base rate, the reference log-probs at "
+            f"{ratio['reference log-probs']}, the update's forward at {ratio['update forward']} and its backward at "
+            f"{ratio['update backward']}, the evaluation's prefill at {ratio['evaluation prefill']}") in page
+    assert f"({ratio['rollout decode']} in the rollout" in page and ratio["evaluation decode"] == "1.0x"
+    whole = [fp32["phases"][p]["share_of_peak"] for p in ("rollout prefill", "reference log-probs", "update forward",
+                                                           "update backward", "evaluation prefill")]
+    assert f"reach {100 * min(whole):.0f}-{100 * max(whole):.0f} % of the fp32 peak" in page
+    share = lambda *phases: 100 * sum(fp32["phases"][p]["share_of_round"] for p in phases)  # noqa: E731
+    assert f"the prefills {share('rollout prefill', 'evaluation prefill'):.0f} %, the decodes " \
+           f"{share('rollout decode', 'evaluation decode'):.0f} %" in page
+    assert f"{bf16['wall_seconds'] / 60:.1f} minutes in all" in page and f"{fp32['wall_seconds'] / 60:.1f} minutes in all" in page
+    assert f"{bf16['round']['train_samples']:.0f} trained steps" in page and f"{fp32['round']['train_samples']:.0f} trained steps" in page
+    runs = roofline.run_minutes(fp32), roofline.run_minutes(bf16)
+    assert (f"take {runs[0]['at_the_peak']:.0f} minutes" in page and f"about {runs[0]['measured_rates']:.0f} minutes in "
+            f"fp32 and {runs[1]['measured_rates']:.0f} in bf16-base" in page)
+
+
+def test_a_runs_minutes_are_its_waves_of_client_rounds_and_two_evaluations_shared_by_the_cores():
+    report = {"dtype": "fp32", "peaks": {"fp32": {"peak_flops": 1e9}}, "evaluation": {"episodes": 10},
+              "phases": {"rollout prefill": {"seconds": 60.0, "gflop_computed": 30.0},
+                         "update forward": {"seconds": 60.0, "gflop_computed": 30.0},
+                         "evaluation decode": {"seconds": 30.0, "gflop_computed": 10.0}}}
+    run = roofline.run_minutes(report, clients=3, cores=2, rounds=2, eval_episodes=20)
+    assert run["measured_rates"] == pytest.approx((2 * 2 * 120 + 2 * 20 * 3.0 / 2) / 60)  # 2 waves of 3 clients
+    assert run["at_the_peak"] == pytest.approx((2 * 3 * 60 + 2 * 20 * 1.0) / (2 * 1.0) / 60)
