@@ -14,7 +14,7 @@ task, which is what the inner environment is reset with.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,29 +61,74 @@ def task_env(task: Task) -> str | None:
     return task.data.get(ENV_KEY) if isinstance(inner, Task) else None
 
 
-def _rows_by_env(tasks: Sequence[Task]) -> list[list[int]]:
+def per_env_numbers(text: str) -> dict[str, int]:
+    """A per-environment setting written "babyai=20,webshop=10" as {name: number}; raises ValueError naming the bad
+    entry. Each name must be registered and appear once; each number an integer >= 1."""
+    out: dict[str, int] = {}
+    for part in str(text).split(","):
+        name, _, number = (x.strip() for x in part.partition("="))
+        if name not in available_envs() or name in out or not number.isdigit() or int(number) < 1:
+            raise ValueError(f"entry {part.strip()!r} of {text!r}: expected name=number, a registered environment named "
+                             f"once and an integer >= 1, e.g. 'babyai=20,webshop=10'")
+        out[name] = int(number)
+    return out
+
+
+def for_env(setting: int | str | None, name: str | None) -> int:
+    """An environment's value of a setting that is either one number for every environment or per-environment text
+    ("babyai=20,webshop=10"): the number, the named entry, or 0 (the environment's default) where it is not named."""
+    if isinstance(setting, str):
+        return per_env_numbers(setting).get(name or "", 0)
+    return int(setting or 0)
+
+
+def per_env_problem(value: int | str, spec: str, most: Callable[[str], int] | None = None) -> str | None:
+    """What `value` (one number for every environment, or "babyai=20,webshop=10") breaks for the environments of
+    `spec`: malformed, naming an environment `spec` does not list, or above most(name); None where it is good, and
+    for a number where `spec` is no list of text environments (the env key reports a bad one)."""
+    try:
+        names = env_names(spec)
+        numbers = per_env_numbers(value) if isinstance(value, str) else {}
+    except ValueError as err:
+        return f"an integer, or name=integer >= 1 for the envs of env, comma-separated ({err})" if isinstance(value, str) else None
+    if unlisted := sorted(set(numbers) - set(names)):
+        return f"entries for the envs of env={spec!r} only (not {', '.join(unlisted)})"
+    if most and any(for_env(value, n) > most(n) for n in names):
+        return "0 (all), or per env at most its size (" + ", ".join(f"{n} {most(n)}" for n in names) + ")"
+    return None
+
+
+def _only_name(setting: int | str) -> str | None:
+    """The one environment a per-environment setting names (a single environment's pool carries no names)."""
+    names = list(per_env_numbers(setting)) if isinstance(setting, str) else []
+    return names[0] if len(names) == 1 else None
+
+
+def _rows_by_env(tasks: Sequence[Task]) -> dict[str | None, list[int]]:
     """Pool positions of each environment's tasks, environments in order of first appearance."""
     groups: dict[str | None, list[int]] = {}
     for i, t in enumerate(tasks):
         groups.setdefault(task_env(t), []).append(i)
-    return list(groups.values())
+    return groups
 
 
-def per_env_spread(tasks: Sequence[Task], n: int) -> list[Task]:
-    """`n` evenly spaced tasks of every environment, in pool order; n = 0 keeps all.
+def per_env_spread(tasks: Sequence[Task], n: int | str) -> list[Task]:
+    """`n` evenly spaced tasks of every environment, in pool order; n = 0 keeps all. `n` may be per environment
+    ("webshop=200,babyai=90": for_env), an environment not named keeping all its tasks.
 
     Used for `eval-tasks`: a cap never leaves an environment out, and since pools are
     ordered by category (ALFWorld lists all its pick-and-place games first), evenly
     spaced picks keep every category that the first `n` would miss.
     """
-    if n <= 0:
+    if not n:
         return list(tasks)
     keep = set()
-    for rows in _rows_by_env(tasks):
-        if len(rows) <= n:
+    for env, rows in _rows_by_env(tasks).items():
+        n_env = for_env(n, env if env is not None else _only_name(n))
+        if n_env <= 0 or len(rows) <= n_env:
             keep.update(rows)
         else:
-            keep.update(rows[(j * len(rows)) // n] for j in range(n))
+            keep.update(rows[(j * len(rows)) // n_env] for j in range(n_env))
     return [t for i, t in enumerate(tasks) if i in keep]
 
 
@@ -93,7 +138,7 @@ def per_env_sample(tasks: Sequence[Task], n: int, seed: int) -> list[Task]:
         return list(tasks)
     rng = np.random.default_rng(seed)
     keep = set()
-    for rows in _rows_by_env(tasks):
+    for rows in _rows_by_env(tasks).values():
         keep.update(rows if len(rows) <= n else rng.choice(rows, size=n, replace=False).tolist())
     return [t for i, t in enumerate(tasks) if i in keep]
 
@@ -109,7 +154,8 @@ class MultiEnv(TextEnv):
 
     name = "multi"  # not registered: built by make_env for a comma-separated spec
 
-    def __init__(self, spec: str | Sequence[str], max_steps: int | None = None) -> None:
+    def __init__(self, spec: str | Sequence[str], max_steps: int | str | None = None) -> None:
+        """max_steps: one horizon for every environment, or per environment ("babyai=20,webshop=10": for_env)."""
         # No super().__init__: task, steps, won and max_steps are the routed env's (properties below).
         self.names = tuple(env_names(spec if isinstance(spec, str) else ",".join(spec)))
         self._max_steps = max_steps or None
@@ -127,7 +173,7 @@ class MultiEnv(TextEnv):
         if name not in self.names:
             raise ValueError(f"environment {name!r} is not part of the spec {self.spec!r}")
         if name not in self._envs:
-            self._envs[name] = env_class(name)(max_steps=self._max_steps)
+            self._envs[name] = env_class(name)(max_steps=for_env(self._max_steps, name) or None)
         return self._envs[name]
 
     # ----- the task pool ---------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from envs import available_envs, env_names, is_multi_spec, split_size
+from envs import available_envs, env_names, is_multi_spec, per_env_problem, split_size
 from fedagent_flwr.agent.engine.decode import KERNELS
 from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
@@ -38,8 +38,9 @@ from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
 from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
 from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
 from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
-from fedagent_flwr.agent.training.grpo_config import KL_REFERENCES, LOSS_AGGREGATIONS, OLD_LOGPROBS, SCALE_REWARDS, STD_DDOFS, UNIFORM_GROUPS
+from fedagent_flwr.agent.training.grpo_config import BATCH_PADDINGS, KL_REFERENCES, LOSS_AGGREGATIONS, OLD_LOGPROBS, SCALE_REWARDS, STD_DDOFS, UNIFORM_GROUPS
 from fedagent_flwr.agent.training.lora import LoRASpec
+from fedagent_flwr.agent.training.sft import LR_SCHEDULES
 from fedagent_flwr.atomic import unwritable_reason
 from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
 from fedagent_flwr.privacy.differential_privacy import DP_MODES
@@ -67,17 +68,20 @@ Need = Callable[[bool, str, Any, str], None]  # need(ok, key, value, allowed): r
 
 
 def _key(default: Any, doc: str, allowed: str = "", words: tuple[str, ...] = (), choices: tuple[str, ...] = (),
-         at_least: float | None = None, above: float | None = None, interval: str = "") -> Any:
+         at_least: float | None = None, above: float | None = None, interval: str = "", per_env: bool = False) -> Any:
     """A run-config key. `words`: strings it also takes besides values of its default's type (a bool key's "auto");
     `choices`: the only values it takes (then its `allowed`); `at_least` / `above` / `interval` ("(0, 1]"): its
-    bounds. RunConfig.__post_init__ checks these for every section; a section's `check` holds the rest."""
-    return field(default=default, metadata={"doc": doc, "allowed": allowed or " | ".join(choices), "words": words,
+    bounds; `per_env`: a number key that also takes a number per environment ("babyai=20,webshop=10", envs/multi.py).
+    RunConfig.__post_init__ checks these for every section; a section's `check` holds the rest."""
+    return field(default=default, metadata={"doc": doc, "allowed": allowed or " | ".join(choices), "words": words, "per_env": per_env,
                                             "choices": choices, "at_least": at_least, "above": above, "interval": interval})
 
 
 def _declared_problem(f, value: Any) -> str | None:
     """What a key's declared choices or bound allow, where `value` breaks them; else None."""
     meta = f.metadata
+    if meta["per_env"] and isinstance(value, str):  # its entries are checked against env by per_env_problem
+        return None
     if meta["choices"] and value not in meta["choices"]:
         return meta["allowed"]
     kind = "an integer " if isinstance(f.default, int) and not isinstance(f.default, bool) else ""
@@ -122,7 +126,7 @@ class EnvironmentConfig:
     """The environment(s) the agents play and how their training tasks are split among clients."""
 
     env: str = _key("gridworld", "text environment, or several separated by commas (e.g. babyai,webshop,textcraft,maze,wordle)", "a registered env name, or a comma-separated list of them")
-    max_steps: int = _key(0, "episode horizon; 0 = the env's default", "integer >= 0", at_least=0)
+    max_steps: int | str = _key(0, "episode horizon; 0 = the env's default; per environment as babyai=20,webshop=10 (an env not named keeps its default)", "integer >= 0, or name=integer >= 1 for envs of env, comma-separated", at_least=0, per_env=True)
     partition: str = _key("uniform", "how the train split is divided among clients: uniform = each client's tasks-per-client drawn independently (clients may share tasks); uniform-windows = the FedAgent reference's uniform split, a contiguous window of the pool shuffled by partition-seed (partitions/uniform.py); by-environment = client k owns env k of the env list (Fed-SE)", choices=PARTITION_MODES)
     tasks_per_client: int = _key(8, "tasks in each client's partition (overlap across clients allowed)", "1 .. train-split size", at_least=1)
 
@@ -138,6 +142,7 @@ class EnvironmentConfig:
         if self.env in ("hopper", "half-cheetah"):
             need(importlib.util.find_spec("mujoco") is not None, "env", self.env,
                  "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
+        need((problem := per_env_problem(self.max_steps, self.env)) is None, "max-steps", self.max_steps, problem)
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -170,6 +175,7 @@ class SpeedConfig:
     logprob_micro_batch_size: int = _key(0, "agent steps per no-grad log-prob pass (the old policy's and the KL reference's): these keep no activations for backward, so with logprob-chunk-tokens > 0 they fit several times the update's micro-batch, and a bigger batch keeps a GPU busier (docs/gpu.md); 0 = micro-batch-size", "integer >= 0 (0 = micro-batch-size)")
     logprob_micro_batch_tokens: int = _key(0, "the no-grad log-prob passes as micro-batch-tokens cuts the update's: > 0 = passes of at most this many padded tokens instead of logprob-micro-batch-size rows, a longer agent step alone; they keep no activations for backward, so a budget several times the update's fits. The memory plan counts max(this, the context) tokens a pass; 0 = logprob-micro-batch-size", "integer >= 0 (0 = logprob-micro-batch-size)")
     logprob_chunk_tokens: int = _key(0, "completion tokens the output head scores at a time in GRPO's log-prob and update passes, each chunk recomputed in backward: the [micro-batch, tokens, vocab] logits are never built (1024 suits a 152k vocabulary on a GPU); 0 = full logits", "integer >= 0")
+    length_balanced_micro_batches: bool = _key(False, "GRPO's update: cut each minibatch into micro-batches of micro-batch-size rows whose summed lengths (prompt and completion) are as even as a greedy split makes them: verl's balancing of sequence lengths across the GPUs of a client (the FedAgent reference: 16 rows a GPU of a 64-row minibatch), done across one process's micro-batches; under micro-batch-token-mean each micro-batch's mean then covers about as many tokens. The update's cut only: with length-grouped-micro-batches the log-prob passes stay grouped", "true | false")
     length_grouped_micro_batches: bool = _key(False, "sort each minibatch by length before cutting it into micro-batches, so little padding is computed. Under loss-aggregation trajectory-mean or token-mean the loss is the same (up to rounding); under micro-batch-token-mean it is not: each micro-batch's token mean weighs alike, and grouping decides which rows share one (short rows' tokens then weigh more)", "true | false")
     shared_prompt_prefix: bool = _key(False, "GRPO's log-prob and update passes compute the tokens every prompt of a micro-batch opens with (the chat template's system message, the environment's instructions and task) once, as one row whose keys and values every row attends to, instead of once per row: the same log-probs and gradients up to float rounding, and fewer tokens through the model (a quarter of a Gridworld step's), yet on a 2-core CPU the update ran slower with it (benchmarks/update_passes.py; docs/results.md); not yet measured on a GPU. Not with gradient-checkpointing", "true | false")
     old_logprobs: str = _key("recompute", "where GRPO's PPO ratio takes the round-start policy's log-probs from: recompute = a no-grad pass over every sample before the first optimizer step (verl, TRL); rollout = the log-probs the sampler drew each token with, kept by the rollout: the same policy and tokens, so the same numbers up to the decode passes' rounding, and that pass is saved (the update 1.2x faster on a 2-core CPU; benchmarks/update_passes.py)", choices=OLD_LOGPROBS)
@@ -189,6 +195,8 @@ class SpeedConfig:
         for name, zero in (("micro_batch_tokens", "micro-batch-size"), ("logprob_micro_batch_size", "micro-batch-size"),
                            ("logprob_micro_batch_tokens", "logprob-micro-batch-size"), ("logprob_chunk_tokens", "full logits")):
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name), f"an integer >= 0 (0 = {zero})")
+        need(not (self.length_balanced_micro_batches and self.micro_batch_tokens), "length-balanced-micro-batches",
+             self.length_balanced_micro_batches, "false with micro-batch-tokens > 0 (a token budget cuts the update its own way)")
         need(self.gradient_checkpointing in (True, False, "auto"), "gradient-checkpointing", self.gradient_checkpointing,
              "true | false | auto")
         # transformers' checkpointed layers turn the KV cache off, and the prefix reaches the rows through it
@@ -254,6 +262,7 @@ class GRPOSection:
     reward_std_ddof: int = _key(0, "delta degrees of freedom of the standard deviation scale-rewards divides by: 0 = the population's, 1 = the unbiased one (torch.std, verl's)", "0 | 1", choices=STD_DDOFS)
     scale_rewards: str = _key("group", "what a reward's deviation from its group's mean is divided by (TRL's scale_rewards): group = the group's standard deviation (GRPO, verl, the FedAgent reference); batch = the standard deviation of all the epoch's rewards, so a group split only by the small invalid-action penalty gets small advantages; none = nothing (Dr. GRPO)", choices=SCALE_REWARDS)
     uniform_groups: str = _key("drop", "steps of a group whose rewards are all equal (advantage 0): drop = skipped, so with kl-beta > 0 their KL term goes too (cheaper; the default so far); keep = trained on with advantage 0, so the KL covers every step played (verl's GRPO)", choices=UNIFORM_GROUPS)
+    batch_padding: str = _key("none", "the epoch's agent steps before the update: none = as played, the last minibatch maybe short; copy = padded to a multiple of minibatch-size with copies of randomly drawn steps, none twice while the batch has enough (verl-agent's adjust_batch, mode copy: the FedAgent reference's), so every minibatch is whole and a copied step weighs twice", choices=BATCH_PADDINGS)
     advantage_estimator: str = _key("grpo", "grpo = every step of a trajectory gets its episode's group-normalised advantage; gigpo = plus GiGPO's step-level part (Feng et al. 2025, as verl-agent computes it; agent/training/gigpo.py): steps of one group that started from the same state (the same observation text) are compared by their discounted returns", choices=ADVANTAGE_ESTIMATORS)
     gigpo_gamma: float = _key(0.95, "advantage-estimator=gigpo: discount of a step's return (verl-agent's algorithm.gamma; 0.95 in its GiGPO scripts)", "[0, 1]", interval="[0, 1]")
     gigpo_mode: str = _key("mean_norm", "advantage-estimator=gigpo: a step group's returns less their mean (mean_norm: verl-agent's default and WebShop script), or also divided by their standard deviation (mean_std_norm: its ALFWorld script)", choices=GIGPO_MODES)
@@ -268,7 +277,7 @@ class EvaluationConfig:
     """The server's held-out evaluation and the run folder it writes."""
 
     eval_every: int = _key(2, "evaluate the global model every this many rounds (and before round 1 and at the end)", "integer >= 1", at_least=1)
-    eval_tasks: int = _key(0, "held-out (test-split) tasks evaluated, evenly spaced over the pool (per env when env lists several); 0 = all", "integer >= 0", at_least=0)
+    eval_tasks: int | str = _key(0, "held-out (test-split) tasks evaluated, evenly spaced over the pool (per env when env lists several; or per environment as webshop=200,babyai=90, an env not named keeping all); 0 = all", "integer >= 0, or name=integer >= 1 for envs of env, comma-separated", at_least=0, per_env=True)
     eval_samples_per_task: int = _key(16, "episodes per evaluated task", "integer >= 1", at_least=1)
     eval_temperature: float = _key(1.0, "sampling temperature of evaluation; 0 = greedy", "0 or >= 0.01")
     eval_transcripts: int = _key(4, "held-out episodes written as text (observation, completion, action, valid, reward per step) to <run>/episodes/round-NNNN.txt at each evaluation; 0 = none", "integer >= 0", at_least=0)
@@ -288,14 +297,7 @@ class EvaluationConfig:
                  f'none | tensorboard, or {self.tracker} once installed: pip install -e ".[{self.tracker}]"')
         need(self.run_name == "" or RUN_NAME.fullmatch(self.run_name) is not None, "run-name", self.run_name,
              "empty (a name is made up) or a folder name of letters, digits and . _ + - not starting with . or -")
-        if self.eval_tasks and self.env not in FEDRL_ENVS:
-            try:
-                smallest = min(split_size(name, "test") for name in env_names(self.env))
-            except ValueError:
-                smallest = None  # a bad env is reported by its section
-            if smallest is not None:
-                need(self.eval_tasks <= smallest, "eval-tasks", self.eval_tasks,
-                     f"0 (all) or at most {smallest}, the size of the test split of env={self.env!r}")
+        need((problem := per_env_problem(self.eval_tasks, self.env, lambda name: split_size(name, "test"))) is None, "eval-tasks", self.eval_tasks, problem)
         if self.initial_evaluation:
             folder = self.initial_evaluation
             need(folder.startswith("~") or Path(folder).is_absolute(), "initial-evaluation", folder,
@@ -394,7 +396,9 @@ class FedSEConfig:
     fedse_steps: str = _key("all", "fedse-lora: steps of a kept trajectory trained on: all (the paper) or valid (drop steps whose action was malformed or inadmissible)", choices=FEDSE_STEPS)
     fedse_seed_demos: int = _key(8, "fedse-lora: expert demonstrations on the client's tasks that seed its buffer (D_k^0)", "integer >= 0", at_least=0)
     fedse_loss_tokens: str = _key("completion", "fedse-lora: tokens the SFT loss covers: completion = the whole completion, reasoning included (default: this project's reasoning names the action, so the choice is made there; docs/fedse.md); action = those after </think>, given the reasoning (the paper's Eq. 7)", choices=FEDSE_LOSS_TOKENS)
-    fedse_sft_steps: int = _key(20, "fedse-lora: optimizer steps of NLL fine-tuning on the buffer per round", "integer >= 1", at_least=1)
+    fedse_sft_steps: int = _key(20, "fedse-lora: optimizer steps of NLL fine-tuning on the buffer per round (unless fedse-sft-epochs > 0)", "integer >= 1", at_least=1)
+    fedse_sft_epochs: int = _key(0, "fedse-lora: > 0 = this many passes over the client's whole buffer per round instead of fedse-sft-steps steps, so the steps grow with the buffer (Fed-SE v2, App. B: 2 epochs); 0 = fedse-sft-steps", "integer >= 0", at_least=0)
+    fedse_lr_schedule: str = _key("constant", "fedse-lora: the learning rate over each round's fine-tuning: constant, or cosine = decayed from fedse-learning-rate to 0 over the round's steps, no warm-up (Fed-SE v2, App. B; each round's fine-tuning a run of its own, as a LLaMA-Factory job per round)", choices=LR_SCHEDULES)
     fedse_sft_batch_size: int = _key(16, "fedse-lora: agent steps per fine-tuning batch", "integer >= 1", at_least=1)
     fedse_sft_micro_batch_size: int = _key(0, "fedse-lora: agent steps per forward/backward pass of the fine-tuning; a batch is accumulated over batch / micro-batch passes (TRL's gradient accumulation: the same loss, a quarter of the activations at a quarter of the batch); 0 = fedse-sft-batch-size", "0, or an integer >= 1 that divides fedse-sft-batch-size")
     fedse_learning_rate: float = _key(1e-3, "fedse-lora: AdamW learning rate of the LoRA fine-tuning", "> 0", above=0)
@@ -477,7 +481,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         values = {}
         for key, raw in run_config.items():
             f = known[key]
-            values[f.name] = _coerce(key, raw, type(f.default), f.metadata["words"])
+            values[f.name] = _coerce(key, raw, type(f.default), f.metadata["words"], f.metadata["per_env"])
         return cls(**values)
 
     def to_run_config(self) -> dict[str, Any]:
@@ -536,7 +540,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         for f in fields(GRPOSection)[-3:] if self.advantage_estimator != "gigpo" else ():  # the gigpo-* keys
             need(getattr(self, f.name) == f.default, f.name.replace("_", "-"), getattr(self, f.name),
                  f"{f.default!r} (its default) unless advantage-estimator='gigpo'")
-        for key, off in (("micro_batch_tokens", 0), ("logprob_micro_batch_tokens", 0), ("advantage_estimator", "grpo"),
+        for key, off in (("micro_batch_tokens", 0), ("logprob_micro_batch_tokens", 0), ("advantage_estimator", "grpo"), ("batch_padding", "none"), ("length_balanced_micro_batches", False),
                          ("clip_ratio_c", 0.0), ("kl_clamp", 0.0), ("entropy_coeff", 0.0), ("reward_std_ddof", 0),
                          ("training_kernels", "eager")):
             if getattr(self, key) != off and traits:
@@ -647,11 +651,9 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         """Number of clients K given the SuperNodes that answered; raises if the config does not fit."""
         k = self.num_clients or num_nodes
         if k != num_nodes:
-            raise ValueError(
-                f"num-clients={self.num_clients} but the federation has {num_nodes} SuperNode(s); each client is "
-                f"one SuperNode holding one partition. Set num-clients={num_nodes} (or 0), or start {self.num_clients} "
-                f"SuperNodes (simulation: --federation-config \"num-supernodes={self.num_clients}\")."
-            )
+            raise ValueError(f"num-clients={self.num_clients} but the federation has {num_nodes} SuperNode(s); each client is one SuperNode "
+                             f"holding one partition. Set num-clients={num_nodes} (or 0), or start {self.num_clients} SuperNodes "
+                             f"(simulation: --federation-config \"num-supernodes={self.num_clients}\").")
         if self.clients_per_round > k:
             raise ValueError(f"clients-per-round={self.clients_per_round} is larger than the number of clients K={k}")
         if self.baseline == "local" and self.local_client >= k:
@@ -659,11 +661,9 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.partition == "by-environment":
             names = env_names(self.env)
             if k != len(names):
-                raise ValueError(
-                    f"partition='by-environment' gives client k the k-th environment of env={self.env!r}, so it needs "
-                    f"{len(names)} clients, but the federation has K={k}; start {len(names)} SuperNodes "
-                    f"(simulation: --federation-config \"num-supernodes={len(names)}\")."
-                )
+                raise ValueError(f"partition='by-environment' gives client k the k-th environment of env={self.env!r}, so it needs "
+                                 f"{len(names)} clients, but the federation has K={k}; start {len(names)} SuperNodes "
+                                 f"(simulation: --federation-config \"num-supernodes={len(names)}\").")
         return k
 
     @property
@@ -678,9 +678,9 @@ def invalid(problems: list[str]) -> str:
     return "invalid run config:\n  " + "\n  ".join(problems)
 
 
-def _coerce(key: str, raw: Any, kind: type, words: tuple[str, ...] = ()) -> Any:
+def _coerce(key: str, raw: Any, kind: type, words: tuple[str, ...] = (), per_env: bool = False) -> Any:
     """Accept the types Flower's TOML parsing produces; ints are fine where floats are expected."""
-    if isinstance(raw, str) and raw in words:
+    if isinstance(raw, str) and (raw in words or per_env):
         return raw
     if kind is bool:
         if isinstance(raw, bool):
@@ -696,5 +696,5 @@ def _coerce(key: str, raw: Any, kind: type, words: tuple[str, ...] = ()) -> Any:
     elif kind is str:
         if isinstance(raw, str):
             return raw
-    expected = kind.__name__ + "".join(f" or {w!r}" for w in words)
+    expected = kind.__name__ + "".join(f" or {w!r}" for w in words) + (" or a string name=number,..." if per_env else "")
     raise ValueError(f"run-config {key}={raw!r} has type {type(raw).__name__}; expected {expected}")

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         group = parser.add_argument_group(title, section.__doc__.splitlines()[0])
         for f in fields(section):
             kind = type(f.default)
-            group.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(kind, f.metadata["words"]), default=None,
+            group.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(kind, f.metadata["words"], f.metadata["per_env"]), default=None,
                                help=f"{f.metadata['doc']} (default {f.default!r}; {f.metadata['allowed']})")
     sim = parser.add_argument_group("simulation resources")
     sim.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this checkout)")
@@ -68,14 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flag_type(kind: type, words: tuple[str, ...]):
-    """A flag's argparse type: its key's type, also taking the words the key allows (gradient-checkpointing's auto)."""
+def _flag_type(kind: type, words: tuple[str, ...], per_env: bool = False):
+    """A flag's argparse type: its key's type, also taking the words the key allows (gradient-checkpointing's auto), and
+    for a per-environment key its text ("babyai=20,webshop=10"; the run config checks it)."""
     plain = _bool if kind is bool else kind
-    if not words:
+    if not words and not per_env:
         return plain
 
     def typed(text: str):
-        return text if text in words else plain(text)
+        return text if text in words or (per_env and "=" in text) else plain(text)
     typed.__name__ = plain.__name__  # argparse names the type in its error message
     return typed
 
@@ -291,7 +292,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if key in out:  # the later would silently win
             raise ValueError(f"--set {item!r}: {key} is already set")
         kind, words = type(known[key].default), known[key].metadata["words"]
-        if raw in words:
+        if raw in words or (known[key].metadata["per_env"] and "=" in raw):  # per environment: the run config checks it
             out[key] = raw
             continue
         if kind is bool:  # strict: a word it does not know is an error, never quietly false

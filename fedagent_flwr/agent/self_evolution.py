@@ -67,9 +67,11 @@ class SelfEvolutionConfig:
     loss_tokens: str = "completion"
     seed_demos: int = 8  # expert demonstrations in D_k^0
     sft_steps: int = 20
+    sft_epochs: int = 0  # > 0: passes over the whole buffer a round instead of sft_steps steps (Fed-SE v2: 2)
     sft_batch_size: int = 16
     sft_micro_batch_size: int = 0  # agent steps per forward/backward, the batch accumulated over passes; 0 = the batch
     learning_rate: float = 1e-3
+    lr_schedule: str = "constant"  # or "cosine": to 0 over each round's fine-tuning (Fed-SE v2)
     seed: int = 0
     precision: str = "fp32"  # resolved: fp32 or bf16-mixed (agent/engine/precision.py)
 
@@ -82,7 +84,7 @@ class SelfEvolutionConfig:
             raise ValueError(f"fedse-steps={self.steps!r} is not allowed: expected one of {', '.join(STEP_MODES)}")
         if self.loss_tokens not in LOSS_TOKENS:
             raise ValueError(f"fedse-loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(LOSS_TOKENS)}")
-        for name in ("explore_samples", "seed_demos", "sft_steps"):
+        for name in ("explore_samples", "seed_demos", "sft_steps", "sft_epochs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -177,12 +179,14 @@ def self_evolution_round(
         if config.loss_tokens == "action":
             samples = [action_given_reasoning(p, c, agent.tokenizer) for p, c in samples]
         if samples and config.sft_steps:
-            sft = SupervisedConfig(steps=config.sft_steps, batch_size=config.sft_batch_size,
+            sft = SupervisedConfig(steps=config.sft_steps, epochs=config.sft_epochs, batch_size=config.sft_batch_size,
                                    micro_batch_size=config.sft_micro_batch_size, learning_rate=config.learning_rate,
+                                   lr_schedule=config.lr_schedule,
                             seed=config.seed * 1_000_003 + server_round, precision=config.precision)
             losses = supervised_finetune(peft_model, samples, agent.tokenizer, sft)
             metrics["loss"] = losses[-1]
             metrics["fedse/loss-first"] = losses[0]
+            metrics["fedse/sft-steps"] = float(len(losses))
         metrics["fedse/train-samples"] = float(len(samples))
         adapter = adapter_to_arrays(peft_model)
     metrics["seconds"] = time.time() - started

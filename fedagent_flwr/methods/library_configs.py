@@ -61,7 +61,7 @@ def self_evolution_config(cfg: RunConfig, placement: Placement | None = None) ->
         lora=cfg.lora_spec(), explore_samples=cfg.fedse_explore_samples, keep=cfg.fedse_keep,
         history=cfg.fedse_history, steps=cfg.fedse_steps, loss_tokens=cfg.fedse_loss_tokens,
         seed_demos=cfg.fedse_seed_demos,
-        sft_steps=cfg.fedse_sft_steps, sft_batch_size=cfg.fedse_sft_batch_size,
+        sft_steps=cfg.fedse_sft_steps, sft_epochs=cfg.fedse_sft_epochs, sft_batch_size=cfg.fedse_sft_batch_size,
         sft_micro_batch_size=cfg.fedse_sft_micro_batch_size,
-        learning_rate=cfg.fedse_learning_rate, seed=cfg.seed, precision=(placement or place_run(cfg)).compute_precision,
+        learning_rate=cfg.fedse_learning_rate, lr_schedule=cfg.fedse_lr_schedule, seed=cfg.seed, precision=(placement or place_run(cfg)).compute_precision,
     )

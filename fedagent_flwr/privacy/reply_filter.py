@@ -40,6 +40,7 @@ CLIENT_METRICS = frozenset({
     "outcome_groups", "checkpointed_layers", "repeated_states", "rollout_logprob_gap",
     # Fed-SE (agent/self_evolution.py, agent/training/experience.py)
     "fedse/seeded-demos", "fedse/kept-trajectories", "fedse/new-successes", "fedse/loss-first", "fedse/train-samples",
+    "fedse/sft-steps",
     "fedse/buffer-seed-trajectories", "fedse/buffer-steps", "fedse/buffer-trajectories", "fedse/buffer-won-fraction",
     # QAvg / PAvg (methods/fedrl)
     "local-steps", "local-value", "start-objective",

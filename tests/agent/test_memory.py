@@ -243,7 +243,7 @@ def test_the_command_says_what_auto_checkpointing_does_with_the_paper_preset(cap
         main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "gradient-checkpointing=auto",
               "--set", f"client-memory-gb={gb}", "--set", "device=cuda"])
         line = capsys.readouterr().out.strip().splitlines()[-1]
-        assert line.startswith(f"gradient-checkpointing=auto in {gb} GiB") and "a micro-batch of 8 rows" in line
+        assert line.startswith(f"gradient-checkpointing=auto in {gb} GiB") and "a micro-batch of 16 rows" in line
         return [int(k) for k in re.findall(r"(\d+) of 28 layers at \d+ tokens", line)]
 
     roomy, tight = layers(80), layers(56)
@@ -334,7 +334,8 @@ def test_the_command_says_what_auto_checkpointing_does_with_passes_cut_by_tokens
     def layers(tokens: int) -> tuple[list[int], list[int]]:
         preset = Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"
         main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "gradient-checkpointing=auto",
-              "--set", "client-memory-gb=80", "--set", "device=cuda", "--set", f"micro-batch-tokens={tokens}"])
+              "--set", "client-memory-gb=80", "--set", "device=cuda", "--set", f"micro-batch-tokens={tokens}",
+              "--set", "length-balanced-micro-batches=false"])
         line = capsys.readouterr().out.strip().splitlines()[-1]
         assert f"a pass of at most {tokens:,} padded tokens" in line
         found = re.findall(r"(\d+) of 28 layers at (\d+) tokens \((\d+) rows\)", line)
@@ -425,3 +426,27 @@ def test_the_command_plans_for_the_machine_it_names_whatever_this_one_has(capsys
     assert gpu["decode graphs (outputs and pool)"] != "0.00 GiB"
     assert "planned for a machine without a GPU (--device cpu)" in cpu["out"] and "decode engine hf" in cpu["out"]
     assert cpu["static decoder's weight copy"] == "0.00 GiB" and "precision fp32" in cpu["out"]
+
+
+def test_the_fedagent_paper_presets_memory_figures_are_the_plans_its_comment_and_the_docs_quote(capsys):
+    """configs/fedagent-paper.toml's comment and docs/run-config.md quote one pair of figures for the 1.5B client (with
+    the preset's four memory settings, and without them); both are read from the texts and recomputed."""
+    import re
+
+    from fedagent_flwr.experiments.memory_plan import main
+
+    root = Path(__file__).resolve().parents[2]
+    preset = root / "configs" / "fedagent-paper.toml"
+    comment = " ".join(line.lstrip("# ") for line in preset.read_text().splitlines() if line.startswith("#"))
+    in_preset = re.search(r"The 1.5B client plans ([\d.]+) GiB at a 2,048-token context with these settings .*? and "
+                          r"([\d.]+) GiB with --set", comment).groups()
+    docs = " ".join((root / "docs" / "run-config.md").read_text().split())
+    in_docs = re.search(r"memory plan at a 2,048-token context is ([\d.]+) GiB with the four and ([\d.]+) GiB without", docs).groups()
+
+    def client_total(*extra: str) -> str:
+        main(["--shape", "qwen2.5-1.5b", "--context-tokens", "2048", "--run-config", str(preset), *extra])
+        return re.search(r"each client:.*?total\s+([\d.]+) GiB", capsys.readouterr().out, re.S).group(1)
+
+    plans = (client_total(), client_total("--set", "gradient-checkpointing=false", "--set", "logprob-chunk-tokens=0",
+                                          "--set", "length-grouped-micro-batches=false"))
+    assert in_preset == in_docs == plans

@@ -103,3 +103,27 @@ def test_sampling_uses_the_cache_keyword_transformers_keeps(tiny_lm, maze_tokeni
             got = sample_batch(model, prompts, maze_tokenizer.pad_token_id, [], max_new_tokens=4, temperature=0.0)
         assert [len(ids) for ids in got] == [4, 4]
     wrapped.unload()
+
+
+def test_the_prefill_scores_its_last_positions_from_a_contiguous_copy_for_a_frozen_model(tiny_lm, maze_tokenizer):
+    """A frozen model (the base under a LoRA adapter, an evaluated model) must not meet torch's matmul with a strided
+    [batch, 1, hidden] view of the last positions: it then expands the head's weight batch-fold and copies it
+    (SmolLM2: 4.5 s of a 32-prompt prefill, docs/performance.md). The head of the prefill gets a contiguous input of
+    one row per distinct prompt, and the same next-token logits as the whole-sequence forward."""
+    import copy
+
+    model = copy.deepcopy(tiny_lm).eval().requires_grad_(False)
+    seen = []
+    head = model.get_output_embeddings()
+    handle = head.register_forward_pre_hook(lambda module, args: seen.append((args[0].shape, args[0].is_contiguous())))
+    prompts = [maze_tokenizer.encode(text) for text in ("go up now", "go down the long corridor", "left")]
+    try:
+        tokens = sample_batch(model, prompts, maze_tokenizer.pad_token_id, stop_token_ids(maze_tokenizer),
+                              max_new_tokens=3, temperature=0.0)
+    finally:
+        handle.remove()
+    prefill = seen[0]
+    assert prefill == (torch.Size([3, 1, model.config.hidden_size]), True), seen[:2]
+    with torch.no_grad():  # greedy: the first token of each row is the argmax of the prompt's own last logits
+        firsts = [int(model(input_ids=torch.tensor([p])).logits[0, -1].argmax()) for p in prompts]
+    assert [row[0] for row in tokens] == firsts

@@ -133,3 +133,40 @@ def test_micro_batches_accumulate_to_the_batchs_loss_and_weights(tiny_lm, maze_t
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SupervisedConfig(**bad)
+
+
+class _Rates:
+    """The learning rate Trainer logs at every step."""
+
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class Rates(TrainerCallback):
+            def __init__(self):
+                self.rates = []
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and "learning_rate" in logs:
+                    self.rates.append(logs["learning_rate"])
+        return Rates()
+
+
+@pytest.mark.parametrize("micro", [0, 2])
+def test_epochs_count_the_steps_from_the_samples_and_cosine_decays_the_rate_without_warm_up(tiny_lm, maze_tokenizer, micro):
+    """Fed-SE's second version trains 2 epochs over the client's data a round with a cosine schedule and no warm-up:
+    10 samples in batches of 4 make 3 steps an epoch, 6 in all, whatever `steps` says (accumulated micro-batches
+    included); the constant schedule holds the rate, the cosine one starts at it and falls towards 0."""
+    samples = _pairs(maze_tokenizer, 10, seed=3)
+    runs = {}
+    for schedule in ("constant", "cosine"):
+        rates = _Rates()
+        cfg = SupervisedConfig(steps=50, epochs=2, batch_size=4, micro_batch_size=micro, learning_rate=1e-3,
+                               lr_schedule=schedule)
+        runs[schedule] = (supervised_finetune(copy.deepcopy(tiny_lm), samples, maze_tokenizer, cfg, [rates]), rates.rates)
+    (constant_losses, constant), (cosine_losses, cosine) = runs["constant"], runs["cosine"]
+    assert len(constant_losses) == len(cosine_losses) == 6
+    assert constant == pytest.approx([1e-3] * 6)
+    assert cosine[0] == pytest.approx(1e-3, rel=0.1) and all(a > b for a, b in zip(cosine, cosine[1:]))
+    assert cosine[-1] < 0.1e-3, cosine
+    with pytest.raises(ValueError, match="lr_schedule"):
+        SupervisedConfig(lr_schedule="linear")

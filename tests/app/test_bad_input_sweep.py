@@ -419,6 +419,10 @@ def violations(tmp: Path) -> list[Violation]:
         V({"eval-temperature": 0.001}, "eval-temperature"),
         V({"tracker": "tensorboard"}, "tracker", absent=("tensorboard",)), V({"tracker": "wandb"}, "tracker", absent=("wandb",)),
         V({"run-name": "a/b"}, "run-name"), V({"eval-tasks": 1000}, "eval-tasks"),
+        V({"max-steps": "maze=5"}, "max-steps"), V({"eval-tasks": "babyai=3"}, "eval-tasks"),  # per env: not the run's env
+        V({"length-balanced-micro-batches": True, "micro-batch-tokens": 4096}, "length-balanced-micro-batches"),
+        V({"strategy": "fedse-lora", "length-balanced-micro-batches": True}, "length-balanced-micro-batches"),
+        V({"strategy": "fedse-lora", "batch-padding": "copy"}, "batch-padding"),
         V({"initial-evaluation": "runs/a"}, "initial-evaluation"),
         V({"initial-evaluation": str(tmp / "no-run")}, "initial-evaluation"),
         V({"output-dir": "runs"}, "output-dir"), V({"output-dir": str(a_file / "runs")}, "output-dir"),

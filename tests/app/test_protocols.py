@@ -40,8 +40,9 @@ def test_table1_methods_share_every_budget_key(preset):
 def test_the_paper_table1_dry_run_runs_the_reference_procedure(tmp_path, capsys):
     """Every Table 1 run of the paper preset, FedAgent and baselines alike, trains and evaluates as the FedAgent
     reference does (docs/run-config.md, "The paper presets"): sampled training at 1.0, validation sampled at 0.4,
-    the KL anchored to the base model, verl's token-mean loss without group filtering, AdamW weight decay 0.01, and
-    the per-step, format-only invalid-action penalty."""
+    the KL anchored to the base model, verl's token-mean loss without group filtering, AdamW weight decay 0.01, the
+    per-step, format-only invalid-action penalty, and minibatches split as the reference splits them (4 micro-batches
+    of 16 length-balanced rows, the batch padded with copies)."""
     assert protocols.main(["table1", "--preset", "paper", "--dry-run", "--out", str(tmp_path)]) in (0, None)
     commands = [line for line in capsys.readouterr().out.splitlines() if "fedagent_flwr.simulation" in line]
     assert len(commands) == 15
@@ -50,7 +51,8 @@ def test_the_paper_table1_dry_run_runs_the_reference_procedure(tmp_path, capsys)
                  "--invalid-action malformed", "--invalid-penalty-scope step", "--kl-beta 0.01", "--learning-rate 1e-06",
                  "--history-length 2", "--group-size 8", "--clip-ratio-c 3.0", "--kl-clamp 10.0", "--entropy-coeff 0.001",
                  "--reward-std-ddof 1", "--answer-parsing reference", "--prompt-template reference",
-                 "--partition uniform-windows", "--partition-seed -1", "--client-sampling reference", "--max-steps 0"]
+                 "--partition uniform-windows", "--partition-seed -1", "--client-sampling reference", "--max-steps 0",
+                 "--minibatch-size 64", "--micro-batch-size 16", "--length-balanced-micro-batches True", "--batch-padding copy"]
     for command in commands:
         missing = [flag for flag in reference if f"{flag} " not in command + " "]
         assert not missing, (missing, command)
@@ -221,12 +223,19 @@ def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
     assert only_shared["seeds"] == [0, 1]  # a seed one method lacks is left out, not paired with anything
 
 
-def test_the_fedse_paper_dry_run_prints_each_methods_checked_keys(capsys):
-    """Fed-SE's preset trains on the action given the reasoning (the paper's Eq. 7); a dry run shows it per method."""
+@pytest.mark.parametrize("name, shown", [
+    ("fedse-paper.toml", ('max-steps="babyai=20,webshop=10"', 'fedse-sft-epochs=2', 'fedse-lr-schedule="cosine"',
+                          'history-length=40', 'eval-tasks="webshop=200,babyai=90,wordle=25"', 'lora-target-modules="all-linear"')),
+    ("fedse-paper-v1.toml", ('fedse-loss-tokens="action"', 'fedse-learning-rate=0.0002')),
+])
+def test_the_fedse_paper_dry_run_prints_each_methods_checked_keys(capsys, name, shown):
+    """Each Fed-SE preset's dry run shows every method's keys with the preset's values: the second version's (the
+    whole episode as history, 2 epochs under a cosine rate, the turn limits and test-set sizes) and the first's (the
+    action given the reasoning, Eq. 7)."""
     from fedagent_flwr.experiments import fedse_protocol
 
-    preset = Path(protocols.APP_DIR) / "configs" / "fedse-paper.toml"
+    preset = Path(protocols.APP_DIR) / "configs" / name
     assert fedse_protocol.main(["--run-config", str(preset), "--out", "unused", "--dry-run", "--ranks", ""]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[fedse-protocol]")]
     assert len(lines) == len(fedse_protocol.METHODS)
-    assert all('fedse-loss-tokens="action"' in line and 'env="babyai,webshop,textcraft,maze,wordle"' in line for line in lines)
+    assert all('env="babyai,webshop,textcraft,maze,wordle"' in line and all(key in line for key in shown) for line in lines)

@@ -70,7 +70,7 @@ NO_GPU = not torch.cuda.is_available()
         ({"tasks-per-client": 0}, "tasks-per-client=0"),
         ({"max-steps": -1}, "max-steps=-1"),
         ({"rollout-batch-size": -1}, "rollout-batch-size=-1 is not allowed: expected an integer >= 1, or 0 = auto"),
-        ({"eval-tasks": 1000}, "eval-tasks=1000 is not allowed: expected 0 (all) or at most 48"),
+        ({"eval-tasks": 1000}, "eval-tasks=1000 is not allowed: expected 0 (all), or per env at most its size (gridworld 48)"),
         ({"eval-tasks": -1}, "eval-tasks=-1"),
         ({"eval-transcripts": -1}, "eval-transcripts=-1"),
         ({"dp-clipping-norm": 0.0}, "dp-clipping-norm=0.0"),

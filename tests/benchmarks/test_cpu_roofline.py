@@ -116,3 +116,46 @@ def test_a_runs_minutes_are_its_waves_of_client_rounds_and_two_evaluations_share
     run = roofline.run_minutes(report, clients=3, cores=2, rounds=2, eval_episodes=20)
     assert run["measured_rates"] == pytest.approx((2 * 2 * 120 + 2 * 20 * 3.0 / 2) / 60)  # 2 waves of 3 clients
     assert run["at_the_peak"] == pytest.approx((2 * 3 * 60 + 2 * 20 * 1.0) / (2 * 1.0) / 60)
+
+
+def test_the_amx_sections_figures_are_recomputed_from_its_raw_outputs():
+    """docs/performance.md's AMX section: the dtypes' rates and rounds, the phases' shares of the peak, the prefill's
+    head both ways (prefill_head.py) and what the fix did to the round, each from the raw output it came from."""
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    folder = ROOT / "benchmarks" / "results" / "2026-12-04-cpu"
+    bf16, fp32, after, head, head32 = (json.loads((folder / f"{name}.json").read_text()) for name in (
+        "cpu_roofline", "cpu_roofline.fp32", "cpu_roofline.after", "prefill_head", "prefill_head.fp32"))
+    phase = lambda report, name, key: report["phases"][name][key]  # noqa: E731
+
+    def span(values):
+        low, high = f"{100 * min(values):.0f}", f"{100 * max(values):.0f}"
+        return low if low == high else f"{low}-{high}"
+
+    whole = ("rollout prefill", "reference log-probs", "update forward", "update backward", "evaluation prefill")
+    decodes = ("rollout decode", "evaluation decode")
+    peaks = bf16["peaks"]
+    assert f"ran at {peaks['bf16']['peak_flops'] / peaks['fp32']['peak_flops']:.1f}x the fp32 rate" in page
+    assert (f"the bf16-base round took {bf16['total_seconds']:.0f} s against {fp32['total_seconds']:.0f} s in fp32 "
+            f"({fp32['total_seconds'] / bf16['total_seconds']:.2f}x)") in page
+    assert (f"reached {span([phase(bf16, p, 'share_of_peak') for p in whole])} % of it, the decodes "
+            f"{span([phase(bf16, p, 'share_of_peak') for p in decodes])} %") in page
+    assert (f"prefill ran at {phase(bf16, 'rollout prefill', 'gflop_per_s'):.0f} GFLOP/s, a third of the reference "
+            f"log-probs' {phase(bf16, 'reference log-probs', 'gflop_per_s'):.0f}") in page
+    median = lambda report, way: f"{report['median_seconds'][way]:.2f} s"  # noqa: E731
+    assert (f"in bf16-base {median(head, 'logits_to_keep=1')} with `logits_to_keep=1` against "
+            f"{median(head, 'index tensor')} with the index (median of {head['repeats']}, "
+            f"{head['ratio_strided_over_index']:.2f}x), the logits identical") in page and head["max_logit_difference"] == 0
+    assert (f"in fp32 {median(head32, 'logits_to_keep=1')} against {median(head32, 'index tensor')} "
+            f"({head32['ratio_strided_over_index']:.2f}x; the logits within {head32['max_logit_difference']:.1g})") in page
+    assert f"in fp32 the copy cost {100 * (head32['ratio_strided_over_index'] - 1):.0f} % here" in page
+    assert after["round"] == bf16["round"] and after["evaluation"] == bf16["evaluation"]  # the same episodes, trained alike
+    assert f"the same {after['round']['train_samples']:.0f} steps" in page
+    speedup = lambda name: f"{phase(bf16, name, 'seconds') / phase(after, name, 'seconds'):.1f}x"  # noqa: E731
+    assert (f"the rollout's {speedup('rollout prefill')} faster and the evaluation's {speedup('evaluation prefill')}, "
+            f"the round {bf16['total_seconds']:.0f} s -> {after['total_seconds']:.0f} s") in page
+    assert (f"goes from {roofline.run_minutes(bf16)['measured_rates']:.0f} to "
+            f"{roofline.run_minutes(after)['measured_rates']:.0f} minutes") in page
+    assert (f"the update's backward ({100 * phase(after, 'update backward', 'share_of_round'):.0f} % of the round, at "
+            f"{100 * phase(after, 'update backward', 'share_of_peak'):.0f} % of the bf16 peak) and the decodes "
+            f"({100 * sum(phase(after, p, 'share_of_round') for p in decodes):.0f} %, at "
+            f"{span([phase(after, p, 'share_of_peak') for p in decodes])} % of the peak") in page

@@ -272,7 +272,7 @@ def test_a_paper_round_on_each_environment_tables_the_settings_it_used_that_are_
              for env, p in rounds.items()}
     timed = "the measured run (its phases were timed at it)"
     common = {"tasks-per-epoch": (8, 64, "--paper-set"),
-              "gradient-checkpointing": (True, False, timed), "micro-batch-size": (8, 32, timed)}
+              "gradient-checkpointing": (True, False, timed), "micro-batch-size": (16, 32, timed)}
     assert table["alfworld"] == common | {"env": ("alfworld", "webshop", table["alfworld"]["env"][2])}
     assert "timed on webshop, priced alfworld's counts" in table["alfworld"]["env"][2]
     no_preset = "webshop's settings: no webshop preset exists (fedagent-paper.toml is alfworld's)"

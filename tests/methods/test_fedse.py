@@ -1,6 +1,7 @@
 """Fed-SE: LoRA aggregation, the strategy's messages, the client's buffer and round, byte accounting."""
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -372,6 +373,26 @@ def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given
         assert ("</think>" in decoded) == (mode == "action"), decoded
 
 
+def test_fedse_fine_tunes_epochs_over_the_whole_buffer_under_the_schedule_the_run_config_names(maze_tokenizer, tiny_lm, tmp_path):
+    """fedse-sft-epochs and fedse-lr-schedule reach TRL: with 2 epochs the round takes 2 x ceil(buffer steps / batch)
+    optimizer steps whatever fedse-sft-steps says, so the steps grow with the buffer (Fed-SE v2's 2 epochs a round)."""
+    from fedagent_flwr.config import RunConfig
+
+    run = RunConfig(strategy="fedse-lora", fedse_sft_epochs=2, fedse_lr_schedule="cosine", fedse_sft_steps=50)
+    se = self_evolution_config(run)
+    assert (se.sft_epochs, se.lr_schedule, se.sft_steps) == (2, "cosine", 50)
+    with pytest.raises(ValueError, match="fedse-lr-schedule='linear'"):
+        RunConfig(strategy="fedse-lora", fedse_lr_schedule="linear")
+    with pytest.raises(ValueError, match="fedse-sft-epochs=-1"):
+        RunConfig(strategy="fedse-lora", fedse_sft_epochs=-1)
+    agent = _agent(tiny_lm, maze_tokenizer)
+    cfg = SelfEvolutionConfig(lora=LoRASpec(rank=2, alpha=4), explore_samples=0, seed_demos=2, sft_steps=50,
+                              sft_epochs=2, sft_batch_size=4, lr_schedule="cosine")
+    _, metrics = self_evolution_round(agent, cfg, RolloutConfig(history_length=0), lambda: make_env("maze"),
+                                      make_env("maze").tasks_of_split("train")[:2], 1, ExperienceBuffer(tmp_path / "b"))
+    assert metrics["fedse/sft-steps"] == 2 * math.ceil(metrics["fedse/train-samples"] / 4) < 50
+
+
 def test_protocol_scores_each_local_client_on_its_own_environment(tmp_path, tiny_lm, maze_tokenizer, monkeypatch):
     """Fed-SE's Local column for environment k is client k's adapter on environment k; the mean of all K adapters
     on every environment (what was scored before) understates a method whose clients each master one env."""
@@ -522,15 +543,69 @@ def test_one_seed_orderings_say_not_shown_within_the_evaluations_noise():
     assert one_seed_verdict(0.244, 0.285, 2700) == "not shown"  # the other way round
 
 
-def test_the_fedse_paper_preset_holds_what_the_paper_states():
-    """configs/fedse-paper.toml: Llama-2-Chat-7B, one client per environment of the five, all of them every round,
-    20 rounds, LoRA rank 8, unweighted averaging, a cumulative buffer of successes (docs/run-config.md)."""
+def _preset(name: str) -> RunConfig:
     from fedagent_flwr.simulation import read_run_config_file
 
-    preset = read_run_config_file(str(Path(__file__).resolve().parents[2] / "configs" / "fedse-paper.toml"))
-    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | preset)
-    assert cfg.strategy == "fedse-lora" and cfg.model == "meta-llama/Llama-2-7b-chat-hf"
+    preset = read_run_config_file(str(Path(__file__).resolve().parents[2] / "configs" / name))
+    return RunConfig.from_run_config(RunConfig().to_run_config() | preset)
+
+
+@pytest.mark.parametrize("name", ["fedse-paper.toml", "fedse-paper-v1.toml"])
+def test_both_fedse_paper_presets_hold_what_both_versions_state(name):
+    """One client per environment of the five, all of them every round, 20 rounds, LoRA rank 8, unweighted
+    averaging, a cumulative buffer of successes, greedy evaluation as AgentGym's (docs/run-config.md)."""
+    cfg = _preset(name)
+    assert cfg.strategy == "fedse-lora"
     assert cfg.env.split(",") == ["babyai", "webshop", "textcraft", "maze", "wordle"] and cfg.partition == "by-environment"
     assert (cfg.num_clients, cfg.fedse_client_fraction, cfg.num_server_rounds, cfg.lora_rank) == (5, 1.0, 20, 8)
     assert (cfg.fedse_aggregation, cfg.fedse_keep, cfg.fedse_history, cfg.fedse_steps) == ("mean", "successes", "cumulative", "all")
     assert rollout_config(cfg, evaluation=True).temperature == 0.0  # greedy, as AgentGym evaluates
+
+
+def test_the_fedse_paper_preset_follows_the_second_versions_appendix():
+    """arXiv 2512.08870v2, Sec. 3.1 and App. B: the reasoning and the action trained jointly; each step conditioned
+    on its whole episode; all-linear LoRA r 8 alpha 16; AdamW 5e-5, cosine, no warm-up, 2 epochs over the client's
+    data a round; turn limits BabyAI 20 and WebShop 10; test sets of 200 / 90 / 100 / 25 / 25 where ours are as
+    large. The first version's reading stays in fedse-paper-v1.toml."""
+    from envs.multi import per_env_spread, task_env
+
+    cfg, v1 = _preset("fedse-paper.toml"), _preset("fedse-paper-v1.toml")
+    assert cfg.model == "Qwen/Qwen2.5-7B-Instruct" and v1.model == "meta-llama/Llama-2-7b-chat-hf"
+    assert cfg.fedse_loss_tokens == "completion" and v1.fedse_loss_tokens == "action"
+    assert (cfg.lora_target_modules, cfg.lora_alpha) == ("all-linear", 16.0)
+    assert (cfg.fedse_learning_rate, cfg.fedse_lr_schedule, cfg.fedse_sft_epochs) == (5e-5, "cosine", 2)
+    assert (v1.fedse_lr_schedule, v1.fedse_sft_epochs, v1.history_length) == ("constant", 0, 0)
+    env = make_env(cfg.env, cfg.max_steps)
+    horizons = {name: env.env(name).max_steps for name in env.names}
+    assert horizons["babyai"] == 20 and horizons["webshop"] == 10
+    assert cfg.history_length >= max(horizons.values()) - 1  # every step sees its whole episode
+    wanted = {"webshop": 200, "babyai": 90, "textcraft": 100, "maze": 25, "wordle": 25}
+    pool = env.tasks_of_split("test")
+    held_out = per_env_spread(pool, cfg.eval_tasks)
+    counts = {name: sum(task_env(t) == name for t in held_out) for name in env.names}
+    assert counts == {name: min(wanted[name], sum(task_env(t) == name for t in pool)) for name in env.names}
+
+
+
+
+@pytest.mark.parametrize("name", ["fedse-paper.toml", "fedse-paper-v1.toml"])
+def test_the_fedse_presets_memory_figures_are_the_plans_they_name(name, capsys):
+    """The figures in each Fed-SE preset's memory comment are what memory_plan prints for it (read from the comment,
+    so that editing either fails this): passes of 1 agent step at 2,048 and 4,096 tokens, and of 16 at 2,048."""
+    import re
+
+    from fedagent_flwr.experiments.memory_plan import main
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / name
+    comment = " ".join(line.lstrip("# ") for line in preset.read_text().splitlines() if line.startswith("#"))
+    quoted = re.search(r"is ([\d.]+) GiB at a 2,048-token context, against ([\d.]+) GiB with passes of 16 .*?, and "
+                       r"([\d.]+) GiB", comment)
+    assert quoted, comment
+
+    def client_total(*extra: str) -> str:
+        main(["--shape", "qwen2.5-7b", "--run-config", str(preset), *extra])
+        return re.search(r"each client:.*?total\s+([\d.]+) GiB", capsys.readouterr().out, re.S).group(1)
+
+    assert client_total() == quoted.group(1)
+    assert client_total("--set", "fedse-sft-micro-batch-size=16") == quoted.group(2)
+    assert client_total("--context-tokens", "4096") == quoted.group(3)

@@ -129,6 +129,43 @@ def test_per_env_caps_keep_every_environment(pool):
     assert sample != per_env_sample(pool.tasks_of_split("train"), 5, seed=2)
 
 
+def test_horizons_and_caps_may_be_set_per_environment(pool):
+    """max-steps and eval-tasks take "name=number,..." (Fed-SE v2 limits BabyAI to 20 turns and WebShop to 10 and
+    plays test sets of other sizes per environment): the named environments take their number, the others keep their
+    default horizon or all their held-out tasks; a single environment reads its own entry."""
+    env = make_env(SPEC, "babyai=7,wordle=3")
+    assert {n: env.env(n).max_steps for n in env.names} == {"babyai": 7, "maze": MazeEnv.default_max_steps, "wordle": 3}
+    assert make_env("maze", "maze=5").max_steps == 5 and make_env("maze", 4).max_steps == 4
+    episode = make_env(SPEC, "babyai=2")
+    episode.reset(next(t for t in episode.tasks() if task_env(t) == "babyai"))
+    for _ in range(2):
+        *_, terminated, truncated, _ = episode.step("no such action")
+    assert terminated or truncated  # the routed episode ends at its own horizon
+    test = pool.tasks_of_split("test")
+    counts = lambda tasks: {n: sum(task_env(t) == n for t in tasks) for n in env_names(SPEC)}  # noqa: E731
+    sizes = counts(test)
+    assert counts(per_env_spread(test, "babyai=3,wordle=2")) == {"babyai": 3, "maze": sizes["maze"], "wordle": 2}
+    plain = make_env("maze").tasks_of_split("test")
+    assert per_env_spread(plain, "maze=3") == per_env_spread(plain, 3)
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("max-steps", "webshop=10", "entries for the envs of env='babyai,maze,wordle' only (not webshop)"),
+    ("max-steps", "babyai=0", "name=integer >= 1"),
+    ("max-steps", "babyai=20,babyai=30", "name=integer >= 1"),
+    ("max-steps", "babyai:20", "name=integer >= 1"),
+    ("max-steps", "", "name=integer >= 1"),
+    ("eval-tasks", "wordle=100000", "per env at most its size"),
+    ("eval-tasks", "chess=3", "name=integer >= 1"),
+])
+def test_a_bad_per_environment_value_is_refused_in_one_line_naming_the_key(key, value, allowed):
+    with pytest.raises(ValueError) as err:
+        RunConfig.from_run_config({"env": SPEC, key: value})
+    assert str(err.value).count("\n") == 0 and f"{key}={value!r} is not allowed" in str(err.value) and allowed in str(err.value)
+    with pytest.raises(ValueError, match="max-steps='maze=3'"):  # a table-RL environment takes one number
+        RunConfig.from_run_config({"env": "cartpole", "strategy": "qavg", "max-steps": "maze=3"})
+
+
 # ---------------------------------------------------------------- by-environment partition
 
 
@@ -239,3 +276,15 @@ def test_tiny_recipe_for_a_spec_is_keyed_by_its_env_list(tmp_path):
     for action in ("go forward", "move up", "crane"):
         text = f"<think>next: {action}</think><action>{action}</action>"
         assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_per_environment_values_pass_the_command_line_and_set_as_text():
+    """run_simulation.py's flags and the experiments' --set take a per-environment value as text (the run config
+    checks it); a plain number stays a number and other text is refused by argparse."""
+    from fedagent_flwr.simulation import build_parser, parse_overrides
+
+    args = build_parser().parse_args(["--max-steps", "babyai=7,maze=3", "--eval-tasks", "3"])
+    assert (args.max_steps, args.eval_tasks) == ("babyai=7,maze=3", 3)
+    assert parse_overrides(["max-steps=babyai=7", "eval-tasks=4"]) == {"max-steps": "babyai=7", "eval-tasks": 4}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-steps", "seven"])

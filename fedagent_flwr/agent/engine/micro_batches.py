@@ -52,3 +52,38 @@ def by_length(indices: Sequence[int], lengths: Sequence[int]) -> list[int]:
     """Sample indices longest first (stable: equal lengths keep their shuffled order), so that consecutive
     micro-batches hold samples of similar length; longest first also meets a micro-batch that does not fit at once."""
     return sorted(indices, key=lambda i: -lengths[i])
+
+
+def balanced_micro_batches(indices: Sequence[int], lengths: Sequence[int], size: int) -> list[list[int]]:
+    """`indices` cut into ceil(n / size) micro-batches of at most `size` samples whose summed lengths are as even as a
+    greedy split makes them: longest first, each to the micro-batch with the fewest tokens so far that has room
+    (ties to the earlier one). This is what verl does across the GPUs of a data-parallel group before the update
+    (seqlen balancing, there by Karmarkar-Karp), done here across one process's micro-batches. Under
+    micro-batch-token-mean each micro-batch's token mean then covers about as many tokens, so the loss comes close to
+    one mean over the minibatch's tokens. Written here because the rule is a few lines and no library we depend on
+    offers it; verl's own is not a dependency. Each micro-batch keeps the order `indices` gave its samples."""
+    indices = list(indices)
+    if not indices:
+        return []
+    parts = -(-len(indices) // size)
+    room = [size] * parts
+    room[-1] = len(indices) - size * (parts - 1)  # the counts a plain cut gives: every part full but the last
+    members: list[list[int]] = [[] for _ in range(parts)]
+    tokens = [0] * parts
+    for i in sorted(indices, key=lambda i: -lengths[i]):
+        k = min((k for k in range(parts) if len(members[k]) < room[k]), key=lambda k: tokens[k])
+        members[k].append(i)
+        tokens[k] += lengths[i]
+    position = {i: p for p, i in enumerate(indices)}
+    return [sorted(m, key=position.__getitem__) for m in members]
+
+
+def padding_copies(count: int, multiple: int, rng) -> list[int]:
+    """Which of `count` samples to repeat so that the batch holds a multiple of `multiple`: randomly drawn, none twice
+    while the batch has enough (then the draw starts again). The FedAgent reference pads so (verl-agent's
+    adjust_batch, mode copy), so that every minibatch is whole; a copy is trained on again, its weight counted twice."""
+    missing = -count % multiple
+    if count == 0 or missing == 0:
+        return []
+    rounds = -(-missing // count)
+    return [int(i) for _ in range(rounds) for i in rng.permutation(count)][:missing]

@@ -33,7 +33,7 @@ import torch
 from envs import Task, TextEnv
 from fedagent_flwr.agent.engine import decode
 from fedagent_flwr.agent.engine.kernels import apply_liger, check_training_kernels
-from fedagent_flwr.agent.engine.micro_batches import by_length, chunks, micro_batches
+from fedagent_flwr.agent.engine.micro_batches import balanced_micro_batches, by_length, chunks, micro_batches, padding_copies
 from fedagent_flwr.agent.engine.passes import TrainingPasses, UpdatePasses
 from fedagent_flwr.agent.engine.precision import autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
@@ -134,6 +134,8 @@ class GRPOTrainer:
         samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation,
                                           cfg.uniform_groups if cfg.kl_beta > 0 else "drop",  # no KL: nothing to keep
                                           advantages=advantages)
+        if cfg.batch_padding == "copy":  # every minibatch whole, as the reference pads its batch
+            samples += [samples[i] for i in padding_copies(len(samples), cfg.minibatch_size, rng)]
         update_stats = self.update(samples, rng)
         metrics = summarize(trajectories)
         metrics.update(update_stats)
@@ -184,10 +186,13 @@ class GRPOTrainer:
             state.setdefault(int(i), {})[name] = tensor.reshape(()) if name == "step" else like(tensor, params[int(i)])
         self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
 
-    def _cut(self, rows: Sequence[int], samples: Sequence[StepSample], size: int, tokens: int) -> list[list[int]]:
-        """`rows` cut into micro-batches as one process cuts them (longest first where length-grouped); on N ranks every
-        rank cuts alike and Ranks.passes shares the cut."""
+    def _cut(self, rows: Sequence[int], samples: Sequence[StepSample], size: int, tokens: int,
+             update: bool = False) -> list[list[int]]:
+        """`rows` cut into micro-batches as one process cuts them (longest first where length-grouped; for the update,
+        of even summed lengths where length-balanced); on N ranks every rank cuts alike and Ranks.passes shares it."""
         lengths = [s.length for s in samples]
+        if update and self.config.length_balanced_micro_batches:
+            return balanced_micro_batches(rows, lengths, size)
         if self.config.length_grouped_micro_batches:
             rows = by_length(rows, lengths)
         return micro_batches(rows, lengths, size, tokens)
@@ -247,7 +252,7 @@ class GRPOTrainer:
             record = UpdateRecord(measures_gap=old is not None and self._old_from_rollout(samples))
             for minibatch in chunks(list(rng.permutation(len(samples))), cfg.minibatch_size):
                 self.optimizer.zero_grad(set_to_none=True)
-                plan = self._cut(minibatch, samples, cfg.micro_batch_size, cfg.micro_batch_tokens)
+                plan = self._cut(minibatch, samples, cfg.micro_batch_size, cfg.micro_batch_tokens, update=True)
                 normalisers = loss_normalisers(minibatch, plan, samples, cfg.loss_aggregation)
                 for p in self.ranks.passes(plan):
                     loss, stats = self._loss(p, samples, old, ref, normalisers[p.part], passes, record.wants_gap)

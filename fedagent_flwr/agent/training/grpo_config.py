@@ -27,6 +27,9 @@ KL_REFERENCES = ("round-start", "base")
 # sample before the first step (verl's and TRL's way); "rollout" = the log-probs the sampler drew each token with
 # (the same policy and the same tokens: the same numbers up to the decode passes' rounding), which saves that pass
 OLD_LOGPROBS = ("recompute", "rollout")
+# The epoch's samples before the update: "none" = as played, the last minibatch maybe short; "copy" = padded to a
+# multiple of the minibatch with copies of randomly drawn samples (verl-agent's adjust_batch, mode copy)
+BATCH_PADDINGS = ("none", "copy")
 
 
 @dataclass
@@ -79,8 +82,13 @@ class GRPOConfig:
     logprob_chunk_tokens: int
     # Sort each minibatch's samples by length before cutting it into micro-batches (and all samples in the
     # log-prob passes), so that samples of similar length share a micro-batch and little padding is computed.
-    # The loss is the same weighted token mean (same normalizer); only float summation order changes.
+    # Under trajectory-mean and token-mean the loss is the same (same normaliser; only float summation order
+    # changes); under micro-batch-token-mean it is not: the grouping decides which tokens share a mean.
     length_grouped_micro_batches: bool
+    # Cut each minibatch into micro-batches of micro_batch_size rows with summed lengths as even as a greedy split
+    # makes them (micro_batches.balanced_micro_batches: verl's seqlen balancing across its GPUs, within one process)
+    length_balanced_micro_batches: bool
+    batch_padding: str  # BATCH_PADDINGS
     # The prompts' shared prefix computed once per pass (tokens.collate's share_prefix): the same values up to rounding
     shared_prompt_prefix: bool
     old_logprobs: str  # OLD_LOGPROBS: recompute them in a pass, or take the rollout's
@@ -131,7 +139,7 @@ class GRPOConfig:
             raise ValueError(f"gigpo_gamma={self.gigpo_gamma!r} and gigpo_step_weight={self.gigpo_step_weight!r}: "
                              "expected a discount in [0, 1] and a weight >= 0")
         for name, allowed in (("advantage_estimator", ADVANTAGE_ESTIMATORS), ("gigpo_mode", GIGPO_MODES),
-                              ("old_logprobs", OLD_LOGPROBS),
+                              ("old_logprobs", OLD_LOGPROBS), ("batch_padding", BATCH_PADDINGS),
                               ("loss_aggregation", LOSS_AGGREGATIONS), ("kl_reference", KL_REFERENCES),
                               ("uniform_groups", UNIFORM_GROUPS), ("scale_rewards", SCALE_REWARDS),
                               ("precision", RESOLVED_PRECISIONS), ("training_kernels", TRAINING_KERNELS),

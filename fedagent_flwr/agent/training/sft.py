@@ -24,6 +24,10 @@ import torch
 from fedagent_flwr.agent.engine.attention import variable_shape_attention
 from fedagent_flwr.agent.engine.precision import model_device
 
+# How the learning rate moves over one supervised pass: held, or decayed to 0 along a half cosine (transformers'
+# "cosine"), with no warm-up either way.
+LR_SCHEDULES = ("constant", "cosine")
+
 if TYPE_CHECKING:
     from transformers import TrainerCallback
     from trl import SFTConfig as TRLSFTConfig
@@ -35,12 +39,14 @@ class SupervisedConfig:
     """The knobs of one supervised pass (TRL's defaults where not set here: AdamW, betas 0.9/0.999, eps 1e-8)."""
 
     steps: int = 300
+    epochs: int = 0  # > 0: this many passes over the samples instead of `steps` steps
     batch_size: int = 32
     # samples per forward/backward pass: a batch is accumulated over batch_size / micro_batch_size passes (TRL's
     # gradient accumulation; transformers normalises the loss over the whole batch's tokens, so the loss is the
     # batch's); 0 = batch_size
     micro_batch_size: int = 0
     learning_rate: float = 1e-3
+    lr_schedule: str = "constant"  # LR_SCHEDULES
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -50,8 +56,10 @@ class SupervisedConfig:
     precision: str = "fp32"  # or "bf16-mixed": fp32 weights, forward under bf16 autocast (agent/engine/precision.py)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(f"steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
+        if self.steps < 1 or self.batch_size < 1 or self.epochs < 0:
+            raise ValueError(f"steps and batch_size must be >= 1 and epochs >= 0, got {self.steps}, {self.batch_size} and {self.epochs}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} is not allowed: expected {' | '.join(LR_SCHEDULES)}")
         if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
             raise ValueError(f"micro_batch_size must be 0 or divide batch_size ({self.batch_size}), got {self.micro_batch_size}")
         if self.precision not in ("fp32", "bf16-mixed"):
@@ -61,9 +69,10 @@ class SupervisedConfig:
 def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_rate: float, seed: int,
                       device: torch.device, bf16: bool, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
                       group_by_length: bool = False, gradient_checkpointing: bool = False,
-                      micro_batch_size: int = 0) -> TRLSFTConfig:
-    """TRL's configuration for the project's supervised passes: a constant learning rate without warmup (what the
-    recipes were tuned with), a loss logged every step, nothing saved or reported, no sequence truncation (prompts
+                      micro_batch_size: int = 0, epochs: int = 0, lr_schedule: str = "constant") -> TRLSFTConfig:
+    """TRL's configuration for the project's supervised passes: `steps` optimizer steps, or with `epochs` > 0 that
+    many passes over the data (Trainer counts the steps); a constant learning rate without warmup (what the recipes
+    were tuned with) unless `lr_schedule` = cosine; a loss logged every step, nothing saved or reported, no sequence truncation (prompts
     are as long as the environment makes them), no progress bar: tqdm's carriage-return bar garbles a Flower log
     stream, and with it Trainer also prints every step's loss dict. A pass that wants progress lines passes a
     callback to supervised_finetune (tiny_model.TrainingProgress)."""
@@ -71,9 +80,10 @@ def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_
     from trl import SFTConfig as TRLSFTConfig
 
     return TRLSFTConfig(
-        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=micro_batch_size or batch_size,
+        output_dir=output_dir, max_steps=-1 if epochs > 0 else steps, num_train_epochs=max(epochs, 1),
+        per_device_train_batch_size=micro_batch_size or batch_size,
         gradient_accumulation_steps=batch_size // (micro_batch_size or batch_size), learning_rate=learning_rate,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+        lr_scheduler_type=lr_schedule, warmup_steps=0, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
         logging_steps=1, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
         max_length=None, bf16=bf16, use_cpu=device.type == "cpu", dataloader_num_workers=0, disable_tqdm=True,
         # TRL turns checkpointing on by default; small models on CPU run ~3x faster without it.
@@ -119,7 +129,8 @@ def supervised_finetune(
                                  learning_rate=config.learning_rate, seed=config.seed, device=device,
                                  bf16=config.precision != "fp32", weight_decay=config.weight_decay,
                                  max_grad_norm=config.max_grad_norm, group_by_length=config.group_by_length,
-                                 micro_batch_size=config.micro_batch_size)
+                                 micro_batch_size=config.micro_batch_size, epochs=config.epochs,
+                                 lr_schedule=config.lr_schedule)
         trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                                    processing_class=tokenizer, callbacks=list(callbacks) or None))
         trainer.train()
