@@ -159,3 +159,27 @@ def test_the_amx_sections_figures_are_recomputed_from_its_raw_outputs():
             f"{100 * phase(after, 'update backward', 'share_of_peak'):.0f} % of the bf16 peak) and the decodes "
             f"({100 * sum(phase(after, p, 'share_of_round') for p in decodes):.0f} %, at "
             f"{span([phase(after, p, 'share_of_peak') for p in decodes])} % of the peak") in page
+
+
+def test_the_measured_run_after_the_fix_is_quoted_from_its_kept_records():
+    """docs/performance.md's run of the preset on the AMX Xeon: its minutes, evaluations, rounds, gain and the update's
+    share against the rollout, each recomputed from benchmarks/results/2026-12-04-cpu/runs/fedagent-preset-s0-amx."""
+    from fedagent_flwr.experiments.paired_rounds import compare, evaluation_rounds
+
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    run = ROOT / "benchmarks" / "results" / "2026-12-04-cpu" / "runs" / "fedagent-preset-s0-amx"
+    summary = json.loads((run / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evaluation = {r["round"]: r["eval/seconds"] for r in rows if "eval/seconds" in r}
+    elapsed = {r["round"]: r["elapsed_seconds"] for r in rows}
+    rounds = (elapsed[3] - evaluation[3] - elapsed[0]) / 3 / 60
+    assert (f"It took {summary['seconds'] / 60:.1f} minutes (the arithmetic above said "
+            f"{roofline.run_minutes(json.loads((run.parents[1] / 'cpu_roofline.after.json').read_text()))['measured_rates']:.0f})"
+            f": the evaluations {evaluation[0]:.0f} s and {evaluation[3]:.0f} s, a round about {rounds:.1f} minutes") in page
+    marks = evaluation_rounds(run)
+    gain = compare(run, marks[-1], marks[0])
+    assert (f"success {gain['earlier_success']:.3f} -> {gain['later_success']:.3f}, {gain['mean']:+.3f} +- {gain['se']:.3f} "
+            f"({gain['mean'] / gain['se']:.1f} SE, p {gain['p']:.2g};") in page
+    trained = [r for r in rows if "train/rollout_seconds" in r]
+    update = sum(r["train/seconds"] - r["train/rollout_seconds"] for r in trained)
+    assert f"took {update / sum(r['train/rollout_seconds'] for r in trained):.1f}x its rollout over the 3 rounds" in page
