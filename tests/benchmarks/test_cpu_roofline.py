@@ -183,3 +183,14 @@ def test_the_measured_run_after_the_fix_is_quoted_from_its_kept_records():
     trained = [r for r in rows if "train/rollout_seconds" in r]
     update = sum(r["train/seconds"] - r["train/rollout_seconds"] for r in trained)
     assert f"took {update / sum(r['train/rollout_seconds'] for r in trained):.1f}x its rollout over the 3 rounds" in page
+
+
+def test_the_chunked_scoring_lever_is_quoted_from_its_raw_output():
+    """docs/performance.md's update with logprob-chunk-tokens 1024 against 0, from update_passes.chunks.json."""
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-04-cpu" / "update_passes.chunks.json").read_text())
+    whole, chunked = report["variants"]["logprob-chunk-tokens=0"], report["variants"]["logprob-chunk-tokens=1024"]
+    assert (f"the update of the same {report['samples']} steps took {chunked['update_s'][0]:.1f} s against "
+            f"{whole['update_s'][0]:.1f} s, {chunked['update_ratio'][0]:.2f}x +- {chunked['update_ratio'][1]:.2f} faster "
+            f"({report['repeats']} alternating repeats, {report['threads']} thread;") in page
+    assert f"mean loss of {chunked['loss'][0]:.4f} against {whole['loss'][0]:.4f}" in page
