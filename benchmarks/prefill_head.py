@@ -10,7 +10,7 @@ preset resolves to there.
         --run-config configs/smollm2-fedagent-cpu.toml --rows 32 --tokens 196 --json
 
 Each way runs `--repeats` times, alternating, after one warm-up each; the report gives every time, the medians and
-their ratio, and the largest difference between the two ways' logits (the same product, summed in another order).
+their ratio, the repeat-by-repeat ratio's mean and standard error, and the largest difference between the two ways' logits (the same product, summed in another order).
 """
 
 from __future__ import annotations
@@ -49,8 +49,11 @@ def measure(model, ids: torch.Tensor, precision: str, repeats: int) -> dict:
                 times[name].append(time.perf_counter() - started)
     medians = {name: statistics.median(t) for name, t in times.items()}
     a, b = logits.values()
+    per_repeat = [x / y for x, y in zip(times["logits_to_keep=1"], times["index tensor"])]  # each pair ran back to back
+    spread = statistics.stdev(per_repeat) / len(per_repeat) ** 0.5 if len(per_repeat) > 1 else float("nan")
     return {"seconds": times, "median_seconds": medians,
             "ratio_strided_over_index": medians["logits_to_keep=1"] / medians["index tensor"],
+            "ratio_per_repeat": [statistics.mean(per_repeat), spread],
             "max_logit_difference": float((a - b).abs().max())}
 
 

@@ -108,7 +108,7 @@ def test_sampling_uses_the_cache_keyword_transformers_keeps(tiny_lm, maze_tokeni
 def test_the_prefill_scores_its_last_positions_from_a_contiguous_copy_for_a_frozen_model(tiny_lm, maze_tokenizer):
     """A frozen model (the base under a LoRA adapter, an evaluated model) must not meet torch's matmul with a strided
     [batch, 1, hidden] view of the last positions: it then expands the head's weight batch-fold and copies it
-    (SmolLM2: 4.5 s of a 32-prompt prefill, docs/performance.md). The head of the prefill gets a contiguous input of
+    (docs/performance.md). The head of the prefill gets a contiguous input of
     one row per distinct prompt, and the same next-token logits as the whole-sequence forward."""
     import copy
 

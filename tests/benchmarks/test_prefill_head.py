@@ -12,6 +12,7 @@ def test_both_ways_are_timed_alternately_on_a_frozen_head_and_give_the_same_logi
     assert report["head_weight_requires_grad"] is False  # the case the index tensor is for
     assert {way: len(times) for way, times in report["seconds"].items()} == {"logits_to_keep=1": 2, "index tensor": 2}
     assert report["max_logit_difference"] < 1e-4  # the same products, summed in another order at most
+    assert len(report["ratio_per_repeat"]) == 2 and report["ratio_per_repeat"][0] > 0
     assert report["ratio_strided_over_index"] == pytest.approx(
         report["median_seconds"]["logits_to_keep=1"] / report["median_seconds"]["index tensor"])
     assert "prefill of 3 x 8 tokens" in capsys.readouterr().out

@@ -584,6 +584,15 @@ def test_the_fedse_paper_preset_follows_the_second_versions_appendix():
     held_out = per_env_spread(pool, cfg.eval_tasks)
     counts = {name: sum(task_env(t) == name for t in held_out) for name in env.names}
     assert counts == {name: min(wanted[name], sum(task_env(t) == name for t in pool)) for name in env.names}
+    # the horizons and split sizes the preset's comment and docs/run-config.md quote are these environments' own
+    root = Path(__file__).resolve().parents[2]
+    comment = " ".join(line.lstrip("# ") for line in (root / "configs" / "fedse-paper.toml").read_text().splitlines()
+                       if line.startswith("#"))
+    docs = " ".join((root / "docs" / "run-config.md").read_text().split())
+    assert f"their own horizons: {horizons['textcraft']}, {horizons['maze']} and {horizons['wordle']} guesses" in comment
+    assert f"TextCraft {horizons['textcraft']}, Maze {horizons['maze']}, Wordle {horizons['wordle']} (our horizons)" in docs
+    sizes = f"TextCraft {counts['textcraft']} and Maze {counts['maze']}"
+    assert f"{sizes} tasks (all played)" in comment and f"{sizes}, all of ours" in docs
 
 
 

@@ -45,9 +45,9 @@ def last_logits_only(model) -> dict:
     The position is given as an index tensor, not as logits_to_keep=1: transformers then slices the hidden states
     with a slice, a [batch, 1, hidden] view that is not contiguous, and torch's matmul, given such a view and a
     weight that does not require grad (a frozen base under LoRA, an evaluated model), does not fold the batch into one
-    matrix product but expands the weight to [batch, hidden, vocab] and copies it: SmolLM2's prefill of 32 prompts
-    spent 4.5 s there, against 10 ms for the same product from a contiguous copy (docs/performance.md). An index
-    tensor makes that copy, of one row per prompt."""
+    matrix product but expands the weight to [batch, hidden, vocab] and copies it: a bf16 SmolLM2 prefill of 32
+    prompts took about twice as long (benchmarks/prefill_head.py; docs/performance.md). An index tensor makes a
+    contiguous copy instead, of one row per prompt."""
     if "logits_to_keep" not in forward_parameters(model):
         return {}
     return {"logits_to_keep": torch.tensor([-1], device=next(model.parameters()).device)}
