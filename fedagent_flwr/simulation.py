@@ -292,16 +292,13 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if key in out:  # the later would silently win
             raise ValueError(f"--set {item!r}: {key} is already set")
         kind, words = type(known[key].default), known[key].metadata["words"]
-        if raw in words or (known[key].metadata["per_env"] and "=" in raw):  # per environment: the run config checks it
-            out[key] = raw
-            continue
-        if kind is bool:  # strict: a word it does not know is an error, never quietly false
+        if kind is bool and raw not in words:  # strict: a word it does not know is an error, never quietly false
             if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
                 raise ValueError(f"--set {item!r}: {key} takes true | false" + "".join(f" | {w}" for w in words))
             out[key] = raw.lower() in ("1", "true", "yes")
             continue
-        try:
-            out[key] = kind(raw)
+        try:  # the flag's own type: its words and per-environment text kept as text (the run config checks them)
+            out[key] = _flag_type(kind, words, known[key].metadata["per_env"])(raw)
         except ValueError:
             raise ValueError(f"--set {item!r}: {key} takes a {kind.__name__}") from None
     return out
