@@ -127,6 +127,7 @@ class BabyAIEnv(TextEnv):
     )
     # The bot needs at most about 30 steps on the default levels (PutNextLocal, UnlockLocal).
     default_max_steps = 40
+    agentgym_reading = "line"  # AgentGym's BabyAI client (agent/play/prompts.py AGENTGYM_READINGS)
 
     def __init__(
         self,

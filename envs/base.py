@@ -56,6 +56,9 @@ class TextEnv(ABC):
     reference_tail_chars: ClassVar[int] = 30
     #: prompt-template=reference: the admissible actions one per line (WebShop's template) or ALFWorld's layout
     reference_actions_per_line: ClassVar[bool] = False
+    #: answer-parsing=agentgym: how AgentGym's client for this environment takes the action out of the answer
+    #: (agent/play/prompts.py AGENTGYM_READINGS: line = BabyAI's and TextCraft's, last = WebShop's, first = the others')
+    agentgym_reading: ClassVar[str] = "first"
 
     def __init__(self, max_steps: int | None = None) -> None:
         self.max_steps = int(max_steps or self.default_max_steps)

@@ -246,6 +246,7 @@ class MultiEnv(TextEnv):
     # the routed env's, not TextEnv's defaults: class attributes of TextEnv, which __getattr__ never sees asked for
     reference_tail_chars = property(lambda self: self._routed().reference_tail_chars)
     reference_actions_per_line = property(lambda self: self._routed().reference_actions_per_line)
+    agentgym_reading = property(lambda self: self._routed().agentgym_reading)
 
     def __getattr__(self, attr: str) -> Any:
         # Optional hooks of the routed env (e.g. Wordle's and WebShop's action_hint).

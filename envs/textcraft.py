@@ -100,6 +100,7 @@ class TextCraftEnv(TextEnv):
     # The expert needs at most 27 actions for all goals but two (anvil: 40, netherite block: 53,
     # because every craft makes one batch); 40 leaves the usual goal (mean 7.3) room for mistakes.
     default_max_steps = 40
+    agentgym_reading = "line"  # AgentGym's TextCraft client
     default_max_new_tokens = 64  # "craft 4 oak planks using 1 oak logs", twice
     prompt_revision = 1  # 1: the crafting commands moved from the first observation into the task
 

@@ -248,11 +248,12 @@ class FedAgentAvg(Strategy):
 
 
 def merge_metrics(metrics: Sequence[MetricRecord], replies: int, failures: int) -> MetricRecord:
-    """Mean of each numeric metric over the clients that reported it, plus reply counts."""
+    """Mean of each numeric metric over the clients that reported it (the largest for a key ending in `_max`, which
+    names a largest value), plus reply counts."""
     out: dict[str, float] = {"replies": float(replies), "failed-replies": float(failures)}
     keys = sorted({k for m in metrics for k in m.keys()})
     for key in keys:
         values = [float(m[key]) for m in metrics if key in m and isinstance(m[key], (int, float))]
         if values:
-            out[key] = sum(values) / len(values)
+            out[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
     return MetricRecord(out)

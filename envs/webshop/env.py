@@ -78,6 +78,7 @@ class WebShopEnv(TextEnv):
     intro = "You are shopping online on WebShop. Find and buy the product that best matches the instruction."
     default_max_steps = 15
     reference_tail_chars = 20  # verl-agent's webshop/projection.py
+    agentgym_reading = "last"  # AgentGym's WebShop client
     reference_actions_per_line = True  # verl-agent's prompts/webshop.py
     default_max_new_tokens = 128  # a search query appears in both <think> and <action>
 

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord
 
-from envs import Task, TextEnv
+from envs import Task, TextEnv, per_env_numbers, task_env
 from fedagent_flwr.agent.engine import decode
 from fedagent_flwr.agent.play.evaluation import summarize
+from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.training.experience import ExperienceBuffer
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.agent.training.lora import (
@@ -65,7 +66,7 @@ class SelfEvolutionConfig:
     # (LoRA SFT, 20 steps x 16, 5 seeds, 72 held-out episodes each): held-out success 0.422 with the whole
     # completion, 0.269 with Eq. 7 (paired difference -0.153 +- 0.022, p = 0.002; docs/fedse.md).
     loss_tokens: str = "completion"
-    seed_demos: int = 8  # expert demonstrations in D_k^0
+    seed_demos: int | str = 8  # expert demonstrations in D_k^0; or per environment, "webshop=3930,babyai=810"
     sft_steps: int = 20
     sft_epochs: int = 0  # > 0: passes over the whole buffer a round instead of sft_steps steps (Fed-SE v2: 2)
     sft_batch_size: int = 16
@@ -84,7 +85,9 @@ class SelfEvolutionConfig:
             raise ValueError(f"fedse-steps={self.steps!r} is not allowed: expected one of {', '.join(STEP_MODES)}")
         if self.loss_tokens not in LOSS_TOKENS:
             raise ValueError(f"fedse-loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(LOSS_TOKENS)}")
-        for name in ("explore_samples", "seed_demos", "sft_steps", "sft_epochs"):
+        if isinstance(self.seed_demos, str):
+            per_env_numbers(self.seed_demos)  # a malformed entry raises, naming it
+        for name in ("explore_samples", "sft_steps", "sft_epochs") + (() if isinstance(self.seed_demos, str) else ("seed_demos",)):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -110,13 +113,27 @@ def valid_steps_only(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     return out
 
 
-def expert_demonstrations(agent: Agent, env_factory: Callable[[], TextEnv], tasks: Sequence[Task], count: int,
+def demonstration_tasks(tasks: Sequence[Task], count: int | str) -> list[Task]:
+    """The tasks D_k^0 is played on: `count` of the client's tasks, cycling; per environment ("webshop=3930,babyai=810",
+    AgentTraj's sizes), that many cycling over the client's tasks of each named environment, none of the others."""
+    if isinstance(count, str):
+        by_env: dict[str | None, list[Task]] = {}
+        for t in tasks:
+            by_env.setdefault(task_env(t), []).append(t)
+        return [t for name, n in per_env_numbers(count).items() for t in demonstration_tasks(by_env.get(name, []), n)]
+    return [tasks[i % len(tasks)] for i in range(count)] if tasks else []
+
+
+def expert_demonstrations(agent: Agent, env_factory: Callable[[], TextEnv], tasks: Sequence[Task], count: int | str,
                           rollout: RolloutConfig) -> list[Trajectory]:
-    """D_k^0: the scripted expert's successful episodes on `count` of the client's tasks (cycling)."""
-    if count == 0 or not tasks:
+    """D_k^0: the scripted expert's successful episodes on demonstration_tasks(tasks, count). Thousands of them (the
+    AgentTraj sizes) take a while even without a model: progress lines say how far it is."""
+    chosen = demonstration_tasks(tasks, count)
+    if not chosen:
         return []
-    chosen = [tasks[i % len(tasks)] for i in range(count)]
-    trajs = run_episodes(ExpertPolicy(agent.tokenizer), env_factory, chosen, PromptEncoder(agent.tokenizer), rollout)
+    progress = ProgressLines("expert demonstrations") if len(chosen) > 64 else False
+    trajs = run_episodes(ExpertPolicy(agent.tokenizer, template=rollout.prompt_template), env_factory, chosen,
+                         PromptEncoder(agent.tokenizer), rollout, progress)
     return [t for t in trajs if t.won]
 
 

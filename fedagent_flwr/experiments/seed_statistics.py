@@ -50,7 +50,9 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float]) -> dict[st
 def ordering(better: str, worse: str, comparison: Mapping[str, Any]) -> str:
     """One line: does `better` beat `worse`? "holds" only for a positive difference with p < ALPHA."""
     mean, se, p, n = comparison["mean"], comparison["se"], comparison["p"], comparison["n"]
-    holds = n >= 2 and mean > 0 and p < ALPHA
+    if n < 2:  # no spread over seeds to test against: say so rather than print a test of nothing
+        return f"{better} above {worse}: not shown (difference {100 * mean:+.1f} points in {n} seed; no test over seeds)"
+    holds = mean > 0 and p < ALPHA
     return (f"{better} above {worse}: {'holds' if holds else 'not shown'} (difference {100 * mean:+.1f} ± "
             f"{100 * se:.1f} points, paired t-test p = {p:.3f}, {n} seeds)")
 

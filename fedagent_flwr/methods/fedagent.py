@@ -41,7 +41,7 @@ from fedagent_flwr.methods.memory import check_memory, memory_budget, memory_pla
 from fedagent_flwr.methods.placement import context_tokens, place_run
 from fedagent_flwr.methods.local_round import local_round
 from fedagent_flwr.methods.ranked_round import train_on_ranks
-from fedagent_flwr.methods.tasks import all_partitions, learner_tasks
+from fedagent_flwr.methods.tasks import all_partitions, holdings, holdings_line, learner_tasks
 from fedagent_flwr.privacy.differential_privacy import update_norm
 from fedagent_flwr.runs.reporting import RunReporter
 from fedagent_flwr.runs.reused_evaluation import IDENTITY, evaluation_identity, reused_evaluation
@@ -105,7 +105,9 @@ class LanguageAgentMethod(Method):
         return self.agent.base_fingerprint
 
     def check_federation(self, num_clients: int) -> None:
-        all_partitions(self.cfg, num_clients)  # an infeasible partition (or bad success labels) stops the run before round 1
+        # An infeasible partition (or bad success labels) stops the run before round 1; else say what each learner holds.
+        held = holdings(self.cfg, all_partitions(self.cfg, num_clients))
+        print(f"[fedagent] training tasks by category ({self.cfg.partition} partition): {holdings_line(held)}", flush=True)
         check_memory(self.memory, self.cfg.client_memory_gb, self.cfg.server_memory_gb)
 
     def config_facts(self) -> dict[str, Any]:

@@ -86,6 +86,13 @@ def check_placement(cfg: RunConfig, placement: Placement) -> None:
         _need(cfg.ranks_per_client == 1, "param-dtype", cfg.param_dtype,
               "fp32 with ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for full "
               "fine-tuning on CUDA)")
+    if traits.grpo and cfg.old_logprobs == "rollout":
+        # The static engine samples from a bf16 copy with the LoRA delta merged in, where a small delta rounds away:
+        # its log-probs are not the trained weights', so the PPO ratio would not start at 1 (no test shows they agree).
+        _need(placement.decode_engine == "hf", "old-logprobs", cfg.old_logprobs,
+              f"recompute where rollouts decode with the static engine (decode-engine={cfg.decode_engine!r} resolves to "
+              f"'static' on {'a GPU' if placement.on_cuda else 'this machine'}: it samples from a bf16 copy of the weights, "
+              "not the ones trained), or decode-engine='hf'")
     if cfg.training_kernels == "liger":
         _need(placement.on_cuda, "training-kernels", cfg.training_kernels,
               f"eager | compile with device={cfg.device!r} resolving to {placement.device!r} (Liger's kernels run on "

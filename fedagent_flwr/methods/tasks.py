@@ -17,6 +17,8 @@ learner and takes its weights as they come back.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from datasets import Dataset
 
 from envs import Task, make_env
@@ -90,3 +92,16 @@ def learner_tasks(cfg: RunConfig, partition_id: int, num_partitions: int) -> lis
 def baseline_learner(cfg: RunConfig) -> int | None:
     """The one partition-id that trains under a baseline; None for FedAgent."""
     return {"none": None, "centralized": CENTRALIZED_LEARNER, "local": cfg.local_client}[cfg.baseline]
+
+
+def holdings(cfg: RunConfig, partitions: list[list[Task]]) -> dict[str, dict[str, int]]:
+    """Each learner of this run -> how many of its training tasks fall in each category (what a Local or a skewed
+    client can learn from; a learner that trains nothing in a baseline run is left out)."""
+    learner = baseline_learner(cfg)
+    chosen = {"Centralized (all clients)": union_of(partitions)} if cfg.baseline == "centralized" else {
+        f"client {k}": tasks for k, tasks in enumerate(partitions) if learner is None or k == learner}
+    return {who: dict(sorted(Counter(t.category for t in tasks).items())) for who, tasks in chosen.items()}
+
+
+def holdings_line(held: dict[str, dict[str, int]]) -> str:
+    return "; ".join(f"{who}: " + ", ".join(f"{c} {n}" for c, n in cats.items()) for who, cats in held.items())

@@ -37,7 +37,8 @@ CLIENT_METRICS = frozenset({
     # GRPO (agent/training/grpo.py, methods/fedagent.py)
     "loss", "kl", "clip_frac", "grad_norm", "optimizer_steps", "train_samples", "tokens", "generated_tokens",
     "rollout_seconds", "seconds", "update_norm", "informative_groups",
-    "outcome_groups", "checkpointed_layers", "repeated_states", "rollout_logprob_gap",
+    "outcome_groups", "checkpointed_layers", "repeated_states", "rollout_logprob_gap", "rollout_logprob_gap_signed",
+    "rollout_logprob_gap_max", "rollout_logprob_gap_over_001", "first_step_clip_frac",
     # Fed-SE (agent/self_evolution.py, agent/training/experience.py)
     "fedse/seeded-demos", "fedse/kept-trajectories", "fedse/new-successes", "fedse/loss-first", "fedse/train-samples",
     "fedse/sft-steps",

@@ -214,8 +214,9 @@ def time_split(row: dict[str, Any]) -> str:
 def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
     """The console's one line per round, from the round's metric row: clients (and how many replies failed),
     training success and reward,
-    held-out success with its standard error (binomial, over the evaluation's episodes) when evaluated, bytes
-    moved, where the round's time went (time_split) and seconds so far."""
+    held-out success with its standard error (binomial, over the evaluation's episodes) when evaluated, the rollout
+    log-probs' gap where the update measured it, bytes moved, where the round's time went (time_split) and seconds
+    so far."""
     parts = [f"round {int(row['round'])}"]
     if sampled:
         parts.append("clients " + ",".join(str(p) for p in sampled))
@@ -227,6 +228,10 @@ def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
     if "eval/success_rate" in row:
         p, n = row["eval/success_rate"], row.get("eval/episodes", 1.0)
         parts.append(f"held-out {p:.3f} +- {binomial_se(p, n):.3f} ({int(n)} episodes)")
+    if "train/rollout_logprob_gap_signed" in row:  # old-logprobs = rollout: how far the sampler's log-probs lay
+        parts.append(f"rollout log-probs {row['train/rollout_logprob_gap_signed']:+.4f} nats a token (largest "
+                     f"{row['train/rollout_logprob_gap_max']:.3f}, {100 * row['train/rollout_logprob_gap_over_001']:.1f} % "
+                     f"beyond 0.01), first-step clip {100 * row['train/first_step_clip_frac']:.1f} %")
     moved = row.get("train/comm/bytes-sent-round", 0.0) + row.get("train/comm/bytes-received-round", 0.0)
     if moved:
         parts.append(f"{moved / 1e6:.1f} MB")

@@ -77,6 +77,19 @@ def test_a_model_the_static_engine_refuses_is_named_or_refused_with_the_model_in
     assert plain.decode_engine == "static" and plain.engine_note == ""
 
 
+def test_rollout_log_probs_as_the_old_policy_are_refused_where_the_sampler_holds_other_weights():
+    """old-logprobs = rollout takes the sampler's log-probs as the trained policy's. The static engine samples from a
+    bf16 copy with the LoRA delta merged in (small deltas round away), so on a GPU, where auto takes it, or wherever
+    it is asked for, the run stops at start-up naming the key; with hf it runs."""
+    rollout = RunConfig(old_logprobs="rollout")
+    for cfg, machine in ((rollout, GPU), (RunConfig(old_logprobs="rollout", decode_engine="static"), CPU)):
+        with pytest.raises(ValueError, match=r"old-logprobs='rollout' is not allowed: expected recompute where"):
+            place_run(cfg, "client", machine)
+    assert place_run(rollout, "client", CPU).decode_engine == "hf"
+    assert place_run(RunConfig(old_logprobs="rollout", decode_engine="hf"), "client", GPU).decode_engine == "hf"
+    assert place_run(RunConfig(old_logprobs="recompute"), "client", GPU).decode_engine == "static"
+
+
 @pytest.mark.parametrize("machine", [CPU, GPU], ids=["cpu", "gpu"])
 def test_evaluation_the_warm_start_and_a_run_resolve_the_same_engine_and_precision(machine, monkeypatch, tmp_path,
                                                                                   tiny_lm, maze_tokenizer):

@@ -158,3 +158,42 @@ def test_the_reference_template_carries_the_references_information_in_its_order_
     shop_obs, _ = shop.reset(shop.tasks()[0])
     assert "are: [\n'search[<your query>]',\n]." in build_prompt(shop, shop_obs, [], 2, template="reference")  # WebShop's layout
     assert build_prompt(env, obs, history, 2) != prompt  # compact stays the default
+
+
+@pytest.mark.parametrize("text,reading,action,well_formed", [
+    # BabyAI / TextCraft: the first line after Action:, cleaned to letters, digits, commas and spaces
+    ("Thought:\nthe key is left\n\nAction:\n  go to  red-key 1.\nmore", "line", "go to redkey 1", True),
+    ("Thought:\nx\nAction: turn left\nAction: turn right", "line", "", False),  # two actions: AgentGym sends none
+    ("I will turn left", "line", "", False),
+    # WebShop: all after the last Action:, or the whole text when it holds search[ / click[ without the marker
+    ("Thought:\nfind it\n\nAction:\nsearch[red shoes]", "last", "search[red shoes]", True),
+    ("Action: click[a]\nAction: click[Buy Now]", "last", "click[Buy Now]", False),
+    ("search[red shoes]", "last", "search[red shoes]", False),
+    ("no marker here", "last", "", False),
+    # Maze, Wordle and ours: between the first and any second Action:, or the whole text
+    ("Thought:\nup is open\n\nAction:\nmove up", "first", "move up", True),
+    ("Action: move up\nAction: move down", "first", "move up", False),
+    ("  move left ", "first", "move left", False),
+])
+def test_agentgym_parsing_reads_as_agentgyms_clients_do(text, reading, action, well_formed):
+    parsed = parse_action(text, "agentgym", agentgym_reading=reading)
+    assert (parsed.action, parsed.well_formed) == (action, well_formed)
+
+
+def test_the_agentgym_template_asks_for_thought_and_action_and_its_expert_answers_so():
+    """prompt-template = agentgym: the introduction, the task, the answer form, the steps so far as Observation /
+    Action pairs (history-length of them), the current observation and the actions; the expert's answer in that form
+    is read back by each environment's AgentGym reading as the action it wrote."""
+    env = make_env("maze")
+    obs, _ = env.reset(env.tasks()[0])
+    prompt = build_prompt(env, obs, [("o1", "move up"), ("o2", "move left")], 1, template="agentgym")
+    assert prompt.startswith(env.intro) and "Thought:\n<your reasoning>\n\nAction:\n<one action>" in prompt
+    assert "Observation:\no2\nAction:\nmove left" in prompt and "move up" not in prompt.split("Admissible")[0]
+    assert prompt.split("\n\n")[-2] == f"Observation:\n{obs}" and "<think>" not in prompt
+    for name in ("maze", "babyai", "textcraft", "wordle"):
+        e = make_env(name)
+        e.reset(e.tasks()[0])
+        expert = e.expert_action()
+        parsed = parse_action(expert_completion(expert, template="agentgym"), "agentgym", agentgym_reading=e.agentgym_reading)
+        assert parsed.well_formed and e.is_admissible(parsed.action), (name, expert, parsed)
+    assert expert_completion("move up", template="agentgym") == "Thought:\nnext: move up\n\nAction:\nmove up"

@@ -1,3 +1,7 @@
+import dataclasses
+
+import pytest
+
 from envs import make_env
 from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.play.prompts import build_prompt
@@ -103,3 +107,20 @@ def test_evaluation_command_plays_a_saved_model_on_held_out_tasks(tiny_lm, maze_
     metrics = json.loads(capsys.readouterr().out)
     # A random model: 2 tasks x 2 episodes, every step invalid, no success.
     assert metrics["episodes"] == 4.0 and metrics["success_rate"] == 0.0 and metrics["invalid_action_rate"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["maze", "textcraft"])
+def test_the_expert_plays_whole_episodes_in_agentgyms_answer_form(name, maze_tokenizer):
+    """prompt-template = agentgym end to end: the prompts ask for Thought / Action, the expert answers in that form,
+    each answer is read by the environment's AgentGym reading, and every step is valid and every episode won; read as
+    our strict <think>/<action> answers instead, no step would be well formed."""
+    env = make_env(name)
+    cfg = RolloutConfig(history_length=2, prompt_template="agentgym", answer_parsing="agentgym", max_new_tokens=8)
+    trajs = run_episodes(ExpertPolicy(maze_tokenizer, template="agentgym"), lambda: make_env(name), env.tasks()[:3],
+                         PromptEncoder(maze_tokenizer), cfg)
+    assert all(t.won and t.num_invalid == 0 for t in trajs)
+    step = trajs[0].steps[-1]
+    assert step.completion.startswith("Thought:\n") and "\n\nAction:\n" in step.completion and "Thought:" in step.prompt
+    strict = run_episodes(ExpertPolicy(maze_tokenizer, template="agentgym"), lambda: make_env(name), env.tasks()[:1],
+                          PromptEncoder(maze_tokenizer), dataclasses.replace(cfg, answer_parsing="strict"))
+    assert all(not s.valid for s in strict[0].steps)

@@ -80,6 +80,10 @@ def test_an_update_on_the_rollouts_log_probs_skips_the_old_policy_pass_and_takes
     assert recomputed_passes == 2 * micro and kept_passes == micro  # the reference's pass stays
     assert recomputed["optimizer_steps"] == kept["optimizer_steps"] >= 2
     assert "rollout_logprob_gap" not in recomputed and 0 <= kept["rollout_logprob_gap"] < 1e-4  # fp32: rounding only
+    # The round's report of that gap: signed mean, largest, share of tokens beyond 0.01 nats, and the first step's
+    # clip fraction, which is 0 when both score the same policy (the ratio starts at 1).
+    assert abs(kept["rollout_logprob_gap_signed"]) <= kept["rollout_logprob_gap"] <= kept["rollout_logprob_gap_max"] < 1e-3
+    assert kept["rollout_logprob_gap_over_001"] == 0.0 and kept["first_step_clip_frac"] == 0.0
     for key in ("loss", "kl", "grad_norm"):
         assert kept[key] == pytest.approx(recomputed[key], rel=1e-3, abs=1e-6), key
     # AdamW moves a weight by about lr (1e-3) a step whatever its gradient's size, so where a gradient is near 0 the
@@ -88,3 +92,16 @@ def test_an_update_on_the_rollouts_log_probs_skips_the_old_policy_pass_and_takes
     for name, weight in recomputed_weights.items():
         torch.testing.assert_close(kept_weights[name], weight, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     assert any(not torch.equal(w, tiny_lm.state_dict()[n]) for n, w in kept_weights.items())  # it did train
+
+
+def test_the_rollout_gap_counts_what_lies_apart(monkeypatch):
+    """rollout_gap's sums over the completion mask: signed and absolute differences, the largest, the tokens beyond
+    0.01 nats; a masked position counts for nothing whatever its values."""
+    from fedagent_flwr.agent.training.grpo_loss import rollout_gap
+
+    trained = torch.tensor([[-1.0, -2.0, -3.0, -9.0]])
+    rollout = torch.tensor([[-1.0, -2.05, -2.995, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    signed, absolute, largest, over, n = rollout_gap(trained, rollout, mask).tolist()
+    assert (signed, absolute, largest) == pytest.approx((0.045, 0.055, 0.05), abs=1e-6)
+    assert (over, n) == (1.0, 3.0)  # 0.05 is beyond 0.01, 0.005 is not, the masked 9 nats not at all

@@ -115,3 +115,16 @@ def test_reference_sampling_draws_the_references_clients_whatever_the_run_seed()
     assert FedAgentAvg(nodes, clients_per_round=2, seed=0).select_clients(1) != [81, 14]  # run-seed stays the default
     with pytest.raises(ValueError, match="client_sampling"):
         FedAgentAvg(nodes, clients_per_round=2, client_sampling="python")
+
+
+def test_round_metrics_are_the_clients_mean_and_a_largest_value_their_largest():
+    """A round's training metrics average over the replying clients, except a `_max` key (the rollout gap's largest
+    token), whose mean over clients would understate the largest any client saw."""
+    from flwr.app import MetricRecord
+
+    from strategies.fedagent_avg import merge_metrics
+
+    merged = merge_metrics([MetricRecord({"kl": 0.1, "rollout_logprob_gap_max": 0.02}),
+                            MetricRecord({"kl": 0.3, "rollout_logprob_gap_max": 0.08})], replies=2, failures=0)
+    assert merged["kl"] == pytest.approx(0.2) and merged["rollout_logprob_gap_max"] == pytest.approx(0.08)
+    assert (merged["replies"], merged["failed-replies"]) == (2.0, 0.0)

@@ -414,6 +414,7 @@ def violations(tmp: Path) -> list[Violation]:
         # LoRAConfig, RolloutSection, GRPOSection
         V({"lora-target-modules": "q_proj,,v_proj"}, "lora-target-modules"), V({"temperature": 0.001}, "temperature"),
         V({"prompt-template": "reference", "prompt-roles": "system"}, "prompt-roles"),
+        V({"prompt-template": "agentgym"}, "answer-parsing"),
         V({"group-size": 1}, "group-size"), V({"clip-ratio-c": 0.5}, "clip-ratio-c"),
         # EvaluationConfig
         V({"eval-temperature": 0.001}, "eval-temperature"),
@@ -468,6 +469,7 @@ def violations(tmp: Path) -> list[Violation]:
         V({"partition": "by-environment", "env": "maze,wordle", "num-clients": 3}, "num-clients"),
         V({"baseline": "local", "num-clients": 2, "local-client": 2}, "local-client"),
         V(fedse | {"fedse-explore-samples": 0, "fedse-seed-demos": 0}, "fedse-seed-demos"),
+        V({"fedse-seed-demos": "maze=5"}, "fedse-seed-demos"),  # per env: not the run's env
         V(fedse | {"baseline": "local"}, "baseline"), V(fedse | {"finetuning": "lora"}, "finetuning"),
         V(sa | {"finetuning": "lora"}, "finetuning"),
         V({"transfer-dtype": "bf16", "dp-mode": "server-side"}, "transfer-dtype"),

@@ -137,3 +137,14 @@ def test_a_long_loop_says_how_far_it_is_and_the_time_left_and_a_short_one_says_n
     lines.update(0, 144, 4, 20)
     assert said == ["[fedagent] held-out evaluation: step 4 of at most 20, 0/144 episodes done, 1:20 elapsed, "
                     "at most 5:20 left"]
+
+
+def test_a_round_line_says_how_far_the_rollouts_log_probs_lay_from_the_trained_pass():
+    """old-logprobs = rollout: the signed mean gap, its largest token, the share beyond 0.01 nats, and the clip
+    fraction of the first step (where the ratio should be 1) on the round's line."""
+    row = {"round": 1, "elapsed_seconds": 600.0, "train/success_rate": 0.125, "train/mean_reward": 1.2,
+           "train/rollout_logprob_gap_signed": -0.00041, "train/rollout_logprob_gap_max": 0.0213,
+           "train/rollout_logprob_gap_over_001": 0.0042, "train/first_step_clip_frac": 0.0}
+    assert round_line(row, [0, 1]) == ("[fedagent] round 1 | clients 0,1 | train success 0.125 reward 1.20 | rollout "
+                                       "log-probs -0.0004 nats a token (largest 0.021, 0.4 % beyond 0.01), first-step "
+                                       "clip 0.0 % | 600 s")

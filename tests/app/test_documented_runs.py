@@ -1,125 +1,181 @@
-"""The SmolLM2 numbers docs/results.md gives for issue 55 are what `paired_rounds` computes from the run records kept
-in benchmarks/results/2026-12-0[12]-cpu/runs/ (scripts/keep_run_records.py; one folder per day the runs ran). If a
-record or a documented number is edited, or the paired test changes, these fail; they read JSON only, so they cost
-nothing in the default suite."""
+"""The real-model numbers the docs quote are what the kept run records give. docs/results.md's tables under "What holds
+today" are read from the page itself: every row names its records (benchmarks/results/<day>/runs/<run>, the
+scripts/keep_run_records.py layout), and each number of the row is recomputed from them with the paired tests of
+experiments/paired_rounds.py. The README's real-model paragraph and the SmolLM2 preset's comments may quote only
+numbers those verified rows hold. Editing a number in a doc, or a record, fails these; they read JSON and Markdown
+only, so they cost nothing in the default suite."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from fedagent_flwr.experiments.paired_rounds import compare, compare_runs, evaluation_rounds, over_seeds, success_rounds
+from fedagent_flwr.experiments.protocols import category_tests, spent
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-DAYS = ("2026-12-01-cpu", "2026-12-02-cpu")
-
-
-def _run(name: str) -> Path:
-    """A kept run by its name; a name kept on two days would make the tables ambiguous, so that fails."""
-    found = [RESULTS / day / "runs" / name for day in DAYS if (RESULTS / day / "runs" / name).is_dir()]
-    assert len(found) == 1, (name, found)
-    return found[0]
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_MD = ROOT / "docs" / "results.md"
+LINK = re.compile(r"\]\(\.\./(benchmarks/results/[^)]+)\)")
 
 
-def _gain(run: str) -> dict:
-    """A run's last evaluation minus its first, paired over the held-out rooms."""
-    rounds = evaluation_rounds(_run(run))
-    return compare(_run(run), rounds[-1], rounds[0])
+def claim_tables(text: str) -> list[tuple[list[str], list[str]]]:
+    """(header cells, row cells) of every Markdown table row with a records column, in the page's real-model part."""
+    part = text.split("## What holds today", 1)[1].split("\n## ", 1)[0]
+    rows, header = [], None
+    for line in part.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set("".join(cells)) <= set("- "):
+            if any(h.startswith("records") for h in header):
+                rows.append((header, cells))
+    return rows
 
 
-def _against(run: str, other: str) -> dict:
-    """run's last evaluation minus other's last, room by room."""
-    return compare_runs(_run(run), _run(other), evaluation_rounds(_run(run))[-1], evaluation_rounds(_run(other))[-1])
+def records(cell: str) -> list[list[Path]]:
+    """The record folders of a records cell: groups split by ';' (first; second), folders by ','."""
+    groups = [[ROOT / m for m in LINK.findall(part)] for part in cell.split(";")]
+    for folder in (f for g in groups for f in g):
+        assert (folder / "summary.json").is_file() or (folder / "episodes").is_dir(), folder
+    return groups
 
 
-# run: (before round 1, after round 3, gain, its standard error), as docs/results.md's tables give them
-GAINS = {
-    "fedagent-preset-s0": (0.424, 0.535, +0.111, 0.038),  # seed 0 again, on the AMD EPYC (2026-12-02)
-    "fedagent-preset-s1": (0.333, 0.500, +0.167, 0.044),
-    "fedagent-preset-s2": (0.299, 0.493, +0.194, 0.045),
-    "local1-s1": (0.333, 0.410, +0.076, 0.054),
-    "central-s1": (0.333, 0.514, +0.181, 0.044),
-    "local1-s2": (0.299, 0.576, +0.278, 0.050),
-    "central-s2": (0.299, 0.396, +0.097, 0.041),
-    "gigpo-s0": (0.424, 0.569, +0.146, 0.040),
-    "gigpo-s1": (0.333, 0.431, +0.097, 0.043),
-    "gigpo-s2": (0.299, 0.549, +0.250, 0.050),
-}
-
-# (run, against): (difference, its standard error, p)
-DIFFERENCES = {
-    ("fedagent-preset-s1", "local1-s1"): (+0.090, 0.054, 0.10),
-    ("fedagent-preset-s1", "central-s1"): (-0.014, 0.034, 0.69),
-    ("fedagent-preset-s2", "local1-s2"): (-0.083, 0.035, 0.022),
-    ("fedagent-preset-s2", "central-s2"): (+0.097, 0.041, 0.021),
-    ("gigpo-s0", "fedagent-preset-s0"): (+0.035, 0.039, 0.37),
-    ("gigpo-s1", "fedagent-preset-s1"): (-0.069, 0.031, 0.031),
-    ("gigpo-s2", "fedagent-preset-s2"): (+0.056, 0.035, 0.12),
-}
+def last_minus_first(run: Path) -> tuple[float, float]:
+    s = success_rounds(run)
+    return s[max(s)], s[min(s)]
 
 
-@pytest.mark.parametrize("run", sorted(GAINS))
-def test_each_documented_gain_is_its_records_paired_test(run):
-    before, after, gain, se = GAINS[run]
-    out = _gain(run)
-    assert out["n"] == 48 and out["episodes"] == 144
-    assert (round(out["earlier_success"], 3), round(out["later_success"], 3)) == (before, after)
-    assert (round(out["mean"], 3), round(out["se"], 3)) == (gain, se)
+def _pm(cell: str) -> tuple[str, str]:
+    mean, se = re.fullmatch(r"([+-]\d\.\d{3}) ± (\d\.\d{3})", cell).groups()
+    return mean, se
 
 
-@pytest.mark.parametrize("pair", sorted(DIFFERENCES))
-def test_each_documented_difference_between_methods_is_their_records_paired_test(pair):
-    difference, se, p = DIFFERENCES[pair]
-    out = _against(*pair)
-    assert out["n"] == 48
-    assert (round(out["mean"], 3), round(out["se"], 3)) == (difference, se)
-    assert out["p"] == pytest.approx(p, rel=0.05)
+def verify_categories(header: list[str], row: dict[str, str], run: Path) -> set[str]:
+    """A row of held-out success (%) per category and overall after the last round (the base model's row: before
+    round 1), with the episodes and AdamW steps the run spent in training (protocols.spent)."""
+    summary = json.loads((run / "summary.json").read_text())
+    base = row["method"].startswith("base model")
+    success = summary["initial" if base else "final"]
+    columns = header[header.index("method") + 1:header.index("overall") + 1]
+    columns = [c for c in columns if c != "seed"]
+    for c in columns:
+        value = success["success_rate" if c == "overall" else f"success_rate/{c}"]
+        assert f"{100 * value:.1f}" == row[c], (row, c)
+    used = {"episodes": 0.0, "optimizer_steps": 0.0} if base else spent(run)
+    assert (f"{used['episodes']:.0f}", f"{used['optimizer_steps']:.0f}") == (row["episodes"], row["steps"]), row
+    return {row[c] for c in columns} | {row["episodes"], row["steps"]}
+
+
+def verify(header: list[str], cells: list[str]) -> set[str]:
+    """Recompute one row from its records; returns the numbers it quotes (as printed), now verified."""
+    row = dict(zip(header, cells))
+    groups = records(row[next(h for h in header if h.startswith("records"))])
+    if "overall" in row:
+        ((run,),) = groups
+        return verify_categories(header, row, run)
+    if "direction" in row:  # a difference over the held-out rooms of one goal direction (protocols.category_tests)
+        (first,), (second,) = groups
+        out = category_tests(first, second)[row["direction"]]
+        assert f"{out['n']}" == row["rooms"], row
+        value = row["difference, paired over the direction's rooms"]
+        assert (f"{out['mean']:+.3f} ± {out['se']:.3f}", f"{out['p']:.2g}") == (value, row["p"]), row
+        return set(_pm(value)) | {row["p"]}
+    value = row.get("gain, paired over 48 rooms") or row["difference, paired over 48 rooms"]
+    mean, se = _pm(value)
+    over = "over seeds" in row["seed"]
+    if "gain, paired over 48 rooms" in row:
+        (runs,) = groups
+        if over:
+            out = over_seeds([last_minus_first(r) for r in runs])
+        else:
+            (run,) = runs
+            rounds = evaluation_rounds(run)
+            out = compare(run, rounds[-1], rounds[0])
+            assert out["n"] == 48 and out["episodes"] == 144
+            before, after = row["held-out before -> after"].split(" -> ")
+            assert (f"{out['earlier_success']:.3f}", f"{out['later_success']:.3f}") == (before, after), row
+            assert f"{out['mean'] / out['se']:.2f}" == row["gain / SE"], row
+            minutes = json.loads((run / "summary.json").read_text())["seconds"] / 60
+            assert f"{minutes:.1f}" == row["minutes"], row
+    else:
+        first, second = groups
+        assert len(first) == len(second) and (len(first) > 1) == over, row
+        if over:
+            out = over_seeds([(last_minus_first(a)[0], last_minus_first(b)[0]) for a, b in zip(first, second)])
+        else:
+            out = compare_runs(first[0], second[0], evaluation_rounds(first[0])[-1], evaluation_rounds(second[0])[-1])
+            assert out["n"] == 48
+    assert (f"{out['mean']:+.3f}", f"{out['se']:.3f}") == (mean, se), row
+    assert f"{out['p']:.2g}" == row["p"], row
+    return {mean, se, row["p"]} | {row.get("gain / SE", ""), row.get("minutes", "")} - {""}
+
+
+ROWS = claim_tables(RESULTS_MD.read_text())
+
+
+def test_the_page_has_its_claim_tables():
+    """The parser finds the rows (an empty list would make every check below vacuous)."""
+    assert len(ROWS) >= 16
+    assert sum("over seeds" in cells[0] for _, cells in ROWS) >= 4
+
+
+@pytest.mark.parametrize("row", range(len(ROWS)))
+def test_each_documented_row_is_what_its_records_give(row):
+    verify(*ROWS[row])
+
+
+def verified_numbers() -> set[str]:
+    return set().union(*(verify(h, c) for h, c in ROWS))
+
+
+def quoted(text: str) -> set[str]:
+    """Signed results with three decimals (+0.111), standard errors after ±, two-decimal numbers (SE ratios, p) and
+    minutes (41.9)."""
+    return set(re.findall(r"[+-]\d\.\d{3}\b", text)) | set(re.findall(r"± (\d\.\d{3})", text)) | \
+        set(re.findall(r"(?<![\d.])\d\.\d{2}(?![\d.])", text)) | set(re.findall(r"(?<![\d.])\d{2,3}\.\d(?![\d.])", text))
+
+
+def test_the_readme_and_the_preset_quote_only_verified_real_model_numbers():
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme[readme.index("**A real"):readme.index("**The papers' settings**")]
+    preset = "\n".join(line for line in (ROOT / "configs" / "smollm2-fedagent-cpu.toml").read_text().splitlines()
+                       if line.startswith("#"))
+    verified = verified_numbers()
+    for where, text in (("README", paragraph), ("configs/smollm2-fedagent-cpu.toml", preset)):
+        numbers = quoted(text)
+        assert numbers, where  # the paragraph and the comment do quote results
+        assert numbers <= verified, (where, sorted(numbers - verified))
+
+
+def test_a_changed_number_is_caught():
+    """The check above fails on an edit: one digit moved in a verified row is refused."""
+    header, cells = next((h, c) for h, c in ROWS if "gain / SE" in h and "over seeds" not in c[0])
+    edited = list(cells)
+    i = header.index("gain, paired over 48 rooms")
+    edited[i] = edited[i].replace(edited[i][4], str((int(edited[i][4]) + 1) % 10), 1)
+    with pytest.raises(AssertionError):
+        verify(header, edited)
+    assert "+0.999" not in verified_numbers() and not quoted("gained +0.999") <= verified_numbers()
 
 
 def test_runs_of_one_seed_start_from_the_same_evaluation():
     """The premise of pairing methods room by room and of `initial-evaluation`: with the same model and seed, the
     evaluation before round 1 is the same episodes, here played by two runs on different thread counts (the
     FedAgentAvg run alone on 2 threads, Local's first run with OMP_NUM_THREADS=1 beside two other simulations)."""
+    runs = ROOT / "benchmarks" / "results"
+
     def episodes(run):
-        return json.loads((_run(run) / "episodes" / "round-0000.json").read_text())["episodes"]
+        return json.loads((runs / run / "episodes" / "round-0000.json").read_text())["episodes"]
 
-    assert episodes("local1-s2-stopped") == episodes("fedagent-preset-s2")
-    # GiGPO's seed-1 run evaluated itself (the GRPO run's record predates the sources digest it would be checked by)
-    assert episodes("gigpo-s1") == episodes("fedagent-preset-s1")
-    # the baselines that took their round 0 from another run say so, and carry the source's episodes
-    taken = json.loads((_run("local1-s2") / "episodes" / "round-0000.json").read_text())
-    assert "taken-from" in taken and taken["episodes"] == episodes("fedagent-preset-s2")
-    # GiGPO's seed-0 run took its round 0 from the GRPO run of seed 0 on the same machine and day
-    taken = json.loads((_run("gigpo-s0") / "episodes" / "round-0000.json").read_text())
-    assert "grpo-s0" in taken["taken-from"] and taken["episodes"] == episodes("fedagent-preset-s0")
-
-
-def test_the_over_seeds_lines_are_the_per_seed_success_rates():
-    """docs/results.md's tests over seeds 0-2. Seed 0's FedAgentAvg, Local and Centralized runs of the table stayed on
-    the Xeon, so their rates are the table's; `fedagent-preset-s0` is seed 0 run again on the AMD EPYC."""
-    s = {run: success_rounds(_run(run)) for run in ("fedagent-preset-s1", "fedagent-preset-s2", "local1-s1", "local1-s2",
-                                                     "central-s1", "central-s2")}
-    preset = over_seeds([(0.576, 0.389), (s["fedagent-preset-s1"][3], s["fedagent-preset-s1"][0]),
-                         (s["fedagent-preset-s2"][3], s["fedagent-preset-s2"][0])])
-    assert (round(preset["mean"], 3), round(preset["se"], 3), round(preset["p"], 3)) == (0.183, 0.008, 0.002)
-    # the same over the three AMD EPYC runs, seed 0's second sample in place of the Xeon's
-    epyc = over_seeds([(r[3], r[0]) for r in (success_rounds(_run(f"fedagent-preset-s{k}")) for k in (0, 1, 2))])
-    assert (round(epyc["mean"], 3), round(epyc["se"], 3), round(epyc["p"], 3)) == (0.157, 0.024, 0.023)
-    local = over_seeds([(0.576, 0.361), (s["fedagent-preset-s1"][3], s["local1-s1"][3]),
-                        (s["fedagent-preset-s2"][3], s["local1-s2"][3])])
-    assert (round(local["mean"], 3), round(local["se"], 3), round(local["p"], 2)) == (0.074, 0.087, 0.48)
-    central = over_seeds([(0.576, 0.493), (s["fedagent-preset-s1"][3], s["central-s1"][3]),
-                          (s["fedagent-preset-s2"][3], s["central-s2"][3])])
-    assert (round(central["mean"], 3), round(central["se"], 3), round(central["p"], 2)) == (0.055, 0.035, 0.25)
-
-
-def test_gigpo_against_grpo_over_seeds():
-    def finals(stem, seeds):
-        return [success_rounds(_run(f"{stem}-s{s}"))[3] for s in seeds]
-
-    two = over_seeds(list(zip(finals("gigpo", (1, 2)), finals("fedagent-preset", (1, 2)))))
-    assert (round(two["mean"], 3), round(two["se"], 3), round(two["p"], 2)) == (-0.007, 0.062, 0.93)
-    three = over_seeds(list(zip(finals("gigpo", (0, 1, 2)), finals("fedagent-preset", (0, 1, 2)))))
-    assert (round(three["mean"], 3), round(three["se"], 3), round(three["p"], 2)) == (0.007, 0.039, 0.87)
+    assert episodes("2026-12-01-cpu/runs/local1-s2-stopped") == episodes("2026-12-01-cpu/runs/fedagent-preset-s2")
+    assert episodes("2026-12-01-cpu/runs/gigpo-s1") == episodes("2026-12-01-cpu/runs/fedagent-preset-s1")
+    taken = json.loads((runs / "2026-12-01-cpu/runs/local1-s2/episodes/round-0000.json").read_text())
+    assert "taken-from" in taken and taken["episodes"] == episodes("2026-12-01-cpu/runs/fedagent-preset-s2")
+    taken = json.loads((runs / "2026-12-02-cpu/runs/gigpo-s0/episodes/round-0000.json").read_text())
+    assert "grpo-s0" in taken["taken-from"] and taken["episodes"] == episodes("2026-12-02-cpu/runs/fedagent-preset-s0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 import math
 from pathlib import Path
 
@@ -24,12 +25,18 @@ def full(run) -> RunConfig:
 @pytest.mark.parametrize("preset", ["cpu", "paper"])
 def test_table1_methods_share_every_budget_key(preset):
     runs = protocols.table1_runs(preset, [0, 1, 2], protocols.PRESETS[preset], protocols.LOCAL_CLIENTS[preset])
-    assert len(runs) == 3 * (2 + len(protocols.LOCAL_CLIENTS[preset]))
+    assert len(runs) == 3 * (3 + len(protocols.LOCAL_CLIENTS[preset]))
     for seed in (0, 1, 2):
-        group = [r for r in runs if r.seed == seed]
+        group = [r for r in runs if r.seed == seed and not r.group.endswith("compute-matched")]
         strip = [{k: v for k, v in r.config.items() if k not in ("baseline", "local-client")} for r in group]
         assert all(s == strip[0] for s in strip)  # same rounds, epochs, tasks per epoch, seed ...
         assert sorted(r.config.get("baseline", "none") for r in group)[:2] == ["centralized", "local"]
+        # The compute-matched Local differs from Local (client k) in its episodes a round alone: a round's clients x.
+        matched, = [r for r in runs if r.seed == seed and r.group.endswith("compute-matched")]
+        alone, = [r for r in group if r.name == matched.name.replace("-matched", "")]
+        diff = {k for k in matched.config.keys() | alone.config.keys() if matched.config.get(k) != alone.config.get(k)}
+        assert diff == {"tasks-per-epoch"} and matched.cores == full(alone).clients_per_round > 1
+        assert matched.config["tasks-per-epoch"] == alone.config["tasks-per-epoch"] * full(alone).clients_per_round
     if preset == "paper":
         c = runs[0].config
         assert (c["num-clients"], c["clients-per-round"], c["local-epochs"], c["num-server-rounds"]) == (100, 2, 3, 70)
@@ -45,7 +52,7 @@ def test_the_paper_table1_dry_run_runs_the_reference_procedure(tmp_path, capsys)
     of 16 length-balanced rows, the batch padded with copies)."""
     assert protocols.main(["table1", "--preset", "paper", "--dry-run", "--out", str(tmp_path)]) in (0, None)
     commands = [line for line in capsys.readouterr().out.splitlines() if "fedagent_flwr.simulation" in line]
-    assert len(commands) == 15
+    assert len(commands) == 18
     reference = ["--temperature 1.0", "--eval-temperature 0.4", "--kl-reference base",
                  "--loss-aggregation micro-batch-token-mean", "--uniform-groups keep", "--weight-decay 0.01",
                  "--invalid-action malformed", "--invalid-penalty-scope step", "--kl-beta 0.01", "--learning-rate 1e-06",
@@ -108,11 +115,17 @@ def _fake_run(out, name, final, initial, curve_points=None, tau=1):
 
 def test_table1_report_gives_mean_and_standard_error(tmp_path):
     runs = protocols.table1_runs("cpu", [0, 1, 2], protocols.PRESETS["cpu"], (1,))
-    finals = {"FedAgent": [0.5, 0.6, 0.7], "Centralized": [0.6, 0.6, 0.9], "Local (client 1)": [0.2, 0.4, 0.3]}
+    finals = {"FedAgent": [0.5, 0.6, 0.7], "Centralized": [0.6, 0.6, 0.9], "Local (client 1)": [0.2, 0.4, 0.3],
+              "Local (client 1), compute-matched": [0.3, 0.5, 0.4]}
     for r in runs:
         v = finals[r.group][r.seed]
         _fake_run(tmp_path, r.name, {"success_rate": v, "success_rate/near": 1.0, "success_rate/far": v / 2},
                   {"success_rate": [0.35, 0.4, 0.45][r.seed], "success_rate/near": 0.8, "success_rate/far": 0.1})
+        clients = 8 if r.group == "FedAgent" else 1  # two rounds: each client's means and how many replied
+        with (tmp_path / "runs" / r.name / "metrics.jsonl").open("a") as f:
+            for round_ in (1, 2):
+                f.write("\n" + json.dumps({"round": round_, "train/episodes": 16.0, "train/optimizer_steps": 2.5,
+                                            "train/replies": clients}))
     result = protocols.table1_report(tmp_path, runs, "t")
     fed = result["rows"]["FedAgent"]["overall"]
     assert fed["mean"] == pytest.approx(0.6) and fed["std"] == pytest.approx(0.1) and fed["se"] == pytest.approx(0.1 / math.sqrt(3))
@@ -129,12 +142,17 @@ def test_table1_report_gives_mean_and_standard_error(tmp_path):
     assert "FedAgent above Local (client 1): holds" in verdicts and "FedAgent above the base model: holds" in verdicts
     assert "Centralized above the base model: not shown (difference +30.0 ± 7.6 points" in verdicts  # ahead, p > 0.05
     assert "FedAgent - Centralized: -10.0 points, 95% interval [-34.8, +14.8] (3 seeds)" in verdicts
+    assert "FedAgent - Local (client 1), compute-matched: +20.0 points" in verdicts  # an interval, not an ordering
+    assert "FedAgent above Local (client 1), compute-matched" not in verdicts
     md = (tmp_path / "table1.md").read_text()
-    assert "| FedAgent | 30.0 ± 2.9 | 100.0 ± 0.0 | 60.0 ± 5.8 |" in md
-    # The Local row says what its learner trained on: client 1's 4 rooms by goal direction.
+    # Each row with what its method spent: 8 clients x 2 rounds x 16 episodes for FedAgent, one learner's for Local.
+    assert "| FedAgent | 30.0 ± 2.9 | 100.0 ± 0.0 | 60.0 ± 5.8 | 256 | 40 |" in md
+    assert "| Local (client 1) | 15.0 ± 2.9 | 100.0 ± 0.0 | 30.0 ± 5.8 | 32 | 5 |" in md
+    # The table says what every learner trained on: client 1's 4 rooms by goal direction, and each client's.
     held = result["local_tasks"]["Local (client 1)"]
     assert sum(held.values()) == 4 and set(held) <= {"north-east", "north-west", "south-east", "south-west"}
-    assert "Training tasks of each Local learner, by category: Local (client 1): " in md
+    assert "; Local (client 1): " in md and "Training tasks by category: client 0: " in md
+    assert len(result["client_tasks"]) == 8
     assert json.loads((tmp_path / "table1.json").read_text())["rows"]["Local (client 1)"]["overall"]["n"] == 3
 
 
@@ -143,8 +161,8 @@ def test_a_skewed_table1_names_its_setting_and_each_local_clients_single_categor
     preset's Local clients 1 and 3 one goal direction each; the table's title and Local lines must say so."""
     sets = ["partition=preference", "preference-omega=0.9", "preference-mix=dirichlet"]
     base = protocols.PRESETS["cpu"] | protocols.parse_set(sets)
-    runs = [r for r in protocols.table1_runs("cpu", [0], base, (1, 3)) if r.group.startswith("Local")]
-    assert [protocols.local_holding(r) for r in runs] == [{"north-east": 4}, {"south-west": 4}]
+    runs = [r for r in protocols.table1_runs("cpu", [0], base, (1, 3), matched=False) if r.group.startswith("Local")]
+    assert [protocols.run_holdings(r) for r in runs] == [{"client 1": {"north-east": 4}}, {"client 3": {"south-west": 4}}]
     title = protocols.setting("cpu", base, sets)
     assert title.endswith("; --set partition=preference preference-omega=0.9 preference-mix=dirichlet")
     assert protocols.setting("cpu", protocols.PRESETS["cpu"], []) == "cpu preset: env gridworld, model tiny, K=8"
@@ -215,6 +233,7 @@ def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
 
     one = paired_difference({0: 0.9}, {0: 0.1})
     assert one["n"] == 1 and math.isnan(one["p"]) and "not shown" in ordering("A", "B", one)
+    assert ordering("A", "B", one).endswith("points in 1 seed; no test over seeds)") and "nan" not in ordering("A", "B", one)
     tie = paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
     assert tie["mean"] == 0 and tie["p"] == 1.0 and "not shown" in ordering("A", "B", tie)
     behind = paired_difference({0: 0.1, 1: 0.2, 2: 0.1}, {0: 0.5, 1: 0.7, 2: 0.6})
@@ -225,6 +244,7 @@ def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
 
 @pytest.mark.parametrize("name, shown", [
     ("fedse-paper.toml", ('max-steps="babyai=20,webshop=10"', 'fedse-sft-epochs=2', 'fedse-lr-schedule="cosine"',
+                          'prompt-template="agentgym"', 'answer-parsing="agentgym"',
                           'history-length=40', 'eval-tasks="webshop=200,babyai=90,wordle=25"', 'lora-target-modules="all-linear"')),
     ("fedse-paper-v1.toml", ('fedse-loss-tokens="action"', 'fedse-learning-rate=0.0002')),
 ])
@@ -239,3 +259,109 @@ def test_the_fedse_paper_dry_run_prints_each_methods_checked_keys(capsys, name, 
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[fedse-protocol]")]
     assert len(lines) == len(fedse_protocol.METHODS)
     assert all('env="babyai,webshop,textcraft,maze,wordle"' in line and all(key in line for key in shown) for line in lines)
+
+
+DIRECTIONS = protocols.APP_DIR / "configs" / "smollm2-fedagent-directions-cpu.toml"
+SPLIT_KEYS = {"partition", "preference-mix", "preference-omega", "partition-seed"}
+
+
+def _client_directions(config: dict) -> list[dict[str, int]]:
+    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | config)
+    return [next(iter(h.values())) for h in (protocols.holdings(cfg, [p]) for p in all_partitions(cfg, cfg.num_clients))]
+
+
+def test_the_directions_preset_is_the_smollm2_preset_with_one_goal_direction_a_client():
+    """configs/smollm2-fedagent-directions-cpu.toml: the uniform SmolLM2 preset's every value but the split, and a split
+    in which each client holds one goal direction and together all four, as its comment says; partition-seed 4 the
+    smallest seed that does it; the held-out counts the comment quotes."""
+    from fedagent_flwr.simulation import read_run_config_file
+
+    name, directions = protocols.resolve_preset(str(DIRECTIONS))
+    uniform = read_run_config_file(str(protocols.APP_DIR / "configs" / "smollm2-fedagent-cpu.toml"))
+    assert name == "smollm2-fedagent-directions-cpu" and set(directions) - set(uniform) == SPLIT_KEYS
+    assert {k: v for k, v in directions.items() if k not in SPLIT_KEYS} == uniform
+    held = _client_directions(directions)
+    assert all(len(h) == 1 for h in held) and len({next(iter(h)) for h in held}) == 4
+    comment = " ".join(line.lstrip("# ") for line in DIRECTIONS.read_text().splitlines() if line.startswith("#"))
+    for k, h in enumerate(held):
+        (direction, n), = h.items()
+        assert f"client {k} {direction} {n}" in comment
+    smaller = [_client_directions(directions | {"partition-seed": s}) for s in range(directions["partition-seed"])]
+    assert not any(all(len(h) == 1 for h in d) and len({next(iter(h)) for h in d}) == 4 for d in smaller)
+    rooms = Counter(t.category for t in make_env("gridworld").tasks_of_split("test"))
+    assert "(" + ", ".join(f"{c} {n}" for c, n in sorted(rooms.items())) + ")" in comment
+    with pytest.raises(SystemExit, match="--preset 'nowhere': expected one of cpu, paper or the path"):
+        protocols.resolve_preset("nowhere")
+
+
+def _episodes(out, name, wins: dict[str, list[int]]):
+    d = out / "runs" / name / "episodes"
+    d.mkdir(parents=True, exist_ok=True)
+    kind = {"a": "near", "b": "near", "c": "far", "d": "far"}
+    write_json_atomic(d / "round-0003.json", {"episodes": [{"task": t, "won": w, "category": kind[t]}
+                                                           for t, ws in wins.items() for w in ws]})
+
+
+def test_table1_tests_each_seed_paired_over_the_held_out_rooms(tmp_path):
+    """Within a seed, FedAgent and each baseline evaluated the same rooms: the table's per-seed line is their
+    difference paired room by room (paired_rounds), besides the test over seeds."""
+    runs = protocols.table1_runs("cpu", [0], protocols.PRESETS["cpu"], (1,))
+    wins = {"FedAgent": {"a": [1, 1], "b": [1, 0], "c": [1, 1], "d": [0, 0]},
+            "Local (client 1)": {"a": [0, 1], "b": [0, 0], "c": [0, 1], "d": [0, 0]}}
+    for r in runs:
+        room = wins.get(r.group, wins["Local (client 1)"])
+        rate = sum(map(sum, room.values())) / 8
+        _fake_run(tmp_path, r.name, {"success_rate": rate}, {"success_rate": 0.2})
+        _episodes(tmp_path, r.name, room)
+    result = protocols.table1_report(tmp_path, runs, "t")
+    t = result["within_seed"]["FedAgent - Local (client 1)"]["0"]  # per room 0.5, 0.5, 0.5, 0: mean 0.375
+    assert t["n"] == 4 and t["mean"] == pytest.approx(0.375) and t["se"] == pytest.approx(0.125)
+    assert ("FedAgent - Local (client 1), seed 0, paired over 4 held-out rooms: +37.5 ± 12.5 points"
+            in "\n".join(result["verdict"]))
+    # and over the rooms of each category: near rooms a, b (+0.5, +0.5), far rooms c, d (+0.5, 0)
+    near, far = t["by_category"]["near"], t["by_category"]["far"]
+    assert (near["n"], near["mean"], near["se"]) == (2, pytest.approx(0.5), pytest.approx(0.0))
+    assert (far["n"], far["mean"], far["se"]) == (2, pytest.approx(0.25), pytest.approx(0.25))
+    assert "by category: far +25.0 ± 25.0 (p = 0.500, 2 rooms), near +50.0 ± 0.0" in "\n".join(result["verdict"])
+    assert set(result["within_seed"]) == {"FedAgent - Local (client 1)", "FedAgent - Centralized",
+                                          "FedAgent - Local (client 1), compute-matched"}
+
+
+def test_one_core_learners_run_side_by_side_each_on_its_own_superlink_and_thread(tmp_path):
+    """--parallel 2 on CPUs: Local and Centralized (one learner on one core) go two at a time, one thread each and each
+    with its own Flower home and ports; FedAgent and the compute-matched Local (the federation's cores) go alone."""
+    runs = protocols.table1_runs("cpu", [0], protocols.PRESETS["cpu"], (1, 3))
+    waves = [[r.group for r in w] for w in protocols.waves(runs, 2, num_gpus=0.0)]
+    assert waves == [["FedAgent"], ["Local (client 1)", "Local (client 3)"], ["Centralized"],
+                     ["Local (client 1), compute-matched"]]
+    assert all(len(w) == 1 for w in protocols.waves(runs, 1, 0.0)) and all(len(w) == 1 for w in protocols.waves(runs, 2, 0.5))
+    a, b = protocols.isolated_env(tmp_path, 0), protocols.isolated_env(tmp_path, 1, threads=1)
+    keys = ("FLWR_HOME", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")
+    assert all(a[k] != b[k] for k in keys) and b["OMP_NUM_THREADS"] == "1"
+    assert protocols.isolated_env(tmp_path, 0) == a  # a rerun of the protocol finds the same ports
+    assert protocols.main(["table1", "--preset", "cpu", "--seeds", "0", "--parallel", "2", "--dry-run",
+                           "--out", str(tmp_path)]) is None
+    with pytest.raises(SystemExit, match="--parallel 0: must be an integer >= 1"):
+        protocols.main(["table1", "--preset", "cpu", "--parallel", "0", "--dry-run", "--out", str(tmp_path)])
+
+
+def test_a_baseline_takes_its_first_evaluation_from_the_seeds_fedagent_run_and_a_stopped_run_is_kept(tmp_path):
+    """Resuming a protocol reruns only what is missing: a run folder left without summary.json is moved aside (kept),
+    and a baseline takes the evaluation before round 1 from its seed's FedAgent run once that run has played it."""
+    runs = protocols.table1_runs("cpu", [0, 1], protocols.PRESETS["cpu"], (1,))
+    local0 = next(r for r in runs if r.group == "Local (client 1)" and r.seed == 0)
+    assert protocols.first_evaluation_source(local0, runs, tmp_path) is None  # FedAgent has not evaluated yet
+    first = tmp_path / "runs" / "table1-fedagent-s0" / "episodes" / "round-0000.json"
+    first.parent.mkdir(parents=True)
+    first.write_text("{}")
+    assert protocols.first_evaluation_source(local0, runs, tmp_path) == first.parents[1]
+    assert protocols.first_evaluation_source(runs[0], runs, tmp_path) is None  # FedAgent evaluates itself
+    other_seed = next(r for r in runs if r.group == "Local (client 1)" and r.seed == 1)
+    assert protocols.first_evaluation_source(other_seed, runs, tmp_path) is None
+    stopped = tmp_path / "runs" / "table1-local1-s0"
+    (stopped / "episodes").mkdir(parents=True)
+    assert protocols.set_aside(stopped) == tmp_path / "runs" / "table1-local1-s0.stopped-1" and not stopped.exists()
+    stopped.mkdir()
+    assert protocols.set_aside(stopped).name == "table1-local1-s0.stopped-2"
+    assert (tmp_path / "runs" / "table1-local1-s0.stopped-1" / "episodes").is_dir()
+    assert protocols.set_aside(stopped) is None

@@ -575,6 +575,11 @@ def test_the_fedse_paper_preset_follows_the_second_versions_appendix():
     assert (cfg.lora_target_modules, cfg.lora_alpha) == ("all-linear", 16.0)
     assert (cfg.fedse_learning_rate, cfg.fedse_lr_schedule, cfg.fedse_sft_epochs) == (5e-5, "cosine", 2)
     assert (v1.fedse_lr_schedule, v1.fedse_sft_epochs, v1.history_length) == ("constant", 0, 0)
+    # AgentGym's answer form, read as AgentGym reads it (v2 runs AgentGym's environments); v1 keeps ours
+    assert (cfg.prompt_template, cfg.answer_parsing) == ("agentgym", "agentgym")
+    assert (v1.prompt_template, v1.answer_parsing) == ("compact", "strict")
+    # AgentTraj's sizes as our experts' episodes (not its data); v1 keeps 8 a client
+    assert cfg.fedse_seed_demos == "webshop=3930,babyai=810,textcraft=374,maze=215,wordle=955" and v1.fedse_seed_demos == 8
     env = make_env(cfg.env, cfg.max_steps)
     horizons = {name: env.env(name).max_steps for name in env.names}
     assert horizons["babyai"] == 20 and horizons["webshop"] == 10
@@ -618,3 +623,27 @@ def test_the_fedse_presets_memory_figures_are_the_plans_they_name(name, capsys):
     assert client_total() == quoted.group(1)
     assert client_total("--set", "fedse-sft-micro-batch-size=16") == quoted.group(2)
     assert client_total("--context-tokens", "4096") == quoted.group(3)
+
+
+def test_seed_demonstrations_per_environment_are_played_on_each_environments_tasks(maze_tokenizer):
+    """fedse-seed-demos per environment ("maze=5,wordle=3", as AgentTraj's sizes are given): that many expert episodes
+    cycling over the client's tasks of each named environment, none of an environment not named; a single number
+    keeps cycling over all the client's tasks; bad text is refused in one line naming the key."""
+    from envs.multi import task_env
+    from fedagent_flwr.agent.self_evolution import demonstration_tasks, expert_demonstrations
+
+    env = make_env("maze,wordle,gridworld")
+    tasks = env.tasks_of_split("train")[:2] + [t for t in env.tasks_of_split("train") if task_env(t) == "wordle"][:2]
+    chosen = demonstration_tasks(tasks, "maze=5,wordle=3")
+    assert [task_env(t) for t in chosen] == ["maze"] * 5 + ["wordle"] * 3
+    assert [t.id for t in chosen[:5]] == [tasks[i % 2].id for i in range(5)] and task_env(tasks[0]) == "maze"
+    assert demonstration_tasks(tasks, "gridworld=4") == [] and len(demonstration_tasks(tasks, 6)) == 6
+    assert demonstration_tasks(tasks, 0) == [] and demonstration_tasks([], 3) == []
+    agent = Agent(model=None, tokenizer=maze_tokenizer, spec=None, device=torch.device("cpu"), base_fingerprint="fp")
+    won = expert_demonstrations(agent, lambda: make_env("maze,wordle,gridworld"), tasks, "maze=2,wordle=1",
+                                RolloutConfig(history_length=0, max_new_tokens=8))
+    assert sorted(task_env(t.task) for t in won) == ["maze", "maze", "wordle"]  # the expert wins each
+    assert RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze,wordle", "num-clients": 2,
+                                      "fedse-seed-demos": "maze=215,wordle=955"}).fedse_seed_demos == "maze=215,wordle=955"
+    with pytest.raises(ValueError, match=r"fedse-seed-demos='webshop=3930' is not allowed: expected entries for the envs"):
+        RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze,wordle", "fedse-seed-demos": "webshop=3930"})

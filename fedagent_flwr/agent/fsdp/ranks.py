@@ -72,10 +72,17 @@ class Ranks:
 
     def total(self, value: float) -> float:
         """The sum of `value` over the ranks."""
+        return self._reduce(value, dist.ReduceOp.SUM)
+
+    def largest(self, value: float) -> float:
+        """The largest `value` of any rank."""
+        return self._reduce(value, dist.ReduceOp.MAX)
+
+    def _reduce(self, value: float, op) -> float:
         if self.world == 1:
             return value
         t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
         return float(t)
 
     def unsharded(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:

@@ -1,8 +1,8 @@
-"""Agent prompts and action parsing, in the FedAgent reference style.
+"""Agent prompts and action parsing, in the FedAgent reference style, or AgentGym's.
 
 The agent sees its task, the last `history_length` (observation, action) pairs,
 the current observation and the admissible actions, and answers
-`<think>...</think><action>...</action>`.
+`<think>...</think><action>...</action>` (prompt-template = agentgym: `Thought: ... Action: ...`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,18 @@ PROMPT_ROLES = ("user", "system")
 # The user message's layout: "compact" (ours, shorter) or "reference": the FedAgent reference's templates
 # (verl-agent's prompts/alfworld.py and webshop.py, filled by env_manager.py's build_text_obs) in our own words,
 # with the same information in the same order and format; reference_prompt says what departs.
-PROMPT_TEMPLATES = ("compact", "reference")
+# "agentgym": AgentGym's ReAct form (the Fed-SE paper's environments and its seed data), in our own words: the
+# environment's introduction and task, the steps so far as observation / action lines, and the answer as
+# "Thought:\n...\n\nAction:\n...", read by answer-parsing = agentgym.
+PROMPT_TEMPLATES = ("compact", "reference", "agentgym")
 REFERENCE_ANSWER_FORMAT = ("It is your move now. Reason step by step about the situation first, and put that reasoning "
                            "inside <think> </think> tags. Then choose one admissible action for this step and put it "
                            "inside <action> </action> tags.")
+
+
+AGENTGYM_ANSWER_FORMAT = ("Answer in two parts: first \"Thought:\" and, on the lines after it, your reasoning about "
+                          "this step; then \"Action:\" and, on the next line, one admissible action, written exactly "
+                          "as it is listed:\nThought:\n<your reasoning>\n\nAction:\n<one action>")
 
 
 def system_prompt(env: TextEnv) -> str:
@@ -43,6 +51,8 @@ def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]],
         raise ValueError(f"prompt-roles={roles!r} is not allowed: expected {' | '.join(PROMPT_ROLES)}")
     if template == "reference":
         return reference_prompt(env, observation, history, history_length)
+    if template == "agentgym":
+        return agentgym_prompt(env, observation, history, history_length)
     if template != "compact":
         raise ValueError(f"prompt-template={template!r} is not allowed: expected {' | '.join(PROMPT_TEMPLATES)}")
     standing = roles == "user"
@@ -94,6 +104,21 @@ def reference_prompt(env: TextEnv, observation: str, history: list[tuple[str, st
     return "\n".join(lines) + "\n\n" + REFERENCE_ANSWER_FORMAT
 
 
+def agentgym_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]], history_length: int) -> str:
+    """AgentGym's episode as one user message: its opening turn (the environment's introduction and the answer form),
+    the task, the last `history_length` steps as "Observation: ... / Action: ..." pairs (AgentGym replays the whole
+    conversation; history-length caps it, as a context length would), the current observation and the admissible
+    actions. Departures: one message rather than alternating turns, and the task and admissible actions stated in
+    our words where AgentGym's servers put them into the observation."""
+    lines = [f"{env.intro} Your task: {env.instruction()}", AGENTGYM_ANSWER_FORMAT]
+    recent = history[-history_length:] if history_length > 0 else []
+    for obs, act in recent:
+        lines.append(f"Observation:\n{obs}\nAction:\n{act}")
+    lines.append(f"Observation:\n{observation}")
+    lines.append(f"Admissible actions: {_describe_actions(env)}.")
+    return "\n\n".join(lines)
+
+
 def _describe_actions(env: TextEnv, reference: bool = False) -> str:
     """The admissible actions as a prompt lists them, or the environment's summary of a long list. reference: quoted,
     in ALFWorld's layout or WebShop's one a line (TextEnv.reference_actions_per_line), ALFWorld's `help` left out."""
@@ -108,14 +133,16 @@ def _describe_actions(env: TextEnv, reference: bool = False) -> str:
     return "[" + "\n ".join(f"'{a}'" for a in actions) + "]"
 
 
-def expert_completion(action: str, think_limit: int | None = None) -> str:
-    """What behaviour cloning teaches the model to write for an expert action.
+def expert_completion(action: str, think_limit: int | None = None, template: str = "compact") -> str:
+    """What behaviour cloning teaches the model to write for an expert action, in the answer form of `template`.
 
     The think names the action. With `think_limit`, an action longer than that many characters
     is named by its verb only (`search[...]` -> `search`): copying a long WebShop query twice
     doubles the answer, and a tiny model's second copy is where it overruns the token budget.
     """
     named = action if think_limit is None or len(action) <= think_limit else action.split("[", 1)[0].strip()
+    if template == "agentgym":
+        return f"Thought:\nnext: {named}\n\nAction:\n{action}"
     return f"<think>next: {named}</think><action>{action}</action>"
 
 
@@ -125,7 +152,15 @@ class ParsedAction:
     well_formed: bool  # exactly one <think> block and one <action> block
 
 
-ANSWER_PARSING = ("strict", "lenient", "reference")
+ANSWER_PARSING = ("strict", "lenient", "reference", "agentgym")
+# How AgentGym's clients (agentenv/envs/*.py) take the action out of "Thought: ... Action: ..." (TextEnv.agentgym_reading):
+# "line" (BabyAI, TextCraft): the first non-blank line after each "Action:", refused when there are several, then
+# only letters, digits, commas and spaces kept and runs of spaces collapsed; "last" (WebShop): all after the last
+# "Action:", or the whole text where there is none but it holds search[ or click[; "first" (Maze, Wordle, and our
+# other environments): all between the first and any second "Action:", or the whole text where there is none.
+AGENTGYM_READINGS = ("line", "last", "first")
+_AGENTGYM_LINE_RE = re.compile(r"Action:\s*(.*?)(?=\n|$)", re.DOTALL)
+_AGENTGYM_CLEAN_RE = re.compile(r"[^A-Za-z0-9, ]+")
 _CJK_RE = re.compile(r"[\u4e00-\u9fff]")  # the reference refuses answers with Chinese characters (Qwen switches)
 _FENCE_RE = re.compile(r"```[a-zA-Z]*\n?(.*?)```", re.DOTALL)
 
@@ -156,17 +191,43 @@ def _reference_action(completion: str, tail_chars: int) -> ParsedAction:
     return ParsedAction(lowered[start + len("<action>"):end].strip(), think and not _CJK_RE.search(text))
 
 
-def parse_action(completion: str, parsing: str = "strict", tail_chars: int = 30) -> ParsedAction:
+def _agentgym_action(completion: str, reading: str) -> ParsedAction:
+    """AgentGym's reading of a ReAct answer (AGENTGYM_READINGS). Well formed when it has exactly one "Action:" and
+    the action is not empty: AgentGym itself penalises nothing, and an answer it had to guess at is what the
+    invalid-action penalty is for."""
+    text = str(completion)
+    markers = text.count("Action:")
+    if reading == "line":
+        found = _AGENTGYM_LINE_RE.findall(text)
+        if len(found) > 1:  # AgentGym sends nothing and answers with an error: no action this step
+            return ParsedAction("", False)
+        action = " ".join(_AGENTGYM_CLEAN_RE.sub("", found[0] if found else "").split())
+    elif reading == "last":
+        if markers:
+            action = text.rsplit("Action:", 1)[1].strip()
+        else:
+            action = text.strip() if ("search[" in text or "click[" in text) else ""
+    elif reading == "first":
+        action = text.split("Action:")[1].strip() if markers else text.strip()
+    else:
+        raise ValueError(f"agentgym reading must be one of {AGENTGYM_READINGS}, got {reading!r}")
+    return ParsedAction(action, markers == 1 and bool(action))
+
+
+def parse_action(completion: str, parsing: str = "strict", tail_chars: int = 30, agentgym_reading: str = "first") -> ParsedAction:
     """Extract the action from a model completion; never raises.
 
     Malformed text is still turned into the best-guess action (the environment then
     judges admissibility) but is flagged so the invalid-action penalty applies.
     `parsing="strict"`: exactly one <think> and one <action> block, the last action block otherwise;
     "lenient" also accepts the variants of `_lenient_action`; "reference" is the FedAgent reference's own
-    reading (`_reference_action`, with the environment's `tail_chars`, TextEnv.reference_tail_chars).
+    reading (`_reference_action`, with the environment's `tail_chars`, TextEnv.reference_tail_chars); "agentgym"
+    is AgentGym's (`_agentgym_action`, with the environment's TextEnv.agentgym_reading).
     """
     if parsing == "reference":
         return _reference_action(completion, tail_chars)
+    if parsing == "agentgym":
+        return _agentgym_action(completion, agentgym_reading)
     if parsing == "lenient":
         lenient = _lenient_action(completion)
         if lenient is not None:

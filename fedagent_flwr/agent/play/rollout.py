@@ -229,7 +229,8 @@ class ExpertPolicy:
     passed to `expert_completion`.
     """
 
-    def __init__(self, tokenizer, epsilon: float = 0.0, seed: int = 0, think_limit: int | None = None) -> None:
+    def __init__(self, tokenizer, epsilon: float = 0.0, seed: int = 0, think_limit: int | None = None,
+                 template: str = "compact") -> None:
         if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"expert epsilon must lie in [0, 1], got {epsilon}")
         self.tokenizer = tokenizer
@@ -237,6 +238,7 @@ class ExpertPolicy:
         self.epsilon = epsilon
         self.rng = random.Random(seed)
         self.think_limit = think_limit
+        self.template = template  # the prompt template whose answer form the expert writes
 
     def act(self, episodes: Sequence[Episode]) -> list[tuple[list[int], str]]:
         out = []
@@ -245,7 +247,7 @@ class ExpertPolicy:
                 action = self.rng.choice(e.env.admissible_actions())
             else:
                 action = e.env.expert_action()
-            text = expert_completion(action, self.think_limit)
+            text = expert_completion(action, self.think_limit, self.template)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.stop_ids[0]]
             out.append((ids, text))
         return out
@@ -282,7 +284,7 @@ def run_episodes(
         completions = policy.act(live)
         still_live = []
         for e, (ids, text, *known) in zip(live, completions):
-            parsed = parse_action(text, config.answer_parsing, e.env.reference_tail_chars)
+            parsed = parse_action(text, config.answer_parsing, e.env.reference_tail_chars, e.env.agentgym_reading)
             action, as_written = match_action(e.env, parsed.action, config.action_matching)
             obs, reward, terminated, truncated, info = e.env.step(action)
             valid = parsed.well_formed and info["valid"] and as_written

@@ -306,6 +306,7 @@ class UpdateRecord:
         self.pending: list[tuple[torch.Tensor, dict[str, torch.Tensor | int]]] = []
         self.grad_norms: list[torch.Tensor] = []
         self.gaps: list[torch.Tensor] = []
+        self.first_step_clipped: list[torch.Tensor] = []  # clipped tokens of the first step's micro-batches
 
     @property
     def wants_gap(self) -> bool:
@@ -316,6 +317,7 @@ class UpdateRecord:
             return
         if "rollout_gap" in stats:
             self.gaps.append(stats.pop("rollout_gap"))
+            self.first_step_clipped.append(stats["clip_frac"] * stats["tokens"])
         self.pending.append((loss.detach(), stats))
 
     def step(self, grad_norm: torch.Tensor) -> None:
@@ -337,7 +339,13 @@ class UpdateRecord:
                   "grad_norm": float(np.mean([float(getattr(n, "full_tensor", lambda: n)()) for n in self.grad_norms])),
                   "optimizer_steps": float(steps), "train_samples": float(samples)}
         if self.gaps:  # how far the decode passes' rounding puts the rollout's log-probs from a training pass's
-            result["rollout_logprob_gap"] = float(torch.stack(self.gaps).mean())
+            signed, absolute, largest, over, n = torch.stack(self.gaps).double().sum(0).tolist()
+            largest = max(float(g[2]) for g in self.gaps)
+            signed, absolute, over, n = (ranks.total(v) for v in (signed, absolute, over, n))
+            n = max(1.0, n)
+            result |= {"rollout_logprob_gap": absolute / n, "rollout_logprob_gap_signed": signed / n,
+                       "rollout_logprob_gap_max": ranks.largest(largest), "rollout_logprob_gap_over_001": over / n,
+                       "first_step_clip_frac": ranks.total(float(sum(self.first_step_clipped))) / n}
         if checkpointed_layers is not None:  # the share of layer passes that recomputed (1.0 = every layer)
             result["checkpointed_layers"] = checkpointed_layers
         return result

@@ -20,7 +20,7 @@ UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a grou
 # deviation of all the epoch's rewards; "none" = nothing (Dr. GRPO). Why it matters: under "group", a group of 4
 # failures of which one drew a 0.1 invalid-action penalty gets the advantages of a group of 1 win and 3 failures,
 # mirrored: its 3 penalty-free failures +0.58 each, as large as the won group's failures get -0.58
-# (docs/results.md, issue 34).
+# (docs/results-path.md, issue 34).
 SCALE_REWARDS = ("group", "batch", "none")
 KL_REFERENCES = ("round-start", "base")
 # Where the PPO ratio's denominator comes from: "recompute" = a no-grad pass of the round-start policy over every

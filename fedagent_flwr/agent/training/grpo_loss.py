@@ -72,7 +72,13 @@ def loss_normalisers(minibatch: Sequence[int], plan: Sequence[Sequence[int]], sa
     return [whole] * len(plan)
 
 
+GAP_NATS = 0.01  # a token whose two log-probs differ by more than this is counted (old-logprobs = rollout's check)
+
+
 def rollout_gap(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean |trained pass - rollout| completion log-prob over `mask` (0-d, on the device): before the first step both
-    score the round-start policy, so this is how far the decode passes' rounding puts the one from the other."""
-    return ((logprobs.detach() - old_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
+    """Trained pass minus rollout completion log-probs over `mask`, as sums on the device: [signed sum, absolute sum,
+    largest absolute value, tokens beyond GAP_NATS, tokens]. Before the first step both score the round-start policy,
+    so this is how far the decode passes' rounding (or a sampler holding other weights) puts the one from the other."""
+    diff = (logprobs.detach() - old_logprobs) * mask
+    return torch.stack([diff.sum(), diff.abs().sum(), diff.abs().max(), ((diff.abs() > GAP_NATS) & (mask > 0)).sum(),
+                        mask.sum()]).float()
