@@ -37,7 +37,7 @@ def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = No
                       machine=machine, model=model, rollout_batch_size=cfg.rollout_batch_size,
                       max_rows=cfg.epoch_episodes(), plan_for=plan_for, budget_bytes=budget_bytes,
                       context_tokens=context_tokens)
-    check_placement(cfg, placement)
+    check_placement(cfg, placement, role)
     return placement
 
 
@@ -75,8 +75,9 @@ def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int
     return max(lengths, default=0) * (1 + cfg.history_length) + new_tokens(cfg)
 
 
-def check_placement(cfg: RunConfig, placement: Placement) -> None:
-    """What the run config allows only as its `auto` keys resolve on this machine; a ValueError naming the key."""
+def check_placement(cfg: RunConfig, placement: Placement, role: str = "client") -> None:
+    """What the run config allows only as its `auto` keys resolve on this machine for `role`; a ValueError naming the
+    key."""
     traits = cfg.traits
     if placement.param_dtype == "bf16":  # a working copy of every weight under bf16 compute
         _need(traits.grpo and cfg.finetuning == "full" and placement.precision == "bf16-mixed", "param-dtype",
@@ -86,7 +87,7 @@ def check_placement(cfg: RunConfig, placement: Placement) -> None:
         _need(cfg.ranks_per_client == 1, "param-dtype", cfg.param_dtype,
               "fp32 with ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for full "
               "fine-tuning on CUDA)")
-    if traits.grpo and cfg.old_logprobs == "rollout":
+    if traits.grpo and cfg.old_logprobs == "rollout" and role == "client":  # a client samples what it trains
         # The static engine samples from a bf16 copy with the LoRA delta merged in, where a small delta rounds away:
         # its log-probs are not the trained weights', so the PPO ratio would not start at 1 (no test shows they agree).
         _need(placement.decode_engine == "hf", "old-logprobs", cfg.old_logprobs,

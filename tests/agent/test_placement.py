@@ -88,6 +88,7 @@ def test_rollout_log_probs_as_the_old_policy_are_refused_where_the_sampler_holds
     assert place_run(rollout, "client", CPU).decode_engine == "hf"
     assert place_run(RunConfig(old_logprobs="rollout", decode_engine="hf"), "client", GPU).decode_engine == "hf"
     assert place_run(RunConfig(old_logprobs="recompute"), "client", GPU).decode_engine == "static"
+    assert place_run(rollout, "server", GPU).decode_engine == "static"  # the server only evaluates: it trains nothing
 
 
 @pytest.mark.parametrize("machine", [CPU, GPU], ids=["cpu", "gpu"])
