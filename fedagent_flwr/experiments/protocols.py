@@ -427,10 +427,8 @@ def table1_report(out: Path, runs: list[Run], title: str) -> dict:
     if clients or held:
         # With partition-seed = -1 (a --set may choose it) each seed holds other tasks: say which seed is listed.
         moves = int(runs[0].config.get("partition-seed", -1)) < 0
-        lines += ["", "Training tasks by category" + (f" (seed {runs[0].seed}; the partition moves with the seed)" if moves
-                                                       else "") + ": " + (holdings_line(clients) + "; " if clients else "")
-                  + "; ".join(f"{g}: " + ", ".join(f"{c} {n}" for c, n in h.items())
-                              for g, h in result["local_tasks"].items()) + "."]
+        where = f" (seed {runs[0].seed}; the partition moves with the seed)" if moves else ""
+        lines += ["", f"Training tasks by category{where}: {holdings_line(clients | result['local_tasks'])}."]
     # The orderings Table 1 is read for, each with its paired test over seeds (experiments/seed_statistics.py), and
     # within each seed paired over the held-out rooms (experiments/paired_rounds.py).
     overall = {g: row["overall"] for g, row in by_seed.items()} | {"the base model": base["overall"]}

@@ -4,7 +4,8 @@ Runs that start from the same model with the same seed evaluate the same weights
 round 1: a Local or Centralized baseline beside a FedAgentAvg run, or another advantage estimator from the same warm
 start. With the SmolLM2 preset that evaluation is several minutes of a run on 2 cores (more with two runs side by
 side), and it comes out the same every time (the same 144 episodes in the kept records of seed 2's FedAgentAvg run
-and its Local's first run, benchmarks/results/2026-12-01-cpu/runs; tests/app/test_documented_runs.py). So a run may take it from a run that already played it, but only when everything it depends on is the
+and its Local's first run, benchmarks/results/2026-12-01-cpu/runs; tests/app/test_documented_runs.py). So a run may
+take it from a run that already played it, but only when everything it depends on is the
 same: `evaluation_identity` lists those things, each evaluation record carries its identity, and `reused_evaluation`
 names the first thing that differs instead of reusing a number that belongs to another evaluation.
 

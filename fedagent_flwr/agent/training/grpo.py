@@ -339,8 +339,9 @@ class UpdateRecord:
                   "grad_norm": float(np.mean([float(getattr(n, "full_tensor", lambda: n)()) for n in self.grad_norms])),
                   "optimizer_steps": float(steps), "train_samples": float(samples)}
         if self.gaps:  # how far the decode passes' rounding puts the rollout's log-probs from a training pass's
-            signed, absolute, largest, over, n = torch.stack(self.gaps).double().sum(0).tolist()
-            largest = max(float(g[2]) for g in self.gaps)
+            gaps = torch.stack(self.gaps).double()
+            signed, absolute, _, over, n = gaps.sum(0).tolist()
+            largest = float(gaps[:, 2].max())
             signed, absolute, over, n = (ranks.total(v) for v in (signed, absolute, over, n))
             n = max(1.0, n)
             result |= {"rollout_logprob_gap": absolute / n, "rollout_logprob_gap_signed": signed / n,
