@@ -7,12 +7,13 @@ up in the registry.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.models.loading import Agent, load_agent
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.faults import FaultPlan, train_with_faults
@@ -53,10 +54,19 @@ def _partition(context: Context) -> tuple[int, int]:
 
 
 def _agent_loader(cfg: RunConfig):
-    # On N ranks this process only answers the handshake's fingerprint (the ranks load their own copies): on the CPU,
-    # so that rank 0's GPU does not hold a second model.
-    device = "cpu" if cfg.ranks_per_client > 1 else cfg.device
-    return lambda: load_agent(cfg.model, cfg.env, device, cfg.base_dtype())  # cached per process (agent/models/loading.py)
+    if cfg.ranks_per_client > 1:
+        return lambda: fingerprint_agent(cfg.model, cfg.env, cfg.base_dtype())
+    return lambda: load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())  # cached per process (agent/models/loading.py)
+
+
+@lru_cache(maxsize=1)
+def fingerprint_agent(model: str, env: str, base_dtype) -> Agent:
+    """The agent of a client on N ranks, whose process only answers the base model's fingerprint (the ranks hold the
+    model): loaded once on the CPU (rank 0's card holds no second copy), fingerprinted, and its model dropped, so the
+    client process keeps no whole model while its ranks train."""
+    agent = load_agent(model, env, "cpu", base_dtype)
+    load_agent.cache_clear()
+    return replace(agent, model=None)
 
 
 @app.query()

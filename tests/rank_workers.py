@@ -111,3 +111,32 @@ def _write_pid(pid_dir: str, rank: int) -> None:
     from pathlib import Path
 
     Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
+
+
+_ROUNDS_SEEN: list[int] = []  # in a rank's process: what a kept rank remembers between rounds
+
+
+def count_rounds(rank: int, world: int, tensors: dict, fail_at: int = 0):
+    """Each rank counts the rounds its process has answered (1 in a new process); rank 1 raises at round `fail_at`."""
+    _ROUNDS_SEEN.append(len(_ROUNDS_SEEN) + 1)
+    if rank == 1 and _ROUNDS_SEEN[-1] == fail_at:
+        raise ValueError(f"rank 1 fails at round {fail_at}")
+    seen = torch.tensor([float(_ROUNDS_SEEN[-1])])
+    dist.all_reduce(seen)
+    return {"x": tensors["x"] + 1}, {"rounds": float(seen) / world, "pid": os.getpid()}
+
+
+def held_state(rank: int, world: int, tensors: dict):
+    """What a kept rank holds between rounds (methods/ranked_round.py): its KL anchor's whole weights, how many of its
+    model's parameters still hold a gradient, and how many whole weights each rank keeps when the model is read out."""
+    from fedagent_flwr.agent.training.lora import adapter_to_arrays
+    from fedagent_flwr.agent.training.weights import model_to_arrays
+    from fedagent_flwr.methods import ranked_round
+
+    from fedagent_flwr.agent.fsdp.ranks import Ranks
+
+    held = ranked_round._HELD[0]
+    anchor = {} if held.base is None else {k: v.numpy() for k, v in model_to_arrays(held.base).items()}
+    read = adapter_to_arrays if hasattr(held.model, "peft_config") else model_to_arrays  # what the round replies
+    kept = Ranks.current().gather({str(rank): len(read(held.model).keys())})  # whole weights, by rank
+    return anchor, {"grads": sum(p.grad is not None for p in held.model.parameters()), "kept": kept}

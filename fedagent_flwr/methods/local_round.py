@@ -1,13 +1,13 @@
 """A FedAgent client's local round, with no Flower in sight: tau epochs of GRPO from the weights the server sent, on
-the client's partition. One process runs it as it is; each of a client's N ranks runs it on the model sharded
-(methods/ranked_round.py passes `shard`), and all ranks return the same full weights.
+the client's partition. One process runs `local_round`; each of a client's N ranks runs `train_sent` on its model
+sharded and kept between rounds (methods/ranked_round.py), and all ranks return the same full weights.
 """
 
 from __future__ import annotations
 
 import time
 from copy import deepcopy
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -61,26 +61,29 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
 
 
 def local_round(cfg: RunConfig, agent: Agent, sent: ArrayRecord, tasks: Sequence[Task], server_round: int,
-                partition_id: int, optimizer: dict[str, np.ndarray] | None = None,
-                shard: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model) -> tuple[ArrayRecord, dict[str, float]]:
-    """The weights the server sent (the full model, or a LoRA adapter on the base), trained by `train_locally`; the
-    trained weights in the same form, and the round's metrics. `shard` is applied to each model before it trains."""
+                partition_id: int, optimizer: dict[str, np.ndarray] | None = None) -> tuple[ArrayRecord, dict[str, float]]:
+    """The weights the server sent (the full model, or a LoRA adapter on the base), trained by `train_locally` in this
+    process; the trained weights in the same form, and the round's metrics."""
     if cfg.finetuning == "lora":
         with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
-            arrays_to_adapter(peft_model, sent)
-            model = shard(peft_model)
-            metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer)
-            return adapter_to_arrays(model), metrics
-    placement = process_placement(cfg, agent, tasks)  # once, before sharding: the anchor is chosen by it
-    anchor = placement.kl_reference if cfg.kl_beta > 0 else None
-    base = shard(load_frozen_base(cfg.model, cfg.env, cfg.device)) if anchor == "base" else None
-    arrays_to_model(agent.model, sent)
-    if anchor == "round-start" and cfg.ranks_per_client > 1:  # copied whole, then sharded (FSDP2 cannot deep-copy)
-        base = shard(frozen_copy(agent.model))
-    model = shard(agent.model)
-    metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer, base_model=base,
-                            placement=placement)
-    return model_to_arrays(model), metrics
+            return train_sent(cfg, agent, peft_model, sent, tasks, server_round, partition_id, optimizer)
+    placement = process_placement(cfg, agent, tasks)
+    anchor = placement.kl_reference if cfg.kl_beta > 0 else None  # round-start: the trainer keeps its own copy
+    base = load_frozen_base(cfg.model, cfg.env, cfg.device) if anchor == "base" else None
+    return train_sent(cfg, agent, agent.model, sent, tasks, server_round, partition_id, optimizer, base, placement)
+
+
+def train_sent(cfg: RunConfig, agent: Agent, model: torch.nn.Module, sent: ArrayRecord | Mapping[str, np.ndarray],
+               tasks: Sequence[Task], server_round: int, partition_id: int, optimizer: dict[str, np.ndarray] | None = None,
+               base: torch.nn.Module | None = None, placement: Placement | None = None) -> tuple[ArrayRecord, dict[str, float]]:
+    """The sent weights loaded into `model` (into its adapter where it is a LoRA-wrapped base; a model sharded over
+    ranks takes each rank's part), trained by `train_locally`, and read back in the same form (gathered whole; on ranks,
+    kept by rank 0 alone)."""
+    lora = cfg.finetuning == "lora"
+    arrays_to_adapter(model, sent) if lora else arrays_to_model(model, sent)
+    metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer,
+                            base_model=base, placement=placement)
+    return (adapter_to_arrays(model) if lora else model_to_arrays(model)), metrics
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

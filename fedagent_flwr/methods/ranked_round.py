@@ -7,12 +7,19 @@ takes its stride of each minibatch's passes (agent/fsdp/ranks.py). The gradients
 one rank's over the whole minibatch, so the weights move as one process's would; rank 0's full weights (and the AdamW
 state a baseline carries) are the reply. Nothing of the client leaves the machine: the ranks talk over its own
 process group (NCCL between cards, gloo on a CPU).
+
+The ranks live as long as the client process (agent/fsdp/launch.py's RankPool): each keeps its model loaded and
+sharded, with the LoRA adapter attached or the KL anchor built, and a round only loads the weights the server sent into
+it. Nothing the ranks keep is the client's: every weight is overwritten by the next round's, AdamW's state travels in
+each round's request, and the update drops its gradients when it ends.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,25 +27,28 @@ import torch
 from flwr.app import ArrayRecord
 
 from envs import Task
-from fedagent_flwr.agent.fsdp.launch import backend_for, rank_device, run_ranks
+from fedagent_flwr.agent.fsdp.launch import RankPool, backend_for, rank_device
 from fedagent_flwr.agent.fsdp.ranks import shard
-from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.models.loading import Agent, load_agent, load_frozen_base
 from fedagent_flwr.agent.models.pretrained import pick_device
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.agent.training.weights import arrays_to_model
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.local_round import local_round
+from fedagent_flwr.methods.local_round import frozen_copy, train_sent
+from fedagent_flwr.methods.placement import process_placement
 from strategies.transfer import array_view, numpy_array
 
 SENT, TRAINED, OPTIMIZER = "sent/", "trained/", "optimizer/"
 
 
 def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], server_round: int, partition_id: int,
-                   optimizer: dict[str, np.ndarray] | None = None) -> tuple[ArrayRecord, dict[str, float]]:
-    """`local_round` on cfg.ranks_per_client ranks; the same return value. `optimizer`, where given, is continued
-    from and updated in place as one process's round would."""
+                   optimizer: dict[str, np.ndarray] | None = None, pool: RankPool | None = None) -> tuple[ArrayRecord, dict[str, float]]:
+    """`local_round` on cfg.ranks_per_client ranks (`pool`, default this process's `client_ranks`); the same return
+    value. `optimizer`, where given, is continued from and updated in place as one process's round would."""
     tensors = {SENT + k: array_view(sent[k]) for k in sent.keys()}
     tensors.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
-    out, info = run_ranks(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), _round_on_rank, tensors,
-                          cfg, list(tasks), server_round, partition_id, optimizer is not None, timeout_s=cfg.rank_timeout_s)
+    out, info = (pool or client_ranks(cfg)).run(_round_on_rank, tensors, cfg, list(tasks), server_round, partition_id,
+                                      optimizer is not None)
     if optimizer is not None:
         optimizer.clear()
         optimizer.update({k[len(OPTIMIZER):]: v for k, v in out.items() if k.startswith(OPTIMIZER)})
@@ -47,16 +57,76 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
     return trained, info["metrics"]
 
 
+_POOL: list[RankPool] = []  # this client process's ranks, kept between its rounds
+
+
+def client_ranks(cfg: RunConfig) -> RankPool:
+    """This process's ranks for `cfg`: the ones kept from an earlier round where they still run with the same count,
+    backend and deadline, else new ones (those of another shape ended first, so their memory is free)."""
+    backend = backend_for(pick_device(cfg.device))
+    if _POOL and _POOL[0].alive and (_POOL[0].world, _POOL[0].backend, _POOL[0].timeout_s) == (
+            cfg.ranks_per_client, backend, cfg.rank_timeout_s):
+        return _POOL[0]
+    end_client_ranks()
+    _POOL.append(RankPool(cfg.ranks_per_client, backend, cfg.rank_timeout_s))
+    return _POOL[0]
+
+
+@atexit.register
+def end_client_ranks() -> None:
+    while _POOL:
+        _POOL.pop().close()
+
+
+@dataclass
+class _Held:
+    """What a rank keeps between rounds for one run config: the agent, the model it trains (sharded; a LoRA adapter
+    attached), and the full fine-tuning's KL anchor (sharded), all built as local_round builds them."""
+
+    key: str
+    agent: Agent
+    model: torch.nn.Module
+    base: torch.nn.Module | None
+    anchor: str | None
+    attached: contextlib.ExitStack | None = None  # the LoRA adapter's block, left open
+
+
+_HELD: list[_Held] = []  # in a rank's process: its model, kept for the next round
+_STARTING_THREADS = torch.get_num_threads()  # a rank's, as its process started (the client's cores)
+
+
+def _held(cfg: RunConfig, world: int, tasks: Sequence[Task]) -> _Held:
+    key = repr(cfg)  # one run's config; another (a test's, a new run's) builds its own
+    if _HELD and _HELD[0].key == key:
+        return _HELD[0]
+    _HELD.clear()
+    load_agent.cache_clear()  # the kept agent was sharded in place: another config loads its own
+    if torch.device(cfg.device).type == "cpu":  # the ranks share the client's cores
+        torch.set_num_threads(max(1, _STARTING_THREADS // world))
+    agent = load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())
+    if cfg.finetuning == "lora":  # attached for the rank's life: each round loads the sent adapter into it
+        attached = contextlib.ExitStack()  # held, or its collection would close the block and unload the adapter
+        model = shard(attached.enter_context(attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed)))
+        _HELD.append(_Held(key, agent, model, None, None, attached))
+        return _HELD[0]
+    placement = process_placement(cfg, agent, tasks)  # before sharding, as local_round chooses the anchor
+    anchor = placement.kl_reference if cfg.kl_beta > 0 else None
+    base = shard(load_frozen_base(cfg.model, cfg.env, cfg.device)) if anchor == "base" else None
+    if anchor == "round-start":  # copied whole, then sharded (FSDP2 cannot deep-copy); each round loads the sent weights
+        base = shard(frozen_copy(agent.model))
+    _HELD.append(_Held(key, agent, shard(agent.model), base, anchor))
+    return _HELD[0]
+
+
 def _round_on_rank(rank: int, world: int, tensors: dict[str, np.ndarray], cfg: RunConfig, tasks: list[Task],
                    server_round: int, partition_id: int, carries_optimizer: bool) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    device = rank_device(pick_device(cfg.device), rank)
-    cfg = replace(cfg, device=str(device))
-    if device.type == "cpu":  # the ranks share the client's cores
-        torch.set_num_threads(max(1, torch.get_num_threads() // world))
-    agent = load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())
-    sent = ArrayRecord({k[len(SENT):]: numpy_array(v) for k, v in tensors.items() if k.startswith(SENT)})
+    cfg = replace(cfg, device=str(rank_device(pick_device(cfg.device), rank)))
+    held = _held(cfg, world, tasks)
+    sent = {k[len(SENT):]: v for k, v in tensors.items() if k.startswith(SENT)}  # mapped from the client's file
     optimizer = {k[len(OPTIMIZER):]: v for k, v in tensors.items() if k.startswith(OPTIMIZER)} if carries_optimizer else None
-    trained, metrics = local_round(cfg, agent, sent, tasks, server_round, partition_id, optimizer, shard=shard)
+    if held.anchor == "round-start":  # the KL anchor is this round's start
+        arrays_to_model(held.base, sent)
+    trained, metrics = train_sent(cfg, held.agent, held.model, sent, tasks, server_round, partition_id, optimizer, held.base)
     out = {TRAINED + k: array_view(trained[k]) for k in trained.keys()}
     out.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
     return out, {"metrics": metrics}

@@ -4,21 +4,23 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import save_file
 
 import rank_workers
-from fedagent_flwr.agent.fsdp.launch import RankFailed, run_ranks
+from fedagent_flwr.agent.fsdp.launch import FOLDER_PREFIX, RankFailed, RankPool, mapped, run_ranks
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.local_round import local_round
-from fedagent_flwr.methods.ranked_round import train_on_ranks
+from fedagent_flwr.methods.ranked_round import client_ranks, end_client_ranks, train_on_ranks
 from fedagent_flwr.methods.tasks import learner_tasks
 from strategies.transfer import array_view
 
@@ -55,6 +57,31 @@ def test_a_failed_rank_fails_the_client_and_leaves_no_rank_behind(target, says, 
     assert len(pids) == 2 and all(_ended(pid) for pid in pids)  # rank 0, blocked in a barrier, was ended too
 
 
+def test_kept_ranks_answer_every_round_from_the_processes_they_started_in():
+    """The pool's ranks are started once: each round is answered by the same processes, which keep what their target
+    left in them; a rank that fails ends the pool, and its rank and reason are named."""
+    with RankPool(2, "gloo", timeout_s=120) as pool:
+        answers = [pool.run(rank_workers.count_rounds, {"x": np.zeros(2, np.float32) + r}, 3) for r in range(2)]
+        assert [info["rounds"] for _, info in answers] == [1.0, 2.0]  # both ranks remembered round 1 in round 2
+        assert answers[0][1]["pid"] == answers[1][1]["pid"] and answers[1][0]["x"].tolist() == [2.0, 2.0]
+        processes = list(pool.processes)
+        with pytest.raises(RankFailed, match="rank 1 of the client's 2 failed: ValueError: rank 1 fails at round 3"):
+            pool.run(rank_workers.count_rounds, {"x": np.zeros(2, np.float32)}, 3)
+        assert not pool.alive and all(p.exitcode is not None for p in processes)
+        with pytest.raises(RankFailed, match="rank 1 fails at round 3"):  # ended: it says why, and starts nothing
+            pool.run(rank_workers.count_rounds, {"x": np.zeros(2, np.float32)}, 3)
+    assert not pool.folder.exists()
+
+
+def test_a_ranks_weights_are_mapped_from_the_file_not_copied(tmp_path):
+    path = tmp_path / "in-1.safetensors"
+    save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(path))
+    arrays = mapped(path)
+    assert str(path) in Path("/proc/self/maps").read_text()  # the process reads the file's pages, no copy of them
+    arrays["w"][0, 0] = 7.0  # a write stays in this process: the file, which every rank maps, is unchanged
+    assert mapped(path)["w"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and arrays["w"][0, 0] == 7.0
+
+
 def test_ranks_end_when_their_client_is_killed(tmp_path):
     client = subprocess.Popen([sys.executable, "-c", (
         "import sys; sys.path.insert(0, sys.argv[1]); import rank_workers\n"
@@ -71,6 +98,9 @@ def test_ranks_end_when_their_client_is_killed(tmp_path):
         while not all(_ended(pid) for pid in _pids(tmp_path)):
             assert time.monotonic() < deadline, "a rank outlived its client"
             time.sleep(0.2)
+        # rank 0 took the client's folder (the round's weights) with it
+        assert not [f for f in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*")
+                    if (f / "client.pid").exists() and (f / "client.pid").read_text() == str(client.pid)]
     finally:
         if client.poll() is None:
             client.kill()
@@ -86,23 +116,32 @@ def tiny_folder(tmp_path_factory):
     return str(folder)
 
 
+def _round_config(model: str, finetuning: str, **changes) -> RunConfig:
+    """A client's round on 2 CPU ranks of the tiny model. Closest-action matching turns the random model's text into
+    moves, so some episodes win and GRPO has groups to learn from; the KL term anchors to the round's start (the full
+    model's copy is sharded like the model)."""
+    return RunConfig.from_run_config({
+        "env": "maze", "model": model, "device": "cpu", "finetuning": finetuning, "ranks-per-client": 2,
+        "tasks-per-epoch": 3, "group-size": 4, "max-steps": 6, "max-new-tokens": 8, "action-matching": "closest",
+        "invalid-penalty": 0.0, "learning-rate": 1e-2, "minibatch-size": 4, "micro-batch-size": 2, "kl-beta": 0.01,
+        "kl-reference": "round-start", "scale-rewards": "batch"} | changes)
+
+
+def _start(cfg: RunConfig):
+    """The agent and the weights a server would send in round 1: the LoRA adapter as attached, or the whole model."""
+    agent = load_agent(cfg.model, cfg.env, cfg.device)
+    if cfg.finetuning == "lora":
+        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
+            return agent, adapter_to_arrays(peft_model)
+    return agent, model_to_arrays(agent.model)
+
+
 # full fine-tuning in the default run (tied weights gathered, the round-start KL anchor sharded); LoRA's passes on
 # ranks are checked in the default run by tests/agent/test_ranks.py, its whole round under -m slow (about 30 s)
 @pytest.mark.parametrize("finetuning", [pytest.param("lora", marks=pytest.mark.slow), "full"])
 def test_a_clients_round_on_two_ranks_trains_what_one_process_trains(finetuning, tiny_folder):
-    # Closest-action matching turns the random model's text into moves, so some episodes win and GRPO has groups to
-    # learn from; the KL term anchors to the round's start (the full model's copy is sharded like the model).
-    cfg = RunConfig.from_run_config({
-        "env": "maze", "model": tiny_folder, "device": "cpu", "finetuning": finetuning, "ranks-per-client": 2,
-        "tasks-per-epoch": 3, "group-size": 4, "max-steps": 6, "max-new-tokens": 8, "action-matching": "closest",
-        "invalid-penalty": 0.0, "learning-rate": 1e-2, "minibatch-size": 4, "micro-batch-size": 2, "kl-beta": 0.01,
-        "kl-reference": "round-start", "scale-rewards": "batch"})
-    agent = load_agent(cfg.model, cfg.env, cfg.device)
-    if finetuning == "lora":
-        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
-            sent = adapter_to_arrays(peft_model)
-    else:
-        sent = model_to_arrays(agent.model)
+    cfg = _round_config(tiny_folder, finetuning)
+    agent, sent = _start(cfg)
     tasks = learner_tasks(cfg, 0, 2)
     alone, on_ranks = {}, {}
     one, one_metrics = local_round(cfg, agent, sent, tasks, 1, 0, alone)
@@ -118,6 +157,48 @@ def test_a_clients_round_on_two_ranks_trains_what_one_process_trains(finetuning,
     assert two_metrics["optimizer_steps"] > 0
     assert sorted(on_ranks) == sorted(alone)
     assert all(np.asarray(on_ranks[k]).size == np.asarray(alone[k]).size for k in alone)
+
+
+@pytest.mark.parametrize("finetuning", ["lora", "full"])
+def test_kept_ranks_train_a_later_round_as_new_ranks_do(finetuning, tiny_folder):
+    """Round 2 on ranks kept from round 1 (their model sharded, trained and then loaded with the new weights: the
+    adapter, or the full model and its round-start KL anchor) trains exactly what ranks started for round 2 train."""
+    cfg = _round_config(tiny_folder, finetuning, **{"tasks-per-epoch": 2, "max-steps": 5, "kl-beta": 1.0})
+    _, sent = _start(cfg)
+    tasks = learner_tasks(cfg, 0, 2)
+    end_client_ranks()
+    try:
+        first, _ = train_on_ranks(cfg, sent, tasks, 1, 0)
+        pids = [p.pid for p in client_ranks(cfg).processes]
+        kept, kept_metrics = train_on_ranks(cfg, first, tasks, 2, 0)
+        assert [p.pid for p in client_ranks(cfg).processes] == pids  # the same processes answered round 2
+        anchor, held = client_ranks(cfg).run(rank_workers.held_state, {})
+        assert held["grads"] == 0  # the update's gradients were dropped at the round's end
+        assert held["kept"] == {"0": len(first.keys()), "1": 0}  # whole weights are built on rank 0 alone
+        for k in anchor if finetuning == "full" else ():  # the KL anchor is round 2's start, not round 1's
+            np.testing.assert_array_equal(anchor[k], array_view(first[k]), err_msg=k)
+        assert (finetuning == "full") == bool(anchor)
+        end_client_ranks()
+        new, new_metrics = train_on_ranks(cfg, first, tasks, 2, 0)
+        assert [p.pid for p in client_ranks(cfg).processes] != pids
+    finally:
+        end_client_ranks()
+    assert max(float(np.abs(array_view(kept[k]) - array_view(first[k])).max()) for k in first.keys()) > 1e-3
+    for k in first.keys():
+        np.testing.assert_allclose(array_view(kept[k]), array_view(new[k]), rtol=0, atol=1e-6, err_msg=k)
+    assert kept_metrics["episodes"] == new_metrics["episodes"] and kept_metrics["loss"] == pytest.approx(new_metrics["loss"])
+
+
+def test_a_client_on_ranks_keeps_no_model_of_its_own(tiny_folder):
+    """Its process answers the handshake's fingerprint (every round's too) from a model it loaded once and dropped."""
+    from fedagent_flwr.client_app import _agent_loader, fingerprint_agent
+
+    cfg = RunConfig.from_run_config({"env": "maze", "model": tiny_folder, "device": "cpu", "ranks-per-client": 2})
+    load_agent.cache_clear()
+    fingerprint_agent.cache_clear()
+    agent = _agent_loader(cfg)()
+    assert agent.model is None and load_agent.cache_info().currsize == 0 and _agent_loader(cfg)() is agent
+    assert agent.base_fingerprint == load_agent(cfg.model, cfg.env, "cpu").base_fingerprint
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -1,17 +1,19 @@
-"""Starting a client's N ranks, and ending them with the client.
+"""Starting a client's N ranks, keeping them up between its rounds, and ending them with the client.
 
-Each rank is a fresh interpreter started by torch.multiprocessing (`start_processes` with the spawn method, what
-`torch.multiprocessing.spawn` runs: CUDA cannot be forked). Its join ends every other rank as soon as one fails and
-raises with the failed rank's traceback, or with the signal that killed it. torchrun was the other choice: it
-re-executes a script, and a ClientApp is already a process Flower or a Ray actor started, whose ranks must end with it.
+Each rank is an interpreter of its own started with the spawn method (CUDA cannot be forked), once per client process
+(RankPool): it joins the process group once and then answers one request a round, keeping what the round's target
+holds in the process (the model, loaded and sharded) for the next. A rank that fails or dies ends the others and the
+pool, and the client's round raises with the failed rank's traceback, or with the signal that killed it. torchrun was
+the other choice: it re-executes a script, and a ClientApp is already a process Flower or a Ray actor started, whose
+ranks must end with it.
 
-What this module adds to torch's launcher:
+What this module does beyond starting the processes:
 - a rendezvous in a private folder (a file store: no port to collide with another client's ranks on the machine);
-- tensors in and out as safetensors files in that folder (a 7B model's weights do not go through a pickle pipe), and
-  rank 0's other results as JSON;
+- tensors in and out as safetensors files in that folder, mapped where they are read (a 7B model's weights go
+  through no pickle pipe, and a rank holds no private copy of them), and rank 0's other results as JSON;
 - ranks that end when the client process dies: a SIGKILLed client runs no atexit hook, so each rank watches its
-  parent's pid and exits when it changes; the folder it leaves (the whole weights, in memory on a tmpfs) is removed
-  by the next client that starts ranks on the machine;
+  parent's pid and exits when it changes, the first to see it removing the client's folder (a round's weights, in
+  memory on a tmpfs); a folder still left (all ranks killed too) is removed by the next client that starts ranks;
 - a deadline (run-config rank-timeout-s) for the round and for every collective, so a hung rank fails the client
   instead of blocking it for gloo's 30 or NCCL's 10 minutes, or forever in a teardown;
 - the ranks' sockets on loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo) unless the user names an interface:
@@ -24,6 +26,7 @@ import datetime
 import json
 import math
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -51,29 +54,99 @@ class RankFailed(RuntimeError):
 
 def run_ranks(world: int, backend: str, target: RankTarget, tensors: dict[str, np.ndarray], *args: Any,
               timeout_s: float | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """`target(rank, world, tensors, *args)` on `world` ranks in one process group (`backend`: gloo or nccl); rank 0's
-    return value, (tensors, JSON-able info). `args` travel pickled; `tensors` once through a file every rank maps."""
-    from safetensors.numpy import load_file, save_file
+    """`target(rank, world, tensors, *args)` on `world` ranks started for this one call (a RankPool of one round)."""
+    with RankPool(world, backend, timeout_s) as pool:
+        return pool.run(target, tensors, *args)
 
-    remove_orphaned_folders()
-    with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as folder:
-        Path(folder, "client.pid").write_text(str(os.getpid()))
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(folder, "in.safetensors"))
-        context = mp.start_processes(_rank_main, args=(world, backend, folder, os.getpid(), target, args, timeout_s),
-                                     nprocs=world, join=False, daemon=True, start_method="spawn")
-        started = time.monotonic()
-        try:
-            while not context.join(timeout=1.0):
-                if timeout_s is not None and time.monotonic() - started > timeout_s:
-                    raise RankFailed(f"the client's {world} ranks did not finish in {timeout_s:g} s")
-        except (mp.ProcessRaisedException, mp.ProcessExitedException):
-            exitcodes = [p.exitcode for p in context.processes]  # torch's join has sent the survivors SIGTERM
-            _end(context.processes)  # every rank reaped before their error files are read
-            raise _first_failure(Path(folder), exitcodes) from None
-        finally:
-            _end(context.processes)
-        out = Path(folder)
-        return load_file(str(out / "out.safetensors")), json.loads((out / "out.json").read_text())
+
+class RankPool:
+    """A client's `world` ranks, started once and kept up between rounds: each round's `run` hands every rank its
+    request, and the ranks keep whatever their targets hold in the process (the model loaded and sharded) for the next.
+    A round costs no new interpreters, no torch import and no process group. A rank that fails or is killed ends the
+    others and the pool (RankFailed; the next `run` raises it again: start a new pool); `close` ends them all."""
+
+    def __init__(self, world: int, backend: str, timeout_s: float | None = None):
+        self.world, self.backend, self.timeout_s = world, backend, timeout_s
+        remove_orphaned_folders()
+        self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        (self.folder / "client.pid").write_text(str(os.getpid()))
+        context = mp.get_context("spawn")  # CUDA cannot be forked
+        self._requests = [context.SimpleQueue() for _ in range(world)]
+        self._done = context.Queue()
+        self._rounds = 0
+        self.failure: RankFailed | None = None
+        self.processes = [context.Process(target=_rank_serve, daemon=True,
+                                          args=(rank, world, backend, str(self.folder), os.getpid(), timeout_s,
+                                                self._requests[rank], self._done)) for rank in range(world)]
+        for p in self.processes:
+            p.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None and all(p.exitcode is None for p in self.processes)
+
+    def run(self, target: RankTarget, tensors: dict[str, np.ndarray], *args: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """`target(rank, world, tensors, *args)` on every rank; rank 0's return value, (tensors, JSON-able info).
+        `args` travel pickled; `tensors` once through a file every rank maps."""
+        from safetensors.numpy import save_file
+
+        if not self.alive:
+            raise self.failure or RankFailed(f"the client's {self.world} ranks have ended")
+        self._rounds += 1
+        number, started = self._rounds, time.monotonic()
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(self.folder / f"in-{number}.safetensors"))
+        for requests in self._requests:
+            requests.put((number, target, args))
+        while True:
+            try:
+                if self._done.get(timeout=1.0) == number:
+                    break
+            except queue.Empty:
+                pass
+            exitcodes = [p.exitcode for p in self.processes]  # before the survivors are ended (SIGTERM is no cause)
+            if any(code is not None for code in exitcodes):
+                _end(self.processes)  # every rank reaped before their error files are read
+                self._fail(_first_failure(self.folder, exitcodes))
+            if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                self._fail(RankFailed(f"the client's {self.world} ranks did not finish in {self.timeout_s:g} s"))
+        (self.folder / f"in-{number}.safetensors").unlink()  # the round's weights (memory, on a tmpfs) not kept
+        out = mapped(self.folder / f"out-{number}.safetensors")
+        info = json.loads((self.folder / f"out-{number}.json").read_text())
+        for name in (f"out-{number}.safetensors", f"out-{number}.json"):
+            (self.folder / name).unlink()
+        return out, info
+
+    def _fail(self, failure: RankFailed) -> None:
+        self.failure = failure
+        self.close()
+        raise failure
+
+    def close(self) -> None:
+        """Every rank asked to end, given 5 s, then ended; the folder removed."""
+        if any(p.is_alive() for p in self.processes) and self.failure is None:
+            for requests in self._requests:
+                requests.put(None)
+            deadline = time.monotonic() + 5
+            for p in self.processes:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+        _end(self.processes)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def mapped(path: str | Path) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors as numpy arrays mapped from the file, not read into memory: every rank of a client
+    reads the round's weights from one file without a private copy each (on a tmpfs the file is the memory), and
+    writing to one changes this process's pages only. A removed file stays readable while its arrays live."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:  # torch's reader maps; the numpy one copies
+        return {k: f.get_tensor(k).numpy() for k in f.keys()}
 
 
 def remove_orphaned_folders(root: str | Path | None = None) -> list[Path]:
@@ -138,9 +211,12 @@ def _end(processes) -> None:
             p.join()
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, folder: str) -> None:
     while True:
         if os.getppid() != parent:  # the client died; nobody will collect this rank's result
+            # the first rank to see it takes the client's folder (the weights) with it: another rank may first end
+            # through a lost connection, and a rank that still writes its error file there then finds no folder
+            shutil.rmtree(folder, ignore_errors=True)
             os._exit(1)
         time.sleep(0.5)
 
@@ -155,27 +231,34 @@ def loopback_bootstrap() -> None:
             os.environ[variable] = loopback
 
 
-def _rank_main(rank: int, world: int, backend: str, folder: str, parent: int, target: RankTarget, args: tuple,
-               timeout_s: float | None = None) -> None:
-    from safetensors.numpy import load_file, save_file
+def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, timeout_s: float | None,
+                requests, done) -> None:
+    """A rank's life: the process group joined once, then each request (round number, target, args) answered until
+    None; rank 0 writes the round's results and says so once every rank has finished it."""
+    from safetensors.numpy import save_file
 
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(parent, folder), daemon=True).start()
     loopback_bootstrap()
     deadline = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}  # every collective's
     dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world, **deadline)
     try:
-        try:
-            tensors, info = target(rank, world, load_file(os.path.join(folder, "in.safetensors")), *args)
-        except BaseException:  # when it failed, and why: the launcher names the first rank that failed
-            # written whole (a temporary name, then renamed): a rank killed while writing leaves no half file
-            partial = Path(folder, f".error-{rank}.txt")
-            partial.write_text(f"{time.time()!r}\n{traceback.format_exc()}")
-            os.replace(partial, Path(folder, f"error-{rank}.txt"))
-            raise
-        if rank == 0:
-            save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(folder, "out.safetensors"))
-            Path(folder, "out.json").write_text(json.dumps(info))
-        dist.barrier()  # rank 0 has written: the others may end
+        while (request := requests.get()) is not None:
+            number, target, args = request
+            try:
+                tensors, info = target(rank, world, mapped(os.path.join(folder, f"in-{number}.safetensors")), *args)
+            except BaseException:  # when it failed, and why: the launcher names the first rank that failed
+                # written whole (a temporary name, then renamed): a rank killed while writing leaves no half file
+                partial = Path(folder, f".error-{rank}.txt")
+                partial.write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+                os.replace(partial, Path(folder, f"error-{rank}.txt"))
+                raise
+            if rank == 0:
+                save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+                          os.path.join(folder, f"out-{number}.safetensors"))
+                Path(folder, f"out-{number}.json").write_text(json.dumps(info))
+            dist.barrier()  # every rank has finished the round: the next request finds them all waiting
+            if rank == 0:
+                done.put(number)
     except BaseException:
         dist.destroy_process_group()
         raise

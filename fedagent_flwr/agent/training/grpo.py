@@ -172,8 +172,10 @@ class GRPOTrainer:
     def optimizer_arrays(self) -> dict[str, np.ndarray]:
         """AdamW's step counts and moments by parameter position ("<i>/exp_avg", ...): what a learner that trains
         on without averaging (the Centralized and Local baselines) carries from one round into the next."""
-        return {f"{i}/{name}": whole(value).detach().cpu().numpy().copy()  # a sharded moment gathered, rank by rank alike
-                for i, state in self.optimizer.state_dict()["state"].items() for name, value in state.items()}
+        keep = self.ranks.rank == 0  # a sharded moment gathered by every rank alike, kept by rank 0 (whose is sent)
+        gathered = ((f"{i}/{name}", whole(value).detach())
+                    for i, state in self.optimizer.state_dict()["state"].items() for name, value in state.items())
+        return {key: value.cpu().numpy().copy() for key, value in gathered if keep}
 
     def load_optimizer_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Continue from `optimizer_arrays()` of an earlier round's trainer on the same parameters."""
@@ -261,6 +263,7 @@ class GRPOTrainer:
                 with passes.optimizer_step():
                     record.step(torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm))
                     self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)  # not held through the next rollout (a model's size, or 1/N)
             return record.result(len(samples), self.ranks, passes.checkpointed_layers)
 
     def _loss(self, p: Pass, samples: Sequence[StepSample], old: list[torch.Tensor] | None,

@@ -17,15 +17,18 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedagent_flwr.agent.fsdp.ranks import whole
+from fedagent_flwr.agent.fsdp.ranks import Ranks, like, whole
+from fedagent_flwr.agent.training.weights import numpy_views
 
 # PEFT is imported where an adapter is made or read, not at the top: reading a run config must not pay for it
 # (about 2 s of every process's start on 2 cores).
@@ -86,20 +89,24 @@ def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iter
 
 
 def adapter_to_arrays(peft_model: PeftModel) -> ArrayRecord:
+    """The adapter's tensors only (float32 on the CPU: bf16 has no numpy dtype). A sharded adapter is gathered by
+    every rank alike, and kept by rank 0 alone (the others return an empty record), as model_to_arrays does."""
     from peft import get_peft_model_state_dict
 
-    """The adapter's tensors only (float32 on the CPU: bf16 has no numpy dtype)."""
-    state = get_peft_model_state_dict(peft_model)
-    state = {k: whole(v).detach().to("cpu") for k, v in state.items()}  # a sharded adapter gathered, rank by rank alike
-    return ArrayRecord({k: (v.float() if v.dtype == torch.bfloat16 else v).contiguous() for k, v in state.items()})
+    keep = Ranks.current().rank == 0
+    state = {k: whole(v).detach() for k, v in get_peft_model_state_dict(peft_model).items()}
+    return ArrayRecord({k: (v.float() if v.dtype == torch.bfloat16 else v).cpu().contiguous() for k, v in state.items()}
+                       if keep else {})
 
 
-def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord) -> None:
+def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> None:
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
     """Load an adapter; its keys must be exactly the model's adapter keys."""
     current = get_peft_model_state_dict(peft_model)
-    incoming = arrays.to_torch_state_dict()
+    with warnings.catch_warnings():  # views of the message's bytes (or of a mapped file): read, never written
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        incoming = {k: torch.from_numpy(v) for k, v in numpy_views(arrays).items()}
     missing, unexpected = sorted(set(current) - set(incoming)), sorted(set(incoming) - set(current))
     if missing or unexpected:
         raise ValueError(f"adapter does not fit the model (check lora-rank / lora-target-modules): "
@@ -107,7 +114,8 @@ def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord) -> None:
     for k, v in incoming.items():
         if tuple(v.shape) != tuple(current[k].shape):
             raise ValueError(f"adapter tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(current[k].shape)}")
-    result = set_peft_model_state_dict(peft_model, {k: v.to(current[k].dtype) for k, v in incoming.items()})
+    # a sharded adapter (a rank's model kept between rounds) takes each rank's part
+    result = set_peft_model_state_dict(peft_model, {k: like(v.to(current[k].dtype), current[k]) for k, v in incoming.items()})
     if getattr(result, "unexpected_keys", None):
         raise ValueError(f"PEFT did not place adapter keys {result.unexpected_keys[:3]}")
 

@@ -13,11 +13,13 @@ those bytes into the model's parameter): see strategies/transfer.py for why not 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedagent_flwr.agent.fsdp.ranks import whole
+from fedagent_flwr.agent.fsdp.ranks import Ranks, like, whole
 from strategies.transfer import array_view, numpy_array
 
 
@@ -38,18 +40,29 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
 
 
 def model_to_arrays(model: torch.nn.Module) -> ArrayRecord:
-    tied = tied_names(model)
+    """The model's weights (less tied duplicates) as a Flower record, float32 for bf16. A sharded model: every rank
+    gathers each weight in the same order, and only rank 0, whose record is the reply, keeps them (the others return
+    an empty record instead of a whole model's copy)."""
+    tied, keep = tied_names(model), Ranks.current().rank == 0
     record = ArrayRecord()
     for name, tensor in model.state_dict().items():
         if name in tied:
             continue
-        t = whole(tensor).detach().to("cpu")  # every rank of a sharded model gathers each weight in the same order
-        record[name] = numpy_array((t.float() if t.dtype == torch.bfloat16 else t).numpy())
+        t = whole(tensor).detach()
+        if keep:
+            t = t.to("cpu")
+            record[name] = numpy_array((t.float() if t.dtype == torch.bfloat16 else t).numpy())
     return record
 
 
+def numpy_views(arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Arrays by name without a copy: views of a Flower record's bytes, or the arrays of a dict as they are (a rank's
+    weights mapped from the file its client wrote)."""
+    return {k: array_view(arrays[k]) if isinstance(arrays, ArrayRecord) else arrays[k] for k in arrays.keys()}
+
+
 @torch.no_grad()
-def arrays_to_model(model: torch.nn.Module, arrays: ArrayRecord) -> None:
+def arrays_to_model(model: torch.nn.Module, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> None:
     """Load arrays into the model in place; keys (less tied duplicates) and shapes must match exactly."""
     current = model.state_dict()  # tensors sharing storage with the parameters and buffers
     tied = tied_names(model)
@@ -57,11 +70,11 @@ def arrays_to_model(model: torch.nn.Module, arrays: ArrayRecord) -> None:
     missing, unexpected = sorted(expected - set(arrays.keys())), sorted(set(arrays.keys()) - expected)
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for name in arrays.keys():
-        values = array_view(arrays[name])
+    for name, values in numpy_views(arrays).items():
         if tuple(values.shape) != tuple(current[name].shape):
             raise ValueError(f"weights do not fit the model: {name} has shape {tuple(values.shape)}, "
                              f"the model's is {tuple(current[name].shape)}")
         with warnings.catch_warnings():  # a view of the message's bytes: read, never written
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            current[name].copy_(torch.from_numpy(values))  # casts to the model's dtype; tied names share it
+            # casts to the model's dtype; tied names share it; a sharded weight takes its rank's part
+            current[name].copy_(like(torch.from_numpy(values), current[name]))
