@@ -27,7 +27,7 @@ from envs import Task, TextEnv, per_env_numbers, task_env
 from fedagent_flwr.agent.engine import decode
 from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.play.progress import ProgressLines
-from fedagent_flwr.agent.training.experience import ExperienceBuffer
+from fedagent_flwr.agent.training.experience import ExperienceBuffer, StoredTrajectory
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.agent.training.lora import (
     LoRASpec,
@@ -165,13 +165,19 @@ def self_evolution_round(
     server_round: int,
     buffer: ExperienceBuffer,
     global_adapter: ArrayRecord | None = None,
+    seed_data: Callable[[], tuple[list[StoredTrajectory], int]] | None = None,
 ) -> tuple[ArrayRecord, dict[str, float]]:
-    """Run one round from `global_adapter` (None = a fresh adapter); returns (adapter, metrics)."""
+    """Run one round from `global_adapter` (None = a fresh adapter); returns (adapter, metrics). `seed_data`: where
+    D_k^0 is read from files (agenttraj.seed_trajectories' entries and the steps it left out) instead of played by
+    the scripted experts; called only while the buffer is unseeded."""
     if not tasks:
         raise ValueError("a Fed-SE client needs at least one training task")
     started = time.time()
     metrics: dict[str, float] = {}
-    if not buffer.seeded and config.seed_demos:
+    if not buffer.seeded and seed_data is not None:
+        entries, left_out = seed_data()
+        metrics["fedse/seeded-demos"], metrics["fedse/seed-steps-left-out"] = float(buffer.seed(entries)), float(left_out)
+    elif not buffer.seeded and config.seed_demos:
         metrics["fedse/seeded-demos"] = float(buffer.seed(expert_demonstrations(agent, env_factory, tasks, config.seed_demos, rollout)))
     with attached_lora(agent.model, config.lora, seed=config.seed) as peft_model:
         if global_adapter is not None:

@@ -16,10 +16,12 @@ from collections.abc import Mapping
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
-from envs import make_env
-from fedagent_flwr.agent.training.experience import ExperienceBuffer
+from envs import make_env, per_env_numbers, task_env
+from fedagent_flwr.agent.agenttraj import client_share, read_items, seed_trajectories
+from fedagent_flwr.agent.training.experience import ExperienceBuffer, StoredTrajectory
 from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import client_buffer_dir, self_evolution_round
+from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader
 from fedagent_flwr.methods.fedagent import LanguageAgentMethod
 from fedagent_flwr.methods.tasks import learner_tasks
@@ -50,8 +52,22 @@ class FedSE(LanguageAgentMethod):
         buffer = ExperienceBuffer(client_buffer_dir(cfg.fedse_buffer_dir, str(config[RUN_KEY]), partition_id), agent.base_fingerprint)
         tasks = learner_tasks(cfg, partition_id, num_partitions)
         placement = process_placement(cfg, agent, tasks)  # every auto of this client, once
+        seed_data = (lambda: agenttraj_seed(cfg, agent.tokenizer, partition_id, num_partitions)) if cfg.fedse_seed_data else None
         adapter, metrics = self_evolution_round(
             agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
             lambda: make_env(cfg.env, cfg.max_steps), tasks, server_round, buffer,
-            decode(msg.content.array_records["arrays"], cfg.transfer_dtype))
+            decode(msg.content.array_records["arrays"], cfg.transfer_dtype), seed_data)
         return Message(RecordDict({"arrays": encode(adapter, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def agenttraj_seed(cfg: RunConfig, tokenizer, partition_id: int, num_partitions: int) -> tuple[list[StoredTrajectory], int]:
+    """Client `partition_id`'s D_k^0 from fedse-seed-data: its share of the items of each environment its training
+    tasks come from (the holders of an environment: every client whose tasks include it), capped per environment
+    where fedse-seed-demos names environments."""
+    holders: dict[str, list[int]] = {}
+    for p in range(num_partitions):
+        for env in sorted({task_env(t) or cfg.env for t in learner_tasks(cfg, p, num_partitions)}):
+            holders.setdefault(env, []).append(p)
+    caps = per_env_numbers(cfg.fedse_seed_demos) if isinstance(cfg.fedse_seed_demos, str) else None
+    items = client_share(read_items(cfg.fedse_seed_data), holders, partition_id, caps)
+    return seed_trajectories(items, tokenizer, cfg.max_context_tokens)

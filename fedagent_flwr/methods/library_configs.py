@@ -23,6 +23,7 @@ def rollout_config(cfg: RunConfig, evaluation: bool = False, placement: Placemen
     placement = placement or place_run(cfg, "server" if evaluation else "client")
     return RolloutConfig(
         history_length=cfg.history_length,
+        max_context_tokens=cfg.max_context_tokens,
         invalid_penalty=cfg.invalid_penalty,
         max_new_tokens=new_tokens(cfg),
         temperature=cfg.eval_temperature if evaluation else cfg.temperature,

@@ -67,12 +67,14 @@ def new_tokens(cfg: RunConfig) -> int:
 
 def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int:
     """An estimate of the longest context of the run's episodes, for the memory plan: the longest first-step
-    prompt over up to 16 tasks, once more for every step of history shown, plus the generated tokens."""
+    prompt over up to 16 tasks, once more for every step of history shown, plus the generated tokens; at most
+    max-context-tokens where the prompts are cut to it."""
     encoder, lengths = PromptEncoder(tokenizer), []
     for task in list(tasks)[:16]:
         observation, _ = env.reset(task)
         lengths.append(len(encoder(build_prompt(env, observation, [], 0, template=cfg.prompt_template))))
-    return max(lengths, default=0) * (1 + cfg.history_length) + new_tokens(cfg)
+    estimate = max(lengths, default=0) * (1 + cfg.history_length) + new_tokens(cfg)
+    return min(estimate, cfg.max_context_tokens) if cfg.max_context_tokens else estimate
 
 
 def check_placement(cfg: RunConfig, placement: Placement, role: str = "client") -> None:

@@ -40,7 +40,7 @@ CLIENT_METRICS = frozenset({
     "outcome_groups", "checkpointed_layers", "repeated_states", "rollout_logprob_gap", "rollout_logprob_gap_signed",
     "rollout_logprob_gap_max", "rollout_logprob_gap_over_001", "first_step_clip_frac",
     # Fed-SE (agent/self_evolution.py, agent/training/experience.py)
-    "fedse/seeded-demos", "fedse/kept-trajectories", "fedse/new-successes", "fedse/loss-first", "fedse/train-samples",
+    "fedse/seeded-demos", "fedse/seed-steps-left-out", "fedse/kept-trajectories", "fedse/new-successes", "fedse/loss-first", "fedse/train-samples",
     "fedse/sft-steps",
     "fedse/buffer-seed-trajectories", "fedse/buffer-steps", "fedse/buffer-trajectories", "fedse/buffer-won-fraction",
     # QAvg / PAvg (methods/fedrl)

@@ -124,3 +124,33 @@ def test_the_expert_plays_whole_episodes_in_agentgyms_answer_form(name, maze_tok
     strict = run_episodes(ExpertPolicy(maze_tokenizer, template="agentgym"), lambda: make_env(name), env.tasks()[:1],
                           PromptEncoder(maze_tokenizer), dataclasses.replace(cfg, answer_parsing="strict"))
     assert all(not s.valid for s in strict[0].steps)
+
+
+def test_a_context_limit_leaves_out_the_oldest_steps_until_a_prompt_fits(maze_tokenizer):
+    """max-context-tokens: every prompt plus the generated tokens fits the limit, showing the most past steps that fit
+    (one more would not) and still counting every step taken; what is played does not change."""
+    tasks, encoder = make_env("maze").tasks()[:4], PromptEncoder(maze_tokenizer)
+    play = lambda limit: run_episodes(ExpertPolicy(maze_tokenizer), lambda: make_env("maze"), tasks, encoder,
+                                      RolloutConfig(history_length=10, max_new_tokens=8, max_context_tokens=limit))
+    whole = play(0)
+    first, longest = (len(whole[0].steps[0].prompt_ids), max(len(s.prompt_ids) for t in whole for s in t.steps))
+    limit = (first + longest) // 2 + 8
+    cut = play(limit)
+    assert [[s.action for s in t.steps] for t in cut] == [[s.action for s in t.steps] for t in whole]
+    shortened = 0
+    for t, w in zip(cut, whole):
+        replay = make_env("maze")
+        replay.reset(t.task)
+        history = []
+        for k, (s, full) in enumerate(zip(t.steps, w.steps)):
+            assert len(s.prompt_ids) + 8 <= limit
+            if s.prompt != full.prompt:
+                shortened += 1
+                shown = next(n for n in range(1, 11) if s.prompt == build_prompt(replay, s.observation, history, n))
+                more = build_prompt(replay, s.observation, history, shown + 1)
+                assert len(encoder.encode_many([more])[0]) + 8 > limit and f"You have taken {k} step(s)" in s.prompt
+            history.append((s.observation, s.action))
+            replay.step(s.action)
+    assert shortened > 0
+    with pytest.raises(ValueError, match=r"max-context-tokens=20: a prompt of task .* needs \d+ tokens"):
+        play(20)

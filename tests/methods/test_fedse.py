@@ -275,6 +275,28 @@ def test_self_evolution_round_grows_the_buffer_and_returns_only_the_adapter(tiny
     assert ExperienceBuffer(tmp_path / "p0", "fp").stats()["buffer-trajectories"] == 15
 
 
+def test_seed_data_read_from_files_seed_the_buffer_instead_of_the_experts(tiny_lm, maze_tokenizer, tmp_path):
+    """fedse-seed-data: D_k^0 is the entries read (the experts play nothing), the steps left out are reported, and
+    the reader is called only while the buffer is unseeded."""
+    from fedagent_flwr.agent.training.experience import SEED_ROUND, StoredTrajectory
+
+    agent = _agent(tiny_lm, maze_tokenizer)
+    read = [StoredTrajectory("maze_0", SEED_ROUND, True, [([1, 2, 3], [4, 5])]), StoredTrajectory("maze_1", SEED_ROUND, True, [([1], [6])])]
+    calls = []
+    seed_data = lambda: (calls.append(1), (read, 3))[1]  # noqa: E731
+    config = SelfEvolutionConfig(lora=LoRASpec(rank=2, alpha=4), explore_samples=0, seed_demos=5, sft_steps=1,
+                                 sft_batch_size=2, learning_rate=1e-2)
+    buffer = ExperienceBuffer(tmp_path / "p0", "fp")
+    tasks = make_env("maze").tasks_of_split("train")[:2]
+    _, metrics = self_evolution_round(agent, config, RolloutConfig(history_length=0), lambda: make_env("maze"), tasks, 1,
+                                      buffer, None, seed_data)
+    assert metrics["fedse/seeded-demos"] == 2 and metrics["fedse/seed-steps-left-out"] == 3
+    assert buffer.samples() == [([1, 2, 3], [4, 5]), ([1], [6])]
+    _, metrics = self_evolution_round(agent, config, RolloutConfig(history_length=0), lambda: make_env("maze"), tasks, 2,
+                                      buffer, None, seed_data)
+    assert calls == [1] and "fedse/seeded-demos" not in metrics
+
+
 def test_client_message_holds_only_adapter_tensors_and_numeric_metrics(tiny_lm, maze_tokenizer, tmp_path, monkeypatch, run_identity):
     """The ClientApp's train handler, called directly with a Flower Message and Context."""
     from flwr.app import Context

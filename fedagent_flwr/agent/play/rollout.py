@@ -98,6 +98,7 @@ class RolloutConfig:
     # past (observation, action) pairs in the prompt; no default, so that no caller silently differs
     # from the run config's (methods/library_configs.rollout_config builds this for every run)
     history_length: int
+    max_context_tokens: int = 0  # prompt + max_new_tokens at most this; the oldest history left out until it fits
     invalid_penalty: float = 0.1
     max_new_tokens: int = 48
     temperature: float = 1.0
@@ -253,6 +254,31 @@ class ExpertPolicy:
         return out
 
 
+def cut_history(e: Episode, config: RolloutConfig, encoder: PromptEncoder, system: str | None) -> None:
+    """Episode `e`'s prompt rebuilt with the most past steps (fewer than shown now) that leave room for max_new_tokens
+    in max_context_tokens (found by bisection: each try encodes the prompt once). The prompt still counts every step
+    taken; a step that does not fit with one past step is refused, naming the key."""
+    def encoded(shown: int) -> tuple[str, list[int]]:
+        prompt = build_prompt(e.env, e.observation, e.history, shown, config.prompt_roles, config.prompt_template)
+        return prompt, encoder.encode_many([prompt], [system] if system is not None else None)[0]
+
+    room = config.max_context_tokens - config.max_new_tokens
+    fits, lo, hi = None, 1, min(config.history_length, len(e.history)) - 1  # the most shown that fits, in [lo, hi]
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        prompt, ids = encoded(mid)
+        if len(ids) <= room:
+            fits, lo = (prompt, ids), mid + 1
+        else:
+            hi = mid - 1
+    if fits is None:
+        shortest = len(encoded(1)[1]) if e.history and config.history_length else len(e.prompt_ids)
+        raise ValueError(f"max-context-tokens={config.max_context_tokens}: a prompt of task {e.trajectory.task.id} "
+                         f"needs {shortest} tokens with {min(1, len(e.history), config.history_length)} past step(s) "
+                         f"shown, plus {config.max_new_tokens} generated; allowed: a limit above that, or 0 (no cut)")
+    e.prompt, e.prompt_ids = fits
+
+
 def run_episodes(
     policy: Policy,
     env_factory: Callable[[], TextEnv],
@@ -281,6 +307,10 @@ def run_episodes(
         systems = [system_prompt(e.env) for e in live] if config.prompt_roles == "system" else None
         for e, ids in zip(live, encoder.encode_many([e.prompt for e in live], systems)):
             e.prompt_ids = ids
+        if config.max_context_tokens:
+            for i, e in enumerate(live):
+                if len(e.prompt_ids) + config.max_new_tokens > config.max_context_tokens:
+                    cut_history(e, config, encoder, systems[i] if systems else None)
         completions = policy.act(live)
         still_live = []
         for e, (ids, text, *known) in zip(live, completions):

@@ -63,11 +63,12 @@ class ExperienceBuffer:
     def seeded(self) -> bool:
         return any(e.round == SEED_ROUND for e in self.entries)
 
-    def seed(self, trajectories: Iterable[Trajectory]) -> int:
-        """Store D_k^0 unless the buffer already holds it; returns the entries added."""
+    def seed(self, trajectories: Iterable[Trajectory | StoredTrajectory]) -> int:
+        """Store D_k^0 unless the buffer already holds it (played episodes, or entries read from seed data); returns
+        the entries added."""
         if self.seeded:
             return 0
-        new = [StoredTrajectory.from_trajectory(t, SEED_ROUND) for t in trajectories]
+        new = [t if isinstance(t, StoredTrajectory) else StoredTrajectory.from_trajectory(t, SEED_ROUND) for t in trajectories]
         self.entries = new + self.entries
         self.save()
         return len(new)
