@@ -40,18 +40,27 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float]) -> dict[st
     half = float(scipy_stats.t.ppf(0.975, n - 1)) * se
     out.update(se=se, ci95=[out["mean"] - half, out["mean"] + half])
     # Identical differences in every seed leave the t statistic undefined: no spread, so nothing to test.
-    if se > 1e-12 * max(1.0, abs(out["mean"])):
+    if not no_spread(se, out["mean"]):
         out["p"] = float(scipy_stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue)
     else:
         out["p"] = 0.0 if out["mean"] != 0 else 1.0
     return out
 
 
+def no_spread(se: float, mean: float) -> bool:
+    """The same difference in every seed (to rounding): a t-test has nothing to weigh it against."""
+    return se <= 1e-12 * max(1.0, abs(mean))
+
+
 def ordering(better: str, worse: str, comparison: Mapping[str, Any]) -> str:
-    """One line: does `better` beat `worse`? "holds" only for a positive difference with p < ALPHA."""
+    """One line: does `better` beat `worse`? "holds" only for a positive difference with p < ALPHA, tested against
+    its spread over seeds."""
     mean, se, p, n = comparison["mean"], comparison["se"], comparison["p"], comparison["n"]
     if n < 2:  # no spread over seeds to test against: say so rather than print a test of nothing
         return f"{better} above {worse}: not shown (difference {100 * mean:+.1f} points in {n} seed; no test over seeds)"
+    if no_spread(se, mean):  # with few seeds of a discrete success rate, a coincidence, not a certainty
+        return (f"{better} above {worse}: not shown (difference {100 * mean:+.1f} points in each of {n} seeds: no "
+                "spread over seeds to test it against)")
     holds = mean > 0 and p < ALPHA
     return (f"{better} above {worse}: {'holds' if holds else 'not shown'} (difference {100 * mean:+.1f} ± "
             f"{100 * se:.1f} points, paired t-test p = {p:.3f}, {n} seeds)")

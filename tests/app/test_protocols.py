@@ -234,6 +234,10 @@ def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
     one = paired_difference({0: 0.9}, {0: 0.1})
     assert one["n"] == 1 and math.isnan(one["p"]) and "not shown" in ordering("A", "B", one)
     assert ordering("A", "B", one).endswith("points in 1 seed; no test over seeds)") and "nan" not in ordering("A", "B", one)
+    # the same difference in both seeds (success rates are multiples of 1/144): no spread, so no "holds" from p = 0
+    same = paired_difference({0: 77 / 144, 1: 66 / 144}, {0: 67 / 144, 1: 56 / 144})
+    assert ordering("A", "B", same) == ("A above B: not shown (difference +6.9 points in each of 2 seeds: no spread "
+                                        "over seeds to test it against)")
     tie = paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
     assert tie["mean"] == 0 and tie["p"] == 1.0 and "not shown" in ordering("A", "B", tie)
     behind = paired_difference({0: 0.1, 1: 0.2, 2: 0.1}, {0: 0.5, 1: 0.7, 2: 0.6})
