@@ -101,7 +101,7 @@ def main() -> None:
               f"{later[v].mean():.2f} +- {se[v]:.2f} s", flush=True)
     print(f"kept ranks' first round overhead {result['kept_first_round_overhead_s']:.2f} s; ranks started anew spend "
           f"{result['overhead_ratio_new_over_kept']:.1f}x the overhead of kept ranks in a later round; kept ranks' peak "
-          f"RSS {', '.join(f'{m:.0f}' for m in peak_mb)} MB", flush=True)
+          f"RSS {', '.join(f'{m:.0f}' for m in peak_mb)} MiB", flush=True)
     if args.json:
         print(json.dumps(result))
 
