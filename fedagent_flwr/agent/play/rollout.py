@@ -260,7 +260,7 @@ def cut_history(e: Episode, config: RolloutConfig, encoder: PromptEncoder, syste
     taken; a step that does not fit with one past step is refused, naming the key."""
     def encoded(shown: int) -> tuple[str, list[int]]:
         prompt = build_prompt(e.env, e.observation, e.history, shown, config.prompt_roles, config.prompt_template)
-        return prompt, encoder.encode_many([prompt], [system] if system is not None else None)[0]
+        return prompt, encoder(prompt, system)
 
     room = config.max_context_tokens - config.max_new_tokens
     fits, lo, hi = None, 1, min(config.history_length, len(e.history)) - 1  # the most shown that fits, in [lo, hi]
