@@ -112,12 +112,13 @@ def _unsharded(model: torch.nn.Module) -> Iterator[None]:
             m.set_reshard_after_forward(True)
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
+def shard(model: torch.nn.Module, device: torch.device | None = None) -> torch.nn.Module:
     """FSDP2 on `model` in place: each decoder layer a unit (transformers names its class in `_no_split_modules`), the
     rest (embeddings, final norm, head) in the root's unit. A PEFT model is sharded with its adapter inside the layers.
 
-    The mesh is on the device the model's weights are on: fully_shard's default mesh is on whatever accelerator torch
-    finds, so CPU ranks on a machine with a GPU would otherwise shard onto cuda:0."""
+    The mesh is on `device`, default the one the model's weights are on (a model on the meta device names the device
+    it will live on): fully_shard's default mesh is on whatever accelerator torch finds, so CPU ranks on a machine with
+    a GPU would otherwise shard onto cuda:0."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -126,7 +127,7 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
         raise ValueError(f"{type(inner).__name__} names no decoder layer class (_no_split_modules): cannot shard it")
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in layers:
         fully_shard(layer, mesh=mesh)
@@ -140,10 +141,24 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def like(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """A full tensor shaped as `param` sharded as `param` is (this rank's part of it), or as it is for a plain one."""
+def local_part(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The part of a full tensor shaped as `param` that this rank holds of `param` (a view of its rows; all of it for a
+    plain tensor). Cut where torch says this rank's shard lies, on the tensor's own device: a mapped file's tensor is
+    read only there, and no whole tensor goes to the rank's card."""
     if not hasattr(param, "device_mesh"):
         return tensor
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    return distribute_tensor(tensor.to(param.device), param.device_mesh, param.placements)
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tensor[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+
+
+def like(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A full tensor shaped as `param` sharded as `param` is (this rank's part of it), or as it is for a plain one. Each
+    rank takes its part of its own copy (every rank holds the same full tensor): no collective."""
+    if not hasattr(param, "device_mesh"):
+        return tensor
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local_part(tensor, param).to(param.device), param.device_mesh, param.placements,
+                              shape=param.shape, stride=param.stride())
