@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from fedagent_flwr.agent.engine.memory import GB, ModelShape
 from fedagent_flwr.agent.fsdp.launch import RankPool, backend_for
@@ -89,7 +88,7 @@ def main() -> None:
     result = {"settings": {"ranks": cfg.ranks_per_client, "model": cfg.model, "env": cfg.env,
                            "finetuning": cfg.finetuning, "precision": placement.precision, "run_config": values},
               "plan": plan.as_dict(), "plan_mib": plan.total / MIB, "ranks": ranks,
-              "episodes": metrics.get("episodes"), "pid": os.getpid()}
+              "episodes": metrics.get("episodes")}
     print(plan.table().replace(f"{plan.who}:", f"{plan.who} (plan, {plan.total / GB * 1024:.0f} MiB):"), flush=True)
     for r, x in enumerate(ranks):
         print(f"rank {r}: {x['baseline_mib']:.0f} MiB before the model, peak {x['peak_mib']:.0f} MiB: the round "
