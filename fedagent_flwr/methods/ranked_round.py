@@ -57,6 +57,19 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
     return trained, info["metrics"]
 
 
+def idle_ranks_note(cfg: RunConfig) -> str | None:
+    """What a run should hear when some of a client's ranks have no pass of the update to run: rank r runs passes
+    r, r + N, ... of each minibatch, so with fewer passes a minibatch than ranks the others run spare one-row passes
+    (a minibatch cut by micro-batch-tokens has a count only its lengths decide: not said)."""
+    passes = -(-cfg.minibatch_size // cfg.micro_batch_size)
+    if cfg.ranks_per_client < 2 or cfg.micro_batch_tokens or passes >= cfg.ranks_per_client:
+        return None
+    return (f"ranks-per-client={cfg.ranks_per_client} with micro-batch-size={cfg.micro_batch_size} of minibatch-size="
+            f"{cfg.minibatch_size}: {passes} pass(es) a minibatch, so {cfg.ranks_per_client - passes} rank(s) run only "
+            f"one-row spare passes in the update; micro-batch-size={cfg.minibatch_size // cfg.ranks_per_client} or less "
+            "shares it")
+
+
 _POOL: list[RankPool] = []  # this client process's ranks, kept between its rounds
 
 

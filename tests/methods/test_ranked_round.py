@@ -218,3 +218,15 @@ def test_ranks_on_nccl_run_a_clients_round(tiny_folder, ranks):
         sent = adapter_to_arrays(peft_model)
     trained, metrics = train_on_ranks(cfg, sent, learner_tasks(cfg, 0, 2), 1, 0)
     assert list(trained.keys()) == list(sent.keys()) and metrics["episodes"] == 12
+
+
+def test_a_run_whose_ranks_would_idle_in_the_update_is_told_so():
+    """The default job's micro-batch is its whole minibatch: on 2 ranks one pass a minibatch, rank 1 only spare ones."""
+    from fedagent_flwr.methods.ranked_round import idle_ranks_note
+
+    note = idle_ranks_note(RunConfig.from_run_config({"ranks-per-client": 2}))
+    assert note and "micro-batch-size=64 of minibatch-size=64: 1 pass(es) a minibatch" in note
+    assert "micro-batch-size=32 or less shares it" in note
+    for shared in ({"ranks-per-client": 2, "micro-batch-size": 32}, {"ranks-per-client": 1},
+                   {"ranks-per-client": 4, "micro-batch-size": 16}, {"ranks-per-client": 2, "micro-batch-tokens": 4096}):
+        assert idle_ranks_note(RunConfig.from_run_config(shared)) is None, shared
