@@ -58,7 +58,8 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
 
     from fedagent_flwr.agent.models.loading import frozen
 
-    model, tokenizer = tiny_model(lora)
+    model, tokenizer = tiny_model(lora, tied=settings.get("tied", False))
+    settings = {k: v for k, v in settings.items() if k != "tied"}
     base = frozen(deepcopy(model)) if not lora and settings.get("kl_reference") == "base" else None
     if world > 1:
         model = shard(model)
@@ -166,3 +167,18 @@ def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, 
     held = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in model.parameters())
     everyone = Ranks(rank, world).gather({str(rank): held})
     return (out if rank == 0 else {}), {"held": everyone, "adapter": sum(".lora_" in n for n, _ in model.named_parameters())}
+
+
+_HELD_BLOCKS: list = []  # a LoRA adapter block each rank keeps open, as methods/ranked_round.py's ranks do
+
+
+def fail_holding_lora(rank: int, world: int, tensors: dict):
+    """Every rank attaches a LoRA adapter for its life (the block left open), then fails."""
+    import contextlib
+
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+
+    block = contextlib.ExitStack()
+    block.enter_context(attached_lora(tiny_model(lora=False)[0], LoRASpec(rank=2, target_modules=("q_proj",))))
+    _HELD_BLOCKS.append(block)
+    raise ValueError(f"rank {rank} fails holding an adapter")

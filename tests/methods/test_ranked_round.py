@@ -57,6 +57,16 @@ def test_a_failed_rank_fails_the_client_and_leaves_no_rank_behind(target, says, 
     assert len(pids) == 2 and all(_ended(pid) for pid in pids)  # rank 0, blocked in a barrier, was ended too
 
 
+def test_ranks_that_fail_holding_a_lora_adapter_fail_the_client_at_once():
+    """A failed rank ends at once, not through the interpreter's shutdown, where closing its held adapter block hung
+    (PEFT's unload starts a thread a shutting-down interpreter never starts): the client hears the error, not its
+    deadline."""
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match="fails holding an adapter"):
+        run_ranks(2, "gloo", rank_workers.fail_holding_lora, {}, timeout_s=60)
+    assert time.monotonic() - started < 60
+
+
 def test_kept_ranks_answer_every_round_from_the_processes_they_started_in():
     """The pool's ranks are started once: each round is answered by the same processes, which keep what their target
     left in them; a rank that fails ends the pool, and its rank and reason are named."""
