@@ -54,10 +54,13 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
     from fedagent_flwr.methods.library_configs import grpo_config
 
     from fedagent_flwr.agent.fsdp.ranks import shard
-    from fedagent_flwr.methods.local_round import frozen_copy
+    from copy import deepcopy
 
-    model, tokenizer = tiny_model(lora)
-    base = frozen_copy(model) if not lora and settings.get("kl_reference") == "base" else None
+    from fedagent_flwr.agent.models.loading import frozen
+
+    model, tokenizer = tiny_model(lora, tied=settings.get("tied", False))
+    settings = {k: v for k, v in settings.items() if k != "tied"}
+    base = frozen(deepcopy(model)) if not lora and settings.get("kl_reference") == "base" else None
     if world > 1:
         model = shard(model)
         base = shard(base) if base is not None else None
@@ -140,3 +143,42 @@ def held_state(rank: int, world: int, tensors: dict):
     read = adapter_to_arrays if hasattr(held.model, "peft_config") else model_to_arrays  # what the round replies
     kept = Ranks.current().gather({str(rank): len(read(held.model).keys())})  # whole weights, by rank
     return anchor, {"grads": sum(p.grad is not None for p in held.model.parameters()), "kept": kept}
+
+
+def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, lora: bool):
+    """The model folder `source` loaded sharded (agent/fsdp/sharded_load.py), a LoRA adapter attached first where
+    `lora`: rank 0 returns every base weight and buffer gathered whole (as float32); each rank says how many bytes of
+    weights it holds itself."""
+    from fedagent_flwr.agent.fsdp.ranks import Ranks
+    from fedagent_flwr.agent.fsdp.sharded_load import load_sharded
+    from fedagent_flwr.agent.models.pretrained import ModelSpec
+
+    wrap = None
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        wrap = lambda m: get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = load_sharded(ModelSpec(source, built_here=True), torch.device("cpu"), getattr(torch, dtype), wrap)
+    inner = model.get_base_model() if lora else model
+    out = {}
+    for name, t in list(inner.state_dict().items()) + list(inner.named_buffers()):
+        if ".lora_" not in name:
+            out[name.replace(".base_layer.", ".")] = (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().float().numpy()
+    held = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in model.parameters())
+    everyone = Ranks(rank, world).gather({str(rank): held})
+    return (out if rank == 0 else {}), {"held": everyone, "adapter": sum(".lora_" in n for n, _ in model.named_parameters())}
+
+
+_HELD_BLOCKS: list = []  # a LoRA adapter block each rank keeps open, as methods/ranked_round.py's ranks do
+
+
+def fail_holding_lora(rank: int, world: int, tensors: dict):
+    """Every rank attaches a LoRA adapter for its life (the block left open), then fails."""
+    import contextlib
+
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+
+    block = contextlib.ExitStack()
+    block.enter_context(attached_lora(tiny_model(lora=False)[0], LoRASpec(rank=2, target_modules=("q_proj",))))
+    _HELD_BLOCKS.append(block)
+    raise ValueError(f"rank {rank} fails holding an adapter")

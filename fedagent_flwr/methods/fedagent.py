@@ -40,7 +40,7 @@ from fedagent_flwr.methods.base import AgentLoader, Method
 from fedagent_flwr.methods.memory import check_memory, memory_budget, memory_plans
 from fedagent_flwr.methods.placement import context_tokens, place_run
 from fedagent_flwr.methods.local_round import local_round
-from fedagent_flwr.methods.ranked_round import train_on_ranks
+from fedagent_flwr.methods.ranked_round import idle_ranks_note, train_on_ranks
 from fedagent_flwr.methods.tasks import all_partitions, holdings, holdings_line, learner_tasks
 from fedagent_flwr.privacy.differential_privacy import update_norm
 from fedagent_flwr.runs.reporting import RunReporter
@@ -126,6 +126,8 @@ class LanguageAgentMethod(Method):
         print("[fedagent] memory plan (an estimate, docs/gpu.md):\n" + "\n".join(plan.table() for plan in self.memory), flush=True)
         for role, placement in self.placements.items():  # what auto became on this machine (clients on theirs)
             print(f"[fedagent] {role} on this machine: {placement.summary()}", flush=True)
+        if note := idle_ranks_note(self.cfg):
+            print(f"[fedagent] {note}", flush=True)
 
     def load_global(self, arrays: ArrayRecord) -> None:
         if self.peft_model is not None:

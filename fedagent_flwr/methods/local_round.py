@@ -6,7 +6,6 @@ sharded and kept between rounds (methods/ranked_round.py), and all ranks return 
 from __future__ import annotations
 
 import time
-from copy import deepcopy
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -84,10 +83,3 @@ def train_sent(cfg: RunConfig, agent: Agent, model: torch.nn.Module, sent: Array
     metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer,
                             base_model=base, placement=placement)
     return (adapter_to_arrays(model) if lora else model_to_arrays(model)), metrics
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    copy = deepcopy(model).eval()
-    for p in copy.parameters():
-        p.requires_grad_(False)
-    return copy

@@ -28,13 +28,13 @@ from flwr.app import ArrayRecord
 
 from envs import Task
 from fedagent_flwr.agent.fsdp.launch import RankPool, backend_for, rank_device
-from fedagent_flwr.agent.fsdp.ranks import shard
-from fedagent_flwr.agent.models.loading import Agent, load_agent, load_frozen_base
-from fedagent_flwr.agent.models.pretrained import pick_device
+from fedagent_flwr.agent.fsdp.sharded_load import empty_sharded_copy, load_sharded
+from fedagent_flwr.agent.models.loading import Agent, frozen
+from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
 from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.agent.training.weights import arrays_to_model
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.local_round import frozen_copy, train_sent
+from fedagent_flwr.methods.local_round import train_sent
 from fedagent_flwr.methods.placement import process_placement
 from strategies.transfer import array_view, numpy_array
 
@@ -55,6 +55,19 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
     # in the order they were sent (a safetensors file keeps its keys sorted): a reply is the weights sent, in order
     trained = ArrayRecord({k: numpy_array(out[TRAINED + k]) for k in sent.keys()})
     return trained, info["metrics"]
+
+
+def idle_ranks_note(cfg: RunConfig) -> str | None:
+    """What a run should hear when some of a client's ranks have no pass of the update to run: rank r runs passes
+    r, r + N, ... of each minibatch, so with fewer passes a minibatch than ranks the others run spare one-row passes
+    (a minibatch cut by micro-batch-tokens has a count only its lengths decide: not said)."""
+    passes = -(-cfg.minibatch_size // cfg.micro_batch_size)
+    if cfg.ranks_per_client < 2 or cfg.micro_batch_tokens or passes >= cfg.ranks_per_client:
+        return None
+    return (f"ranks-per-client={cfg.ranks_per_client} with micro-batch-size={cfg.micro_batch_size} of minibatch-size="
+            f"{cfg.minibatch_size}: {passes} pass(es) a minibatch, so {cfg.ranks_per_client - passes} rank(s) run only "
+            f"one-row spare passes in the update; micro-batch-size={cfg.minibatch_size // cfg.ranks_per_client} or less "
+            "shares it")
 
 
 _POOL: list[RankPool] = []  # this client process's ranks, kept between its rounds
@@ -100,21 +113,28 @@ def _held(cfg: RunConfig, world: int, tasks: Sequence[Task]) -> _Held:
     if _HELD and _HELD[0].key == key:
         return _HELD[0]
     _HELD.clear()
-    load_agent.cache_clear()  # the kept agent was sharded in place: another config loads its own
     if torch.device(cfg.device).type == "cpu":  # the ranks share the client's cores
         torch.set_num_threads(max(1, _STARTING_THREADS // world))
-    agent = load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())
+    spec, device = resolve_model(cfg.model, cfg.env), pick_device(cfg.device)
+
+    def agent_of(model: torch.nn.Module) -> Agent:  # the client process answers the fingerprint: none here
+        return Agent(model=model, tokenizer=load_tokenizer(spec), spec=spec, device=device, base_fingerprint="")
+
     if cfg.finetuning == "lora":  # attached for the rank's life: each round loads the sent adapter into it
         attached = contextlib.ExitStack()  # held, or its collection would close the block and unload the adapter
-        model = shard(attached.enter_context(attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed)))
-        _HELD.append(_Held(key, agent, model, None, None, attached))
+        model = load_sharded(spec, device, cfg.base_dtype(),
+                             wrap=lambda base: attached.enter_context(attached_lora(base, cfg.lora_spec(), seed=cfg.seed)))
+        _HELD.append(_Held(key, agent_of(model.get_base_model()), model, None, None, attached))
         return _HELD[0]
-    placement = process_placement(cfg, agent, tasks)  # before sharding, as local_round chooses the anchor
+    agent = agent_of(load_sharded(spec, device, cfg.base_dtype()))
+    placement = process_placement(cfg, agent, tasks)  # the anchor chosen as local_round chooses it
     anchor = placement.kl_reference if cfg.kl_beta > 0 else None
-    base = shard(load_frozen_base(cfg.model, cfg.env, cfg.device)) if anchor == "base" else None
-    if anchor == "round-start":  # copied whole, then sharded (FSDP2 cannot deep-copy); each round loads the sent weights
-        base = shard(frozen_copy(agent.model))
-    _HELD.append(_Held(key, agent, shard(agent.model), base, anchor))
+    base = None
+    if anchor == "base":
+        base = frozen(load_sharded(spec, device))
+    elif anchor == "round-start":  # each round loads the sent weights into it
+        base = frozen(empty_sharded_copy(spec.source, device, cfg.base_dtype()))
+    _HELD.append(_Held(key, agent, agent.model, base, anchor))
     return _HELD[0]
 
 

@@ -36,7 +36,12 @@ def test_the_plan_adds_up_as_computed_by_hand():
     assert rows["generation logits"] == 5 * 32 * 4 and rows["training logits"] == 2 * 3 * 10 * 32 * 4
     # a layer keeps 400 bytes a token under bf16-mixed's fp32 weights (tests/agent/test_checkpointing.py counts them)
     assert rows["activations of a micro-batch"] == 2 * 3 * 10 * 400
-    assert full.total == sum(v for k, v in rows.items() if k != "total")
+    # the rollout's rows and the update's are never held at once: the total is the held rows and the larger phase
+    held = rows["weights (fp32)"] + rows["autocast bf16 weight copies"] + rows["AdamW moments"] + rows["KL reference"]
+    decode = rows["KV cache of a rollout batch"] + rows["generation logits"]
+    update = rows["gradients"] + rows["training logits"] + rows["activations of a micro-batch"]
+    assert (full.peak("decode"), full.peak("update")) == (held + decode, held + update) == (rows["decode peak"], rows["update peak"])
+    assert full.total == rows["total"] == held + update == 64240
     checkpointed = client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="bf16-mixed",
                                kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
                                context_tokens=10, gradient_checkpointing=True).as_dict()
@@ -73,7 +78,9 @@ def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_w
     assert rank["KL reference, 1/4 shard"] == 1480
     for row in ("KV cache of a rollout batch", "training logits", "activations of a micro-batch"):
         assert rank[row] == one[row]
-    assert rank["total"] == one["total"] - 1480 * (4 + 4 + 8 + 4) * 3 // 4 + 1480 * 4
+    # the whole weights are gathered while the rank decodes, never beside the update's gradients and activations
+    assert rank["decode peak"] == one["decode peak"] - 1480 * (4 + 8 + 4) * 3 // 4 + 1480 * 4
+    assert rank["update peak"] == one["update peak"] - 1480 * (4 + 4 + 8 + 4) * 3 // 4
     lora = client_plan(shape, finetuning="lora", kl_reference="base", ranks=2, **common).as_dict()
     assert lora["weights (fp32), 1/2 shard"] == 1480 * 2 and lora["adapter (fp32), 1/2 shard"] == 112 * 2
     assert lora["weights gathered whole to decode"] == (1480 + 112) * 4 and lora["gradients, 1/2 shard"] == 112 * 2
@@ -138,7 +145,8 @@ def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand()
 
 def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_base():
     """Qwen2.5-7B, LoRA r 8 on q/k/v/o, kl-reference base, micro-batch 1, rollout batch 8, 1,024 tokens (the
-    command docs/gpu.md prints): 36.1 GiB with the fp32 base of bf16-mixed, 20.9 GiB with a bf16 base."""
+    command docs/gpu.md prints): 35.6 GiB with the fp32 base of bf16-mixed, 20.4 GiB with a bf16 base, both while
+    updating."""
     from fedagent_flwr.agent.training.lora import LoRASpec
 
     shape = ModelShape.of(shape_config("qwen2.5-7b"))
@@ -147,7 +155,7 @@ def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_b
     fp32_base = client_plan(shape, precision="bf16-mixed", **common)
     bf16_base = client_plan(shape, precision="bf16-base", **common)
     assert fp32_base.total > 24 * GB > bf16_base.total
-    assert round(fp32_base.total / GB, 1) == 36.1 and round(bf16_base.total / GB, 1) == 20.9
+    assert round(fp32_base.total / GB, 1) == 35.6 and round(bf16_base.total / GB, 1) == 20.4
     # the base's halving (P x 2 = 14.2 GiB) and the output head's transient bf16 copy (1.0 GiB) are the difference
     assert fp32_base.total - bf16_base.total == shape.parameters * 2 + shape.vocab * shape.hidden * 2
 
@@ -299,15 +307,18 @@ def test_a_client_and_the_server_resolve_auto_rows_against_their_own_memory(tiny
 
     agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), "fp")
     tasks = make_env("maze").tasks_of_split("train")[:4]
-    cfg = RunConfig(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=4)
-    assert process_placement(cfg, agent, tasks).rollout_rows == 12  # a CPU with no memory given: an epoch's episodes
+    # an update small beside a rollout's rows: one row a pass, 8-token log-prob chunks
+    settings = dict(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=16, micro_batch_size=1,
+                    logprob_chunk_tokens=8, logprob_micro_batch_size=1)
+    cfg = RunConfig(**settings)
+    assert process_placement(cfg, agent, tasks).rollout_rows == 48  # a CPU with no memory given: an epoch's episodes
     shape, context = ModelShape.of(tiny_lm.config), context_tokens(cfg, maze_tokenizer, make_env("maze"), tasks)
-    fixed = planned(cfg, shape, context, 0).total
-    per_row = planned(cfg, shape, context, 1).total - fixed
-    budget = (fixed + 5.5 * per_row) / GB
-    small = RunConfig(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=4, client_memory_gb=budget)
-    assert process_placement(small, agent, tasks).rollout_rows == 5
-    assert process_placement(small, agent, tasks, "server").rollout_rows == 12
+    plan = lambda rows: planned(cfg, shape, context, rows)
+    # the rows are held while decoding: a budget between 29 rows' decoding peak and 30 rows' (the update fits beside)
+    assert plan(30).peak("update") < plan(29).peak("decode")
+    small = RunConfig(**settings, client_memory_gb=(plan(29).peak("decode") + plan(30).peak("decode")) / 2 / GB)
+    assert process_placement(small, agent, tasks).rollout_rows == 29
+    assert process_placement(small, agent, tasks, "server").rollout_rows == 48
 
 
 def test_the_plan_counts_the_static_decoders_weight_copy():
@@ -319,8 +330,10 @@ def test_the_plan_counts_the_static_decoders_weight_copy():
     static = both_plans(RunConfig(device="cpu", decode_engine="static"), shape, 1024)
     auto_cpu = both_plans(RunConfig(device="cpu", decode_engine="auto"), shape, 1024)
     for plain, with_copy in zip(hf, static):
-        assert with_copy.total - plain.total == 4 * shape.parameters  # fp32 on a CPU: the copy is in the model's dtype
+        # fp32 on a CPU: the copy is in the model's dtype, held while decoding (a client releases it before updating)
+        assert with_copy.peak("decode") - plain.peak("decode") == 4 * shape.parameters
         assert with_copy.as_dict()["static decoder's weight copy"] == 4 * shape.parameters
+    assert static[0].peak("update") == hf[0].peak("update")
     assert [p.total for p in auto_cpu] == [p.total for p in hf]  # auto decodes with hf on a CPU
 
 
@@ -450,3 +463,48 @@ def test_the_fedagent_paper_presets_memory_figures_are_the_plans_its_comment_and
     plans = (client_total(), client_total("--set", "gradient-checkpointing=false", "--set", "logprob-chunk-tokens=0",
                                           "--set", "length-grouped-micro-batches=false"))
     assert in_preset == in_docs == plans
+
+
+def test_the_rank_plan_docs_deployment_quotes_is_the_plans_two_phases(capsys):
+    """docs/deployment.md quotes a 7B full fine-tuning rank's decoding and updating peaks with its command: both are
+    read from the text, and the command run."""
+    import re
+    import shlex
+
+    from fedagent_flwr.experiments.memory_plan import main
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "deployment.md").read_text().split())
+    command = re.search(r"What each rank holds, per phase: `python -m fedagent_flwr.experiments.memory_plan ([^`]+)`", text).group(1)
+    quoted = re.search(r"plans ([\d.]+) GiB a rank on 4 cards while decoding and ([\d.]+) GiB while updating", text).groups()
+    main(shlex.split(command))
+    out = capsys.readouterr().out
+    assert quoted == tuple(re.search(rf"peak while {phase}\s+([\d.]+) GiB", out).group(1) for phase in ("decoding", "updating"))
+
+
+def test_the_plans_docs_gpu_quotes_are_its_commands_plans(capsys):
+    """docs/gpu.md's memory plan command, and the same with 32-row passes at three contexts: every figure it quotes is
+    read from the text and the command run."""
+    import re
+    import shlex
+
+    from fedagent_flwr.experiments.memory_plan import main
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "gpu.md").read_text()
+    command = re.search(r"python -m fedagent_flwr.experiments.memory_plan (--shape qwen2.5-1.5b [^`]+?)\n```", text).group(1)
+    args = shlex.split(command.replace("\\\n", " "))
+    prose = " ".join(text.split())
+    quoted = re.search(r"it prints ([\d.]+) GiB for the server and ([\d.]+) GiB per client at 512 tokens, the update's peak; "
+                       r"with 32-row passes, ([\d.]+) GiB at 340 tokens of context, ([\d.]+) GiB at 476 .*? and ([\d.]+) GiB "
+                       r"at 512", prose).groups()
+    assert re.search(r"at 32 rows the plan of a 512-token context needs ([\d.]+) GiB, .*?\(16 rows: ([\d.]+) GiB",
+                     prose).groups() == (quoted[4], quoted[1])
+
+    def totals(*extra: str, rows: int = 16) -> tuple[str, str]:
+        main([a.replace("micro-batch-size=16", f"micro-batch-size={rows}") for a in args] + list(extra))
+        out = capsys.readouterr().out
+        return tuple(re.search(rf"{who}:.*?total\s+([\d.]+) GiB", out, re.S).group(1) for who in (r"the server \(evaluation\)", "each client"))
+
+    server, client = totals()
+    assert "micro-batch-size=16" in args
+    rows32 = [totals("--context-tokens", str(n), rows=32)[1] for n in (340, 476, 512)]
+    assert quoted == (server, client, *rows32)

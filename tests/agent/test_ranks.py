@@ -28,6 +28,10 @@ PER_MICRO_BATCH = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.0, "
 # micro-batches cut by padded tokens, each of another size, under the plain token mean
 BY_TOKENS = {"minibatch_size": 8, "micro_batch_size": 8, "micro_batch_tokens": 60, "kl_beta": 0.05, "kl_reference": "base",
              "loss_aggregation": "token-mean"}
+# chunked log-probs call the body and the head themselves, not the model's forward (the SmolLM2 presets' 256-token
+# chunks); a tied head and embedding, as SmolLM2's, trained through both
+CHUNKED = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base", "logprob_chunk_tokens": 4,
+           "tied": True}
 
 
 # every loss aggregation once; the aggregation is the trainer's, so one model kind each suffices for the newer two.
@@ -35,13 +39,15 @@ BY_TOKENS = {"minibatch_size": 8, "micro_batch_size": 8, "micro_batch_tokens": 6
 @pytest.mark.parametrize("lora, settings", [
     pytest.param(False, NO_KL, marks=pytest.mark.slow), (True, NO_KL), (False, KL_TO_BASE),
     pytest.param(True, KL_TO_BASE, marks=pytest.mark.slow), (False, PER_MICRO_BATCH), (True, BY_TOKENS),
+    (False, CHUNKED), (True, CHUNKED),
 ], ids=["no-kl-full", "no-kl-lora", "kl-to-base-full", "kl-to-base-lora", "micro-batch-token-mean-full",
-        "token-mean-by-tokens-lora"])
+        "token-mean-by-tokens-lora", "chunked-tied-full", "chunked-tied-lora"])
 def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):
     rank_workers.update(lora, settings, str(tmp_path / "one.pt"))
     _on_ranks(lora, settings, str(tmp_path / "two.pt"), 2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
-    moved = max(float((one["weights"][k] - rank_workers.tiny_model(lora)[0].state_dict()[k]).abs().max()) for k in one["weights"])
+    start = rank_workers.tiny_model(lora, tied=settings.get("tied", False))[0].state_dict()
+    moved = max(float((one["weights"][k] - start[k]).abs().max()) for k in one["weights"])
     assert moved > 1e-4  # the update did something
     for k in one["weights"]:
         torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=0, atol=1e-5, msg=k)

@@ -35,3 +35,14 @@ def test_the_default_job_on_two_ranks_is_quoted_from_its_records():
             f"{gain['mean'] / gain['se']:.1f} SE)") in page()
     assert f"against one rank's last evaluation {against['mean']:+.3f} ± {against['se']:.3f} (p {against['p']:.2g})" in page()
     assert f"{minutes[two]:.0f} s against {minutes[one]:.0f} s" in page()
+
+
+def test_the_ranks_memory_against_their_plan_is_quoted_from_its_raw_output():
+    report = json.loads((RESULTS / "rank_memory.tiny.json").read_text())
+    ranks = report["ranks"]
+    base = [f"{r['baseline_mib']:.0f}" for r in ranks]
+    assert (f"less what it held before any model ({base[0]} and {base[1]} MiB: the interpreter, torch, transformers) was "
+            f"{ranks[0]['round_mib']:.0f} MiB on rank 0 and {ranks[1]['round_mib']:.0f} MiB on rank 1, against a plan "
+            f"of {report['plan_mib']:.0f} MiB a rank: not within 15 %") in page()
+    assert max(abs(r["over_plan"] - 1) for r in ranks) > 0.15  # what "not within 15 %" says
+    assert report["raw_output"]["settings"]["arguments"]["run_config"] == {"ranks-per-client": 2}  # the default job on 2 ranks

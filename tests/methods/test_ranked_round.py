@@ -57,6 +57,16 @@ def test_a_failed_rank_fails_the_client_and_leaves_no_rank_behind(target, says, 
     assert len(pids) == 2 and all(_ended(pid) for pid in pids)  # rank 0, blocked in a barrier, was ended too
 
 
+def test_ranks_that_fail_holding_a_lora_adapter_fail_the_client_at_once():
+    """A failed rank ends at once, not through the interpreter's shutdown, where closing its held adapter block hung
+    (PEFT's unload starts a thread a shutting-down interpreter never starts): the client hears the error, not its
+    deadline."""
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match="fails holding an adapter"):
+        run_ranks(2, "gloo", rank_workers.fail_holding_lora, {}, timeout_s=60)
+    assert time.monotonic() - started < 60
+
+
 def test_kept_ranks_answer_every_round_from_the_processes_they_started_in():
     """The pool's ranks are started once: each round is answered by the same processes, which keep what their target
     left in them; a rank that fails ends the pool, and its rank and reason are named."""
@@ -218,3 +228,15 @@ def test_ranks_on_nccl_run_a_clients_round(tiny_folder, ranks):
         sent = adapter_to_arrays(peft_model)
     trained, metrics = train_on_ranks(cfg, sent, learner_tasks(cfg, 0, 2), 1, 0)
     assert list(trained.keys()) == list(sent.keys()) and metrics["episodes"] == 12
+
+
+def test_a_run_whose_ranks_would_idle_in_the_update_is_told_so():
+    """The default job's micro-batch is its whole minibatch: on 2 ranks one pass a minibatch, rank 1 only spare ones."""
+    from fedagent_flwr.methods.ranked_round import idle_ranks_note
+
+    note = idle_ranks_note(RunConfig.from_run_config({"ranks-per-client": 2}))
+    assert note and "micro-batch-size=64 of minibatch-size=64: 1 pass(es) a minibatch" in note
+    assert "micro-batch-size=32 or less shares it" in note
+    for shared in ({"ranks-per-client": 2, "micro-batch-size": 32}, {"ranks-per-client": 1},
+                   {"ranks-per-client": 4, "micro-batch-size": 16}, {"ranks-per-client": 2, "micro-batch-tokens": 4096}):
+        assert idle_ranks_note(RunConfig.from_run_config(shared)) is None, shared

@@ -43,7 +43,10 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
 - the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: at most
   one layer's full set for L rows, and training logits for L x S rows (min(C, L x S) when chunked). The plan takes
   the larger of the update's and these passes' activations and logits: they never run at once.
-It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
+A client's round has two phases, and the plan's total is its peak over them: the rollout (the KV cache, the generation
+logits, the static engine's weight copy and graphs, released when it ends; on N ranks the whole weights gathered) and
+the update with its no-grad passes (gradients, dropped when it ends, training logits, activations). The other rows are
+held through both. It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
 """
 
 from __future__ import annotations
@@ -114,21 +117,43 @@ class ModelShape:
                    if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets)
 
 
+DECODE, UPDATE = "decode", "update"  # a client's two phases: its rollouts, then its update
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
+    """Rows of bytes. A client's round decodes its episodes, then updates: `decode` and `update` name the rows held only
+    in that phase (a rollout's KV cache and logits are freed before the update, the update's gradients, logits and
+    activations before the next rollout), every other row is held throughout. The plan's `total` is its peak, over the
+    phases."""
+
     who: str
     rows: tuple[tuple[str, int], ...]
+    decode: tuple[str, ...] = ()
+    update: tuple[str, ...] = ()
+
+    def peak(self, phase: str | None = None) -> int:
+        """Bytes held at once in `phase` (DECODE or UPDATE); None: the larger of the two."""
+        if phase is None:
+            return max(self.peak(DECODE), self.peak(UPDATE))
+        other = set(self.update if phase == DECODE else self.decode)
+        return sum(b for name, b in self.rows if name not in other)
 
     @property
     def total(self) -> int:
-        return sum(b for _, b in self.rows)
+        return self.peak()
 
     def table(self) -> str:
-        lines = [f"{self.who}:"] + [f"  {name:<34} {b / GB:9.2f} GiB" for name, b in self.rows]
-        return "\n".join(lines + [f"  {'total':<34} {self.total / GB:9.2f} GiB"])
+        mark = {name: f" [{DECODE}]" for name in self.decode} | {name: f" [{UPDATE}]" for name in self.update}
+        lines = [f"{self.who}:"] + [f"  {name + mark.get(name, ''):<43} {b / GB:9.2f} GiB" for name, b in self.rows]
+        if self.decode or self.update:
+            lines += [f"  {'peak while decoding':<43} {self.peak(DECODE) / GB:9.2f} GiB",
+                      f"  {'peak while updating':<43} {self.peak(UPDATE) / GB:9.2f} GiB"]
+        return "\n".join(lines + [f"  {'total':<43} {self.total / GB:9.2f} GiB"])
 
     def as_dict(self) -> dict[str, int]:
-        return dict(self.rows) | {"total": self.total}
+        phases = {f"{DECODE} peak": self.peak(DECODE), f"{UPDATE} peak": self.peak(UPDATE)} if self.decode or self.update else {}
+        return dict(self.rows) | phases | {"total": self.total}
 
 
 BF16_COMPUTE = ("bf16-mixed", "bf16-base")  # the precisions whose forward passes run under bf16 autocast
@@ -206,22 +231,30 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     logit_rows = max(logits_of(update_tokens), logits_of(passes))
     name, weights = base_weights(shape, precision)
     shard = f", 1/{ranks} shard" if ranks > 1 else ""
-    rows = [
-        (name + shard, weights // ranks),
-        ("adapter (fp32)" + shard, adapter * 4 // ranks),
-        *([("weights gathered whole to decode", weights + adapter * 4)] if ranks > 1 else []),
-        ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
-        ("gradients" + shard, T * 4 // ranks),
-        ("AdamW moments" + shard, 2 * T * 4 // ranks),
-        ("KL reference" + shard, reference // ranks if finetuning == "full" else reference),
+    gathered = ("weights gathered whole to decode", weights + adapter * 4)
+    decode_rows = [  # the rollout's; the static engine's copy, cache and graphs are released after it (grpo.py)
+        *([gathered] if ranks > 1 else []),
         kv_cache("KV cache of a rollout batch", shape, S, rollout_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
-        ("training logits", 2 * logit_rows * shape.vocab * 4),
-        (ACTIVATIONS_ROW, activations),
         static_decoder_copy(shape, precision, static_decoder),
         decode_graphs(shape, S, rollout_batch_size, a, static_decoder and cuda_graphs),
     ]
-    return MemoryPlan(f"each of a client's {ranks} ranks" if ranks > 1 else "each client", tuple(rows))
+    update_rows = [  # the update's; its gradients are dropped when it ends (grpo.py)
+        ("gradients" + shard, T * 4 // ranks),
+        ("training logits", 2 * logit_rows * shape.vocab * 4),
+        (ACTIVATIONS_ROW, activations),
+    ]
+    rows = [
+        (name + shard, weights // ranks),
+        ("adapter (fp32)" + shard, adapter * 4 // ranks),
+        ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
+        ("AdamW moments" + shard, 2 * T * 4 // ranks),
+        ("KL reference" + shard, reference // ranks if finetuning == "full" else reference),
+        *decode_rows,
+        *update_rows,
+    ]
+    return MemoryPlan(f"each of a client's {ranks} ranks" if ranks > 1 else "each client", tuple(rows),
+                      decode=tuple(n for n, _ in decode_rows), update=tuple(n for n, _ in update_rows))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 
 from fedagent_flwr.agent.engine.decode import UnsupportedModel, check_supported
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
-from fedagent_flwr.agent.engine.memory import ACTIVATIONS_ROW, MemoryPlan, rows_that_fit
+from fedagent_flwr.agent.engine.memory import ACTIVATIONS_ROW, UPDATE, MemoryPlan, rows_that_fit
 from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, compute_precision
 
 DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
@@ -128,7 +128,7 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
     if gradient_checkpointing == "auto" and planned:
         plan = plan_for(placement, rows)
         kept = plan.as_dict().get(ACTIVATIONS_ROW)  # a client's plan has the row; a server's does not
-        room = None if kept is None else budget_bytes - (plan.total - kept)
+        room = None if kept is None else budget_bytes - (plan.peak(UPDATE) - kept)  # beside the update's other rows
     if gradient_checkpointing == "auto" and room is None:
         gradient_checkpointing = True
     return replace(placement, rollout_rows=rows, gradient_checkpointing=gradient_checkpointing, activation_room_bytes=room)

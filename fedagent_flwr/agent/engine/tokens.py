@@ -14,6 +14,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.fsdp.ranks import as_root_forward
 
 
 # Below this many shared tokens a separate prefix pass costs more than it saves.
@@ -250,6 +251,12 @@ def chunked_completion_logprobs(model: torch.nn.Module, batch: dict[str, torch.T
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    # a model sharded over ranks gathers its embeddings and head in its root's forward, which this path does not call
+    return as_root_forward(model, _chunked, model, batch, temperature, chunk_tokens, padding_mask, with_entropy)
+
+
+def _chunked(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, chunk_tokens: int,
+             padding_mask: bool, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     decoder, head = decoder_and_head(model)
     device = next(model.parameters()).device
     input_ids = to_device(batch["input_ids"], device)

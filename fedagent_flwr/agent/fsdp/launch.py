@@ -259,21 +259,24 @@ def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, t
             dist.barrier()  # every rank has finished the round: the next request finds them all waiting
             if rank == 0:
                 done.put(number)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
+    except BaseException:  # its traceback printed, the rank ends at once: the client ends the others
+        traceback.print_exc()
+        end_rank(1, destroy=False)
     end_rank()
 
 
-def end_rank() -> None:
-    """A rank's end once its results are written: the process group destroyed, then the process left at once
-    (os._exit(0)) rather than through the interpreter's shutdown. At that shutdown C++ objects the group's threads still
-    reach are destroyed in no set order, and a rank that had finished its work sometimes aborted there ("terminate called
-    without an active exception", SIGABRT; a two-rank test in CI, stops 63 and 73), which fails the client's round."""
-    dist.destroy_process_group()
+def end_rank(code: int = 0, destroy: bool = True) -> None:
+    """A rank's end: the process group destroyed (not after a failure: its peers may never answer), then the process
+    left at once (os._exit) rather than through the interpreter's shutdown. At that shutdown C++ objects the group's
+    threads still reach are destroyed in no set order, and a rank that had finished its work sometimes aborted there
+    ("terminate called without an active exception", SIGABRT; a two-rank test in CI, stops 63 and 73), which fails the
+    client's round; and a LoRA rank hung there forever, closing its held adapter block (PEFT's unload starts a tqdm
+    thread, which a shutting-down interpreter never starts)."""
+    if destroy:
+        dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:

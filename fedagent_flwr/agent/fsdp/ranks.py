@@ -18,7 +18,8 @@ Without a process group this is one rank of one, and nothing changes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -112,26 +113,43 @@ def _unsharded(model: torch.nn.Module) -> Iterator[None]:
             m.set_reshard_after_forward(True)
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
+def shard(model: torch.nn.Module, device: torch.device | None = None) -> torch.nn.Module:
     """FSDP2 on `model` in place: each decoder layer a unit (transformers names its class in `_no_split_modules`), the
     rest (embeddings, final norm, head) in the root's unit. A PEFT model is sharded with its adapter inside the layers.
+    Code that calls the body and the head itself (chunked log-probs) runs through `as_root_forward`.
 
-    The mesh is on the device the model's weights are on: fully_shard's default mesh is on whatever accelerator torch
-    finds, so CPU ranks on a machine with a GPU would otherwise shard onto cuda:0."""
+    The mesh is on `device`, default the one the model's weights are on (a model on the meta device names the device
+    it will live on): fully_shard's default mesh is on whatever accelerator torch finds, so CPU ranks on a machine with
+    a GPU would otherwise shard onto cuda:0."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(inner, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
         raise ValueError(f"{type(inner).__name__} names no decoder layer class (_no_split_modules): cannot shard it")
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    model.forward_as_root = types.MethodType(_call, model)
+    register_fsdp_forward_method(model, "forward_as_root")
     return model
+
+
+def _call(self, fn: Callable, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+def as_root_forward(model: torch.nn.Module, fn: Callable, *args, **kwargs):
+    """`fn(*args, **kwargs)` as a forward of a sharded `model`: FSDP2's root hooks run around it (the root's own
+    weights, the embeddings and head, gathered first; the backward's reductions set up after), as they do around
+    `model(...)`. Code that calls the body and the head itself needs it: without, the embeddings stay sharded (torch:
+    "got mixed torch.Tensor and DTensor"). An unsharded model calls `fn` as it is."""
+    run = getattr(model, "forward_as_root", None)
+    return run(fn, *args, **kwargs) if run is not None else fn(*args, **kwargs)
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -140,10 +158,24 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def like(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """A full tensor shaped as `param` sharded as `param` is (this rank's part of it), or as it is for a plain one."""
+def local_part(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The part of a full tensor shaped as `param` that this rank holds of `param` (a view of its rows; all of it for a
+    plain tensor). Cut where torch says this rank's shard lies, on the tensor's own device: a mapped file's tensor is
+    read only there, and no whole tensor goes to the rank's card."""
     if not hasattr(param, "device_mesh"):
         return tensor
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    return distribute_tensor(tensor.to(param.device), param.device_mesh, param.placements)
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tensor[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+
+
+def like(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A full tensor shaped as `param` sharded as `param` is (this rank's part of it), or as it is for a plain one. Each
+    rank takes its part of its own copy (every rank holds the same full tensor): no collective."""
+    if not hasattr(param, "device_mesh"):
+        return tensor
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local_part(tensor, param).to(param.device), param.device_mesh, param.placements,
+                              shape=param.shape, stride=param.stride())

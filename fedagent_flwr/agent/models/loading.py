@@ -43,7 +43,7 @@ class Agent:
     tokenizer: object
     spec: ModelSpec
     device: torch.device
-    base_fingerprint: str  # of the weights as loaded, before any training
+    base_fingerprint: str  # of the weights as loaded, before any training ("" on a client's rank: the client answers it)
 
 
 def load_agent(model_name: str, env: str, device: str, base_dtype: torch.dtype = torch.float32) -> Agent:
@@ -104,7 +104,11 @@ def load_frozen_base(model_name: str, env: str, device: str) -> torch.nn.Module:
     """A second copy of the base weights as loaded, never trained, for a KL term anchored to the run's initial model
     under full fine-tuning (kl-reference='base'). A separate load, because every round overwrites the agent's own
     model with the global weights; cached per process like the agent."""
-    model = load_model(resolve_model(model_name, env), pick_device(device)).eval()
+    return frozen(load_model(resolve_model(model_name, env), pick_device(device)))
+
+
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` in eval mode with no weight requiring grad (a KL anchor)."""
     for p in model.parameters():
         p.requires_grad_(False)
-    return model
+    return model.eval()

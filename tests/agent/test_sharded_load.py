@@ -1,0 +1,42 @@
+"""Each of a client's ranks builds the model holding its own shard only (agent/fsdp/sharded_load.py): the weights it
+ends with are the ones from_pretrained loads, to the byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import rank_workers
+from fedagent_flwr.agent.fsdp.launch import run_ranks
+from fedagent_flwr.agent.fsdp.sharded_load import weight_files
+from fedagent_flwr.agent.models.pretrained import ModelSpec
+
+
+@pytest.mark.parametrize("tied, dtype, lora", [(True, "float32", False), (False, "bfloat16", True)])
+def test_two_ranks_load_their_shards_of_what_from_pretrained_loads(tmp_path, tied, dtype, lora):
+    model, tokenizer = rank_workers.tiny_model(lora=False, tied=tied)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    whole = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=getattr(torch, dtype))
+    expected = {name: t.detach().float().numpy() for name, t in list(whole.state_dict().items()) + list(whole.named_buffers())}
+    got, info = run_ranks(2, "gloo", rank_workers.sharded_load, {}, str(tmp_path), dtype, lora)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    # neither rank holds the whole model: each about half its bytes (a layer's odd row makes one a little larger)
+    size = sum(p.nbytes for p in whole.parameters())
+    held = info["held"]
+    adapter = 2 * 4 * (32 + 32) * 4 + 2 * 4 * (32 + 16) * 4 if lora else 0  # r x (in + out) fp32, q and v, 2 layers
+    assert sum(held.values()) == pytest.approx(size + adapter, abs=64)
+    assert max(held.values()) < 0.6 * (size + adapter)
+    assert (info["adapter"] > 0) == lora
+
+
+def test_a_folder_without_safetensors_or_with_an_adapter_is_loaded_whole(tmp_path):
+    model, tokenizer = rank_workers.tiny_model(lora=False)
+    model.save_pretrained(tmp_path)
+    assert weight_files(ModelSpec(str(tmp_path), built_here=True)) == [tmp_path / "model.safetensors"]
+    assert weight_files(ModelSpec(str(tmp_path), built_here=True, adapter=str(tmp_path / "adapter"))) == []
+    assert weight_files(ModelSpec(str(tmp_path / "nowhere"), built_here=False)) == []
