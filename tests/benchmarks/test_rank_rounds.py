@@ -46,3 +46,14 @@ def test_the_ranks_memory_against_their_plan_is_quoted_from_its_raw_output():
             f"of {report['plan_mib']:.0f} MiB a rank: not within 15 %") in page()
     assert max(abs(r["over_plan"] - 1) for r in ranks) > 0.15  # what "not within 15 %" says
     assert report["raw_output"]["settings"]["arguments"]["run_config"] == {"ranks-per-client": 2}  # the default job on 2 ranks
+
+
+def test_a_smollm2_lora_rounds_memory_against_its_plan_is_quoted_from_its_raw_output():
+    report = json.loads((RESULTS / "rank_memory.smollm2-lora.json").read_text())
+    ranks = report["ranks"]
+    assert (f"{ranks[0]['round_mib']:.0f} and {ranks[1]['round_mib']:.0f} MiB against a plan of "
+            f"{report['plan_mib']:.0f} MiB a rank ({ranks[0]['over_plan']:.2f}x and {ranks[1]['over_plan']:.2f}x), "
+            "not within 15 % either") in page()
+    assert min(r["over_plan"] for r in ranks) > 1.15
+    arguments = report["raw_output"]["settings"]["arguments"]
+    assert arguments["finetuning"] == "lora" and arguments["run_config"]["tasks-per-epoch"] == 2
