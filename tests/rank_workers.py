@@ -146,11 +146,11 @@ def held_state(rank: int, world: int, tensors: dict):
 
 
 def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, lora: bool):
-    """The model folder `source` loaded sharded (agent/fsdp/sharded_load.py), a LoRA adapter attached first where
+    """The model folder `source` loaded sharded (agent/models/sharded_load.py), a LoRA adapter attached first where
     `lora`: rank 0 returns every base weight and buffer gathered whole (as float32); each rank says how many bytes of
     weights it holds itself."""
     from fedagent_flwr.agent.fsdp.ranks import Ranks
-    from fedagent_flwr.agent.fsdp.sharded_load import load_sharded
+    from fedagent_flwr.agent.models.sharded_load import load_sharded
     from fedagent_flwr.agent.models.pretrained import ModelSpec
 
     wrap = None

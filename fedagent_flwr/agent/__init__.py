@@ -8,7 +8,7 @@ listed before it):
 - play/      how the agent plays: prompts and answer parsing, batched multi-turn rollouts, evaluation, transcripts
 - training/  how it learns: GRPO, SFT (TRL), LoRA adapters, the weights' wire form, Fed-SE's experience buffer
 - models/    which model it is: names to weights (hub, folder, GGUF), the tiny, shaped and warm-started builders,
-             their cache, the agent a process loads
+             their cache, the agent a process loads, a model each rank builds with its own shard only
 
 self_evolution.py is Fed-SE's client round, which uses the last four.
 """

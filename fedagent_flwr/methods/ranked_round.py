@@ -28,7 +28,7 @@ from flwr.app import ArrayRecord
 
 from envs import Task
 from fedagent_flwr.agent.fsdp.launch import RankPool, backend_for, rank_device
-from fedagent_flwr.agent.fsdp.sharded_load import empty_sharded_copy, load_sharded
+from fedagent_flwr.agent.models.sharded_load import empty_sharded_copy, load_sharded
 from fedagent_flwr.agent.models.loading import Agent, frozen
 from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
 from fedagent_flwr.agent.training.lora import attached_lora

@@ -1,4 +1,4 @@
-"""Each of a client's ranks builds the model holding its own shard only (agent/fsdp/sharded_load.py): the weights it
+"""Each of a client's ranks builds the model holding its own shard only (agent/models/sharded_load.py): the weights it
 ends with are the ones from_pretrained loads, to the byte."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import rank_workers
 from fedagent_flwr.agent.fsdp.launch import run_ranks
-from fedagent_flwr.agent.fsdp.sharded_load import weight_files
+from fedagent_flwr.agent.models.sharded_load import weight_files
 from fedagent_flwr.agent.models.pretrained import ModelSpec
 
 
