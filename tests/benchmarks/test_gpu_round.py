@@ -17,8 +17,8 @@ SMALL = ["--set", "tasks-per-epoch=2", "--set", "group-size=2", "--set", "max-st
          "--set", "minibatch-size=4", "--set", "micro-batch-size=2"]
 
 
-def _run(*extra: str) -> dict:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--shape", "tiny", "--json", *SMALL, *extra],
+def _run(*extra: str, small: list[str] = SMALL) -> dict:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--shape", "tiny", "--json", *small, *extra],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -129,7 +129,8 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
 
 def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     """rollout-batch-size=0: the most rows whose memory plan fits client-memory-gb (here a budget between the plans
-    of 1 and 4 rows), not an epoch's episodes; the rollout runs at those rows and the plan printed is theirs."""
+    of 24 and 25 rows, both peaking while decoding beside a small update), not an epoch's 48 episodes; the rollout runs
+    at those rows and the plan printed is theirs."""
     import torch
 
     from envs import make_env
@@ -140,17 +141,22 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
     from fedagent_flwr.methods.placement import context_tokens
 
     gpu_round = load_script("gpu_round")
+    # an update of one row a pass and 4-token log-prob chunks, so that 24 rows' rollout is the plan's peak
+    values = parse_overrides(SMALL[1::2]) | {"tasks-per-epoch": 6, "group-size": 8, "micro-batch-size": 1,
+                                             "logprob-micro-batch-size": 1, "logprob-chunk-tokens": 4}
+    small_update = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
     # device cpu here and in the script: on a GPU machine auto would plan for bf16 and the static decoder
-    cfg = RunConfig.from_run_config(gpu_round.PAPER_ROUND | parse_overrides(SMALL[1::2])
-                                    | {"rollout-batch-size": 0, "device": "cpu"})
+    cfg = RunConfig.from_run_config(gpu_round.PAPER_ROUND | values | {"rollout-batch-size": 0, "device": "cpu"})
     tokenizer = environment_tokenizer(cfg.env)
     env = make_env(cfg.env, cfg.max_steps)
     shape = ModelShape.of(gpu_round.build_model("tiny", tokenizer, torch.device("cpu"), 0).config)
     context = context_tokens(cfg, tokenizer, env, env.tasks_of_split("test")[:16])
-    one, four = (planned(cfg, shape, context, rows).total for rows in (1, 4))
-    budget = (one + four) / 2
-    r = _run("--device", "cpu", "--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}")
-    assert 1 <= r["rollout_rows"] < 4 == r["episodes"]
+    low, high = (planned(cfg, shape, context, rows) for rows in (24, 25))
+    assert low.peak("decode") > low.peak("update")
+    budget = (low.total + high.total) / 2
+    r = _run("--device", "cpu", "--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}",
+             small=small_update)
+    assert r["rollout_rows"] == 24 and r["episodes"] == 48
     assert r["rows_per_step"] == r["rollout_rows"]  # every generate call ran at the resolved rows
     assert r["plan_bytes"]["total"] <= budget
     # no budget on a CPU: an epoch's episodes, as a client without client-memory-gb plays them

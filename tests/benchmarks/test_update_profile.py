@@ -34,11 +34,11 @@ def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
     assert first["variant"] == {"micro-batch-size": 2, "cudnn-attention": True} and first["micro_batch_size"] == 2
     # auto with far more memory than the tiny plan: no layer needs checkpointing
     assert (first["checkpointed_layers"], every["checkpointed_layers"], auto["checkpointed_layers"]) == (0.0, 1.0, 0.0)
-    # what the plan decided is reported beside it (auto variants only): 64 GiB, less the plan's other rows
+    # what the plan decided is reported beside it (auto variants only): 64 GiB, less the update's other rows
     planned = auto["auto_plan"]
     assert first["auto_plan"] is None and every["auto_plan"] is None
     assert planned["budget_bytes"] == 64 * 2**30 and planned["layers"] == 0
-    assert planned["room_bytes"] == planned["budget_bytes"] - (planned["plan_bytes"]["total"]
+    assert planned["room_bytes"] == planned["budget_bytes"] - (planned["plan_bytes"]["update peak"]
                                                               - planned["plan_bytes"]["activations of a micro-batch"])
     assert 0 < planned["activation_bytes"] < planned["room_bytes"] and planned["largest_pass_tokens"] > 0
     assert "auto plans 0 of" in done.stderr
