@@ -231,9 +231,8 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     logit_rows = max(logits_of(update_tokens), logits_of(passes))
     name, weights = base_weights(shape, precision)
     shard = f", 1/{ranks} shard" if ranks > 1 else ""
-    gathered = ("weights gathered whole to decode", weights + adapter * 4)
     decode_rows = [  # the rollout's; the static engine's copy, cache and graphs are released after it (grpo.py)
-        *([gathered] if ranks > 1 else []),
+        *([("weights gathered whole to decode", weights + adapter * 4)] if ranks > 1 else []),
         kv_cache("KV cache of a rollout batch", shape, S, rollout_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
         static_decoder_copy(shape, precision, static_decoder),
