@@ -34,16 +34,9 @@ from fedagent_flwr.methods.placement import process_placement
 from fedagent_flwr.methods.ranked_round import train_on_ranks
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
+from rank_rounds import status_mib  # benchmarks/ is the script's own folder
 
 MIB = 1024**2
-
-
-def status_mib(pid: int | str, field: str) -> float:
-    """A field of /proc/PID/status (VmRSS: resident now, VmHWM: the peak), in MiB."""
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(field)
 
 
 def baseline(rank: int, world: int, tensors: dict, model: str, env: str):

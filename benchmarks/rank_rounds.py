@@ -43,10 +43,10 @@ def timed_round(cfg: RunConfig, pool: RankPool, sent, tasks, server_round: int) 
     return {"wall_s": wall, "training_s": metrics["seconds"], "overhead_s": wall - metrics["seconds"]}
 
 
-def peak_rss_mb(pid: int) -> float:
-    """A running process's peak resident memory (VmHWM), in MiB."""
+def status_mib(pid: int | str, field: str = "VmHWM") -> float:
+    """A field of a running process's /proc/PID/status (VmHWM: its peak resident memory, VmRSS: now), in MiB."""
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -83,7 +83,7 @@ def main() -> None:
                 else:
                     with RankPool(cfg.ranks_per_client, backend, cfg.rank_timeout_s) as fresh:
                         rounds["new"].append(timed_round(cfg, fresh, sent, tasks, r))
-        peak_mb = [peak_rss_mb(p.pid) for p in kept.processes]  # the kept ranks' high-water mark over every round
+        peak_mb = [status_mib(p.pid) for p in kept.processes]  # the kept ranks' high-water mark over every round
     later = {v: np.array([x["overhead_s"] for x in rounds[v][1:]]) for v in rounds}
     se = {v: float(later[v].std(ddof=1) / np.sqrt(len(later[v]))) if len(later[v]) > 1 else float("nan") for v in later}
     result = {

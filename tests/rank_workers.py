@@ -149,7 +149,7 @@ def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, 
     """The model folder `source` loaded sharded (agent/models/sharded_load.py), a LoRA adapter attached first where
     `lora`: rank 0 returns every base weight and buffer gathered whole (as float32); each rank says how many bytes of
     weights it holds itself."""
-    from fedagent_flwr.agent.fsdp.ranks import Ranks
+    from fedagent_flwr.agent.fsdp.ranks import Ranks, whole
     from fedagent_flwr.agent.models.sharded_load import load_sharded
     from fedagent_flwr.agent.models.pretrained import ModelSpec
 
@@ -163,7 +163,7 @@ def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, 
     out = {}
     for name, t in list(inner.state_dict().items()) + list(inner.named_buffers()):
         if ".lora_" not in name:
-            out[name.replace(".base_layer.", ".")] = (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().float().numpy()
+            out[name.replace(".base_layer.", ".")] = whole(t).detach().float().numpy()
     held = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in model.parameters())
     everyone = Ranks(rank, world).gather({str(rank): held})
     return (out if rank == 0 else {}), {"held": everyone, "adapter": sum(".lora_" in n for n, _ in model.named_parameters())}
