@@ -83,6 +83,16 @@ def test_kept_ranks_answer_every_round_from_the_processes_they_started_in():
     assert not pool.folder.exists()
 
 
+def test_kept_ranks_give_back_what_they_free_unless_told_otherwise():
+    """Each rank maps its large blocks on their own (launch.return_freed_memory): a CPU rank's memory is what its tensors
+    hold, as the plan counts it. mmap_threshold=0 leaves glibc's moving threshold, which keeps freed blocks resident."""
+    with RankPool(2, "gloo", timeout_s=120) as pool:
+        _, returned = pool.run(rank_workers.freed_blocks_held, {})
+    with RankPool(2, "gloo", timeout_s=120, mmap_threshold=0) as pool:
+        _, kept = pool.run(rank_workers.freed_blocks_held, {})
+    assert returned["held_mib"] < 10 < 60 < kept["held_mib"], (returned, kept)
+
+
 def test_a_ranks_weights_are_mapped_from_the_file_not_copied(tmp_path):
     path = tmp_path / "in-1.safetensors"
     save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(path))
