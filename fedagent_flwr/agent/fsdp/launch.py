@@ -49,7 +49,7 @@ import torch.multiprocessing as mp
 
 RankTarget = Callable[..., tuple[dict[str, np.ndarray], dict[str, Any]]]
 FOLDER_PREFIX = "fedagent-ranks-"  # a client's rank folder in the temp directory, with its pid in client.pid
-MMAP_THRESHOLD = 1 << 20  # a rank's blocks of 1 MiB or more are mapped on their own (return_freed_memory)
+MMAP_THRESHOLD = 1 << 16  # a rank's blocks of 64 KiB or more are mapped on their own (return_freed_memory)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
