@@ -18,6 +18,7 @@ plan's decode peak, the update against its update peak.
 
     python benchmarks/rank_memory.py                                  # the default job's model and settings, 2 ranks
     python benchmarks/rank_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set tasks-per-epoch=2
+    python benchmarks/rank_memory.py --set ranks-return-memory=true   # ranks that give what they free back
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
@@ -162,7 +163,8 @@ def main() -> None:
     shape = ModelShape.of(agent.model.config)
     plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows)
     tensors = {ranked_round.SENT + k: array_view(sent[k]) for k in sent.keys()}
-    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.rank_timeout_s) as pool:
+    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.rank_timeout_s,
+                  ranked_round.mmap_threshold(cfg)) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
         _, round_info = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
     print(plan.table().replace(f"{plan.who}:", f"{plan.who} (the run's plan, {plan.total / MIB:.0f} MiB):"), flush=True)

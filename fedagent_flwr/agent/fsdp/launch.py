@@ -69,11 +69,11 @@ class RankPool:
     request, and the ranks keep whatever their targets hold in the process (the model loaded and sharded) for the next.
     A round costs no new interpreters, no torch import and no process group. A rank that fails or is killed ends the
     others and the pool (RankFailed; the next `run` raises it again: start a new pool); `close` ends them all.
-    `mmap_threshold`: the bytes from which each rank's C library maps a block on its own (return_freed_memory);
-    0 leaves glibc's own moving threshold (benchmarks/freed_memory.py compares the two)."""
+    `mmap_threshold`: the bytes from which each rank's C library maps a block on its own (return_freed_memory;
+    run-config ranks-return-memory); 0 leaves glibc's own moving threshold (benchmarks/freed_memory.py compares them)."""
 
-    def __init__(self, world: int, backend: str, timeout_s: float | None = None, mmap_threshold: int = MMAP_THRESHOLD):
-        self.world, self.backend, self.timeout_s = world, backend, timeout_s
+    def __init__(self, world: int, backend: str, timeout_s: float | None = None, mmap_threshold: int = 0):
+        self.world, self.backend, self.timeout_s, self.mmap_threshold = world, backend, timeout_s, mmap_threshold
         remove_orphaned_folders()
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
         (self.folder / "client.pid").write_text(str(os.getpid()))
