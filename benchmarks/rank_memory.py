@@ -6,11 +6,19 @@ moments, the KV cache, logits and activations, the larger of the rollout and the
 The process's own memory is not in it (the interpreter, torch, transformers, the tokenizer): each rank measures that
 first, once the round's code is imported and the tokenizer loaded, before any model is built. Then one round runs
 (the run config's initial weights, partition 0's tasks), and each rank's peak (VmHWM) less that baseline is compared
-with the plan's total.
+with two plans:
+- the run's plan (what placement checks against the memory given): every pass at the longest context the tasks allow,
+  the rollout at rollout-batch-size rows, every rank as loaded as the busiest;
+- the rank's own plan: the same planner given what that rank ran, as the round recorded it: the longest sample it
+  trained (prompt and completion), the episodes it played at once, the rows of its largest update pass (1 where it ran
+  only spare passes) and of its largest no-grad log-prob pass. This one says whether the planner counts what a pass
+  holds; the run's plan is an upper bound on it.
+Each phase is measured apart (the peak reset through /proc/self/clear_refs where it starts): the rollout against the
+plan's decode peak, the update against its update peak.
 
     python benchmarks/rank_memory.py                                  # the default job's model and settings, 2 ranks
-    python benchmarks/rank_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set ranks-per-client=2 \
-        --set tasks-per-epoch=2
+    python benchmarks/rank_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set tasks-per-epoch=2
+    python benchmarks/rank_memory.py --set ranks-return-memory=true   # ranks that give what they free back
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
@@ -20,30 +28,113 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
+from pathlib import Path
 
-from fedagent_flwr.agent.engine.memory import GB, ModelShape
+import torch
+
+from fedagent_flwr.agent.engine.memory import ModelShape
 from fedagent_flwr.agent.fsdp.launch import RankPool, backend_for
 from fedagent_flwr.agent.fsdp.ranks import Ranks
 from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.models.sharded_load import empty_model
 from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
+from fedagent_flwr.agent.training import grpo
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods import ranked_round
 from fedagent_flwr.methods.memory import memory_plan
 from fedagent_flwr.methods.placement import process_placement
-from fedagent_flwr.methods.ranked_round import train_on_ranks
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
+from strategies.transfer import array_view
 from rank_rounds import status_mib  # benchmarks/ is the script's own folder
 
 MIB = 1024**2
 
 
 def baseline(rank: int, world: int, tensors: dict, model: str, env: str):
-    """A rank's resident memory with the round's code imported and the tokenizer loaded, before any model (a target
-    of the rank pool: every rank's, on rank 0)."""
-    load_tokenizer(resolve_model(model, env))
+    """A rank's resident memory with the round's code imported (the model's own modeling code too: its modules are
+    built once on the meta device, holding no weights, and dropped) and the tokenizer loaded, before any model (a
+    target of the rank pool: every rank's, on rank 0)."""
+    spec = resolve_model(model, env)
+    load_tokenizer(spec)
+    empty_model(spec.source, torch.float32)
     return {}, {"rss_mib": Ranks(rank, world).gather({str(rank): status_mib("self", "VmRSS")})}
+
+
+class RoundRecord:
+    """What one rank's round ran and held: each segment's peak resident memory (load, rollout, advantages, update,
+    reply), the episodes it played, the longest sample it trained and the rows of its largest update and no-grad
+    passes. Kept by wrappers around the trainer's own methods, installed in the rank's process by `measured_round`."""
+
+    def __init__(self) -> None:
+        self.segment, self.peaks = "load", {}
+        self.episodes = self.longest = self.update_rows = self.logprob_rows = 0
+        self.scoring = False
+
+    def enter(self, segment: str) -> None:
+        self.peaks[self.segment] = max(self.peaks.get(self.segment, 0.0), status_mib("self", "VmHWM"))
+        Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from what is resident now
+        self.segment = segment
+
+    def install(self) -> None:
+        play, update, logprobs, passes = (grpo.GRPOTrainer._play, grpo.GRPOTrainer.update, grpo.GRPOTrainer._logprobs,
+                                          Ranks.passes)
+        record = self
+
+        def _play(trainer, env_factory, chosen, *args):
+            record.enter("rollout")
+            record.episodes = trainer.config.group_size * len(trainer.ranks.share(range(len(chosen))))
+            out = play(trainer, env_factory, chosen, *args)
+            record.enter("advantages")
+            return out
+
+        def _update(trainer, samples, *args):
+            record.enter("update")
+            record.longest = max([s.length for s in samples], default=0)
+            out = update(trainer, samples, *args)
+            record.enter("reply")
+            return out
+
+        def _logprobs(trainer, *args, **kwargs):
+            record.scoring = True
+            try:
+                return logprobs(trainer, *args, **kwargs)
+            finally:
+                record.scoring = False
+
+        def _passes(ranks, plan):
+            out = passes(ranks, plan)
+            rows = max([len(p.rows) for p in out if not p.spare], default=0)
+            if record.scoring:
+                record.logprob_rows = max(record.logprob_rows, rows)
+            else:
+                record.update_rows = max(record.update_rows, rows)
+            return out
+
+        grpo.GRPOTrainer._play, grpo.GRPOTrainer.update, grpo.GRPOTrainer._logprobs = _play, _update, _logprobs
+        Ranks.passes = _passes
+
+
+def measured_round(rank: int, world: int, tensors: dict, *args):
+    """ranked_round's round on this rank, recorded (a target of the rank pool: every rank's record, on rank 0)."""
+    record = RoundRecord()
+    record.install()
+    Path("/proc/self/clear_refs").write_text("5")
+    out, info = ranked_round._round_on_rank(rank, world, tensors, *args)
+    record.enter("end")
+    mine = {"peaks_mib": record.peaks, "episodes": record.episodes, "longest": record.longest,
+            "update_rows": record.update_rows, "logprob_rows": record.logprob_rows}
+    return out, info | {"records": Ranks(rank, world).gather({str(rank): mine})}
+
+
+def own_plan(cfg: RunConfig, shape: ModelShape, placement, ran: dict):
+    """The planner given what a rank ran: its longest sample as the context, its passes' rows, its episodes."""
+    ran_cfg = replace(cfg, micro_batch_size=max(1, ran["update_rows"]), micro_batch_tokens=0,
+                      logprob_micro_batch_size=max(1, ran["logprob_rows"]), logprob_micro_batch_tokens=0)
+    return memory_plan(ran_cfg, shape, ran["longest"], placement, min(placement.rollout_rows, ran["episodes"]))
 
 
 def main() -> None:
@@ -69,23 +160,36 @@ def main() -> None:
     else:
         sent = model_to_arrays(agent.model)
         placement = process_placement(cfg, agent, tasks)
-    plan = memory_plan(cfg, ModelShape.of(agent.model.config), placement.context_tokens, placement,
-                       placement.rollout_rows)
-    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.rank_timeout_s) as pool:
+    shape = ModelShape.of(agent.model.config)
+    plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows)
+    tensors = {ranked_round.SENT + k: array_view(sent[k]) for k in sent.keys()}
+    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.rank_timeout_s,
+                  ranked_round.mmap_threshold(cfg)) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
-        _, metrics = train_on_ranks(cfg, sent, tasks, 1, 0, pool=pool)
-        peaks = [status_mib(p.pid, "VmHWM") for p in pool.processes]
-    base = [info["rss_mib"][str(r)] for r in range(cfg.ranks_per_client)]
-    ranks = [{"baseline_mib": b, "peak_mib": p, "round_mib": p - b, "over_plan": (p - b) * MIB / plan.total}
-             for b, p in zip(base, peaks)]
+        _, round_info = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
+    print(plan.table().replace(f"{plan.who}:", f"{plan.who} (the run's plan, {plan.total / MIB:.0f} MiB):"), flush=True)
+    ranks = []
+    for r in range(cfg.ranks_per_client):
+        base, ran = info["rss_mib"][str(r)], round_info["records"][str(r)]
+        held = {k: v - base for k, v in ran["peaks_mib"].items()}
+        mine = own_plan(cfg, shape, placement, ran)
+        peak = max(held.values())
+        ranks.append({"baseline_mib": base, "round_mib": peak, "over_plan": peak * MIB / plan.total,
+                      "segments_mib": held, "ran": {k: v for k, v in ran.items() if k != "peaks_mib"},
+                      "own_plan": mine.as_dict(), "own_plan_mib": mine.total / MIB, "over_own_plan": peak * MIB / mine.total,
+                      "rollout_over_own": held["rollout"] * MIB / mine.peak("decode"),
+                      "update_over_own": held["update"] * MIB / mine.peak("update")})
+        x = ranks[-1]
+        print(f"rank {r}: {base:.0f} MiB before the model; the round's peak {peak:.0f} MiB above it, against the run's "
+              f"plan of {plan.total / MIB:.0f} MiB ({x['over_plan']:.2f}x) and its own of {x['own_plan_mib']:.0f} MiB "
+              f"({x['over_own_plan']:.2f}x: {ran['longest']} tokens, {ran['episodes']} episodes, passes of "
+              f"{ran['update_rows']} and {ran['logprob_rows']} rows); rollout {held['rollout']:.0f} against "
+              f"{mine.peak('decode') / MIB:.0f} MiB, update {held['update']:.0f} against {mine.peak('update') / MIB:.0f}",
+              flush=True)
     result = {"settings": {"ranks": cfg.ranks_per_client, "model": cfg.model, "env": cfg.env,
                            "finetuning": cfg.finetuning, "precision": placement.precision, "run_config": values},
               "plan": plan.as_dict(), "plan_mib": plan.total / MIB, "ranks": ranks,
-              "episodes": metrics.get("episodes")}
-    print(plan.table().replace(f"{plan.who}:", f"{plan.who} (plan, {plan.total / GB * 1024:.0f} MiB):"), flush=True)
-    for r, x in enumerate(ranks):
-        print(f"rank {r}: {x['baseline_mib']:.0f} MiB before the model, peak {x['peak_mib']:.0f} MiB: the round "
-              f"{x['round_mib']:.0f} MiB against a plan of {plan.total / MIB:.0f} MiB ({x['over_plan']:.2f}x)", flush=True)
+              "episodes": round_info["metrics"].get("episodes")}
     if args.json:
         print(json.dumps(result))
 

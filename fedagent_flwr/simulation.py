@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             stop(processes_of(private))
             shutil.rmtree(private, ignore_errors=True)
         elif not args.keep_superlink:
-            stop(superlink_pids(port) - before)
+            # The SuperLink's own children (its SuperExec, flwr-simulation, Ray) sit in other process groups and
+            # outlive it once it is gone: take the whole tree while it still hangs together.
+            stop(with_descendants(superlink_pids(port) - before))
 
 
 def _interrupt(signum, frame) -> None:
@@ -220,6 +222,24 @@ def processes_of(flwr_home: str) -> set[int]:
         except (OSError, ValueError):
             continue
     return pids - {os.getpid()}
+
+
+def with_descendants(pids: set[int]) -> set[int]:
+    """`pids` and every process below them (Linux /proc; `pids` alone elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = set(pids), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def stop(pids: set[int], grace: float = 10.0) -> None:

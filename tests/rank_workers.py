@@ -182,3 +182,25 @@ def fail_holding_lora(rank: int, world: int, tensors: dict):
     block.enter_context(attached_lora(tiny_model(lora=False)[0], LoRASpec(rank=2, target_modules=("q_proj",))))
     _HELD_BLOCKS.append(block)
     raise ValueError(f"rank {rank} fails holding an adapter")
+
+
+def freed_blocks_held_mib() -> float:
+    """MiB still resident after 39 of 40 blocks of 2 MiB are freed, the newest alive. After a first such block is
+    mapped and freed, glibc's own threshold rises to it and serves the rest from its heap, which cannot shrink below
+    the live block on top: what the others freed stays resident unless blocks are mapped on their own."""
+    def rss() -> float:
+        return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")) / 1024
+
+    first = torch.ones(1 << 19)
+    del first
+    before = rss()
+    blocks = [torch.ones(1 << 19) for _ in range(40)]
+    del blocks[:-1]
+    return rss() - before
+
+
+def freed_blocks_held(rank: int, world: int, tensors: dict):
+    """freed_blocks_held_mib on every rank; the largest, on rank 0."""
+    held = torch.tensor([freed_blocks_held_mib()])
+    dist.all_reduce(held, op=dist.ReduceOp.MAX)
+    return {}, {"held_mib": float(held)}

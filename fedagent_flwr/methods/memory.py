@@ -43,6 +43,8 @@ def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placemen
                   cuda_graphs=placement.on_cuda)
     if role == "server":
         return server_plan(shape, **common, eval_batch_size=rollout_rows)
+    if grpo:  # a generate call holds at most the episodes its process plays: an epoch's, or on N ranks a rank's groups
+        rollout_rows = min(rollout_rows, -(-cfg.tasks_per_epoch // cfg.ranks_per_client) * cfg.group_size)
     return client_plan(
         shape, **common, kl_beta=cfg.kl_beta if grpo else 0.0, kl_reference=placement.kl_reference,
         gradient_checkpointing=placement.gradient_checkpointing in (True, "auto"),

@@ -27,7 +27,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from envs import Task
-from fedagent_flwr.agent.fsdp.launch import RankPool, backend_for, rank_device
+from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, backend_for, rank_device
 from fedagent_flwr.agent.models.sharded_load import empty_sharded_copy, load_sharded
 from fedagent_flwr.agent.models.loading import Agent, frozen
 from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
@@ -75,14 +75,19 @@ _POOL: list[RankPool] = []  # this client process's ranks, kept between its roun
 
 def client_ranks(cfg: RunConfig) -> RankPool:
     """This process's ranks for `cfg`: the ones kept from an earlier round where they still run with the same count,
-    backend and deadline, else new ones (those of another shape ended first, so their memory is free)."""
-    backend = backend_for(pick_device(cfg.device))
-    if _POOL and _POOL[0].alive and (_POOL[0].world, _POOL[0].backend, _POOL[0].timeout_s) == (
-            cfg.ranks_per_client, backend, cfg.rank_timeout_s):
+    backend, deadline and allocator setting, else new ones (those of another shape ended first, so their memory is free)."""
+    backend, threshold = backend_for(pick_device(cfg.device)), mmap_threshold(cfg)
+    if _POOL and _POOL[0].alive and (_POOL[0].world, _POOL[0].backend, _POOL[0].timeout_s, _POOL[0].mmap_threshold) == (
+            cfg.ranks_per_client, backend, cfg.rank_timeout_s, threshold):
         return _POOL[0]
     end_client_ranks()
-    _POOL.append(RankPool(cfg.ranks_per_client, backend, cfg.rank_timeout_s))
+    _POOL.append(RankPool(cfg.ranks_per_client, backend, cfg.rank_timeout_s, threshold))
     return _POOL[0]
+
+
+def mmap_threshold(cfg: RunConfig) -> int:
+    """The ranks' mmap threshold for run-config ranks-return-memory (0: the C library's own)."""
+    return MMAP_THRESHOLD if cfg.ranks_return_memory else 0
 
 
 @atexit.register

@@ -33,7 +33,8 @@ def test_the_plan_adds_up_as_computed_by_hand():
     assert rows["weights (fp32)"] == 1480 * 4 and rows["autocast bf16 weight copies"] == 1480 * 2
     assert rows["gradients"] == 1480 * 4 and rows["AdamW moments"] == 1480 * 8 and rows["KL reference"] == 1480 * 4
     assert rows["KV cache of a rollout batch"] == 2 * 2 * 1 * 4 * 10 * 5 * 2  # k and v, layers, kv heads, head dim, tokens, batch, bf16
-    assert rows["generation logits"] == 5 * 32 * 4 and rows["training logits"] == 2 * 3 * 10 * 32 * 4
+    # the update's pass: its log-softmax, and in backward the scattered gradient's zeros and result (3 x positions)
+    assert rows["generation logits"] == 5 * 32 * 4 and rows["training logits"] == 3 * 3 * 10 * 32 * 4
     # a layer keeps 400 bytes a token under bf16-mixed's fp32 weights (tests/agent/test_checkpointing.py counts them)
     assert rows["activations of a micro-batch"] == 2 * 3 * 10 * 400
     # the rollout's rows and the update's are never held at once: the total is the held rows and the larger phase
@@ -41,7 +42,7 @@ def test_the_plan_adds_up_as_computed_by_hand():
     decode = rows["KV cache of a rollout batch"] + rows["generation logits"]
     update = rows["gradients"] + rows["training logits"] + rows["activations of a micro-batch"]
     assert (full.peak("decode"), full.peak("update")) == (held + decode, held + update) == (rows["decode peak"], rows["update peak"])
-    assert full.total == rows["total"] == held + update == 64240
+    assert full.total == rows["total"] == held + update == 64240 + 3 * 10 * 32 * 4
     checkpointed = client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="bf16-mixed",
                                kl_beta=0.01, kl_reference="round-start", micro_batch_size=3, rollout_batch_size=5,
                                context_tokens=10, gradient_checkpointing=True).as_dict()
@@ -87,6 +88,23 @@ def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_w
     assert "weights gathered whole to decode" not in one  # one process decodes with the weights it holds
 
 
+def test_a_generate_call_is_planned_at_the_episodes_its_process_plays():
+    """rollout-batch-size bounds a generate call, and so do the episodes: an epoch's (tasks-per-epoch x group-size) in
+    one process, a rank's groups (every N-th) on N ranks. The plan's KV cache once took 128 rows for an epoch of 64."""
+    config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                  intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
+    shape = ModelShape.of(config)
+    kv_row = 2 * 2 * 1 * 4 * 10 * 4  # k and v, layers, kv heads, head dim, 10 tokens, fp32: one row's
+
+    def kv(**keys):
+        return planned(RunConfig(precision="fp32", **keys), shape, 10, 128).as_dict()["KV cache of a rollout batch"]
+
+    assert kv(tasks_per_epoch=8, group_size=8) == 64 * kv_row
+    assert kv(tasks_per_epoch=8, group_size=8, ranks_per_client=4) == 16 * kv_row  # 2 groups a rank
+    assert kv(tasks_per_epoch=5, group_size=4, ranks_per_client=2) == 12 * kv_row  # rank 0 plays groups 0, 2 and 4
+    assert kv(tasks_per_epoch=32, group_size=8) == 128 * kv_row  # rollout-batch-size, where it is fewer
+
+
 def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update():
     """The no-grad passes at logprob-micro-batch-size L hold one layer's activations and L x S rows of logits (or a
     chunk): the plan takes the larger of theirs and the update's, by hand on a small shape."""
@@ -101,12 +119,14 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
                            context_tokens=10, logprob_micro_batch_size=rows, **kw).as_dict()
 
     assert plan(0) == plan(3)  # 0 = the update's micro-batch
-    # 2 layers x 3 rows kept for backward outweigh one layer of 5 rows; logits of 5 rows outweigh 3
+    # 2 layers x 3 rows kept for backward outweigh one layer of 5 rows; the passes' logits of 5 rows (their fp32
+    # logits and log-softmax) outweigh the update's 3 (its log-softmax, and the backward's two), those of 4 do not
     assert plan(5)["activations of a micro-batch"] == 2 * 3 * layer
     assert plan(5)["training logits"] == 2 * 5 * 10 * 32 * 4
+    assert plan(4)["training logits"] == 3 * 3 * 10 * 32 * 4
     assert plan(7)["activations of a micro-batch"] == 7 * layer  # now one layer of 7 rows is more than 2 x 3
-    # chunked: a chunk of 16 positions at most, whichever pass
-    assert plan(7, logprob_chunk_tokens=16)["training logits"] == 2 * 16 * 32 * 4
+    # chunked: a chunk of 16 positions at most, whichever pass, and the head's gradients of the chunks added up
+    assert plan(7, logprob_chunk_tokens=16)["training logits"] == 3 * 16 * 32 * 4 + 2 * 32 * 8 * 4
     # checkpointed update: 2 layer inputs of 3 rows + one layer's set; the passes' one layer of 5 rows is larger
     assert plan(5, gradient_checkpointing=True)["activations of a micro-batch"] == 5 * layer
     cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=7, precision="bf16-mixed")
@@ -114,7 +134,7 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
     # Fed-SE's fine-tuning: a pass holds fedse-sft-micro-batch-size rows when set, else the whole batch
     fedse = RunConfig(strategy="fedse-lora", fedse_sft_batch_size=16, precision="bf16-mixed")
     whole, passes_of_4 = (planned(replace(fedse, fedse_sft_micro_batch_size=m), shape, 10, 5).as_dict() for m in (0, 4))
-    assert whole["training logits"] == 4 * passes_of_4["training logits"] == 2 * 16 * 10 * 32 * 4
+    assert whole["training logits"] == 4 * passes_of_4["training logits"] == 3 * 16 * 10 * 32 * 4
 
 
 def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand():
@@ -124,9 +144,10 @@ def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand()
     common = dict(lora_rank=2, lora_targets=("q_proj", "v_proj"), kl_beta=0.01, kl_reference="round-start",
                   micro_batch_size=3, rollout_batch_size=5, context_tokens=10)
     chunked = client_plan(shape, finetuning="full", precision="fp32", logprob_chunk_tokens=7, **common).as_dict()
-    assert chunked["training logits"] == 2 * 7 * 32 * 4  # one chunk of 7 completion tokens, not 3 x 10 positions
+    # one chunk of 7 completion tokens, not 3 x 10 positions, and the trained head's gradients summed over chunks
+    assert chunked["training logits"] == 3 * 7 * 32 * 4 + 2 * 32 * 8 * 4
     wide = client_plan(shape, finetuning="full", precision="fp32", logprob_chunk_tokens=1000, **common).as_dict()
-    assert wide["training logits"] == 2 * 3 * 10 * 32 * 4  # a chunk wider than the micro-batch holds it all
+    assert wide["training logits"] == 3 * 3 * 10 * 32 * 4 + 2 * 32 * 8 * 4  # a chunk wider than the micro-batch holds it all
     base = client_plan(shape, finetuning="lora", precision="bf16-base", **common).as_dict()
     assert "weights (fp32)" not in base and base["weights (bf16 base)"] == 1480 * 2
     assert base["adapter (fp32)"] == 112 * 4 and base["gradients"] == 112 * 4 and base["AdamW moments"] == 112 * 8
@@ -145,7 +166,7 @@ def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand()
 
 def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_base():
     """Qwen2.5-7B, LoRA r 8 on q/k/v/o, kl-reference base, micro-batch 1, rollout batch 8, 1,024 tokens (the
-    command docs/gpu.md prints): 35.6 GiB with the fp32 base of bf16-mixed, 20.4 GiB with a bf16 base, both while
+    command docs/gpu.md prints): 36.2 GiB with the fp32 base of bf16-mixed, 21.0 GiB with a bf16 base, both while
     updating."""
     from fedagent_flwr.agent.training.lora import LoRASpec
 
@@ -155,7 +176,7 @@ def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_b
     fp32_base = client_plan(shape, precision="bf16-mixed", **common)
     bf16_base = client_plan(shape, precision="bf16-base", **common)
     assert fp32_base.total > 24 * GB > bf16_base.total
-    assert round(fp32_base.total / GB, 1) == 35.6 and round(bf16_base.total / GB, 1) == 20.4
+    assert round(fp32_base.total / GB, 1) == 36.2 and round(bf16_base.total / GB, 1) == 21.0
     # the base's halving (P x 2 = 14.2 GiB) and the output head's transient bf16 copy (1.0 GiB) are the difference
     assert fp32_base.total - bf16_base.total == shape.parameters * 2 + shape.vocab * shape.hidden * 2
 

@@ -105,11 +105,12 @@ def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_conte
     per = layer_activations(shape, "bf16-mixed")  # client_plan's param_dtype: fp32 weights
     assert plan(micro_batch_tokens=0) == plan()  # 0 = 3 rows x 10 tokens, as before
     assert plan(micro_batch_tokens=50)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
-    assert plan(micro_batch_tokens=50)["training logits"] == 2 * 50 * 32 * 4
+    assert plan(micro_batch_tokens=50)["training logits"] == 3 * 50 * 32 * 4
     # a budget under the context still lets one whole row through, alone
     assert plan(micro_batch_tokens=4)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 10, 0, per)
     assert plan(micro_batch_tokens=50, gradient_checkpointing=True)[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 2, per)
-    assert plan(micro_batch_tokens=50, logprob_chunk_tokens=16)["training logits"] == 2 * 16 * 32 * 4
+    # a chunk of the update (3 x 16 positions), and the trained head's gradients summed over chunks (2 x vocab x hidden)
+    assert plan(micro_batch_tokens=50, logprob_chunk_tokens=16)["training logits"] == 3 * 16 * 32 * 4 + 2 * 32 * 8 * 4
     # the no-grad passes by their own budget: one layer's set of 200 tokens outweighs the update's 2 layers of 30
     assert plan(logprob_micro_batch_tokens=200)[ACTIVATIONS_ROW] == layer_activation_bytes(shape, 200, per)
     assert plan(logprob_micro_batch_tokens=200)["training logits"] == 2 * 200 * 32 * 4

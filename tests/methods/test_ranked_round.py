@@ -83,6 +83,19 @@ def test_kept_ranks_answer_every_round_from_the_processes_they_started_in():
     assert not pool.folder.exists()
 
 
+def test_ranks_give_back_what_they_free_when_the_run_config_says_so():
+    """ranks-return-memory = true: each rank maps its large blocks on their own (launch.return_freed_memory), so that a
+    CPU rank's memory is what its tensors hold, as the plan counts it; false (the default) leaves glibc's moving
+    threshold, which keeps freed blocks resident."""
+    for value in (True, False):
+        cfg = RunConfig(ranks_per_client=2, ranks_return_memory=value, rank_timeout_s=120)
+        try:
+            _, held = client_ranks(cfg).run(rank_workers.freed_blocks_held, {})
+        finally:
+            end_client_ranks()
+        assert (held["held_mib"] < 10) if value else (held["held_mib"] > 60), (value, held)
+
+
 def test_a_ranks_weights_are_mapped_from_the_file_not_copied(tmp_path):
     path = tmp_path / "in-1.safetensors"
     save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(path))

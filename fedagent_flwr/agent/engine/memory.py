@@ -17,9 +17,12 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
 - KV cache of a rollout batch: 2 x layers x kv-heads x head-dim x S x rollout-batch-size x a, with S the
   context (prompt + generated tokens) and a = 2 bytes under bf16-mixed and bf16-base, 4 in fp32;
 - generation logits: rollout-batch-size x vocab x 4 (the last position, in fp32);
-- training logits: 2 x micro-batch x S x vocab x 4 (fp32 logits and their log-softmax over the sequence); with
-  chunked log-probs (logprob-chunk-tokens = C > 0) the head scores C completion tokens at a time and
-  checkpointing recomputes them one chunk at a time in backward: 2 x min(C, micro-batch x S) x vocab x 4;
+- training logits: 3 x micro-batch x S x vocab x 4 (the fp32 log-softmax kept for backward, and in backward the
+  picked tokens' gradient scattered over the vocabulary, zeros and the scatter's result, before the log-softmax's own);
+  with chunked log-probs (logprob-chunk-tokens = C > 0) the head scores C completion tokens at a time and
+  checkpointing recomputes them one chunk at a time in backward: 3 x min(C, micro-batch x S) x vocab x 4, and with
+  full fine-tuning the head's gradients of the chunks, added up out of place, 2 x vocab x H x 4 more (measured pass
+  by pass on CPU in tests/agent/test_pass_memory.py, within 5 % of these rows with the activations below);
 - activations kept for backward, per token and layer (layer_activations; counted tensor by tensor, as autograd saves
   them, on CPU in tests/agent/test_layer_activations.py): SDPA's q, k, v and output and its fp32 log-sum-exp per head;
   the MLP's gate output, its activation, the up projection's output and their product (down's input, kept when down or
@@ -41,7 +44,7 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   micro-batch-tokens = B > 0 a pass holds at most max(B, S) padded tokens in place of micro-batch x S, here and in
   the training logits (logprob-micro-batch-tokens likewise for the no-grad passes below);
 - the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: at most
-  one layer's full set for L rows, and training logits for L x S rows (min(C, L x S) when chunked). The plan takes
+  one layer's full set for L rows, and fp32 logits and their log-softmax for L x S rows (min(C, L x S) when chunked). The plan takes
   the larger of the update's and these passes' activations and logits: they never run at once.
 A client's round has two phases, and the plan's total is its peak over them: the rollout (the KV cache, the generation
 logits, the static engine's weight copy and graphs, released when it ends; on N ranks the whole weights gathered) and
@@ -228,7 +231,13 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     activations = update_activation_bytes(shape, update_tokens, checkpointed, per_token)
     passes = max(logprob_micro_batch_tokens, S) if logprob_micro_batch_tokens > 0 else (logprob_micro_batch_size or micro_batch_size) * S
     activations = max(activations, layer_activation_bytes(shape, passes, per_token))
-    logit_rows = max(logits_of(update_tokens), logits_of(passes))
+    # a pass with gradients keeps its log-softmax for backward, where the picked tokens' gradient is scattered over the
+    # vocabulary (zeros, then the scatter's result) before the log-softmax's own: three [positions, vocab] fp32
+    # tensors at once; a no-grad pass holds its fp32 logits and their log-softmax (tests/agent/test_pass_memory.py)
+    logit_rows = max(3 * logits_of(update_tokens), 2 * logits_of(passes))
+    # a trained head scoring chunk by chunk gets a gradient from each chunk, which autograd adds up out of place: the
+    # sum so far, the chunk's and their new sum, [vocab, hidden] in fp32 each, beside the gradient the row above counts
+    head_sums = 2 * shape.vocab * shape.hidden * 4 if finetuning == "full" and logprob_chunk_tokens > 0 else 0
     name, weights = base_weights(shape, precision)
     shard = f", 1/{ranks} shard" if ranks > 1 else ""
     decode_rows = [  # the rollout's; the static engine's copy, cache and graphs are released after it (grpo.py)
@@ -240,7 +249,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     ]
     update_rows = [  # the update's; its gradients are dropped when it ends (grpo.py)
         ("gradients" + shard, T * 4 // ranks),
-        ("training logits", 2 * logit_rows * shape.vocab * 4),
+        ("training logits", logit_rows * shape.vocab * 4 + head_sums),
         (ACTIVATIONS_ROW, activations),
     ]
     rows = [

@@ -17,11 +17,14 @@ What this module does beyond starting the processes:
 - a deadline (run-config rank-timeout-s) for the round and for every collective, so a hung rank fails the client
   instead of blocking it for gloo's 30 or NCCL's 10 minutes, or forever in a teardown;
 - the ranks' sockets on loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo) unless the user names an interface:
-  a client's ranks are all on its own machine.
+  a client's ranks are all on its own machine;
+- memory a rank frees given back to the system (return_freed_memory), so that a CPU rank's resident memory is what
+  its tensors hold, as the memory plan counts it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import math
@@ -46,6 +49,8 @@ import torch.multiprocessing as mp
 
 RankTarget = Callable[..., tuple[dict[str, np.ndarray], dict[str, Any]]]
 FOLDER_PREFIX = "fedagent-ranks-"  # a client's rank folder in the temp directory, with its pid in client.pid
+MMAP_THRESHOLD = 1 << 16  # a rank's blocks of 64 KiB or more are mapped on their own (return_freed_memory)
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
 class RankFailed(RuntimeError):
@@ -63,10 +68,12 @@ class RankPool:
     """A client's `world` ranks, started once and kept up between rounds: each round's `run` hands every rank its
     request, and the ranks keep whatever their targets hold in the process (the model loaded and sharded) for the next.
     A round costs no new interpreters, no torch import and no process group. A rank that fails or is killed ends the
-    others and the pool (RankFailed; the next `run` raises it again: start a new pool); `close` ends them all."""
+    others and the pool (RankFailed; the next `run` raises it again: start a new pool); `close` ends them all.
+    `mmap_threshold`: the bytes from which each rank's C library maps a block on its own (return_freed_memory;
+    run-config ranks-return-memory); 0 leaves glibc's own moving threshold (benchmarks/freed_memory.py compares them)."""
 
-    def __init__(self, world: int, backend: str, timeout_s: float | None = None):
-        self.world, self.backend, self.timeout_s = world, backend, timeout_s
+    def __init__(self, world: int, backend: str, timeout_s: float | None = None, mmap_threshold: int = 0):
+        self.world, self.backend, self.timeout_s, self.mmap_threshold = world, backend, timeout_s, mmap_threshold
         remove_orphaned_folders()
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
         (self.folder / "client.pid").write_text(str(os.getpid()))
@@ -77,7 +84,8 @@ class RankPool:
         self.failure: RankFailed | None = None
         self.processes = [context.Process(target=_rank_serve, daemon=True,
                                           args=(rank, world, backend, str(self.folder), os.getpid(), timeout_s,
-                                                self._requests[rank], self._done)) for rank in range(world)]
+                                                mmap_threshold, self._requests[rank], self._done))
+                          for rank in range(world)]
         for p in self.processes:
             p.start()
 
@@ -231,14 +239,29 @@ def loopback_bootstrap() -> None:
             os.environ[variable] = loopback
 
 
+def return_freed_memory(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Blocks of `threshold` bytes or more mapped on their own, so that a freed tensor's memory goes back to the
+    system. glibc raises its threshold each time such a block is freed (up to 32 MiB), after which a rank's
+    activations and KV cache come from its heap, where what they free stays resident and fragments: CPU ranks then
+    peaked far above what their tensors held (docs/deployment.md, benchmarks/rank_memory.py). A fixed threshold ends
+    that, at the cost of faulting in each large block anew (benchmarks/freed_memory.py). False where the C library
+    is not glibc (nothing done)."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, timeout_s: float | None,
-                requests, done) -> None:
+                mmap_threshold: int, requests, done) -> None:
     """A rank's life: the process group joined once, then each request (round number, target, args) answered until
     None; rank 0 writes the round's results and says so once every rank has finished it."""
     from safetensors.numpy import save_file
 
     threading.Thread(target=_watch_parent, args=(parent, folder), daemon=True).start()
     loopback_bootstrap()
+    if mmap_threshold:
+        return_freed_memory(mmap_threshold)
     deadline = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}  # every collective's
     dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world, **deadline)
     try:
