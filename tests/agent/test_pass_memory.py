@@ -93,4 +93,4 @@ def test_the_plans_update_rows_hold_what_a_training_pass_holds(model_type, preci
                        rollout_batch_size=1, context_tokens=WIDTH, logprob_chunk_tokens=chunk).as_dict()
     planned = sum(plan[row] for row in ("gradients", "training logits", "activations of a micro-batch",
                                         "autocast bf16 weight copies"))
-    assert 0.9 * planned <= measured <= 1.05 * planned, (measured, planned, measured / planned)
+    assert 0.95 * planned <= measured <= 1.05 * planned, (measured, planned, measured / planned)
