@@ -3,8 +3,8 @@
 
 The plan counts what the model and the round hold (a rank's shards, the whole weights gathered to decode, AdamW's
 moments, the KV cache, logits and activations, the larger of the rollout and the update: agent/engine/memory.py).
-The process's own memory is not in it (the interpreter, torch, transformers, the tokenizer): each rank measures that
-first, once the round's code is imported and the tokenizer loaded, before any model is built. Then one round runs
+The process's own memory is not in it (the interpreter, torch, transformers, the model's code, the tokenizer): each rank
+measures that first, once the round's code is imported and the tokenizer loaded, before any model is built. Then one round runs
 (the run config's initial weights, partition 0's tasks), and each rank's peak (VmHWM) less that baseline is compared
 with two plans:
 - the run's plan (what placement checks against the memory given): every pass at the longest context the tasks allow,
@@ -80,9 +80,21 @@ class RoundRecord:
         self.segment = segment
 
     def install(self) -> None:
+        """This record the one the wrappers write to; the wrappers put in place once a process."""
+        _RECORD[:] = [self]
+        if getattr(grpo.GRPOTrainer, "_recorded", False):
+            return
         play, update, logprobs, passes = (grpo.GRPOTrainer._play, grpo.GRPOTrainer.update, grpo.GRPOTrainer._logprobs,
                                           Ranks.passes)
-        record = self
+
+        class Current:  # the record of the round now running
+            def __getattr__(self, name):
+                return getattr(_RECORD[0], name)
+
+            def __setattr__(self, name, value):
+                setattr(_RECORD[0], name, value)
+
+        record = Current()
 
         def _play(trainer, env_factory, chosen, *args):
             record.enter("rollout")
@@ -116,6 +128,10 @@ class RoundRecord:
 
         grpo.GRPOTrainer._play, grpo.GRPOTrainer.update, grpo.GRPOTrainer._logprobs = _play, _update, _logprobs
         Ranks.passes = _passes
+        grpo.GRPOTrainer._recorded = True
+
+
+_RECORD: list[RoundRecord] = []  # in a rank's process: the record of the round it runs
 
 
 def measured_round(rank: int, world: int, tensors: dict, *args):

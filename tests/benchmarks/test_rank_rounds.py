@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from fedagent_flwr.experiments.paired_rounds import compare, compare_runs, evaluation_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,3 +99,17 @@ def test_the_pass_by_pass_check_the_page_names_has_the_cases_it_counts():
     words = {"nine": 9, "ten": 10, "eight": 8}
     count = re.search(r"against its update rows, within 5 % in (\w+) configurations", page()).group(1)
     assert words[count] == len(test_pass_memory.CASES)
+
+
+@pytest.mark.slow  # two rounds on new ranks per variant: about a minute
+def test_freed_memory_runs_both_variants_on_the_default_job_and_says_which_held_less():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "freed_memory.py"), "--repeats", "2", "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    default, returned = report["variants"]["0"], report["variants"]["65536"]
+    assert len(default["seconds"]) == len(returned["seconds"]) == 2 and default["time_ratio_mean"] == 1.0
+    assert max(returned["peak_mib_mean"]) < max(default["peak_mib_mean"])  # rank 0: what giving memory back is for
