@@ -25,16 +25,10 @@ import json
 import numpy as np
 
 from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, backend_for
-from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.pretrained import pick_device
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
-from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.ranked_round import SENT
-from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
-from rank_memory import baseline, measured_round  # benchmarks/ is the script's own folder
-from strategies.transfer import array_view
+from rank_memory import baseline, measured_round, round_inputs  # benchmarks/ is the script's own folder
 
 
 def one_round(cfg: RunConfig, tensors, tasks, threshold: int) -> dict:
@@ -65,14 +59,7 @@ def main() -> None:
         parser.error(str(err))
     if cfg.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu" or args.repeats < 2 or len(thresholds) < 2:
         parser.error("CPU ranks (at least 2), --repeats at least 2 and at least two --thresholds")
-    agent = load_agent(cfg.model, cfg.env, "cpu", cfg.base_dtype())
-    tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)
-    if cfg.finetuning == "lora":
-        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
-            sent = adapter_to_arrays(peft_model)
-    else:
-        sent = model_to_arrays(agent.model)
-    tensors = {SENT + k: array_view(sent[k]) for k in sent.keys()}
+    _, tasks, tensors, _ = round_inputs(cfg)
     runs: dict[int, list[dict]] = {t: [] for t in thresholds}
     for repeat in range(args.repeats):
         for t in thresholds if repeat % 2 == 0 else thresholds[::-1]:  # alternating, so drift falls on every variant

@@ -153,6 +153,21 @@ def own_plan(cfg: RunConfig, shape: ModelShape, placement, ran: dict):
     return memory_plan(ran_cfg, shape, ran["longest"], placement, min(placement.rollout_rows, ran["episodes"]))
 
 
+def round_inputs(cfg: RunConfig):
+    """This process's agent (the sent weights and the plan come from it), partition 0's tasks, the round's request
+    tensors as train_on_ranks sends them, and the client's placement."""
+    agent = load_agent(cfg.model, cfg.env, "cpu", cfg.base_dtype())
+    tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
+    if cfg.finetuning == "lora":
+        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
+            sent = adapter_to_arrays(peft_model)
+            placement = process_placement(cfg, agent, tasks, model=peft_model)
+    else:
+        sent = model_to_arrays(agent.model)
+        placement = process_placement(cfg, agent, tasks)
+    return agent, tasks, {ranked_round.SENT + k: array_view(sent[k]) for k in sent.keys()}, placement
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-config", default=None, help="a run-config TOML (default: the app's defaults)")
@@ -167,18 +182,9 @@ def main() -> None:
         parser.error(str(err))
     if cfg.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu":
         parser.error(f"ranks-per-client={cfg.ranks_per_client}, device={cfg.device}: CPU ranks, at least 2")
-    agent = load_agent(cfg.model, cfg.env, "cpu", cfg.base_dtype())  # this process's: the sent weights and the plan
-    tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
-    if cfg.finetuning == "lora":
-        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
-            sent = adapter_to_arrays(peft_model)
-            placement = process_placement(cfg, agent, tasks, model=peft_model)
-    else:
-        sent = model_to_arrays(agent.model)
-        placement = process_placement(cfg, agent, tasks)
+    agent, tasks, tensors, placement = round_inputs(cfg)
     shape = ModelShape.of(agent.model.config)
     plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows)
-    tensors = {ranked_round.SENT + k: array_view(sent[k]) for k in sent.keys()}
     with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.rank_timeout_s,
                   ranked_round.mmap_threshold(cfg)) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
