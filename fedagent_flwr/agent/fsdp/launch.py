@@ -18,8 +18,8 @@ What this module does beyond starting the processes:
   instead of blocking it for gloo's 30 or NCCL's 10 minutes, or forever in a teardown;
 - the ranks' sockets on loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo) unless the user names an interface:
   a client's ranks are all on its own machine;
-- memory a rank frees given back to the system (return_freed_memory), so that a CPU rank's resident memory is what
-  its tensors hold, as the memory plan counts it.
+- where the run config asks (ranks-return-memory), memory a rank frees given back to the system
+  (return_freed_memory), so that a CPU rank's resident memory is what its tensors hold, as the memory plan counts it.
 """
 
 from __future__ import annotations
