@@ -110,7 +110,8 @@ def read_variants(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         torch.set_num_threads(args.threads)
     try:
         preset = RunConfig().to_run_config() | read_run_config_file(args.run_config)
-        return {v: RunConfig.from_run_config(preset | parse_overrides(v.split(","))) for v in args.variant}
+        # an empty variant is the run config as it is
+        return {v: RunConfig.from_run_config(preset | parse_overrides([i for i in v.split(",") if i])) for v in args.variant}
     except ValueError as err:
         parser.error(str(err))
 

@@ -7,6 +7,8 @@ variant trains on all of them (a real epoch keeps only the steps of groups a rew
 with the sampling), and `--samples` of them are kept. Each `--variant` (run-config values over the run config, e.g.
 `shared-prompt-prefix=true,old-logprobs=rollout`) then times `GRPOTrainer.update` on exactly those samples from a
 fresh adapter and optimizer; the variants alternate repeat by repeat, so drift in the machine falls on all of them.
+The benchmark's own variant key `peft-input-cast=true` lets PEFT cast each adapter's input to the adapter's fp32, as
+it did before agent/training/lora.py's keep_input_dtype (under bf16 autocast the same numbers, two copies more).
 Printed per variant: the update's seconds (mean and standard error over repeats), their ratio to the first variant's
 (per repeat), and, where old-logprobs = rollout, how far the rollout's log-probs lie from a training pass's (mean
 absolute difference per completion token, `rollout_logprob_gap`). Unlike cpu_round.py, every variant does the same
@@ -15,6 +17,8 @@ work, so the ratio is one of speed alone; what a setting changes in what is lear
     python benchmarks/update_passes.py --run-config configs/smollm2-fedagent-cpu.toml --samples 96 --repeats 2 \\
         --variant shared-prompt-prefix=false,old-logprobs=recompute --variant shared-prompt-prefix=true \\
         --variant shared-prompt-prefix=true,old-logprobs=rollout
+    python benchmarks/update_passes.py --run-config configs/smollm2-fedagent-cpu.toml --samples 96 --repeats 3 \\
+        --threads 1 --variant peft-input-cast=true --variant peft-input-cast=false --variant training-kernels=compile
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
@@ -22,6 +26,7 @@ machine, versions and commit it ran on (benchmarks/results/README.md).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -60,9 +65,27 @@ def epoch_samples(cfg: RunConfig, agent, model, n: int, seed: int) -> list[StepS
                        steps[i][0].logprobs) for i in order]
 
 
-def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int) -> dict[str, float]:
+# the benchmark's own variant key: true = PEFT casts each adapter's input to its fp32 (PEFT's default, which
+# attached_lora turns off), false = as the run does
+CAST_KEY = "peft-input-cast"
+
+
+def own_keys(variant: str) -> tuple[str, bool]:
+    """The variant's run-config part, and whether PEFT casts the adapter's input (CAST_KEY, true | false)."""
+    items = [i for i in variant.split(",") if i.strip()]
+    own = [i for i in items if i.split("=", 1)[0].strip() == CAST_KEY]
+    flags = [i.split("=", 1)[1].strip().lower() if "=" in i else "" for i in own]
+    if any(f not in ("true", "false") for f in flags):
+        raise ValueError(f"{CAST_KEY}={flags[0]!r} is not allowed: expected true | false")
+    return ",".join(i for i in items if i not in own), "true" in flags[-1:]
+
+
+def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int, peft_casts: bool = False) -> dict[str, float]:
     """Seconds of one GRPOTrainer.update under `cfg` on a fresh adapter (its first-step log-prob gap, if any)."""
     with attached_lora(agent.model, cfg.lora_spec(), seed=seed) as model:
+        for module in model.modules():
+            if peft_casts and hasattr(module, "cast_input_dtype_enabled"):
+                module.cast_input_dtype_enabled = True
         placement = place_run(cfg, model=model)
         trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
         started = time.perf_counter()
@@ -79,7 +102,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--samples", type=int, default=96, help="agent steps each update trains on")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    variants = read_variants(parser, args)
+    try:
+        own = {v: own_keys(v) for v in args.variant}
+    except ValueError as err:
+        parser.error(str(err))
+    variants = {}
+    for name in args.variant:  # read_variants reads run-config keys only: each variant's, alone
+        keys = own[name][0]
+        variants[name] = read_variants(parser, argparse.Namespace(**{**vars(args), "variant": [keys]}))[keys]
+    casts = {v: own[v][1] for v in args.variant}
     first = variants[args.variant[0]]
     if any(c.base_dtype() != first.base_dtype() for c in variants.values()):
         parser.error("every --variant must hold the base in the same dtype (the samples are played once)")
@@ -93,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for repeat in range(args.repeats):
         for name, cfg in variants.items():
-            runs[name].append(timed_update(cfg, agent, samples, args.seed))
+            runs[name].append(timed_update(cfg, agent, samples, args.seed, casts[name]))
             print(f"[update_passes] repeat {repeat + 1}/{args.repeats} {name}: "
                   + ", ".join(f"{k} {v:.4g}" for k, v in runs[name][-1].items()), file=sys.stderr, flush=True)
     report = {"run_config": args.run_config, "samples": len(samples), "repeats": args.repeats,

@@ -175,6 +175,35 @@ def test_bf16_base_lora_trains_an_fp32_adapter_at_lr_1e_6_and_never_moves_the_bf
         assert changed > 0.9, (key, changed)
 
 
+@pytest.mark.parametrize("precision", ["bf16-base", "bf16-mixed"])
+def test_the_adapter_takes_its_input_uncast_and_trains_to_the_same_bits_as_peft_casting_it(tiny_lm, maze_tokenizer,
+                                                                                           precision):
+    """lora.py keep_input_dtype: the adapter's A reads its input in the dtype it arrives in (bf16 under bf16-base,
+    where PEFT would copy it to fp32 for autocast to copy back), and an update ends with the same adapter, bit for
+    bit, as one where PEFT casts."""
+    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+
+    base = copy.deepcopy(tiny_lm).to(torch.bfloat16 if precision == "bf16-base" else torch.float32)
+    samples = [StepSample(p, c, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c) in enumerate(_pairs(maze_tokenizer, 8))]
+    adapters, inputs = [], []
+    for peft_casts in (False, True):
+        with attached_lora(base, LoRASpec(rank=2, target_modules="all-linear"), seed=1) as peft_model:
+            layer = peft_model.get_base_model().model.layers[0]
+            for module in peft_model.modules():  # PEFT's default, which attached_lora turned off
+                if peft_casts and hasattr(module, "cast_input_dtype_enabled"):
+                    module.cast_input_dtype_enabled = True
+            hook = layer.self_attn.q_proj.lora_A["default"].register_forward_pre_hook(
+                lambda module, args: inputs.append((peft_casts, args[0].dtype)))
+            _lora_trainer(peft_model, maze_tokenizer, precision, learning_rate=1e-3).update(samples, np.random.default_rng(0))
+            hook.remove()
+            adapters.append({k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k})
+    norm_output = torch.bfloat16 if precision == "bf16-base" else torch.float32
+    assert set(inputs) == {(False, norm_output), (True, torch.float32)}
+    assert adapters[0].keys() == adapters[1].keys()
+    for key in adapters[0]:
+        assert torch.equal(adapters[0][key], adapters[1][key]), key
+
+
 def test_bf16_base_refuses_a_trained_bf16_model_and_an_fp32_base(tiny_lm, maze_tokenizer):
     from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 

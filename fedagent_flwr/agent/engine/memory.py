@@ -31,9 +31,10 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   under bf16-mixed's fp32 weights and 2 under param-dtype = 'bf16' or bf16-base): every norm keeps its input upcast to
   fp32 (4H); with a trained norm weight also the normalized value and its output, in fp32 (4H) under fp32 weights,
   where each linear reading the output then keeps its own bf16 cast (2H each: q, k, v, gate, up), or 2H + 2H under
-  bf16 weights. Under LoRA (frozen norms and base linears) every adapted linear keeps its own bf16 copy of its input
-  under bf16 compute (PEFT hands the adapter its input in the adapter's fp32, autocast casts it back), and the fp32
-  norm output it reads otherwise. For the 1.5B shape under bf16-mixed that is 116 KiB a token and layer with fp32
+  bf16 weights. Under LoRA (frozen norms and base linears) the adapters keep their inputs as autocast hands them (the
+  adapter takes its input in the dtype it arrives in: training/lora.py keep_input_dtype): under bf16-mixed each
+  adapted linear its own bf16 cast of the fp32 norm output, under bf16-base the adapters reading one bf16 norm output
+  that one tensor, in fp32 the norm output itself; o's adapter reads SDPA's output as it is. For the 1.5B shape under bf16-mixed that is 116 KiB a token and layer with fp32
   weights and 101 KiB with the bf16 working copy (an earlier plan counted 95 for both; a pass planned so ran out of
   memory on an H100). Models other than Qwen2/Qwen3 get a 4-D padding mask (agent/engine/tokens.py), with which SDPA gets
   the KV heads expanded to every query head: k and v are counted so; the copy of the mask SDPA keeps per layer (rows x
@@ -304,9 +305,11 @@ def layer_activations(shape: ModelShape, precision: str, param_dtype: str = "fp3
             norms += 2 * (2 * H + 2 * H)  # normalized and output in bf16
     elif c == 4:  # frozen norms; an adapter reads the fp32 output as it is
         norms += 4 * H * (bool(adapted & set(_ATTENTION_READERS)) + bool(adapted & set(_MLP_READERS)))
-    else:  # each adapter keeps its own bf16 copy of its input (o's beside SDPA's output; down's counted in mlp)
+    elif r == 4:  # bf16-mixed: each adapter keeps its own bf16 cast of the fp32 norm output it reads
         norms += 2 * H * len(adapted & set(_ATTENTION_READERS + _MLP_READERS))
-        norms += 2 * width if "o_proj" in adapted else 0
+    else:  # bf16-base: the adapters reading one bf16 norm output keep that one tensor (lora.py keep_input_dtype)
+        norms += 2 * H * (bool(adapted & set(_ATTENTION_READERS)) + bool(adapted & set(_MLP_READERS)))
+    # o's adapter reads SDPA's bf16 output as it is (counted in attention); down's input is counted in mlp
     adapters = 0 if lora_targets is None else len(adapted) * lora_rank * c
     return LayerActivations(full=attention + mlp + norms + adapters, kept=H * r)
 

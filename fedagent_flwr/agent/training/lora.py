@@ -62,6 +62,21 @@ class LoRASpec:
                           bias="none", task_type="CAUSAL_LM")
 
 
+def keep_input_dtype(peft_model: torch.nn.Module) -> None:
+    """Hand each adapter its input in the dtype it arrives in, not cast to the adapter's fp32 first.
+
+    Why: under bf16 compute (bf16-base, bf16-mixed) every forward runs under bf16 autocast (engine/precision.py),
+    which casts the adapter's input back to bf16 for its matmul: PEFT's cast to fp32 made two copies of each adapted
+    layer's input to compute the same bf16 product (bitwise the same numbers; a SmolLM2 LoRA update 1.04x faster,
+    docs/performance.md). In fp32 the input is already the adapter's dtype. A bf16 input met outside autocast by an
+    fp32 adapter now fails loudly in its matmul instead of running in fp32."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in peft_model.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.cast_input_dtype_enabled = False
+
+
 @contextlib.contextmanager
 def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iterator[PeftModel]:
     """The base model with a fresh LoRA adapter (A seeded, B = 0) inside the block; plain base after."""
@@ -80,6 +95,7 @@ def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iter
             peft_model = get_peft_model(model, spec.config())
         except ValueError as exc:  # PEFT names the missing modules; add the key that chose them
             raise ValueError(f"lora-target-modules={spec.target_modules!r} does not fit this model: {exc}") from None
+    keep_input_dtype(peft_model)
     try:
         yield peft_model
     finally:
