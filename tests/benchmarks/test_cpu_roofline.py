@@ -199,3 +199,21 @@ def test_the_chunked_scoring_lever_is_quoted_from_its_raw_output():
             f"{whole['update_s'][0]:.1f} s, {chunked['update_ratio'][0]:.2f}x +- {chunked['update_ratio'][1]:.2f} faster "
             f"({report['repeats']} alternating repeats, {report['threads']} thread;") in page
     assert f"mean loss of {chunked['loss'][0]:.4f} against {whole['loss'][0]:.4f}" in page
+
+
+def test_the_update_levers_of_2026_12_05_are_quoted_from_their_raw_output():
+    """docs/performance.md's adapter-input cast and compiled layers, from update_passes.input-cast.json."""
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "update_passes.input-cast.json").read_text())
+    cast, kept, compiled = (report["variants"][v] for v in ("peft-input-cast=true", "peft-input-cast=false",
+                                                             "training-kernels=compile"))
+    assert (f"The update took {kept['update_s'][0]:.1f} s against {cast['update_s'][0]:.1f} s with the cast, "
+            f"{kept['update_ratio'][0]:.2f}x +- {kept['update_ratio'][1]:.2f} faster, with the same loss "
+            f"({kept['loss'][0]:.4f} both") in page
+    assert kept["loss"][0] == cast["loss"][0]  # the same bits, as the page says
+    assert (f"{compiled['update_s'][0]:.1f} s +- {compiled['update_s'][1]:.1f} against {cast['update_s'][0]:.1f} s, "
+            f"{compiled['update_ratio'][0]:.2f}x +- {compiled['update_ratio'][1]:.2f} faster") in page
+    assert f"Its loss was {compiled['loss'][0]:.4f} against {cast['loss'][0]:.4f}" in page
+    assert (f"({compiled['rollout_logprob_gap'][0]:.4f} nats a token against "
+            f"{cast['rollout_logprob_gap'][0]:.4f})") in page
+    assert f"--samples {report['samples']} --repeats {report['repeats']} --threads {report['threads']}" in page
