@@ -34,8 +34,8 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   bf16 weights. Under LoRA (frozen norms and base linears) the adapters keep their inputs as autocast hands them (the
   adapter takes its input in the dtype it arrives in: training/lora.py keep_input_dtype): under bf16-mixed each
   adapted linear its own bf16 cast of the fp32 norm output, under bf16-base the adapters reading one bf16 norm output
-  that one tensor, in fp32 the norm output itself; o's adapter reads SDPA's output as it is. For the 1.5B shape under bf16-mixed that is 116 KiB a token and layer with fp32
-  weights and 101 KiB with the bf16 working copy (an earlier plan counted 95 for both; a pass planned so ran out of
+  that one tensor, in fp32 the norm output itself; o's adapter reads SDPA's output as it is. For the 1.5B shape
+  under bf16-mixed that is 116 KiB a token and layer with fp32 weights and 101 KiB with the bf16 working copy (an earlier plan counted 95 for both; a pass planned so ran out of
   memory on an H100). Models other than Qwen2/Qwen3 get a 4-D padding mask (agent/engine/tokens.py), with which SDPA gets
   the KV heads expanded to every query head: k and v are counted so; the copy of the mask SDPA keeps per layer (rows x
   S x S) is not. The update keeps layers x micro-batch x S of these; with gradient checkpointing each checkpointed
