@@ -16,6 +16,13 @@ with two plans:
 Each phase is measured apart (the peak reset through /proc/self/clear_refs where it starts): the rollout against the
 plan's decode peak, the update against its update peak.
 
+Resident memory counts file-backed pages too: the libraries' code a rank runs for the first time (libtorch's kernels,
+the generation code), and the model files it maps from disk. They are the page cache's, shared by every process that
+maps them and dropped under pressure, and the plan does not count them. A segment's private peak is therefore its peak
+less the file-backed pages resident when it starts (and, at least, less those resident when it ends: they only grow
+within a segment, so the true value lies between), against the baseline's private memory. Memory files on tmpfs
+(the round's weights the ranks map) stay counted: they cannot be dropped.
+
     python benchmarks/rank_memory.py                                  # the default job's model and settings, 2 ranks
     python benchmarks/rank_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set tasks-per-epoch=2
     python benchmarks/rank_memory.py --set ranks-return-memory=true   # ranks that give what they free back
@@ -61,7 +68,8 @@ def baseline(rank: int, world: int, tensors: dict, model: str, env: str):
     spec = resolve_model(model, env)
     load_tokenizer(spec)
     empty_model(spec.source, torch.float32)
-    return {}, {"rss_mib": Ranks(rank, world).gather({str(rank): status_mib("self", "VmRSS")})}
+    mine = {"rss_mib": status_mib("self", "VmRSS"), "file_mib": status_mib("self", "RssFile")}
+    return {}, {"baseline": Ranks(rank, world).gather({str(rank): mine})}
 
 
 class RoundRecord:
@@ -71,13 +79,17 @@ class RoundRecord:
 
     def __init__(self) -> None:
         self.segment, self.peaks = "load", {}
+        self.files = {"load": status_mib("self", "RssFile")}  # each segment's file-backed pages at its start, then end
+        self.files_end = {}
         self.episodes = self.longest = self.update_rows = self.logprob_rows = 0
         self.scoring = False
 
     def enter(self, segment: str) -> None:
         self.peaks[self.segment] = max(self.peaks.get(self.segment, 0.0), status_mib("self", "VmHWM"))
+        self.files_end[self.segment] = status_mib("self", "RssFile")
         Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from what is resident now
         self.segment = segment
+        self.files.setdefault(segment, status_mib("self", "RssFile"))
 
     def install(self) -> None:
         """This record the one the wrappers write to; the wrappers put in place once a process."""
@@ -141,7 +153,8 @@ def measured_round(rank: int, world: int, tensors: dict, *args):
     Path("/proc/self/clear_refs").write_text("5")
     out, info = ranked_round._round_on_rank(rank, world, tensors, *args)
     record.enter("end")
-    mine = {"peaks_mib": record.peaks, "episodes": record.episodes, "longest": record.longest,
+    mine = {"peaks_mib": record.peaks, "files_mib": record.files, "files_end_mib": record.files_end,
+            "episodes": record.episodes, "longest": record.longest,
             "update_rows": record.update_rows, "logprob_rows": record.logprob_rows}
     return out, info | {"records": Ranks(rank, world).gather({str(rank): mine})}
 
@@ -192,22 +205,36 @@ def main() -> None:
     print(plan.table().replace(f"{plan.who}:", f"{plan.who} (the run's plan, {plan.total / MIB:.0f} MiB):"), flush=True)
     ranks = []
     for r in range(cfg.ranks_per_client):
-        base, ran = info["rss_mib"][str(r)], round_info["records"][str(r)]
-        held = {k: v - base for k, v in ran["peaks_mib"].items()}
+        base, ran = info["baseline"][str(r)], round_info["records"][str(r)]
+        held = {k: v - base["rss_mib"] for k, v in ran["peaks_mib"].items()}
+        # private: less the file-backed pages at the segment's start (at most) or its end (at least)
+        private_base = base["rss_mib"] - base["file_mib"]
+        private = {k: v - ran["files_mib"][k] - private_base for k, v in ran["peaks_mib"].items()}
+        private_least = {k: v - ran["files_end_mib"][k] - private_base for k, v in ran["peaks_mib"].items()}
         mine = own_plan(cfg, shape, placement, ran)
-        peak = max(held.values())
-        ranks.append({"baseline_mib": base, "round_mib": peak, "over_plan": peak * MIB / plan.total,
-                      "segments_mib": held, "ran": {k: v for k, v in ran.items() if k != "peaks_mib"},
+        peak, peak_private = max(held.values()), max(private.values())
+        ranks.append({"baseline_mib": base["rss_mib"], "baseline_file_mib": base["file_mib"], "round_mib": peak,
+                      "over_plan": peak * MIB / plan.total, "segments_mib": held,
+                      "private_mib": peak_private, "private_least_mib": max(private_least.values()),
+                      "private_segments_mib": private, "private_least_segments_mib": private_least,
+                      "ran": {k: v for k, v in ran.items() if not k.endswith("_mib")},
                       "own_plan": mine.as_dict(), "own_plan_mib": mine.total / MIB, "over_own_plan": peak * MIB / mine.total,
+                      "private_over_own_plan": peak_private * MIB / mine.total,
+                      "private_least_over_own_plan": max(private_least.values()) * MIB / mine.total,
                       "rollout_over_own": held["rollout"] * MIB / mine.peak("decode"),
-                      "update_over_own": held["update"] * MIB / mine.peak("update")})
+                      "update_over_own": held["update"] * MIB / mine.peak("update"),
+                      "private_rollout_over_own": private["rollout"] * MIB / mine.peak("decode"),
+                      "private_update_over_own": private["update"] * MIB / mine.peak("update")})
         x = ranks[-1]
-        print(f"rank {r}: {base:.0f} MiB before the model; the round's peak {peak:.0f} MiB above it, against the run's "
-              f"plan of {plan.total / MIB:.0f} MiB ({x['over_plan']:.2f}x) and its own of {x['own_plan_mib']:.0f} MiB "
-              f"({x['over_own_plan']:.2f}x: {ran['longest']} tokens, {ran['episodes']} episodes, passes of "
-              f"{ran['update_rows']} and {ran['logprob_rows']} rows); rollout {held['rollout']:.0f} against "
-              f"{mine.peak('decode') / MIB:.0f} MiB, update {held['update']:.0f} against {mine.peak('update') / MIB:.0f}",
-              flush=True)
+        print(f"rank {r}: {base['rss_mib']:.0f} MiB before the model; the round's peak {peak:.0f} MiB above it, against "
+              f"the run's plan of {plan.total / MIB:.0f} MiB ({x['over_plan']:.2f}x) and its own of "
+              f"{x['own_plan_mib']:.0f} MiB ({x['over_own_plan']:.2f}x: {ran['longest']} tokens, {ran['episodes']} "
+              f"episodes, passes of {ran['update_rows']} and {ran['logprob_rows']} rows); rollout {held['rollout']:.0f} "
+              f"against {mine.peak('decode') / MIB:.0f} MiB, update {held['update']:.0f} against "
+              f"{mine.peak('update') / MIB:.0f}. Private (less file-backed pages): {x['private_least_mib']:.0f}-"
+              f"{peak_private:.0f} MiB, {x['private_least_over_own_plan']:.2f}-{x['private_over_own_plan']:.2f}x its "
+              f"own plan; rollout {private_least['rollout']:.0f}-{private['rollout']:.0f}, update "
+              f"{private_least['update']:.0f}-{private['update']:.0f}", flush=True)
     result = {"settings": {"ranks": cfg.ranks_per_client, "model": cfg.model, "env": cfg.env,
                            "finetuning": cfg.finetuning, "precision": placement.precision, "run_config": values},
               "plan": plan.as_dict(), "plan_mib": plan.total / MIB, "ranks": ranks,

@@ -55,8 +55,9 @@ from fedagent_flwr.agent.engine.kernels import training_kernels
 from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
     GB,
+    NO_GRAD_ROW,
+    UPDATE,
     ModelShape,
-    layer_activation_bytes,
     layers_to_checkpoint,
     update_activation_bytes,
 )
@@ -69,7 +70,7 @@ from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.methods.memory import memory_budget
 from decode_profile import LAUNCH_NAMES, device_us
 from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, recorded_passes, sample_flops, timed_method
-from fedagent_flwr.methods.memory import memory_plan, plan_layer_activations
+from fedagent_flwr.methods.memory import memory_plan, plan_layer_activations, plan_no_grad_pass_bytes
 from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
@@ -216,14 +217,11 @@ def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.de
 
 
 # the client plan's rows a rollout holds and this benchmark does not
-ROLLOUT_ROWS = ("KV cache of a rollout batch", "generation logits", "static decoder's weight copy")
-
-
 def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch.device,
                  passes: dict[bool, list[tuple[int, int]]] | None = None) -> int:
-    """The memory plan's count of what this benchmark's update holds at its peak: the client plan's rows but the
-    rollout's, with the activations of the largest passes (the update's with the layers checkpointed as the run
-    decides them: none, every layer, or auto's k; the no-grad passes' one layer). `passes`: the [rows, width] of the
+    """The memory plan's count of what this benchmark's update holds at its peak: the client plan's update peak, with
+    the activations of the largest passes as run (the update's with the layers checkpointed as the run decides them:
+    none, every layer, or auto's k), or the largest no-grad pass's peak where that holds more. `passes`: the [rows, width] of the
     passes as run (gpu_round.recorded_passes); None for the ones the trainer would cut from all samples as one
     minibatch (a variant that ran out of memory). Set beside the measured peak, it checks the plan's count on a card."""
     shape, placement = ModelShape.of(model.config), client_placement(model, cfg, samples, device)
@@ -242,9 +240,10 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
         layers = layers_to_checkpoint(shape, update, placement.activation_room_bytes, per_token)
     else:
         layers = shape.layers if placement.gradient_checkpointing else 0
-    activations = max(update_activation_bytes(shape, update, layers, per_token), layer_activation_bytes(shape, logprob, per_token))
-    held = plan["total"] - plan[ACTIVATIONS_ROW] - sum(plan[row] for row in ROLLOUT_ROWS)
-    return int(held + activations)
+    activations = update_activation_bytes(shape, update, layers, per_token)
+    scoring = plan_no_grad_pass_bytes(cfg, shape, placement, logprob)  # runs before the update's passes, not beside
+    held = plan[f"{UPDATE} peak"] - plan[ACTIVATIONS_ROW] - plan[NO_GRAD_ROW]
+    return int(held + max(activations, scoring - plan["training logits"]))
 
 
 def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device: torch.device, top: int) -> dict:

@@ -20,6 +20,7 @@ from fedagent_flwr.agent.engine.memory import (
     client_plan,
     device_budget,
     layer_activations,
+    no_grad_pass_bytes,
     server_plan,
 )
 from fedagent_flwr.agent.engine.placement import Placement
@@ -63,12 +64,24 @@ def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, client:
             memory_plan(cfg, shape, context_tokens, server, server.rollout_rows, "server"))
 
 
+def _adapter(cfg: RunConfig) -> tuple:
+    """(targets, rank) of the adapter a client's passes train (Fed-SE's SFT trains one too), else ()."""
+    lora = cfg.finetuning == "lora" or cfg.traits.experience_buffer
+    return (cfg.lora_spec().target_modules, cfg.lora_rank) if lora else ()
+
+
 def plan_layer_activations(cfg: RunConfig, shape: ModelShape, placement: Placement) -> LayerActivations:
     """What a decoder layer of a client's training passes keeps for backward per token (memory.layer_activations):
     the placement's precision and param-dtype, and its adapter's targets where a LoRA adapter learns."""
-    lora = cfg.finetuning == "lora" or cfg.traits.experience_buffer
-    lora_args = (cfg.lora_spec().target_modules, cfg.lora_rank) if lora else ()
-    return layer_activations(shape, placement.precision, placement.param_dtype, *lora_args)
+    return layer_activations(shape, placement.precision, placement.param_dtype, *_adapter(cfg))
+
+
+def plan_no_grad_pass_bytes(cfg: RunConfig, shape: ModelShape, placement: Placement, tokens: int) -> int:
+    """The most a client's no-grad log-prob pass over `tokens` padded positions holds at once (memory.no_grad_pass_bytes),
+    with the run's log-prob chunk, the placement's precision and param-dtype, and its adapter's targets."""
+    chunk = cfg.logprob_chunk_tokens
+    return no_grad_pass_bytes(shape, tokens, min(chunk, tokens) if chunk > 0 else tokens, placement.precision,
+                              placement.param_dtype, *_adapter(cfg))
 
 
 def memory_budget(cfg: RunConfig, device: torch.device, who: str = "client") -> float | None:

@@ -106,12 +106,17 @@ def test_a_generate_call_is_planned_at_the_episodes_its_process_plays():
 
 
 def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update():
-    """The no-grad passes at logprob-micro-batch-size L hold one layer's activations and L x S rows of logits (or a
-    chunk): the plan takes the larger of theirs and the update's, by hand on a small shape."""
+    """The no-grad passes at logprob-micro-batch-size L hold, at their peak, one layer's moment or the head's (their
+    logits over L x S rows, or a chunk), and never run beside the update's passes: the plan adds what they hold beyond
+    the update's logits and activations, by hand on a small shape."""
     config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                   intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
     shape = ModelShape.of(config)
     layer = 10 * 400  # one layer's set for one row of 10 tokens under bf16-mixed's fp32 weights (test above)
+    # a no-grad pass under bf16-mixed, per token: in a layer, 4 fp32 hidden states (4 x 8 x 4) beside the larger of
+    # the MLP (3 x 16 wide in bf16 = 96) and the attention's bound (2 x (2 + 1) heads x 4 wide x (2 + 4) = 144): 272;
+    # at the head, fp32 logits and log-softmax (2 x 32 x 4 = 256) and 2 hidden states (64): 320, the larger
+    scoring = 320 * 10  # a row of 10 tokens
 
     def plan(rows, **kw):
         return client_plan(shape, finetuning="full", lora_rank=2, lora_targets=("q_proj",), precision="bf16-mixed",
@@ -119,18 +124,22 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
                            context_tokens=10, logprob_micro_batch_size=rows, **kw).as_dict()
 
     assert plan(0) == plan(3)  # 0 = the update's micro-batch
-    # 2 layers x 3 rows kept for backward outweigh one layer of 5 rows; the passes' logits of 5 rows (their fp32
-    # logits and log-softmax) outweigh the update's 3 (its log-softmax, and the backward's two), those of 4 do not
-    assert plan(5)["activations of a micro-batch"] == 2 * 3 * layer
-    assert plan(5)["training logits"] == 2 * 5 * 10 * 32 * 4
-    assert plan(4)["training logits"] == 3 * 3 * 10 * 32 * 4
-    assert plan(7)["activations of a micro-batch"] == 7 * layer  # now one layer of 7 rows is more than 2 x 3
-    # chunked: a chunk of 16 positions at most, whichever pass, and the head's gradients of the chunks added up
-    assert plan(7, logprob_chunk_tokens=16)["training logits"] == 3 * 16 * 32 * 4 + 2 * 32 * 8 * 4
-    # checkpointed update: 2 layer inputs of 3 rows + one layer's set; the passes' one layer of 5 rows is larger
-    assert plan(5, gradient_checkpointing=True)["activations of a micro-batch"] == 5 * layer
-    cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=7, precision="bf16-mixed")
-    assert planned(cfg, shape, 10, 5).as_dict()["activations of a micro-batch"] == 7 * layer  # the key reaches it
+    update = 3 * 3 * 10 * 32 * 4 + 2 * 3 * layer  # the update's log-softmax and the backward's two; 2 layers x 3 rows
+    assert plan(5)["training logits"] + plan(5)["activations of a micro-batch"] == update
+    assert plan(5)["no-grad passes beyond the update's"] == 0  # 16,000 bytes beside the update's 35,520
+    assert plan(20)["no-grad passes beyond the update's"] == 20 * scoring - update
+    assert plan(20)["update peak"] - plan(5)["update peak"] == 20 * scoring - update
+    # chunked: the update's logits a chunk of 16 positions and the head's gradients of the chunks added up; a pass of
+    # 20 rows holds its layer's 272 x 200 bytes, more than the head's 2 x 16 chunk positions x 128 + 200 x 64
+    chunked = plan(20, logprob_chunk_tokens=16)
+    assert chunked["training logits"] == 3 * 16 * 32 * 4 + 2 * 32 * 8 * 4
+    assert chunked["no-grad passes beyond the update's"] == 272 * 200 - chunked["training logits"] - 2 * 3 * layer
+    # checkpointed update: 2 layer inputs of 3 rows + one layer's set, so the passes of 10 rows now hold more
+    checkpointed = plan(10, gradient_checkpointing=True)
+    assert checkpointed["activations of a micro-batch"] == 2 * 30 * 8 * 4 + 3 * layer
+    assert checkpointed["no-grad passes beyond the update's"] == 10 * scoring - 3 * 3 * 10 * 32 * 4 - 2 * 30 * 32 - 3 * layer
+    cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=20, precision="bf16-mixed")
+    assert planned(cfg, shape, 10, 5).as_dict()["no-grad passes beyond the update's"] == 20 * scoring - update  # the key reaches it
     # Fed-SE's fine-tuning: a pass holds fedse-sft-micro-batch-size rows when set, else the whole batch
     fedse = RunConfig(strategy="fedse-lora", fedse_sft_batch_size=16, precision="bf16-mixed")
     whole, passes_of_4 = (planned(replace(fedse, fedse_sft_micro_batch_size=m), shape, 10, 5).as_dict() for m in (0, 4))

@@ -149,11 +149,12 @@ def test_a_variant_that_fails_is_reported_and_the_others_still_are(monkeypatch, 
 
 
 def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations_of_its_largest_passes(tiny_lm):
-    """planned_peak: the client plan less its rollout rows (KV cache, generation logits, the decoder's copy) and its
-    own activations row, plus the activations of the passes as run: the largest update pass's with its checkpointed
-    layers, or one layer of the largest no-grad pass where that is more."""
-    from fedagent_flwr.agent.engine.memory import ModelShape, layer_activation_bytes, update_activation_bytes
+    """planned_peak: the client plan's update peak less its own activations and no-grad rows, plus the activations of
+    the passes as run: the largest update pass's with its checkpointed layers, or the largest no-grad pass's peak (less
+    the update's logits, which it never runs beside) where that is more."""
+    from fedagent_flwr.agent.engine.memory import ModelShape, update_activation_bytes
     from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.methods.memory import plan_no_grad_pass_bytes
 
     up = load_script("update_profile")
     samples = up.synthetic_samples(8, 20, 6, 50, np.random.default_rng(0))
@@ -161,8 +162,7 @@ def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations
     cfg = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8)
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     plan = planned(cfg, shape, context, 8).as_dict()
-    held = plan["total"] - plan["activations of a micro-batch"] - sum(plan[row] for row in up.ROLLOUT_ROWS)
-    assert plan["KV cache of a rollout batch"] > 0 and held < plan["total"] - plan["activations of a micro-batch"]
+    held = plan["update peak"] - plan["activations of a micro-batch"] - plan["no-grad passes beyond the update's"]
     per = plan_layer_activations(cfg, shape, place_run(cfg))
     passes = {True: [(2, 30), (2, 28)], False: [(2, 30)]}
     assert up.planned_peak(tiny_lm, cfg, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, 0, per)
@@ -170,6 +170,8 @@ def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations
     every = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8, gradient_checkpointing=True)
     assert up.planned_peak(tiny_lm, every, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, shape.layers, per)
     wide = {True: [(2, 30)], False: [(40, 30)]}
-    assert up.planned_peak(tiny_lm, every, samples, torch.device("cpu"), wide) == held + layer_activation_bytes(shape, 1200, per)
+    scoring = plan_no_grad_pass_bytes(every, shape, place_run(every), 1200)
+    assert scoring - plan["training logits"] > update_activation_bytes(shape, 60, shape.layers, per)
+    assert up.planned_peak(tiny_lm, every, samples, torch.device("cpu"), wide) == held + scoring - plan["training logits"]
     # without passes: those the trainer would cut, two rows of the longest samples first
     assert up.planned_peak(tiny_lm, cfg, samples, torch.device("cpu")) == held + update_activation_bytes(shape, 2 * context, 0, per)

@@ -44,9 +44,11 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   rest of the plan leaves (layers_to_checkpoint); the plan counts its worst case, every layer; with
   micro-batch-tokens = B > 0 a pass holds at most max(B, S) padded tokens in place of micro-batch x S, here and in
   the training logits (logprob-micro-batch-tokens likewise for the no-grad passes below);
-- the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: at most
-  one layer's full set for L rows, and fp32 logits and their log-softmax for L x S rows (min(C, L x S) when chunked). The plan takes
-  the larger of the update's and these passes' activations and logits: they never run at once.
+- the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: their
+  peak is one moment of one layer or of the head, over L x S tokens (no_grad_pass_bytes: a few hidden states and the
+  MLP's I-wide tensors, or fp32 logits and their log-softmax for L x S rows, min(C, L x S) when chunked). They never
+  run beside the update's passes: the plan's row for them is what they hold beyond the update's logits and
+  activations (0 when the update's passes hold more).
 A client's round has two phases, and the plan's total is its peak over them: the rollout (the KV cache, the generation
 logits, the static engine's weight copy and graphs, released when it ends; on N ranks the whole weights gathered) and
 the update with its no-grad passes (gradients, dropped when it ends, training logits, activations). The other rows are
@@ -67,6 +69,7 @@ from fedagent_flwr.agent.engine.tokens import MASK_MAPPING_MODELS  # the models 
 
 GB = 1024**3
 ACTIVATIONS_ROW = "activations of a micro-batch"  # the client plan's row that gradient-checkpointing='auto' divides up
+NO_GRAD_ROW = "no-grad passes beyond the update's"
 
 # The papers' models, from their published config.json files (facts, for configs written offline).
 SHAPES: dict[str, dict] = {
@@ -230,15 +233,15 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     lora = (lora_targets, lora_rank) if finetuning == "lora" else ()
     per_token = layer_activations(shape, precision, param_dtype, *lora)
     activations = update_activation_bytes(shape, update_tokens, checkpointed, per_token)
-    passes = max(logprob_micro_batch_tokens, S) if logprob_micro_batch_tokens > 0 else (logprob_micro_batch_size or micro_batch_size) * S
-    activations = max(activations, layer_activation_bytes(shape, passes, per_token))
     # a pass with gradients keeps its log-softmax for backward, where the picked tokens' gradient is scattered over the
     # vocabulary (zeros, then the scatter's result) before the log-softmax's own: three [positions, vocab] fp32
-    # tensors at once; a no-grad pass holds its fp32 logits and their log-softmax (tests/agent/test_pass_memory.py)
-    logit_rows = max(3 * logits_of(update_tokens), 2 * logits_of(passes))
+    # tensors at once (tests/agent/test_pass_memory.py)
     # a trained head scoring chunk by chunk gets a gradient from each chunk, which autograd adds up out of place: the
     # sum so far, the chunk's and their new sum, [vocab, hidden] in fp32 each, beside the gradient the row above counts
     head_sums = 2 * shape.vocab * shape.hidden * 4 if finetuning == "full" and logprob_chunk_tokens > 0 else 0
+    training_logits = 3 * logits_of(update_tokens) * shape.vocab * 4 + head_sums
+    passes = max(logprob_micro_batch_tokens, S) if logprob_micro_batch_tokens > 0 else (logprob_micro_batch_size or micro_batch_size) * S
+    scoring = no_grad_pass_bytes(shape, passes, logits_of(passes), precision, param_dtype, *lora)
     name, weights = base_weights(shape, precision)
     shard = f", 1/{ranks} shard" if ranks > 1 else ""
     decode_rows = [  # the rollout's; the static engine's copy, cache and graphs are released after it (grpo.py)
@@ -250,8 +253,10 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     ]
     update_rows = [  # the update's; its gradients are dropped when it ends (grpo.py)
         ("gradients" + shard, T * 4 // ranks),
-        ("training logits", logit_rows * shape.vocab * 4 + head_sums),
+        ("training logits", training_logits),
         (ACTIVATIONS_ROW, activations),
+        # the no-grad log-prob passes run before the update's, never beside them: what they hold beyond its rows
+        (NO_GRAD_ROW, max(0, scoring - training_logits - activations)),
     ]
     rows = [
         (name + shard, weights // ranks),
@@ -312,6 +317,31 @@ def layer_activations(shape: ModelShape, precision: str, param_dtype: str = "fp3
     # o's adapter reads SDPA's bf16 output as it is (counted in attention); down's input is counted in mlp
     adapters = 0 if lora_targets is None else len(adapted) * lora_rank * c
     return LayerActivations(full=attention + mlp + norms + adapters, kept=H * r)
+
+
+def no_grad_pass_bytes(shape: ModelShape, tokens: int, logit_positions: int, precision: str, param_dtype: str = "fp32",
+                       lora_targets: tuple[str, ...] | str | None = None, lora_rank: int = 0) -> int:
+    """The most a no-grad log-prob pass over `tokens` positions holds at once, its vocabulary logits at
+    `logit_positions` at a time (the weights and their autocast copies apart). It keeps nothing for backward, so its peak
+    is one moment of one layer, or of the head (measured tensor by tensor on CPU: tests/agent/test_pass_memory.py):
+    - inside a layer, four hidden states in the residual stream's dtype (r bytes: 2 under bf16-base or param-dtype
+      'bf16', else 4): the embeddings the model's forward keeps, the layer's input, the residual after attention and
+      the second norm's output; beside them the larger of the MLP (its activation, the up projection's output and
+      their product, I wide in the compute dtype, with one I-wide adapter output more where gate or up is adapted)
+      and the attention (the projections' outputs in the compute dtype, the rotary embedding's products in the
+      residual's, which cos and sin come in: bounded by 2 x (query width + key/value width) x (c + r), an upper bound
+      checked where attention is the larger; in the models of SHAPES the MLP is);
+    - at the head, the fp32 logits and their log-softmax, with two hidden states beside them."""
+    c = value_bytes(precision)
+    r = 2 if precision == "bf16-base" or param_dtype == "bf16" else 4
+    H, I = shape.hidden, shape.intermediate
+    heads = shape.heads or shape.kv_heads
+    adapted = set() if lora_targets is None else set(_LINEARS) if lora_targets == "all-linear" else set(lora_targets)
+    mlp = 3 * I * c + (I * c if adapted & set(_MLP_READERS) else 0)
+    attention = 2 * (heads + shape.kv_heads) * shape.head_dim * (c + r)
+    layer = tokens * (4 * H * r + max(mlp, attention))
+    head = 2 * logit_positions * shape.vocab * 4 + tokens * 2 * H * r
+    return max(layer, head)
 
 
 def layer_activation_bytes(shape: ModelShape, tokens: int, per_token: LayerActivations) -> int:
