@@ -169,6 +169,51 @@ def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, 
     return (out if rank == 0 else {}), {"held": everyone, "adapter": sum(".lora_" in n for n, _ in model.named_parameters())}
 
 
+def pass_gathers(rank: int, world: int, tensors: dict, lora: bool):
+    """The most weight bytes FSDP2 holds gathered at once on this rank, through a no-grad log-prob pass and then a
+    training pass with its backward, on the tiny model sharded (agent/fsdp/ranks.py), counted by wrapping the param
+    groups' moves between sharded and unsharded; rank 0 returns them with the plan's pass_gathers."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from fedagent_flwr.agent.engine.memory import ModelShape, pass_gathers as planned
+    from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
+    from fedagent_flwr.agent.fsdp.ranks import shard
+
+    model, _ = tiny_model(lora)
+    inner = model.get_base_model() if lora else model
+    adapter = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    shape = ModelShape.of(inner.config)
+    shard(model, torch.device("cpu"))
+    gathered, peaks = set(), []
+
+    def size(group) -> int:
+        return sum(fp.sharded_param.numel() * fp.sharded_param.element_size() for fp in group.fsdp_params)
+
+    originals = {name: getattr(FSDPParamGroup, name) for name in ("_to_unsharded", "_to_sharded", "_to_sharded_post_forward")}
+
+    def moved(name, into):
+        def wrapper(group):
+            (gathered.add if into else gathered.discard)(group)
+            peaks[-1] = max(peaks[-1], sum(size(g) for g in gathered))
+            return originals[name](group)
+        return wrapper
+
+    for name in originals:
+        setattr(FSDPParamGroup, name, moved(name, name == "_to_unsharded"))
+    try:
+        batch = collate([(list(range(3, 23)), list(range(3, 13))) for _ in range(2)], 0)
+        peaks.append(0)
+        with torch.no_grad():
+            completion_logprobs(model, batch, 1.0, 0)
+        peaks.append(0)
+        logprobs, mask = completion_logprobs(model, batch, 1.0, 0)
+        (logprobs * mask).sum().backward()
+    finally:
+        for name, fn in originals.items():
+            setattr(FSDPParamGroup, name, fn)
+    return {}, {"peaks": peaks, "planned": planned(shape, shape.parameters * 4, adapter)}
+
+
 _HELD_BLOCKS: list = []  # a LoRA adapter block each rank keeps open, as methods/ranked_round.py's ranks do
 
 

@@ -64,7 +64,8 @@ def test_the_plan_adds_up_as_computed_by_hand():
 
 def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_with():
     """ranks-per-client = 4 (FSDP2): weights, gradients, AdamW moments and a full model's KL reference a quarter each,
-    the whole weights once more while the rank decodes; its passes and KV cache are a process's."""
+    the whole weights once more while the rank decodes, the root unit and a layer while it updates; its passes and KV
+    cache are a process's."""
     config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                   intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
     shape = ModelShape.of(config)  # 1480 parameters (the test above)
@@ -79,9 +80,12 @@ def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_w
     assert rank["KL reference, 1/4 shard"] == 1480
     for row in ("KV cache of a rollout batch", "training logits", "activations of a micro-batch"):
         assert rank[row] == one[row]
-    # the whole weights are gathered while the rank decodes, never beside the update's gradients and activations
+    # the whole weights are gathered while the rank decodes, never beside the update's gradients and activations;
+    # a pass holds the root unit (the embedding 32 x 8 and the final norm's 8) and one layer (608) gathered
+    assert shape.layer_parameters == 72 + 36 + 36 + 64 + 3 * 128 + 16 == 608
+    assert rank["weights gathered for a pass"] == (256 + 8 + 608) * 4
     assert rank["decode peak"] == one["decode peak"] - 1480 * (4 + 8 + 4) * 3 // 4 + 1480 * 4
-    assert rank["update peak"] == one["update peak"] - 1480 * (4 + 4 + 8 + 4) * 3 // 4
+    assert rank["update peak"] == one["update peak"] - 1480 * (4 + 4 + 8 + 4) * 3 // 4 + (256 + 8 + 608) * 4
     lora = client_plan(shape, finetuning="lora", kl_reference="base", ranks=2, **common).as_dict()
     assert lora["weights (fp32), 1/2 shard"] == 1480 * 2 and lora["adapter (fp32), 1/2 shard"] == 112 * 2
     assert lora["weights gathered whole to decode"] == (1480 + 112) * 4 and lora["gradients, 1/2 shard"] == 112 * 2

@@ -40,3 +40,13 @@ def test_a_folder_without_safetensors_or_with_an_adapter_is_loaded_whole(tmp_pat
     assert weight_files(ModelSpec(str(tmp_path), built_here=True)) == [tmp_path / "model.safetensors"]
     assert weight_files(ModelSpec(str(tmp_path), built_here=True, adapter=str(tmp_path / "adapter"))) == []
     assert weight_files(ModelSpec(str(tmp_path / "nowhere"), built_here=False)) == []
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_ranks_passes_hold_the_root_and_one_layer_gathered_as_the_plan_counts(lora):
+    """Under FSDP2 a pass gathers each decoder layer while it computes, and the root unit (embeddings, head, final
+    norm) from its forward through backward: the memory plan's "weights gathered for a pass" row (pass_gathers)
+    counts exactly that, for a no-grad log-prob pass and for a training pass with its backward, on 2 gloo ranks."""
+    _, info = run_ranks(2, "gloo", rank_workers.pass_gathers, {}, lora)
+    no_grad, training = info["peaks"]
+    assert no_grad == training == info["planned"] > 0

@@ -103,6 +103,7 @@ class ModelShape:
     linear_shapes: tuple[tuple[str, int, int], ...]  # (module name, in, out) of every nn.Linear but the head
     heads: int = 0  # query heads (0: as many as the KV heads)
     model_type: str = ""
+    layer_parameters: int = 0  # one decoder layer's (FSDP2's unit on ranks; the rest is the root's: embeddings, head)
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> ModelShape:
@@ -116,7 +117,8 @@ class ModelShape:
                    hidden=config.hidden_size, intermediate=config.intermediate_size,
                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                   vocab=config.vocab_size, linear_shapes=linears, heads=heads, model_type=config.model_type)
+                   vocab=config.vocab_size, linear_shapes=linears, heads=heads, model_type=config.model_type,
+                   layer_parameters=sum(p.numel() for n, p in model.named_parameters() if ".layers.0." in n))
 
     def lora_parameters(self, rank: int, targets: tuple[str, ...] | str) -> int:
         """r x (in + out) for every targeted linear layer (PEFT's all-linear leaves the head out)."""
@@ -207,7 +209,8 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     `static_decoder`, `cuda_graphs`: the rollout's engine, whose cache and graphs are counted as it allocates them
     (decode_rows). `ranks` > 1: what each of a client's ranks holds under FSDP2 (ranks-per-client): the weights, the
     gradients, AdamW's moments and a full model's KL reference sharded, a 1/ranks part each, and the whole weights
-    gathered while it decodes its share of the episodes (the update gathers a layer or two at a time, less than that).
+    gathered while it decodes its share of the episodes; while it updates, the root unit's and a layer's gathered for
+    its passes (pass_gathers).
     Its own passes' activations and logits, and its KV cache, are a rank's as they are a process's."""
     _check_base_precision(finetuning, precision)
     a = value_bytes(precision)
@@ -252,6 +255,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         decode_graphs(shape, S, rollout_batch_size, a, static_decoder and cuda_graphs),
     ]
     update_rows = [  # the update's; its gradients are dropped when it ends (grpo.py)
+        *([("weights gathered for a pass", pass_gathers(shape, weights, adapter))] if ranks > 1 else []),
         ("gradients" + shard, T * 4 // ranks),
         ("training logits", training_logits),
         (ACTIVATIONS_ROW, activations),
@@ -317,6 +321,16 @@ def layer_activations(shape: ModelShape, precision: str, param_dtype: str = "fp3
     # o's adapter reads SDPA's bf16 output as it is (counted in attention); down's input is counted in mlp
     adapters = 0 if lora_targets is None else len(adapted) * lora_rank * c
     return LayerActivations(full=attention + mlp + norms + adapters, kept=H * r)
+
+
+def pass_gathers(shape: ModelShape, weights: int, adapter: int) -> int:
+    """What a rank's training or no-grad pass holds gathered whole under FSDP2 (agent/fsdp/ranks.py shard): the root
+    unit's weights (embeddings, head, final norm), which the root keeps gathered from its forward through backward (and
+    after a no-grad forward), and the decoder layer computing, in the dtype the weights are held in, an adapter's fp32
+    share with its layer (counted on 2 gloo ranks: tests/agent/test_sharded_load.py)."""
+    per_weight = weights / shape.parameters  # bytes of a base weight: 2 under bf16-base, else 4
+    root = shape.parameters - shape.layers * shape.layer_parameters
+    return int(root * per_weight + shape.layer_parameters * per_weight + adapter * 4 / shape.layers)
 
 
 def no_grad_pass_bytes(shape: ModelShape, tokens: int, logit_positions: int, precision: str, param_dtype: str = "fp32",
