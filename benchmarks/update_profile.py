@@ -216,7 +216,6 @@ def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.de
             "plan_bytes": {k: int(v) for k, v in plan.items()}}
 
 
-# the client plan's rows a rollout holds and this benchmark does not
 def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch.device,
                  passes: dict[bool, list[tuple[int, int]]] | None = None) -> int:
     """The memory plan's count of what this benchmark's update holds at its peak: the client plan's update peak, with
