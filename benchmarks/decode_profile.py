@@ -38,7 +38,7 @@ from fedagent_flwr.agent.engine.memory import SHAPES, ModelShape
 from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.agent.engine.placement import place
 from fedagent_flwr.agent.engine.precision import autocast
-from fedagent_flwr.agent.engine.sampling import _rollout_dtype, fast_sample_batch, hf_sample_batch
+from fedagent_flwr.agent.engine.sampling import rollout_dtype, fast_sample_batch, hf_sample_batch
 from fedagent_flwr.agent.models.shaped_model import random_model
 from gpu_round import H100_BANDWIDTH, SHAPE_NAMES, TINY, decode_bound
 import raw_output
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     results = []
     with autocast(precision, device):
-        dtype = _rollout_dtype(device)
+        dtype = rollout_dtype(device)
         static = StaticDecoder(model, dtype)
         engines = {"hf": lambda n: hf_sample_batch(model, prompts, 0, [], n, args.temperature),
                    "static": lambda n: fast_sample_batch(model, prompts, 0, [], n, args.temperature, decoder=static)}

@@ -31,7 +31,7 @@ import torch
 from decode_profile import build, device_and_precision, sync
 from fedagent_flwr.agent.engine.decode import StaticDecoder
 from fedagent_flwr.agent.engine.precision import autocast
-from fedagent_flwr.agent.engine.sampling import _rollout_dtype
+from fedagent_flwr.agent.engine.sampling import rollout_dtype
 from gpu_round import SHAPE_NAMES
 import raw_output
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
                               model.config.vocab_size, args.seed)
     variants = {}
     with autocast(precision, device):
-        dtype = _rollout_dtype(device)
+        dtype = rollout_dtype(device)
         logprobs = {}
         for name, share in (("whole", False), ("shared prefixes", True)):
             decoder = StaticDecoder(model, dtype, cuda_graphs=False, share_prefixes=share)

@@ -33,7 +33,7 @@ import raw_output
 from fedagent_flwr.agent.engine.decode import StaticDecoder
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.engine.precision import autocast
-from fedagent_flwr.agent.engine.sampling import _rollout_dtype
+from fedagent_flwr.agent.engine.sampling import rollout_dtype
 
 
 def timed_steps(decoder: StaticDecoder, prompts: list[list[int]], fed: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     ms: dict[str, list[float]] = {"eager": [], "compile": []}
     with autocast(precision, device):
-        dtype = _rollout_dtype(device)
+        dtype = rollout_dtype(device)
         decoders = {k: StaticDecoder(model, dtype, kernels=k) for k in ms}
         first: dict[str, float] = {}
         last: dict[str, torch.Tensor] = {}

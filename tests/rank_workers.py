@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -169,22 +170,13 @@ def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, 
     return (out if rank == 0 else {}), {"held": everyone, "adapter": sum(".lora_" in n for n, _ in model.named_parameters())}
 
 
-def pass_gathers(rank: int, world: int, tensors: dict, lora: bool):
-    """The most weight bytes FSDP2 holds gathered at once on this rank, through a no-grad log-prob pass and then a
-    training pass with its backward, on the tiny model sharded (agent/fsdp/ranks.py), counted by wrapping the param
-    groups' moves between sharded and unsharded; rank 0 returns them with the plan's pass_gathers."""
+@contextlib.contextmanager
+def counted_gathers(peaks: list):
+    """Inside: the most weight bytes FSDP2 holds gathered at once on this rank kept in peaks[-1] (append a 0 to start
+    another count), by wrapping its param groups' moves between sharded and unsharded."""
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
-    from fedagent_flwr.agent.engine.memory import ModelShape, pass_gathers as planned
-    from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
-    from fedagent_flwr.agent.fsdp.ranks import shard
-
-    model, _ = tiny_model(lora)
-    inner = model.get_base_model() if lora else model
-    adapter = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
-    shape = ModelShape.of(inner.config)
-    shard(model, torch.device("cpu"))
-    gathered, peaks = set(), []
+    gathered = set()
 
     def size(group) -> int:
         return sum(fp.sharded_param.numel() * fp.sharded_param.element_size() for fp in group.fsdp_params)
@@ -201,6 +193,27 @@ def pass_gathers(rank: int, world: int, tensors: dict, lora: bool):
     for name in originals:
         setattr(FSDPParamGroup, name, moved(name, name == "_to_unsharded"))
     try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(FSDPParamGroup, name, fn)
+
+
+def pass_gathers(rank: int, world: int, tensors: dict, lora: bool):
+    """The most weight bytes FSDP2 holds gathered at once on this rank, through a no-grad log-prob pass and then a
+    training pass with its backward, on the tiny model sharded (agent/fsdp/ranks.py); rank 0 returns them with the
+    plan's pass_gathers."""
+    from fedagent_flwr.agent.engine.memory import ModelShape, pass_gathers as planned
+    from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
+    from fedagent_flwr.agent.fsdp.ranks import shard
+
+    model, _ = tiny_model(lora)
+    inner = model.get_base_model() if lora else model
+    adapter = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    shape = ModelShape.of(inner.config)
+    shard(model, torch.device("cpu"))
+    peaks = []
+    with counted_gathers(peaks):
         batch = collate([(list(range(3, 23)), list(range(3, 13))) for _ in range(2)], 0)
         peaks.append(0)
         with torch.no_grad():
@@ -208,10 +221,43 @@ def pass_gathers(rank: int, world: int, tensors: dict, lora: bool):
         peaks.append(0)
         logprobs, mask = completion_logprobs(model, batch, 1.0, 0)
         (logprobs * mask).sum().backward()
-    finally:
-        for name, fn in originals.items():
-            setattr(FSDPParamGroup, name, fn)
     return {}, {"peaks": peaks, "planned": planned(shape, shape.parameters * 4, adapter)}
+
+
+def _decoder_tensors(d) -> list:
+    layers = [v for layer in d.layers for v in layer.values() if isinstance(v, torch.Tensor)]
+    return [d.embed, d.head, d.norm, d.inv_freq, *layers]
+
+
+def static_copy(rank: int, world: int, tensors: dict, lora: bool, tied: bool):
+    """The static decoder of the tiny model sharded on `world` ranks, its bf16 copy built one FSDP unit gathered at a
+    time (decode.pinned, as a rank's rollout builds it), against the decoder of the same model whole in one process:
+    whether the copies are equal bit for bit and a prefill's logits too, the most weight bytes gathered at once, and
+    the plan's row for it (memory.decode_gathers) beside the whole model's bytes."""
+    from copy import deepcopy
+
+    from fedagent_flwr.agent.engine.decode import StaticDecoder, decoder_for, pinned
+    from fedagent_flwr.agent.engine.memory import ModelShape, decode_gathers
+    from fedagent_flwr.agent.fsdp.ranks import gathered, shard
+
+    model, tokenizer = tiny_model(lora, tied)
+    inner = model.get_base_model() if lora else model
+    adapter = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    shape = ModelShape.of(inner.config)
+    expected = StaticDecoder(deepcopy(model), torch.bfloat16, cuda_graphs=False)
+    shard(model, torch.device("cpu"))
+    prompts = [list(range(3, 15)), list(range(5, 12))]
+    peaks = [0]
+    with counted_gathers(peaks), pinned(model, torch.bfloat16, cuda_graphs=False, gathered=gathered):
+        built = peaks[-1]
+        d = decoder_for(model, torch.bfloat16, cuda_graphs=False)  # inside: the pinned decoder, nothing gathered
+        logits = d.start(prompts, tokenizer.pad_token_id, 4)
+    return {}, {"peak": built, "after": peaks[-1],
+                "same_weights": all(torch.equal(a, b) for a, b in zip(_decoder_tensors(d), _decoder_tensors(expected))),
+                "tensors": len(_decoder_tensors(d)),
+                "same_logits": torch.equal(logits, expected.start(prompts, tokenizer.pad_token_id, 4)),
+                "planned": decode_gathers(shape, shape.parameters * 4, adapter, True)[1],
+                "whole": decode_gathers(shape, shape.parameters * 4, adapter, False)[1]}
 
 
 _HELD_BLOCKS: list = []  # a LoRA adapter block each rank keeps open, as methods/ranked_round.py's ranks do

@@ -90,6 +90,14 @@ def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_w
     assert lora["weights (fp32), 1/2 shard"] == 1480 * 2 and lora["adapter (fp32), 1/2 shard"] == 112 * 2
     assert lora["weights gathered whole to decode"] == (1480 + 112) * 4 and lora["gradients, 1/2 shard"] == 112 * 2
     assert "weights gathered whole to decode" not in one  # one process decodes with the weights it holds
+    # the static engine copies the weights into its own buffers one unit gathered at a time: the larger of the root
+    # (264) and a layer (608), not the whole weights
+    static = client_plan(shape, finetuning="full", kl_reference="round-start", ranks=4, static_decoder=True,
+                         **common).as_dict()
+    assert "weights gathered whole to decode" not in static and static["static decoder's weight copy"] == 1480 * 4
+    assert static["a unit gathered to copy for the decoder"] == 608 * 4
+    with_adapter = client_plan(shape, finetuning="lora", kl_reference="base", ranks=2, static_decoder=True, **common)
+    assert with_adapter.as_dict()["a unit gathered to copy for the decoder"] == 608 * 4 + 112 * 4 // 2
 
 
 def test_a_generate_call_is_planned_at_the_episodes_its_process_plays():
@@ -516,6 +524,14 @@ def test_the_rank_plan_docs_deployment_quotes_is_the_plans_two_phases(capsys):
     main(shlex.split(command))
     out = capsys.readouterr().out
     assert quoted == tuple(re.search(rf"peak while {phase}\s+([\d.]+) GiB", out).group(1) for phase in ("decoding", "updating"))
+    # the static engine copies the weights one unit gathered at a time instead of gathering them whole
+    static = re.search(r"`--set decode-engine=static` plans ([\d.]+) GiB a rank while decoding, the largest unit gathered "
+                       r"([\d.]+) GiB beside the engine's ([\d.]+) GiB copy", text).groups()
+    assert "decode-engine=hf" in command
+    main(shlex.split(command.replace("decode-engine=hf", "decode-engine=static")))
+    out = capsys.readouterr().out
+    assert static == tuple(re.search(rf"{row}\s+([\d.]+) GiB", out).group(1) for row in (
+        "peak while decoding", r"a unit gathered to copy for the decoder \[decode\]", r"static decoder's weight copy \[decode\]"))
 
 
 def test_the_plans_docs_gpu_quotes_are_its_commands_plans(capsys):

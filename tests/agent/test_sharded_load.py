@@ -50,3 +50,14 @@ def test_a_ranks_passes_hold_the_root_and_one_layer_gathered_as_the_plan_counts(
     _, info = run_ranks(2, "gloo", rank_workers.pass_gathers, {}, lora)
     no_grad, training = info["peaks"]
     assert no_grad == training == info["planned"] > 0
+
+
+@pytest.mark.parametrize("lora,tied", [(False, False), (True, False), (False, True)])
+def test_a_ranks_static_decoder_copies_the_weights_one_unit_gathered_at_a_time(lora, tied):
+    """On N ranks the static engine builds its bf16 copy of the weights one FSDP unit gathered at a time (the root,
+    then each layer): the copy and a prefill's logits are bit for bit those of the model whole in one process, the
+    most gathered at once is the plan's row (memory.decode_gathers), less than the whole weights the hf engine
+    gathers, and decoding inside gathers nothing."""
+    _, info = run_ranks(2, "gloo", rank_workers.static_copy, {}, lora, tied)
+    assert info["same_weights"] and info["tensors"] > 4 and info["same_logits"]
+    assert info["peak"] == info["after"] == info["planned"] < info["whole"]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,27 @@ def test_kept_ranks_train_a_later_round_as_new_ranks_do(finetuning, tiny_folder)
     for k in first.keys():
         np.testing.assert_allclose(array_view(kept[k]), array_view(new[k]), rtol=0, atol=1e-6, err_msg=k)
     assert kept_metrics["episodes"] == new_metrics["episodes"] and kept_metrics["loss"] == pytest.approx(new_metrics["loss"])
+
+
+def test_a_round_on_two_ranks_decodes_with_the_static_engine_as_with_hf(tiny_folder):
+    """On ranks the static engine copies the weights into its buffers one FSDP unit gathered at a time, where the hf
+    engine decodes with the model gathered whole (agent/training/grpo.py _decoding_weights). In fp32 on a CPU it draws
+    the tokens the hf engine draws, so a round plays the same episodes and trains the same weights."""
+    cfg = _round_config(tiny_folder, "full", **{"tasks-per-epoch": 2, "decode-engine": "hf"})
+    _, sent = _start(cfg)
+    tasks = learner_tasks(cfg, 0, 2)
+    replies = {}
+    try:
+        for engine in ("hf", "static"):
+            end_client_ranks()
+            replies[engine] = train_on_ranks(replace(cfg, decode_engine=engine), sent, tasks, 1, 0)
+    finally:
+        end_client_ranks()
+    (hf, hf_metrics), (static, static_metrics) = replies["hf"], replies["static"]
+    for key in ("episodes", "tokens", "generated_tokens", "success_rate", "mean_reward"):
+        assert static_metrics[key] == hf_metrics[key], key
+    for k in sent.keys():
+        np.testing.assert_allclose(array_view(static[k]), array_view(hf[k]), rtol=0, atol=1e-6, err_msg=k)
 
 
 def test_a_client_on_ranks_keeps_no_model_of_its_own(tiny_folder):

@@ -40,11 +40,12 @@ The sampling loop that drives it is `sampling.fast_sample_batch`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -129,7 +130,10 @@ def _base_model(model):
 def check_supported(model) -> None:
     """Raise UnsupportedModel, naming the reason, unless the decoder reproduces this model's forward."""
     base = _base_model(model)
-    kind = type(base).__name__
+    cls = type(base)
+    # FSDP2's fully_shard gives a sharded module the class FSDP<name>(FSDPModule, <its class>)
+    cls = next((b for b in cls.__bases__ if "FSDP" + b.__name__ == cls.__name__), cls)
+    kind = cls.__name__
     if kind not in SUPPORTED:
         _refuse(f"{kind} is not supported (only {', '.join(SUPPORTED)})")
     config = base.config
@@ -167,26 +171,35 @@ def _shape(base) -> _Shape:
                   eps=base.model.norm.variance_epsilon)
 
 
-def _sources(model) -> dict:
-    """The model's effective tensors (LoRA merged), in the layout the decoder copies from."""
-    base = _base_model(model)
-    layers = []
-    for i, layer in enumerate(base.model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv = [_effective_linear(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")]
-        layers.append({
-            "norm_attn": layer.input_layernorm.weight, "norm_mlp": layer.post_attention_layernorm.weight,
-            "qkv": qkv, "out": _effective_linear(attn.o_proj, f"layer {i} o_proj"),
-            "gate_up": [_effective_linear(getattr(mlp, n), f"layer {i} {n}") for n in ("gate_proj", "up_proj")],
-            "down": _effective_linear(mlp.down_proj, f"layer {i} down_proj"),
-            "eps": (layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon),
-        })
+def _layer_sources(layer, i: int) -> dict:
+    """A decoder layer's effective tensors (LoRA merged), in the layout the decoder copies from."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {
+        "norm_attn": layer.input_layernorm.weight, "norm_mlp": layer.post_attention_layernorm.weight,
+        "qkv": [_effective_linear(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")],
+        "out": _effective_linear(attn.o_proj, f"layer {i} o_proj"),
+        "gate_up": [_effective_linear(getattr(mlp, n), f"layer {i} {n}") for n in ("gate_proj", "up_proj")],
+        "down": _effective_linear(mlp.down_proj, f"layer {i} down_proj"),
+        "eps": (layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon),
+    }
+
+
+def _root_sources(base) -> dict:
+    """The tensors outside the decoder layers: embeddings, final norm, head, RoPE frequencies."""
     head = _effective_linear(base.lm_head, "lm_head")
     if head[1] is not None:
         _refuse("an output head with a bias")
     return {"embed": base.model.embed_tokens.weight, "head": head[0], "norm": base.model.norm.weight,
-            "layers": layers, "inv_freq": base.model.rotary_emb.inv_freq,
+            "tied": _same(head[0], base.model.embed_tokens.weight), "inv_freq": base.model.rotary_emb.inv_freq,
             "rope_scaling": float(base.model.rotary_emb.attention_scaling)}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape)
+
+
+def _whole(module) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -258,7 +271,8 @@ class StaticDecoder:
     """
 
     def __init__(self, model, dtype: torch.dtype | None = None, cuda_graphs: bool = True,
-                 bucketed: bool | None = None, share_prefixes: bool = True, kernels: str = "eager") -> None:
+                 bucketed: bool | None = None, share_prefixes: bool = True, kernels: str = "eager",
+                 gathered: Callable | None = None) -> None:
         if kernels not in KERNELS:
             raise ValueError(f"decode-kernels={kernels!r} is not allowed: expected {' | '.join(KERNELS)}")
         check_supported(model)
@@ -267,9 +281,9 @@ class StaticDecoder:
         self.kernels = kernels
         base = _base_model(model)
         self.shape = _shape(base)
-        src = _sources(model)
-        self.device = src["embed"].device
-        self.dtype = dtype or src["embed"].dtype
+        weight = base.model.embed_tokens.weight  # on N ranks a shard: its device and dtype are the whole weight's
+        self.device = weight.device
+        self.dtype = dtype or weight.dtype
         self.graphs_on = cuda_graphs and self.device.type == "cuda"
         # Bucketed: steps over power-of-two row counts and a fixed attention window, as a graph replays them.
         # On by itself only with graphs; tests switch it on without them to run the same bookkeeping on a CPU.
@@ -277,52 +291,61 @@ class StaticDecoder:
         # Prefill the prefixes that groups of prompts share once per group (prefill_plan.py); off: every distinct
         # prompt whole, for benchmarks/prefill_profile.py to set beside it.
         self.share_prefixes = share_prefixes
-        with torch.no_grad():
-            self._allocate_weights(src)
-            self.refresh(model, src)
+        self.embed = None  # the weight copy, allocated by the first refresh, one unit at a time as it copies
+        self.layers: list[dict | None] = [None] * self.shape.layers
+        self.refresh(model, gathered)
         self.capacity = (0, 0)  # rows, columns of the KV cache
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
     # ----- weights
-    def _allocate_weights(self, src: dict) -> None:
+    @torch.no_grad()
+    def refresh(self, model, gathered: Callable | None = None) -> None:
+        """Copy the model's current weights in place (the CUDA graphs keep reading the same buffers). `gathered(unit)`
+        is a context in which a unit's own weights are whole (fsdp/ranks.py `gathered` on N ranks): the root's (the
+        embeddings, the final norm and the head), then each decoder layer's, one at a time, so the whole weights are
+        never gathered at once, only this copy in the rollout's dtype."""
+        gathered = gathered or _whole
+        base = _base_model(model)
+        with gathered(model):
+            src = _root_sources(base)
+            if self.embed is None:
+                self._allocate_root(src)
+            self.embed.copy_(src["embed"])
+            if self.head is not self.embed:
+                self.head.copy_(src["head"])
+            self.norm.copy_(src["norm"])
+            self.inv_freq.copy_(src["inv_freq"])
+            self.rope_scaling = src["rope_scaling"]
+        for i, module in enumerate(base.model.layers):
+            with gathered(module):
+                s = _layer_sources(module, i)
+                layer = self.layers[i] = self.layers[i] or self._allocate_layer(s)
+                layer["norm_attn"].copy_(s["norm_attn"])
+                layer["norm_mlp"].copy_(s["norm_mlp"])
+                layer["eps"] = s["eps"]
+                _copy_fused(layer["qkv"], layer["qkv_b"], s["qkv"])
+                _copy_fused(layer["gate_up"], layer["gate_up_b"], s["gate_up"])
+                _copy_fused(layer["out"], layer["out_b"], [s["out"]])
+                _copy_fused(layer["down"], layer["down_b"], [s["down"]])
+
+    def _allocate_root(self, src: dict) -> None:
         dt, dev = self.dtype, self.device
         self.embed = torch.empty(src["embed"].shape, dtype=dt, device=dev)
-        tied = src["head"].data_ptr() == src["embed"].data_ptr() and src["head"].shape == src["embed"].shape
-        self.head = self.embed if tied else torch.empty(src["head"].shape, dtype=dt, device=dev)
+        self.head = self.embed if src["tied"] else torch.empty(src["head"].shape, dtype=dt, device=dev)
         self.norm = torch.empty(src["norm"].shape, dtype=torch.float32, device=dev)
         self.inv_freq = torch.empty(src["inv_freq"].shape, dtype=torch.float32, device=dev)
-        self.layers = []
-        for s in src["layers"]:
-            qkv, qkv_b = _fused(s["qkv"], dt, dev)
-            gate_up, gate_up_b = _fused(s["gate_up"], dt, dev)
-            out, out_b = _fused([s["out"]], dt, dev)
-            down, down_b = _fused([s["down"]], dt, dev)
-            self.layers.append({
-                "norm_attn": torch.empty(s["norm_attn"].shape, dtype=torch.float32, device=dev),
+
+    def _allocate_layer(self, s: dict) -> dict:
+        dt, dev = self.dtype, self.device
+        qkv, qkv_b = _fused(s["qkv"], dt, dev)
+        gate_up, gate_up_b = _fused(s["gate_up"], dt, dev)
+        out, out_b = _fused([s["out"]], dt, dev)
+        down, down_b = _fused([s["down"]], dt, dev)
+        return {"norm_attn": torch.empty(s["norm_attn"].shape, dtype=torch.float32, device=dev),
                 "norm_mlp": torch.empty(s["norm_mlp"].shape, dtype=torch.float32, device=dev),
                 "qkv": qkv, "qkv_b": qkv_b, "out": out, "out_b": out_b,
-                "gate_up": gate_up, "gate_up_b": gate_up_b, "down": down, "down_b": down_b, "eps": s["eps"],
-            })
-
-    @torch.no_grad()
-    def refresh(self, model, src: dict | None = None) -> None:
-        """Copy the model's current weights in place (the CUDA graphs keep reading the same buffers)."""
-        src = src or _sources(model)
-        self.embed.copy_(src["embed"])
-        if self.head is not self.embed:
-            self.head.copy_(src["head"])
-        self.norm.copy_(src["norm"])
-        self.inv_freq.copy_(src["inv_freq"])
-        self.rope_scaling = src["rope_scaling"]
-        for layer, s in zip(self.layers, src["layers"]):
-            layer["norm_attn"].copy_(s["norm_attn"])
-            layer["norm_mlp"].copy_(s["norm_mlp"])
-            layer["eps"] = s["eps"]
-            _copy_fused(layer["qkv"], layer["qkv_b"], s["qkv"])
-            _copy_fused(layer["gate_up"], layer["gate_up_b"], s["gate_up"])
-            _copy_fused(layer["out"], layer["out_b"], [s["out"]])
-            _copy_fused(layer["down"], layer["down_b"], [s["down"]])
+                "gate_up": gate_up, "gate_up_b": gate_up_b, "down": down, "down_b": down_b, "eps": s["eps"]}
 
     # ----- the model's forward, on one chunk of tokens
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -632,21 +655,43 @@ class StaticDecoder:
 
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PINNED: weakref.WeakSet = weakref.WeakSet()  # models whose decoder is used as it is (`pinned`)
 
 
-def decoder_for(model, dtype: torch.dtype | None = None, cuda_graphs: bool = True, kernels: str = "eager") -> StaticDecoder:
+def decoder_for(model, dtype: torch.dtype | None = None, cuda_graphs: bool = True, kernels: str = "eager",
+                gathered: Callable | None = None) -> StaticDecoder:
     """The model's decoder, built on first use and kept (with its KV cache and graphs) while the model lives;
-    its weights are refreshed from the model on every call."""
+    its weights are refreshed from the model on every call, except inside `pinned(model)`."""
     d = _DECODERS.get(model)
     want = dtype or next(model.parameters()).dtype
-    if d is None or d.dtype != want or d.graphs_on != (cuda_graphs and d.device.type == "cuda") \
-            or d.device != next(model.parameters()).device or d.kernels != kernels:
+    fits = d is not None and d.dtype == want and d.graphs_on == (cuda_graphs and d.device.type == "cuda") \
+        and d.device == next(model.parameters()).device and d.kernels == kernels
+    if model in _PINNED:
+        if not fits:  # building one here would gather weights without the other ranks
+            raise RuntimeError(f"the decoder pinned for this rollout does not match the one asked for (dtype {want}, "
+                               f"kernels {kernels!r})")
+        return d
+    if not fits:
         _DECODERS.pop(model, None)
-        d = StaticDecoder(model, want, cuda_graphs, kernels=kernels)
+        d = StaticDecoder(model, want, cuda_graphs, kernels=kernels, gathered=gathered)
         _DECODERS[model] = d
     else:
-        d.refresh(model)
+        d.refresh(model, gathered)
     return d
+
+
+@contextlib.contextmanager
+def pinned(model, dtype: torch.dtype | None = None, cuda_graphs: bool = True, kernels: str = "eager",
+           gathered: Callable | None = None):
+    """Inside: the model's decoder built or refreshed once, on entry, with `gathered` (see StaticDecoder.refresh), and
+    every decoder_for(model) returns it as it is. Why: on N ranks each rank decodes its own episodes, which end after
+    their own number of steps, so nothing inside may gather weights from the other ranks."""
+    d = decoder_for(model, dtype, cuda_graphs, kernels, gathered)
+    _PINNED.add(model)
+    try:
+        yield d
+    finally:
+        _PINNED.discard(model)
 
 
 def release(model) -> None:

@@ -248,7 +248,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     name, weights = base_weights(shape, precision)
     shard = f", 1/{ranks} shard" if ranks > 1 else ""
     decode_rows = [  # the rollout's; the static engine's copy, cache and graphs are released after it (grpo.py)
-        *([("weights gathered whole to decode", weights + adapter * 4)] if ranks > 1 else []),
+        *([decode_gathers(shape, weights, adapter, static_decoder)] if ranks > 1 else []),
         kv_cache("KV cache of a rollout batch", shape, S, rollout_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
         static_decoder_copy(shape, precision, static_decoder),
@@ -323,14 +323,30 @@ def layer_activations(shape: ModelShape, precision: str, param_dtype: str = "fp3
     return LayerActivations(full=attention + mlp + norms + adapters, kept=H * r)
 
 
+def _root_parameters(shape: ModelShape) -> int:
+    """Parameters outside the decoder layers (embeddings, final norm, head): FSDP2's root unit (agent/fsdp/ranks.py)."""
+    return shape.parameters - shape.layers * shape.layer_parameters
+
+
 def pass_gathers(shape: ModelShape, weights: int, adapter: int) -> int:
     """What a rank's training or no-grad pass holds gathered whole under FSDP2 (agent/fsdp/ranks.py shard): the root
     unit's weights (embeddings, head, final norm), which the root keeps gathered from its forward through backward (and
     after a no-grad forward), and the decoder layer computing, in the dtype the weights are held in, an adapter's fp32
     share with its layer (counted on 2 gloo ranks: tests/agent/test_sharded_load.py)."""
     per_weight = weights / shape.parameters  # bytes of a base weight: 2 under bf16-base, else 4
-    root = shape.parameters - shape.layers * shape.layer_parameters
-    return int(root * per_weight + shape.layer_parameters * per_weight + adapter * 4 / shape.layers)
+    return int(_root_parameters(shape) * per_weight + shape.layer_parameters * per_weight + adapter * 4 / shape.layers)
+
+
+def decode_gathers(shape: ModelShape, weights: int, adapter: int, static_decoder: bool) -> tuple[str, int]:
+    """The row of what a rank holds gathered to decode its own episodes (agent/training/grpo.py _decoding_weights). The
+    hf engine runs the model itself: every weight whole, in the dtype it is held in, and the adapter. The static engine
+    copies the weights into its own buffers (their own row), one unit gathered at a time: the larger of the root unit
+    and a layer with its adapter share (counted on 2 gloo ranks: tests/agent/test_sharded_load.py)."""
+    if not static_decoder:
+        return ("weights gathered whole to decode", weights + adapter * 4)
+    per_weight = weights / shape.parameters
+    layer = shape.layer_parameters * per_weight + adapter * 4 / shape.layers
+    return ("a unit gathered to copy for the decoder", int(max(_root_parameters(shape) * per_weight, layer)))
 
 
 def no_grad_pass_bytes(shape: ModelShape, tokens: int, logit_positions: int, precision: str, param_dtype: str = "fp32",

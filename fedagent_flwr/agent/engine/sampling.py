@@ -84,7 +84,7 @@ def _device_type(model) -> str:
     return next(model.parameters()).device.type
 
 
-def _rollout_dtype(device: torch.device) -> torch.dtype | None:
+def rollout_dtype(device: torch.device) -> torch.dtype | None:
     """The dtype forward passes run in here: autocast's where it is on (bf16 precisions), else the model's own."""
     return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
 
@@ -114,7 +114,7 @@ def fast_sample_batch(
             logprobs[:] = [[] for _ in range(n_rows)]
         return [[] for _ in range(n_rows)]
     device = next(model.parameters()).device
-    decoder = decoder or decoder_for(model, _rollout_dtype(device), kernels=kernels)
+    decoder = decoder or decoder_for(model, rollout_dtype(device), kernels=kernels)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     logits = decoder.start([list(p) for p in prompts], pad_id, max_new_tokens)
     return _sample_rows(decoder, logits, n_rows, stops, max_new_tokens, temperature, top_p, logprobs)

@@ -10,7 +10,9 @@ spare ones whose loss counts zero. Every rank knows the cut, so no collective is
 
 Rollouts are not sharded: a sharded model's forward gathers the weights with the other ranks, and each rank's
 episodes end after their own number of token steps. `unsharded` gathers every weight once and holds it on every rank
-while the ranks decode their own episodes (FSDP2's unshard with resharding after forward switched off), then frees it.
+while the ranks decode their own episodes with the transformers model (FSDP2's unshard with resharding after forward
+switched off), then frees it; the static engine instead copies the weights into its own buffers in the rollout's dtype
+one unit gathered at a time (`gathered`), so the weights are never gathered whole.
 
 Without a process group this is one rank of one, and nothing changes.
 """
@@ -111,6 +113,23 @@ def _unsharded(model: torch.nn.Module) -> Iterator[None]:
         for m in modules:
             m.reshard()
             m.set_reshard_after_forward(True)
+
+
+@contextlib.contextmanager
+def gathered(unit: torch.nn.Module) -> Iterator[None]:
+    """Inside: `unit`'s own weights whole on this rank, the units inside it still sharded (FSDP2's unshard is not
+    recursive); a module FSDP2 did not shard is used as it is. The static decoder copies the weights so, one unit at a
+    time (agent/engine/decode.py StaticDecoder.refresh); the root unit first, as FSDP2 initialises from the root."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(unit, FSDPModule):
+        yield
+        return
+    unit.unshard()
+    try:
+        yield
+    finally:
+        unit.reshard()
 
 
 def shard(model: torch.nn.Module, device: torch.device | None = None) -> torch.nn.Module:

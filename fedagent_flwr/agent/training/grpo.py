@@ -23,6 +23,7 @@ reference model), so the loss is written here (about 40 lines).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -35,9 +36,11 @@ from fedagent_flwr.agent.engine import decode
 from fedagent_flwr.agent.engine.kernels import apply_liger, check_training_kernels
 from fedagent_flwr.agent.engine.micro_batches import balanced_micro_batches, by_length, chunks, micro_batches, padding_copies
 from fedagent_flwr.agent.engine.passes import TrainingPasses, UpdatePasses
+from fedagent_flwr.agent.engine.placement import decode_engine_for
 from fedagent_flwr.agent.engine.precision import autocast, check_trainable_precision, model_device
+from fedagent_flwr.agent.engine.sampling import rollout_dtype
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
-from fedagent_flwr.agent.fsdp.ranks import Pass, Ranks, like, whole
+from fedagent_flwr.agent.fsdp.ranks import Pass, Ranks, gathered, like, whole
 from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
@@ -159,7 +162,7 @@ class GRPOTrainer:
         if ranks.world > 1:  # every rank drew the same seed: each samples from a stream of its own
             torch.manual_seed(int(rng.integers(2**62)) + ranks.rank)
         episodes = [chosen[g] for g in mine for _ in range(cfg.group_size)]
-        with ranks.unsharded(self.model), autocast(cfg.precision, self.device):
+        with autocast(cfg.precision, self.device), self._decoding_weights():
             played = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
         # The static decode engine keeps a weight copy, a KV cache and CUDA graphs per model; the update needs that
         # memory more (1.5B shape, 128 rows: about 6 GiB), and the next rollout builds them again.
@@ -168,6 +171,18 @@ class GRPOTrainer:
             return played
         groups = ranks.gather({g: played[i * cfg.group_size:(i + 1) * cfg.group_size] for i, g in enumerate(mine)})
         return [t for g in range(len(chosen)) for t in groups[g]]
+
+    def _decoding_weights(self) -> contextlib.AbstractContextManager:
+        """What a rank's rollout decodes from without the other ranks (entered under the rollout's autocast). The static
+        engine copies the weights into its own buffers in its dtype (bf16 under bf16 autocast), one FSDP unit gathered at
+        a time; the hf engine runs the model itself, every weight gathered whole in its own dtype. One rank: as it is."""
+        if self.ranks.world == 1:
+            return contextlib.nullcontext()
+        engine, _ = decode_engine_for(self.rollout.decode_engine, self.device.type == "cuda", self.model)
+        if engine == "static":
+            return decode.pinned(self.model, rollout_dtype(self.device), kernels=self.rollout.decode_kernels,
+                                 gathered=gathered)
+        return self.ranks.unsharded(self.model)
 
     def optimizer_arrays(self) -> dict[str, np.ndarray]:
         """AdamW's step counts and moments by parameter position ("<i>/exp_avg", ...): what a learner that trains
