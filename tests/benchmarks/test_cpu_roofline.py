@@ -217,3 +217,28 @@ def test_the_update_levers_of_2026_12_05_are_quoted_from_their_raw_output():
     assert (f"({compiled['rollout_logprob_gap'][0]:.4f} nats a token against "
             f"{cast['rollout_logprob_gap'][0]:.4f})") in page
     assert f"--samples {report['samples']} --repeats {report['repeats']} --threads {report['threads']}" in page
+
+
+def test_the_compiled_run_is_quoted_from_its_kept_records_against_the_presets():
+    """docs/performance.md's run with training-kernels=compile: its minutes, rounds, update time and its last
+    evaluation against the preset's, recomputed from both runs' records."""
+    from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
+
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    runs = [ROOT / "benchmarks" / "results" / d / "runs" / n for d, n in (("2026-12-05-cpu", "fedagent-compile-s0-amx"),
+                                                                          ("2026-12-04-cpu", "fedagent-preset-s0-amx"))]
+    figures = []
+    for run in runs:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        evaluation = {r["round"]: r["eval/seconds"] for r in rows if "eval/seconds" in r}
+        elapsed = {r["round"]: r["elapsed_seconds"] for r in rows}
+        update = sum(r["train/seconds"] - r["train/rollout_seconds"] for r in rows if "train/rollout_seconds" in r)
+        figures.append((json.loads((run / "summary.json").read_text())["seconds"] / 60,
+                        (elapsed[3] - evaluation[3] - elapsed[0]) / 3 / 60, update))
+    (minutes, round_, update), (minutes_p, round_p, update_p) = figures
+    assert (f"it took {minutes:.1f} minutes against the preset's {minutes_p:.1f}, a round about {round_:.1f} minutes "
+            f"against {round_p:.1f}, the update (the time after a client's rollout, summed over the 3 rounds) "
+            f"{update:.0f} s against {update_p:.0f} s") in page
+    against = compare_runs(runs[0], runs[1], evaluation_rounds(runs[0])[-1], evaluation_rounds(runs[1])[-1])
+    assert (f"{against['later_success']:.3f}, against the preset's {against['earlier_success']:.3f} in its last "
+            f"evaluation {against['mean']:+.3f} +- {against['se']:.3f} (p {against['p']:.2g}, paired over 48 rooms)") in page
