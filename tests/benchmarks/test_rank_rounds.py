@@ -99,6 +99,21 @@ def test_the_tiny_models_ranks_against_their_plans_are_quoted_from_their_raw_out
     assert f"Without the key the tiny model's ranks peaked at {peaks[0]} and {peaks[1]} MiB" in page()
 
 
+def test_the_static_engines_rollout_on_ranks_is_quoted_from_its_raw_outputs():
+    hf, static = (_memory(f"rank_memory.smollm2-full-bf16.{e}.json", MEMORY / "ranks-static") for e in ("hf", "static"))
+    rollout = [[f"{r['private_segments_mib']['rollout']:.0f}" for r in report["ranks"]] for report in (hf, static)]
+    plans = [report["ranks"][0]["own_plan"] for report in (hf, static)]
+    assert (f"a rank's rollout peaked at {rollout[0][0]} and {rollout[0][1]} MiB of private memory decoding with hf, "
+            f"{rollout[1][0]} and {rollout[1][1]} MiB with the static engine, both under the plan's decode phase "
+            f"({plans[0]['decode peak'] / 2**20:.0f} and {plans[1]['decode peak'] / 2**20:.0f} MiB), which still counts "
+            f"autocast's bf16 copies of every weight ({plans[1]['autocast bf16 weight copies'] / 2**20:.0f} MiB here)") in page()
+    for report, engine in ((hf, "hf"), (static, "static")):
+        config = report["raw_output"]["settings"]["arguments"]["run_config"]
+        assert config["decode-engine"] == engine and config["finetuning"] == "full" and config["precision"] == "bf16-mixed"
+    assert max(r["private_segments_mib"]["rollout"] for r in static["ranks"]) < min(
+        r["private_segments_mib"]["rollout"] for r in hf["ranks"])  # what the text implies
+
+
 def test_the_pass_by_pass_check_the_page_names_has_the_cases_it_counts():
     import importlib.util
     import re
