@@ -7,8 +7,9 @@ KV cache growing by `torch.cat`, and the masked attention path expanding 2 KV he
 each of those causes:
 
 - its own copy of the weights in the rollout's dtype (bf16 when the rollout runs under bf16 autocast), q/k/v and
-  gate/up fused into one matrix each, refreshed in place from the model at every `start` (a few ms), so no
-  forward casts a weight; a PEFT LoRA model's adapters are merged into that copy (the trained model is untouched);
+  gate/up fused into one matrix each, refreshed in place from the model at every `start` (a few ms; on N ranks
+  once a rollout, one FSDP unit gathered at a time: `pinned`), so no forward casts a weight; a PEFT LoRA model's
+  adapters are merged into that copy (the trained model is untouched);
 - a KV cache preallocated as [layers, rows, kv_heads, max_len, head_dim]: a token step writes one column;
 - per-row positions (each row's RoPE position is its own token count, so left padding changes nothing) and a
   boolean mask of the key slots each row may attend to;
