@@ -4,6 +4,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from flwr.app import MessageType
 from transformers import AutoConfig
 
@@ -262,6 +263,52 @@ def test_the_autocast_row_matches_what_autocast_holds_for_full_and_lora_training
     assert held["lora"] < 0.1 * held["full"], held
     # the LoRA plan: what is held, plus at most one frozen matrix's transient copy (the output head, the largest)
     assert held["lora"] <= planned_lora <= max(held["lora"], 0) + embedding + 2 * 2**20, (held, planned_lora)
+
+
+def test_the_static_engine_casts_no_weight_so_its_plan_leaves_autocasts_copies_to_the_update():
+    """Under bf16 autocast the hf engine's forwards cast the fp32 weights (autocast's copies, held while it decodes);
+    the static engine reads its own bf16 copy and never touches a parameter. So with it the plan counts the copies in
+    the update phase only, and the server, evaluating so, holds none."""
+    import sys
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_decode import _model, _prompts
+
+    from fedagent_flwr.agent.engine.sampling import sample_batch
+
+    class ParameterReads(TorchDispatchMode):
+        def __init__(self, model):
+            super().__init__()
+            self.storages, self.ops = {p.untyped_storage().data_ptr() for p in model.parameters()}, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if args and isinstance(args[0], torch.Tensor) and args[0].untyped_storage().data_ptr() in self.storages:
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = _model("llama")
+    reads = {}
+    for engine in ("hf", "static"):
+        with torch.autocast("cpu", dtype=torch.bfloat16), ParameterReads(model) as seen:
+            sample_batch(model, _prompts(), 0, [], 6, 0.0, engine=engine)
+        reads[engine] = seen.ops
+    assert "aten._to_copy.default" in reads["hf"] and reads["static"] == []
+
+    shape = ModelShape.of(model.config)
+    common = {"finetuning": "full", "lora_rank": 0, "lora_targets": None, "precision": "bf16-mixed", "kl_beta": 0.0,
+              "kl_reference": "base", "micro_batch_size": 1, "rollout_batch_size": 8, "context_tokens": 64}
+    hf, static = (client_plan(shape, static_decoder=s, **common) for s in (False, True))
+    copies = shape.parameters * 2
+    assert hf.as_dict()["autocast bf16 weight copies"] == static.as_dict()["autocast bf16 weight copies"] == copies
+    held = {name: plan.peak("decode") - sum(b for row, b in plan.rows if row in plan.decode) for name, plan in
+            (("hf", hf), ("static", static))}  # what the rollout holds beside its own rows
+    assert held["static"] == held["hf"] - copies and static.peak("update") == hf.peak("update")
+    evaluating = {s: server_plan(shape, finetuning="full", lora_rank=0, lora_targets=None, precision="bf16-mixed",
+                                 eval_batch_size=8, context_tokens=64, static_decoder=s).as_dict()
+                  for s in (False, True)}
+    assert evaluating[False]["autocast bf16 weight copies"] == copies and evaluating[True]["autocast bf16 weight copies"] == 0
 
 
 def test_the_command_prints_the_plans_of_the_papers_models(capsys):
@@ -532,6 +579,7 @@ def test_the_rank_plan_docs_deployment_quotes_is_the_plans_two_phases(capsys):
     out = capsys.readouterr().out
     assert static == tuple(re.search(rf"{row}\s+([\d.]+) GiB", out).group(1) for row in (
         "peak while decoding", r"a unit gathered to copy for the decoder \[decode\]", r"static decoder's weight copy \[decode\]"))
+    assert "none of autocast's copies" in " ".join(text.split()) and re.search(r"autocast bf16 weight copies \[update\]", out)
 
 
 def test_the_plans_docs_gpu_quotes_are_its_commands_plans(capsys):
@@ -546,7 +594,7 @@ def test_the_plans_docs_gpu_quotes_are_its_commands_plans(capsys):
     command = re.search(r"python -m fedagent_flwr.experiments.memory_plan (--shape qwen2.5-1.5b [^`]+?)\n```", text).group(1)
     args = shlex.split(command.replace("\\\n", " "))
     prose = " ".join(text.split())
-    quoted = re.search(r"it prints ([\d.]+) GiB for the server and ([\d.]+) GiB per client at 512 tokens, the update's peak; "
+    quoted = re.search(r"it prints ([\d.]+) GiB for the server \(its static engine [^)]*\) and ([\d.]+) GiB per client at 512 tokens, the update's peak; "
                        r"with 32-row passes, ([\d.]+) GiB at 340 tokens of context, ([\d.]+) GiB at 476 .*? and ([\d.]+) GiB "
                        r"at 512", prose).groups()
     assert re.search(r"at 32 rows the plan of a 512-token context needs ([\d.]+) GiB, .*?\(16 rows: ([\d.]+) GiB",

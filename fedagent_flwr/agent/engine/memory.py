@@ -50,9 +50,11 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   run beside the update's passes: the plan's row for them is what they hold beyond the update's logits and
   activations (0 when the update's passes hold more).
 A client's round has two phases, and the plan's total is its peak over them: the rollout (the KV cache, the generation
-logits, the static engine's weight copy and graphs, released when it ends; on N ranks the whole weights gathered) and
-the update with its no-grad passes (gradients, dropped when it ends, training logits, activations). The other rows are
-held through both. It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
+logits, the static engine's weight copy and graphs, released when it ends; on N ranks the weights gathered: whole for
+the hf engine, a unit at a time for the static one's copy) and the update with its no-grad passes (gradients, dropped
+when it ends, training logits, activations). The other rows are held through both, but for autocast's weight copies
+where the static engine decodes: it reads its own copy and casts none, so they are the update's (and the server's
+plan, evaluating so, holds none). It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
 """
 
 from __future__ import annotations
@@ -254,7 +256,11 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         static_decoder_copy(shape, precision, static_decoder),
         decode_graphs(shape, S, rollout_batch_size, a, static_decoder and cuda_graphs),
     ]
+    # autocast's bf16 weight copies: the static engine decodes on its own copy and casts nothing, so with it they are
+    # the update's alone; the hf engine's forwards cast as the update's do, so then they are held in both phases
+    casts = ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision))
     update_rows = [  # the update's; its gradients are dropped when it ends (grpo.py)
+        *([casts] if static_decoder else []),
         *([("weights gathered for a pass", pass_gathers(shape, weights, adapter))] if ranks > 1 else []),
         ("gradients" + shard, T * 4 // ranks),
         ("training logits", training_logits),
@@ -265,7 +271,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     rows = [
         (name + shard, weights // ranks),
         ("adapter (fp32)" + shard, adapter * 4 // ranks),
-        ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
+        *([] if static_decoder else [casts]),
         ("AdamW moments" + shard, 2 * T * 4 // ranks),
         ("KL reference" + shard, reference // ranks if finetuning == "full" else reference),
         *decode_rows,
@@ -409,7 +415,8 @@ def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     rows = [
         base_weights(shape, precision),
         ("adapter (fp32)", adapter * 4),
-        ("autocast bf16 weight copies", autocast_copies(shape, finetuning, adapter, precision)),
+        # the static engine evaluates on its own copy of the weights: autocast casts none of them
+        ("autocast bf16 weight copies", 0 if static_decoder else autocast_copies(shape, finetuning, adapter, precision)),
         kv_cache("KV cache of an evaluation batch", shape, context_tokens, eval_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", eval_batch_size * shape.vocab * 4),
         static_decoder_copy(shape, precision, static_decoder),
