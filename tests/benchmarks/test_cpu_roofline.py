@@ -242,3 +242,78 @@ def test_the_compiled_run_is_quoted_from_its_kept_records_against_the_presets():
     against = compare_runs(runs[0], runs[1], evaluation_rounds(runs[0])[-1], evaluation_rounds(runs[1])[-1])
     assert (f"{against['later_success']:.3f}, against the preset's {against['earlier_success']:.3f} in its last "
             f"evaluation {against['mean']:+.3f} +- {against['se']:.3f} (p {against['p']:.2g}, paired over 48 rooms)") in page
+
+
+SEED_RUNS = {  # issue 69: the preset against it with compiled layers, seed by seed (commands.txt of 2026-12-05)
+    "preset": ["2026-12-04-cpu/runs/fedagent-preset-s0-amx", "2026-12-05-cpu/runs/fedagent-preset-s1-amx"],
+    "compiled": ["2026-12-05-cpu/runs/fedagent-compile-s0-amx", "2026-12-05-cpu/runs/fedagent-compile-s1-amx"],
+}
+
+
+def run_shares(run: Path) -> dict[str, float]:
+    """A run's minutes and where they went: its evaluations, and its clients' rollouts and updates as the 2 cores ran
+    them (a client per core, so clients-per-round / 2 clients one after another on each; the metrics give the clients'
+    mean), the rest being start-up, aggregation and a core waiting for the other."""
+    summary = json.loads((run / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    waves, total = summary["clients_per_round"] / 2, summary["seconds"]
+    trained = [r for r in rows if "train/rollout_seconds" in r]
+    shares = {"evaluation": sum(r.get("eval/seconds", 0.0) for r in rows),
+              "rollout": waves * sum(r["train/rollout_seconds"] for r in trained),
+              "update": waves * sum(r["train/seconds"] - r["train/rollout_seconds"] for r in trained)}
+    shares["rest"] = total - sum(shares.values())
+    return {"minutes": total / 60} | {k: v / total for k, v in shares.items()}
+
+
+def seed_table() -> tuple[str, dict]:
+    """docs/performance.md's table of the preset and its compiled layers seed by seed, from the kept records: each run's
+    minutes and where they went, its held-out success (first -> last evaluation, the gain in standard errors paired
+    over rooms), and the compiled run's last evaluation minus the preset's, room by room; over seeds, the minutes'
+    ratio and the difference in the last evaluation (paired t-test over seeds)."""
+    from fedagent_flwr.experiments.paired_rounds import compare, compare_runs, evaluation_rounds
+    from fedagent_flwr.experiments.seed_statistics import paired_difference
+
+    runs = {k: [ROOT / "benchmarks" / "results" / r for r in v] for k, v in SEED_RUNS.items()}
+    lines = ["| seed | run | minutes | evaluations | rollouts | updates | rest | held-out success | "
+             "compiled - preset, last evaluation |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    last, minutes = {k: [] for k in runs}, {k: [] for k in runs}
+    for seed, (p, c) in enumerate(zip(runs["preset"], runs["compiled"])):
+        against = compare_runs(c, p, evaluation_rounds(c)[-1], evaluation_rounds(p)[-1])
+        for k, run in (("preset", p), ("compiled", c)):
+            shares, marks = run_shares(run), evaluation_rounds(run)
+            gain = compare(run, marks[-1], marks[0])
+            last[k].append(gain["later_success"])
+            minutes[k].append(shares["minutes"])
+            cells = [str(seed), k, f"{shares['minutes']:.1f}", *(f"{100 * shares[part]:.0f} %" for part in
+                                                                   ("evaluation", "rollout", "update", "rest")),
+                     f"{gain['earlier_success']:.3f} -> {gain['later_success']:.3f} ({gain['mean'] / gain['se']:.1f} SE)",
+                     f"{against['mean']:+.3f} +- {against['se']:.3f} (p {against['p']:.2g})" if k == "compiled" else ""]
+            lines.append("| " + " | ".join(cells) + " |")
+    ratios = [a / b for a, b in zip(minutes["preset"], minutes["compiled"])]
+    mean = sum(ratios) / len(ratios)
+    figures = {"ratio": (mean, (sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1) / len(ratios)) ** 0.5),
+               "difference": paired_difference(dict(enumerate(last["compiled"])), dict(enumerate(last["preset"]))),
+               "seeds": len(ratios)}
+    return "\n".join(lines), figures
+
+
+def test_the_seed_table_and_what_it_says_are_recomputed_from_the_kept_records():
+    """docs/performance.md's compiled layers against the preset, seed by seed: the table between its markers, the
+    minutes' ratio, the difference over seeds and round 1's metrics, each recomputed from the records."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table, figures = seed_table()
+    start = text.index("<!-- seed table: SEED_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
+    page = " ".join(text.split())
+    d, n = figures["difference"], figures["seeds"]
+    assert f"a preset run took {figures['ratio'][0]:.2f}x +- {figures['ratio'][1]:.2f} the time of the compiled run of its seed, over {n} seeds" in page
+    assert f"Over the {n} seeds the difference is {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}, paired over seeds)" in page
+    first = {k: [json.loads((ROOT / "benchmarks" / "results" / r / "metrics.jsonl").read_text().splitlines()[1])
+                 for r in runs] for k, runs in SEED_RUNS.items()}
+    ratio = lambda key: " and ".join(f"{c[key] / p[key]:.{1 if key != 'train/update_norm' else 2}f}x"  # noqa: E731
+                                     for p, c in zip(first["preset"], first["compiled"]))
+    assert (f"In round 1 the compiled run's KL to the base was {ratio('train/kl')} the preset's, its clipped share "
+            f"{ratio('train/clip_frac')}, its update norm {ratio('train/update_norm')}") in page
+    evaluations = [json.loads((ROOT / "benchmarks" / "results" / SEED_RUNS[k][1] / "metrics.jsonl").read_text()
+                              .splitlines()[0])["eval/seconds"] for k in ("preset", "compiled")]
+    assert f"({evaluations[0]:.0f} s against the compiled run's {evaluations[1]:.0f} s on the same rooms" in page
