@@ -317,3 +317,13 @@ def test_the_seed_table_and_what_it_says_are_recomputed_from_the_kept_records():
     evaluations = [json.loads((ROOT / "benchmarks" / "results" / SEED_RUNS[k][1] / "metrics.jsonl").read_text()
                               .splitlines()[0])["eval/seconds"] for k in ("preset", "compiled")]
     assert f"({evaluations[0]:.0f} s against the compiled run's {evaluations[1]:.0f} s on the same rooms" in page
+
+
+def test_the_presets_comment_gives_where_its_runs_time_went_as_the_records_do():
+    """configs/smollm2-fedagent-cpu.toml's speed comment: the shares of the Xeon-with-AMX runs' time, from run_shares."""
+    comment = " ".join(line.lstrip("# ") for line in (ROOT / "configs" / "smollm2-fedagent-cpu.toml").read_text()
+                       .splitlines() if line.startswith("#"))
+    shares = [run_shares(ROOT / "benchmarks" / "results" / r) for r in SEED_RUNS["preset"]]
+    span = lambda part: "-".join(dict.fromkeys(f"{100 * s[part]:.0f}" for s in sorted(shares, key=lambda s: s[part])))  # noqa: E731
+    assert (f"about {span('update')} % the clients' updates, {span('rollout')} % their rollouts, "
+            f"{span('evaluation')} % the two evaluations") in comment
