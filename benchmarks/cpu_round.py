@@ -4,8 +4,9 @@
 Each variant (run-config values over the run config, e.g. `precision=bf16-mixed` or `decode-engine=static`) loads
 the model as a client does (its base dtype), attaches the run's LoRA adapter, trains one round with the client's own
 code (`methods/local_round.train_locally`: rollouts, then the GRPO update) on partition 0's tasks, and plays
-`--eval-tasks` held-out tasks `eval-samples-per-task` times as the server's evaluator does. The variants alternate
-repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the rollout's, the update's and
+`--eval-tasks` held-out tasks `eval-samples-per-task` times as the server's evaluator does (`--eval-only`: that
+evaluation alone, of the model as loaded: how fast a setting such as decode-engine plays the held-out episodes). The
+variants alternate repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the rollout's, the update's and
 the evaluation's seconds, and milliseconds per generated token (rollout, evaluation) and per trained step (update)
 (mean and standard error over repeats), each as a ratio to the first variant's (per repeat, mean and standard
 error), and the round's success rates (what a variant plays is sampled from other numbers, so
@@ -41,27 +42,31 @@ from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
 
-def one_round(cfg: RunConfig, eval_tasks: int) -> dict[str, float]:
-    """Seconds of a client's rollouts, its update and a held-out evaluation under `cfg`, and their success rates."""
+def one_round(cfg: RunConfig, eval_tasks: int, train: bool = True) -> dict[str, float]:
+    """Seconds of a client's rollouts, its update and a held-out evaluation under `cfg`, and their success rates;
+    with `train=False` the evaluation's alone, of the model as loaded (its adapter attached, not yet trained)."""
     agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), cfg.base_dtype())
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
     held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), eval_tasks)
     with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
-        metrics = train_locally(agent, cfg, tasks, 1, 0, model=model)
+        metrics = train_locally(agent, cfg, tasks, 1, 0, model=model) if train else None
         placement = process_placement(cfg, agent, held_out, "server", model=model)  # as the run's server resolves it
         evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
                                     rollout_config(cfg, True, placement),
                                     cfg.eval_samples_per_task, cfg.seed, precision=placement.precision)
         evaluation = evaluator.evaluate(0)
         eval_tokens = sum(len(s.completion_ids) for t in evaluator.last_trajectories for s in t.steps)
+    played = {"eval_s": evaluation["seconds"], "eval_ms_per_token": 1000 * evaluation["seconds"] / max(1, eval_tokens),
+              "eval_success": evaluation["success_rate"]}
+    if metrics is None:
+        return played
     update_s = metrics["seconds"] - metrics["rollout_seconds"]
     # Per generated token and per trained step: what each variant played differs (sampled), so its seconds alone
     # compare different work; these divide the work out (the prompts' lengths still vary with the episodes).
-    return {"rollout_s": metrics["rollout_seconds"], "update_s": update_s, "eval_s": evaluation["seconds"],
+    return {"rollout_s": metrics["rollout_seconds"], "update_s": update_s,
             "rollout_ms_per_token": 1000 * metrics["rollout_seconds"] / max(1.0, metrics["generated_tokens"]),
             "update_ms_per_sample": 1000 * update_s / max(1.0, metrics["train_samples"]),
-            "eval_ms_per_token": 1000 * evaluation["seconds"] / max(1, eval_tokens),
-            "train_success": metrics["success_rate"], "eval_success": evaluation["success_rate"]}
+            "train_success": metrics["success_rate"]} | played
 
 
 def timed(key: str) -> bool:
@@ -119,18 +124,21 @@ def read_variants(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 def main(argv: list[str] | None = None) -> dict:
     parser = variant_parser(__doc__)
     parser.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks the evaluation plays")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="time the held-out evaluation alone, of the model as loaded (no client round first)")
     args = parser.parse_args(argv)
     variants = read_variants(parser, args)
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for repeat in range(args.repeats):
         for name, cfg in variants.items():
             started = time.perf_counter()
-            runs[name].append(one_round(cfg, args.eval_tasks))
+            runs[name].append(one_round(cfg, args.eval_tasks, train=not args.eval_only))
             print(f"[cpu_round] repeat {repeat + 1}/{args.repeats} {name}: "
                   + ", ".join(f"{k} {v:.3f}" for k, v in runs[name][-1].items())
                   + f" ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     first = args.variant[0]
     report = {"run_config": args.run_config, "repeats": args.repeats, "eval_tasks": args.eval_tasks,
+              "eval_only": args.eval_only,
               "threads": torch.get_num_threads(), "variants": summarise(runs, first)}
     if args.json:
         print(json.dumps(report))

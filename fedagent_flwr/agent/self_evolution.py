@@ -182,7 +182,7 @@ def self_evolution_round(
     with attached_lora(agent.model, config.lora, seed=config.seed) as peft_model:
         if global_adapter is not None:
             arrays_to_adapter(peft_model, global_adapter)
-        new_successes = 0
+        new_successes, exploring = 0, time.time()
         if config.explore_samples:
             episodes = [t for t in tasks for _ in range(config.explore_samples)]
             with autocast(config.precision, model_device(peft_model)):
@@ -196,6 +196,8 @@ def self_evolution_round(
                 kept = valid_steps_only(kept)
             buffer.add_round(server_round, kept, keep_history=config.history == "cumulative")
             metrics["fedse/kept-trajectories"] = float(len(kept))
+        # the round's time split as GRPO's reports it (runs/reporting.time_split): exploring, then the fine-tuning
+        metrics["rollout_seconds"] = time.time() - exploring
         metrics["fedse/new-successes"] = float(new_successes)
         metrics.update({f"fedse/{k}": v for k, v in buffer.stats().items()})
         samples = buffer.samples()

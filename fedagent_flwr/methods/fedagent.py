@@ -187,7 +187,7 @@ class LanguageAgentMethod(Method):
             "final_success_rate": history[final]["success_rate"],
             "initial": history[0],
             "final": history[final],
-            "clients_per_round": cfg.clients_per_round,
+            "clients_per_round": strategy.clients_per_round,  # fedse-lora sets its own (fedse-client-fraction)
             "model": cfg.model,
             "model_source": self.agent.spec.source,
             "env": cfg.env,

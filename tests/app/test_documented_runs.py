@@ -144,10 +144,11 @@ def quoted(text: str) -> set[str]:
 def test_the_readme_and_the_preset_quote_only_verified_real_model_numbers():
     readme = (ROOT / "README.md").read_text()
     paragraph = readme[readme.index("**A real"):readme.index("**The papers' settings**")]
-    preset = "\n".join(line for line in (ROOT / "configs" / "smollm2-fedagent-cpu.toml").read_text().splitlines()
-                       if line.startswith("#"))
+    presets = {f"configs/{name}": "\n".join(line for line in (ROOT / "configs" / name).read_text().splitlines()
+                                            if line.startswith("#"))
+               for name in ("smollm2-fedagent-cpu.toml", "smollm2-fedse-cpu.toml")}
     verified = verified_numbers()
-    for where, text in (("README", paragraph), ("configs/smollm2-fedagent-cpu.toml", preset)):
+    for where, text in (("README", paragraph), *presets.items()):
         numbers = quoted(text)
         assert numbers, where  # the paragraph and the comment do quote results
         assert numbers <= verified, (where, sorted(numbers - verified))

@@ -31,3 +31,17 @@ def test_a_tiny_round_is_timed_phase_by_phase_under_each_setting():
     bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "precision=fp16"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "precision" in bad.stderr and "[cpu_round] repeat" not in bad.stderr
+
+
+def test_eval_only_times_the_held_out_play_alone_under_each_decode_engine():
+    """--eval-only: no client round, the evaluation of the model as loaded, each engine; on a fp32 CPU model both
+    engines draw the same tokens (tests/agent/test_decode.py), so they play the same episodes to the same success."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "decode-engine=hf",
+                           "--variant", "decode-engine=static,old-logprobs=recompute", "--repeats", "1", "--eval-only",
+                           "--eval-tasks", "2", "--threads", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    hf, static = report["variants"].values()
+    assert report["eval_only"] and set(hf) == {"eval_s", "eval_ms_per_token", "eval_success", "eval_ratio",
+                                               "eval_ms_per_token_ratio"}
+    assert hf["eval_s"][0] > 0 and static["eval_s"][0] > 0 and hf["eval_success"] == static["eval_success"]

@@ -23,6 +23,7 @@ def test_two_round_fedse_simulation_on_the_tiny_model(tmp_path):
         "--fedse-explore-samples", "2", "--fedse-seed-demos", "2", "--fedse-sft-steps", "3", "--fedse-sft-batch-size", "8",
         "--lora-rank", "4", "--eval-samples-per-task", "1", "--eval-every", "1",
         "--fedse-buffer-dir", str(buffers), "--output-dir", str(out), "--run-name", "fedse-ci", "--seed", "3",
+        "--clients-per-round", "1",  # not Fed-SE's key: fedse-client-fraction (default all) picks its clients
     ]
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
@@ -31,6 +32,7 @@ def test_two_round_fedse_simulation_on_the_tiny_model(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["failed_replies"] == {}
     assert {r: sorted(p) for r, p in summary["sampled_clients"].items()} == {"1": [0, 1], "2": [0, 1]}  # all clients
+    assert summary["clients_per_round"] == 2  # what the strategy sampled, not the unused clients-per-round
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [0, 1, 2]

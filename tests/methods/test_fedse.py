@@ -265,6 +265,7 @@ def test_self_evolution_round_grows_the_buffer_and_returns_only_the_adapter(tiny
     assert metrics["fedse/buffer-trajectories"] == 3 + 6 and metrics["episodes"] == 6
     assert all("lora_" in k for k in adapter.keys()) and len(list(adapter.keys())) > 0
     assert all(isinstance(v, float) for v in metrics.values())
+    assert 0 < metrics["rollout_seconds"] < metrics["seconds"]  # exploring is part of the round, the fine-tuning the rest
     b_norm = sum(float(np.abs(adapter[k].numpy()).sum()) for k in adapter.keys() if "lora_B" in k)
     assert b_norm > 0  # fine-tuning moved B away from its zero start
     # The base model's weights are untouched and it is a plain model again.
