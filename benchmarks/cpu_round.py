@@ -6,8 +6,8 @@ the model as a client does (its base dtype), attaches the run's LoRA adapter, tr
 code (`methods/local_round.train_locally`: rollouts, then the GRPO update) on partition 0's tasks, and plays
 `--eval-tasks` held-out tasks `eval-samples-per-task` times as the server's evaluator does (`--eval-only`: that
 evaluation alone, of the model as loaded: how fast a setting such as decode-engine plays the held-out episodes). The
-variants alternate repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the rollout's, the update's and
-the evaluation's seconds, and milliseconds per generated token (rollout, evaluation) and per trained step (update)
+variants alternate repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the
+rollout's, the update's and the evaluation's seconds, and milliseconds per generated token (rollout, evaluation) and per trained step (update)
 (mean and standard error over repeats), each as a ratio to the first variant's (per repeat, mean and standard
 error), and the round's success rates (what a variant plays is sampled from other numbers, so
 they differ; whether what is learnt differs is for paired runs to show, docs/results.md). Wall times, no profiler.

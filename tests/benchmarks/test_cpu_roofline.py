@@ -345,3 +345,15 @@ def test_the_fedse_presets_time_is_quoted_from_its_kept_records():
     assert (f"its clients' rounds, two after each other on each core, {100 * waves * sum(clients) / total:.0f} %: a "
             f"client's round {min(clients):.0f}-{max(clients):.0f} s (the clients' mean, round by round)") in page
     assert waves == 2 and not any("train/rollout_seconds" in r for r in rows)  # what the text says of the records
+
+
+def test_the_static_engines_evaluation_is_quoted_from_its_raw_output():
+    """docs/performance.md's evaluation with the static engine against hf, from cpu_round.eval-engines.json."""
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "cpu_round.eval-engines.json").read_text())
+    hf, static = report["variants"][""], report["variants"]["decode-engine=static,old-logprobs=recompute"]
+    assert report["eval_only"] and report["threads"] == 2 and report["eval_tasks"] == 16
+    assert (f"gave {static['eval_s'][0]:.1f} s with the static engine against {hf['eval_s'][0]:.1f} s with hf, "
+            f"{static['eval_ratio'][0]:.2f}x +- {static['eval_ratio'][1]:.2f} faster over {report['repeats']} repeats: "
+            f"not shown") in page
+    assert static["eval_ratio"][0] - 2 * static["eval_ratio"][1] < 1  # what "not shown" says

@@ -54,7 +54,8 @@ logits, the static engine's weight copy and graphs, released when it ends; on N 
 the hf engine, a unit at a time for the static one's copy) and the update with its no-grad passes (gradients, dropped
 when it ends, training logits, activations). The other rows are held through both, but for autocast's weight copies
 where the static engine decodes: it reads its own copy and casts none, so they are the update's (and the server's
-plan, evaluating so, holds none). It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come on top.
+plan, evaluating so, holds none). It is an estimate: allocator slack, CUDA context (~0.5 GB) and fragmentation come
+on top.
 """
 
 from __future__ import annotations
