@@ -269,12 +269,9 @@ def test_the_static_engine_casts_no_weight_so_its_plan_leaves_autocasts_copies_t
     """Under bf16 autocast the hf engine's forwards cast the fp32 weights (autocast's copies, held while it decodes);
     the static engine reads its own bf16 copy and never touches a parameter. So with it the plan counts the copies in
     the update phase only, and the server, evaluating so, holds none."""
-    import sys
-
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_decode import _model, _prompts
+    from test_decode import _model, _prompts  # pytest puts this folder on the path (its prepend import mode)
 
     from fedagent_flwr.agent.engine.sampling import sample_batch
 

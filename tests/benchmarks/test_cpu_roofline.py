@@ -251,18 +251,22 @@ SEED_RUNS = {  # issue 69: the preset against it with compiled layers, seed by s
 
 
 def run_shares(run: Path) -> dict[str, float]:
-    """A run's minutes and where they went: its evaluations, and its clients' rollouts and updates as the 2 cores ran
-    them (a client per core, so clients-per-round / 2 clients one after another on each; the metrics give the clients'
-    mean), the rest being start-up, aggregation and a core waiting for the other."""
-    summary = json.loads((run / "summary.json").read_text())
+    """A run's minutes and where they went: its evaluations, and its clients' rounds as the 2 cores ran them (a client
+    per core, so a round's replies / 2 clients one after another on each; the metrics give the clients' mean), split
+    into rollouts and updates where the records have the rollouts' time; the rest being start-up, aggregation and a
+    core waiting for the other. (The replies, not summary.json: a Fed-SE summary of before 2026-12-05 named
+    clients-per-round's 2, a key Fed-SE does not use.)"""
+    total = json.loads((run / "summary.json").read_text())["seconds"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    waves, total = summary["clients_per_round"] / 2, summary["seconds"]
-    trained = [r for r in rows if "train/rollout_seconds" in r]
+    trained = [r for r in rows if "train/seconds" in r]
+    waves = trained[0]["train/replies"] / 2
     shares = {"evaluation": sum(r.get("eval/seconds", 0.0) for r in rows),
-              "rollout": waves * sum(r["train/rollout_seconds"] for r in trained),
-              "update": waves * sum(r["train/seconds"] - r["train/rollout_seconds"] for r in trained)}
-    shares["rest"] = total - sum(shares.values())
-    return {"minutes": total / 60} | {k: v / total for k, v in shares.items()}
+              "clients": waves * sum(r["train/seconds"] for r in trained)}
+    if all("train/rollout_seconds" in r for r in trained):
+        shares["rollout"] = waves * sum(r["train/rollout_seconds"] for r in trained)
+        shares["update"] = shares["clients"] - shares["rollout"]
+    shares["rest"] = total - shares["evaluation"] - shares["clients"]
+    return {"minutes": total / 60, "waves": waves} | {k: v / total for k, v in shares.items()}
 
 
 def seed_table() -> tuple[str, dict]:
@@ -271,7 +275,7 @@ def seed_table() -> tuple[str, dict]:
     over rooms), and the compiled run's last evaluation minus the preset's, room by room; over seeds, the minutes'
     ratio and the difference in the last evaluation (paired t-test over seeds)."""
     from fedagent_flwr.experiments.paired_rounds import compare, compare_runs, evaluation_rounds
-    from fedagent_flwr.experiments.seed_statistics import paired_difference
+    from fedagent_flwr.experiments.seed_statistics import paired_difference, stats
 
     runs = {k: [ROOT / "benchmarks" / "results" / r for r in v] for k, v in SEED_RUNS.items()}
     lines = ["| seed | run | minutes | evaluations | rollouts | updates | rest | held-out success | "
@@ -289,11 +293,10 @@ def seed_table() -> tuple[str, dict]:
                      f"{gain['earlier_success']:.3f} -> {gain['later_success']:.3f} ({gain['mean'] / gain['se']:.1f} SE)",
                      f"{against['mean']:+.3f} +- {against['se']:.3f} (p {against['p']:.2g})" if k == "compiled" else ""]
             lines.append("| " + " | ".join(cells) + " |")
-    ratios = [a / b for a, b in zip(minutes["preset"], minutes["compiled"])]
-    mean = sum(ratios) / len(ratios)
-    figures = {"ratio": (mean, (sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1) / len(ratios)) ** 0.5),
+    ratio = stats([a / b for a, b in zip(minutes["preset"], minutes["compiled"])])
+    figures = {"ratio": (ratio["mean"], ratio["se"]),
                "difference": paired_difference(dict(enumerate(last["compiled"])), dict(enumerate(last["preset"]))),
-               "seeds": len(ratios)}
+               "seeds": ratio["n"]}
     return "\n".join(lines), figures
 
 
@@ -333,18 +336,15 @@ def test_the_fedse_presets_time_is_quoted_from_its_kept_records():
     """docs/performance.md's Fed-SE run: its minutes, its evaluations and their share, its clients' share and rounds."""
     page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     run = ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "runs" / "fedse-preset-s0-amx"
-    summary = json.loads((run / "summary.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evaluations = [r["eval/seconds"] for r in rows if "eval/seconds" in r]
     clients = [r["train/seconds"] for r in rows if "train/seconds" in r]
-    # the clients a round trained: its replies (this run's summary.json named clients-per-round's 2, a key Fed-SE
-    # does not use; summaries now name what the strategy samples)
-    total, waves = summary["seconds"], rows[1]["train/replies"] / 2
-    assert (f"took {total / 60:.1f} minutes. Its two evaluations took {evaluations[0]:.0f} s and {evaluations[1]:.0f} s, "
-            f"{100 * sum(evaluations) / total:.0f} % of the run") in page
-    assert (f"its clients' rounds, two after each other on each core, {100 * waves * sum(clients) / total:.0f} %: a "
+    shares = run_shares(run)
+    assert (f"took {shares['minutes']:.1f} minutes. Its two evaluations took {evaluations[0]:.0f} s and "
+            f"{evaluations[1]:.0f} s, {100 * shares['evaluation']:.0f} % of the run") in page
+    assert (f"its clients' rounds, two after each other on each core, {100 * shares['clients']:.0f} %: a "
             f"client's round {min(clients):.0f}-{max(clients):.0f} s (the clients' mean, round by round)") in page
-    assert waves == 2 and not any("train/rollout_seconds" in r for r in rows)  # what the text says of the records
+    assert shares["waves"] == 2 and "rollout" not in shares  # what the text says of the records
 
 
 def test_the_static_engines_evaluation_is_quoted_from_its_raw_output():
