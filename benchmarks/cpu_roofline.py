@@ -25,6 +25,9 @@ against the peak of the dtype its matmuls run in (bf16 under bf16-mixed / bf16-b
 decode's mean live rows give the decode's ceiling (a matmul of few rows reads every weight for little work).
 
     python benchmarks/cpu_roofline.py --run-config configs/smollm2-fedagent-cpu.toml --eval-tasks 16 --threads 1
+    python benchmarks/cpu_roofline.py --run-config configs/smollm2-fedagent-cpu.toml --peaks-only   # seconds
+
+`--peaks-only` measures the two dtypes' peaks alone: whether bf16 is the fast dtype on this processor.
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md); `--table OUT.json` prints a kept result's phase
@@ -50,6 +53,7 @@ from envs.multi import per_env_spread
 from fedagent_flwr.agent.engine.precision import compute_precision
 from fedagent_flwr.agent.engine.tokens import MIN_SHARED_PREFIX, shared_prefix
 from fedagent_flwr.agent.models.loading import load_agent
+from fedagent_flwr.agent.models.pretrained import resolve_model
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.lora import attached_lora
@@ -375,6 +379,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config value over the preset")
     parser.add_argument("--eval-tasks", type=int, default=16, help="held-out tasks the evaluation plays")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a simulated client's one CPU)")
+    parser.add_argument("--peaks-only", action="store_true",
+                        help="measure the fp32 and bf16 matmul peaks of the model's shapes alone (seconds, no round): "
+                             "which dtype this processor computes faster")
+    parser.add_argument("--decode-rows", type=int, default=32, help="rows of --peaks-only's decode sweep")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.table:
@@ -392,6 +400,8 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as err:
         parser.error(str(err))
     torch.set_num_threads(args.threads)
+    if args.peaks_only:
+        return peaks_only(cfg, args)
 
     meter = PhaseMeter()
     meter.head_everywhere = cfg.logprob_chunk_tokens == 0
@@ -434,6 +444,29 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(report))
     else:
         print(render(report))
+    return report
+
+
+def peaks_only(cfg: RunConfig, args) -> dict:
+    """The fp32 and bf16 peaks of the run config's model shapes on this processor, and their ratio: whether bf16
+    autocast (precision bf16-base / bf16-mixed) can pay here before a 30-minute round is measured."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_model(cfg.model, cfg.env).source)
+    peaks = measured_peaks(config, args.decode_rows)
+    report = {"run_config": args.run_config, "threads": args.threads, "cpu": cpu_facts(), "model": cfg.model,
+              "peaks": peaks, "bf16_over_fp32": peaks["bf16"]["peak_flops"] / peaks["fp32"]["peak_flops"],
+              "bf16_over_fp32_decode_sweep": peaks["bf16"]["decode_sweep_flops"] / peaks["fp32"]["decode_sweep_flops"]}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{report['cpu']['model']} ({', '.join(report['cpu']['flags'])}), {args.threads} thread(s), {cfg.model}:")
+        for name, peak in peaks.items():
+            print(f"  {name}: a matmul of the model's shapes at {peak['rows']} rows {peak['peak_flops'] / 1e9:.1f} GFLOP/s "
+                  f"(best of {len(peak['shapes'])} shapes); a sweep through its weights at {peak['decode_rows']} rows "
+                  f"{peak['decode_sweep_flops'] / 1e9:.1f} GFLOP/s")
+        print(f"  bf16 / fp32: {report['bf16_over_fp32']:.2f}x at the peak, {report['bf16_over_fp32_decode_sweep']:.2f}x "
+              f"in the sweep")
     return report
 
 

@@ -13,6 +13,8 @@ Printed per variant: the update's seconds (mean and standard error over repeats)
 (per repeat), and, where old-logprobs = rollout, how far the rollout's log-probs lie from a training pass's (mean
 absolute difference per completion token, `rollout_logprob_gap`). Unlike cpu_round.py, every variant does the same
 work, so the ratio is one of speed alone; what a setting changes in what is learnt is for paired runs to show.
+`--profile` then runs one micro-batch of the first variant under torch.profiler (update_profile.py's profile: the
+forward and backward timed apart, the top operators, and the backward's autograd nodes by the time under them).
 
     python benchmarks/update_passes.py --run-config configs/smollm2-fedagent-cpu.toml --samples 96 --repeats 2 \\
         --variant shared-prompt-prefix=false,old-logprobs=recompute --variant shared-prompt-prefix=true \\
@@ -46,6 +48,7 @@ from fedagent_flwr.methods.placement import place_run, process_placement
 from fedagent_flwr.methods.tasks import learner_tasks
 
 from cpu_round import read_variants, summarise, variant_parser  # the variant arguments both benchmarks take
+from update_profile import format_profile, profile_micro_batch
 
 
 def epoch_samples(cfg: RunConfig, agent, model, n: int, seed: int) -> list[StepSample]:
@@ -101,6 +104,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = variant_parser(__doc__)
     parser.add_argument("--samples", type=int, default=96, help="agent steps each update trains on")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed repeats, one micro-batch of the first variant under torch.profiler")
+    parser.add_argument("--top", type=int, default=15, help="operators and backward nodes the profile lists")
     args = parser.parse_args(argv)
     try:
         own = {v: own_keys(v) for v in args.variant}
@@ -131,6 +137,10 @@ def main(argv: list[str] | None = None) -> dict:
               "threads": torch.get_num_threads(), "play_s": play_s,
               "sample_tokens": float(np.mean([len(s.prompt_ids) + len(s.completion_ids) for s in samples])),
               "variants": summarise(runs, args.variant[0], lambda key: key == "update_s")}
+    if args.profile:  # a fresh adapter, as each timed update has; its micro-batch's shapes were met in the repeats
+        with attached_lora(agent.model, first.lora_spec(), seed=args.seed) as model:
+            device = place_run(first, model=model).torch_device
+            report["profile"] = profile_micro_batch(model, first, samples, device, args.top)
     if args.json:
         print(json.dumps(report))
     else:
@@ -140,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
             (m, se), (r, rse) = entry["update_s"], entry["update_ratio"]
             gap = f"  gap {entry['rollout_logprob_gap'][0]:.2e}" if "rollout_logprob_gap" in entry else ""
             print(f"  {name:<56} update {m:.1f} +- {se:.1f} s  ({r:.2f} +- {rse:.2f}x){gap}")
+        if args.profile:
+            print("\n".join(format_profile(report["profile"])))
     return report
 
 

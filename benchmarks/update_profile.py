@@ -126,6 +126,10 @@ def switches(variant: dict) -> dict[str, bool]:
     return {field: variant[key] for key, field in SWITCHES.items() if key in variant}
 
 
+# how torch.profiler names the backward's nodes (each a function of autograd's graph)
+AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+
+
 def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[list[int]]:
     """The micro-batches the trainer would cut the samples into taken as one minibatch, in this order or by length
     (micro-batch-size rows, or micro-batch-tokens padded tokens): the profiled micro-batch is the first of them."""
@@ -246,36 +250,60 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
 
 
 def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device: torch.device, top: int) -> dict:
-    """One micro-batch's forward (completion log-probs) and backward under torch.profiler."""
+    """One micro-batch's forward (completion log-probs) and backward under torch.profiler; the forward and the backward
+    also timed apart (wall, unprofiled), and the backward's autograd nodes ranked by the CPU time spent under them
+    (each node's own op and the kernels it calls: which part of the layer's backward costs most)."""
     grpo = grpo_config(cfg)
     batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in update_micro_batches(samples, grpo)[0]], 0)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
 
-    def once():
+    def once() -> tuple[float, float]:
+        started = time.perf_counter()
         with autocast(grpo.precision, device), training_kernels(model, grpo.training_kernels):
             logprobs, mask = completion_logprobs(model, batch, 1.0, grpo.logprob_chunk_tokens)
-        (logprobs.sum() / mask.sum()).backward()
+        loss = logprobs.sum() / mask.sum()
+        sync(device)
+        forward = time.perf_counter() - started
+        loss.backward()
         model.zero_grad(set_to_none=True)
         sync(device)
+        return forward, time.perf_counter() - started - forward
 
     once()  # warm-up
-    started = time.perf_counter()
-    once()
-    wall = time.perf_counter() - started
+    forward, backward = once()
     with torch.profiler.profile(activities=activities) as prof:
         once()
     events = prof.key_averages()
     rows = sorted(events, key=lambda e: -(device_us(e) if device.type == "cuda" else e.self_cpu_time_total))[:top]
+    nodes = sorted((e for e in events if e.key.startswith(AUTOGRAD_NODE)), key=lambda e: -e.cpu_time_total)[:top]
     launches = sum(e.count for e in events if e.key in LAUNCH_NAMES)
-    return {"rows": len(batch["input_ids"]), "tokens": batch["input_ids"].numel(), "wall_ms": wall * 1e3,
+    return {"rows": len(batch["input_ids"]), "tokens": batch["input_ids"].numel(), "wall_ms": (forward + backward) * 1e3,
+            "forward_ms": forward * 1e3, "backward_ms": backward * 1e3,
             "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
             "self_device_ms": sum(device_us(e) for e in events) / 1e3 if device.type == "cuda" else None,
             "kernel_launches": launches if device.type == "cuda" else None,
             "aten_calls": sum(e.count for e in events if e.key.startswith("aten::")),
             "top": [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
-                     "self_device_ms": device_us(e) / 1e3 if device.type == "cuda" else None} for e in rows]}
+                     "self_device_ms": device_us(e) / 1e3 if device.type == "cuda" else None} for e in rows],
+            "backward_nodes": [{"node": e.key[len(AUTOGRAD_NODE):], "calls": e.count, "cpu_ms": e.cpu_time_total / 1e3}
+                               for e in nodes]}
+
+
+def format_profile(p: dict) -> list[str]:
+    """profile_micro_batch's result as lines: the split, the top operators, the backward's costliest nodes."""
+    device = "" if p["self_device_ms"] is None else f", self device time {p['self_device_ms']:.1f} ms, " \
+                                                     f"{p['kernel_launches']:,} kernel launches"
+    lines = [f"one micro-batch of {p['rows']} rows ({p['tokens']:,} padded tokens) forward + backward: wall {p['wall_ms']:.1f} ms"
+             f" (forward {p['forward_ms']:.1f}, backward {p['backward_ms']:.1f}), self CPU time {p['self_cpu_ms']:.1f} ms "
+             f"(profiled){device}, {p['aten_calls']:,} aten calls; operators by self time:"]
+    for e in p["top"]:
+        dev = "" if e["self_device_ms"] is None else f" {e['self_device_ms']:9.2f} ms device"
+        lines.append(f"    {e['op'][:50]:50s} {e['calls']:7,d} calls {e['self_cpu_ms']:9.2f} ms CPU{dev}")
+    lines.append("  the backward's autograd nodes by CPU time under them:")
+    lines += [f"    {e['node'][:50]:50s} {e['calls']:7,d} calls {e['cpu_ms']:9.2f} ms CPU" for e in p["backward_nodes"]]
+    return lines
 
 
 def format_report(r: dict) -> str:
@@ -307,15 +335,8 @@ def format_report(r: dict) -> str:
         lines.append("  warm-up seconds by training-kernels (compile included): "
                      + ", ".join(f"{k} {x:.1f}" for k, x in r["warmup_s"].items())
                      + "; graphs compiled while timed: " + ", ".join(str(v.get("compiled_graphs", "-")) for v in r["variants"]))
-    p = r.get("profile")
-    if p:
-        device = "" if p["self_device_ms"] is None else f", self device time {p['self_device_ms']:.1f} ms, " \
-                                                         f"{p['kernel_launches']:,} kernel launches"
-        lines.append(f"one micro-batch of {p['rows']} rows ({p['tokens']:,} padded tokens) forward + backward: wall {p['wall_ms']:.1f} ms, "
-                     f"self CPU time {p['self_cpu_ms']:.1f} ms (profiled){device}, {p['aten_calls']:,} aten calls")
-        for e in p["top"]:
-            dev = "" if e["self_device_ms"] is None else f" {e['self_device_ms']:9.2f} ms device"
-            lines.append(f"    {e['op'][:50]:50s} {e['calls']:7,d} calls {e['self_cpu_ms']:9.2f} ms CPU{dev}")
+    if r.get("profile"):
+        lines += format_profile(r["profile"])
     return "\n".join(lines)
 
 

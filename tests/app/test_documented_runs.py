@@ -190,3 +190,25 @@ def test_runs_of_one_seed_start_from_the_same_evaluation():
     assert "taken-from" in taken and taken["episodes"] == episodes("2026-12-01-cpu/runs/fedagent-preset-s2")
     taken = json.loads((runs / "2026-12-02-cpu/runs/gigpo-s0/episodes/round-0000.json").read_text())
     assert "grpo-s0" in taken["taken-from"] and taken["episodes"] == episodes("2026-12-02-cpu/runs/fedagent-preset-s0")
+
+
+def test_a_seed_repeats_on_one_processor_kind():
+    """results.md: seed 2 on an AMD EPYC, 2026-12-01 and 2026-12-05 (many commits apart, the warm start rebuilt),
+    played the same held-out episodes in every evaluation and the same training rewards; the update norms agree to
+    1e-15 (float sums in another order), and the clocks differ."""
+    runs = ROOT / "benchmarks" / "results"
+    first, again = runs / "2026-12-01-cpu/runs/fedagent-preset-s2", runs / "2026-12-05-cpu/runs/fedagent-preset-s2-amd"
+    for name in ("round-0000.json", "round-0003.json"):
+        assert (json.loads((first / "episodes" / name).read_text())["episodes"]
+                == json.loads((again / "episodes" / name).read_text())["episodes"]), name
+
+    def trained(run):
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+                if "train/seconds" in line]
+
+    for a, b in zip(trained(first), trained(again), strict=True):
+        assert (a["train/mean_reward"], a["train/success_rate"]) == (b["train/mean_reward"], b["train/success_rate"])
+        assert abs(a["train/update_norm"] - b["train/update_norm"]) < 1e-15
+    minutes = [json.loads((r / "summary.json").read_text())["seconds"] / 60 for r in (first, again)]
+    page = " ".join(RESULTS_MD.read_text().split())
+    assert f"its clock said {minutes[0]:.1f} and {minutes[1]:.1f} minutes" in page and "within 1e-15" in page

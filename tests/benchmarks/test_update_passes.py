@@ -29,3 +29,13 @@ def test_the_update_is_timed_on_the_same_samples_under_each_pass_setting():
     bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "old-logprobs=sampler"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "old-logprobs" in bad.stderr and "[update_passes] played" not in bad.stderr
+
+
+def test_profile_splits_one_micro_batch_of_the_first_variant():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--samples", "8", "--repeats", "1",
+                           "--threads", "1", "--variant", "micro-batch-size=2", "--profile", "--top", "5"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "one micro-batch of 2 rows" in done.stdout and "the backward's autograd nodes" in done.stdout
+    nodes = done.stdout.split("the backward's autograd nodes")[1].strip().splitlines()[1:]
+    assert len(nodes) == 5 and any("MmBackward" in line for line in nodes)

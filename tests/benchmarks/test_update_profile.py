@@ -56,8 +56,13 @@ def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
     p = r["profile"]
     assert p["rows"] == 2 and p["tokens"] > 2 and p["aten_calls"] > 0 and p["self_device_ms"] is None
     assert any(e["op"] == "aten::mm" for e in p["top"]) or any(e["op"] == "aten::addmm" for e in p["top"])
+    # the forward and backward timed apart; the backward's nodes are autograd's (a matmul's among them)
+    assert p["forward_ms"] > 0 and p["backward_ms"] > 0 and p["wall_ms"] == p["forward_ms"] + p["backward_ms"]
+    assert all(n["calls"] > 0 and n["cpu_ms"] >= 0 for n in p["backward_nodes"])
+    assert any(n["node"].startswith(("MmBackward", "AddmmBackward")) for n in p["backward_nodes"])
     text = load_script("update_profile").format_report(r)
     assert "micro-batch-size=2,cudnn-attention=True" in text and "one micro-batch of 2 rows" in text and "plan GiB" in text
+    assert "the backward's autograd nodes" in text and p["backward_nodes"][0]["node"][:50] in text
 
 
 def test_the_variants_never_share_a_shape_and_a_bad_key_is_refused():
