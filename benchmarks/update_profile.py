@@ -279,8 +279,9 @@ def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device
     rows = sorted(events, key=lambda e: -(device_us(e) if device.type == "cuda" else e.self_cpu_time_total))[:top]
     nodes = sorted((e for e in events if e.key.startswith(AUTOGRAD_NODE)), key=lambda e: -e.cpu_time_total)[:top]
     launches = sum(e.count for e in events if e.key in LAUNCH_NAMES)
-    return {"rows": len(batch["input_ids"]), "tokens": batch["input_ids"].numel(), "wall_ms": (forward + backward) * 1e3,
-            "forward_ms": forward * 1e3, "backward_ms": backward * 1e3,
+    forward_ms, backward_ms = forward * 1e3, backward * 1e3
+    return {"rows": len(batch["input_ids"]), "tokens": batch["input_ids"].numel(), "wall_ms": forward_ms + backward_ms,
+            "forward_ms": forward_ms, "backward_ms": backward_ms,
             "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
             "self_device_ms": sum(device_us(e) for e in events) / 1e3 if device.type == "cuda" else None,
             "kernel_launches": launches if device.type == "cuda" else None,
