@@ -405,3 +405,20 @@ def test_the_update_profile_on_the_amd_epyc_is_quoted_from_its_raw_outputs():
     nodes = {e["node"]: e["cpu_ms"] for e in p["backward_nodes"]}
     assert (f"its backward node took {nodes['ScaledDotProductFlashAttentionForCpuBackward0']:.0f} ms against "
             f"{nodes['MmBackward0']:.0f} ms for all the matrix products' backward") in page
+
+
+def test_the_amd_seeds_update_times_and_the_update_share_are_quoted_from_the_records():
+    """performance.md: seed 2's round-1 update per client (the console's figure: a client's round less its rollout,
+    the clients' mean) compiled against the preset, and the span of the update's share in the seed table."""
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+
+    def update(run: str) -> str:
+        rows = [json.loads(line) for line in (ROOT / "benchmarks" / "results" / run / "metrics.jsonl").read_text().splitlines()]
+        first = next(r for r in rows if "train/seconds" in r)
+        minutes, seconds = divmod(round(first["train/seconds"] - first["train/rollout_seconds"]), 60)
+        return f"{minutes}:{seconds:02d}"
+
+    assert (f"a client's update {update(SEED_RUNS['compiled'][2])} against {update(SEED_RUNS['preset'][2])} in round 1"
+            in page)
+    shares = sorted(round(100 * run_shares(ROOT / "benchmarks" / "results" / r)["update"]) for r in SEED_RUNS["preset"])
+    assert f"The update is the largest part of a preset run ({shares[0]}-{shares[-1]} % in the seed table above)" in page
