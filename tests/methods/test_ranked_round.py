@@ -213,11 +213,13 @@ def test_kept_ranks_train_a_later_round_as_new_ranks_do(finetuning, tiny_folder)
     assert kept_metrics["episodes"] == new_metrics["episodes"] and kept_metrics["loss"] == pytest.approx(new_metrics["loss"])
 
 
-def test_a_round_on_two_ranks_decodes_with_the_static_engine_as_with_hf(tiny_folder):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_round_on_ranks_decodes_with_the_static_engine_as_with_hf(tiny_folder, ranks):
     """On ranks the static engine copies the weights into its buffers one FSDP unit gathered at a time, where the hf
     engine decodes with the model gathered whole (agent/training/grpo.py _decoding_weights). In fp32 on a CPU it draws
-    the tokens the hf engine draws, so a round plays the same episodes and trains the same weights."""
-    cfg = _round_config(tiny_folder, "full", **{"tasks-per-epoch": 2, "decode-engine": "hf"})
+    the tokens the hf engine draws, so a round plays the same episodes and trains the same weights. One rank too: its
+    model is sharded over a world of one, so its weights are DTensors the copy must gather (an H100 found this)."""
+    cfg = _round_config(tiny_folder, "full", **{"tasks-per-epoch": 2, "decode-engine": "hf", "ranks-per-client": ranks})
     _, sent = _start(cfg)
     tasks = learner_tasks(cfg, 0, 2)
     replies = {}

@@ -40,7 +40,7 @@ from fedagent_flwr.agent.engine.placement import decode_engine_for
 from fedagent_flwr.agent.engine.precision import autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.engine.sampling import rollout_dtype
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
-from fedagent_flwr.agent.fsdp.ranks import Pass, Ranks, gathered, like, whole
+from fedagent_flwr.agent.fsdp.ranks import Pass, Ranks, fsdp_modules, gathered, like, whole
 from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
@@ -175,8 +175,10 @@ class GRPOTrainer:
     def _decoding_weights(self) -> contextlib.AbstractContextManager:
         """What a rank's rollout decodes from without the other ranks (entered under the rollout's autocast). The static
         engine copies the weights into its own buffers in its dtype (bf16 under bf16 autocast), one FSDP unit gathered at
-        a time; the hf engine runs the model itself, every weight gathered whole in its own dtype. One rank: as it is."""
-        if self.ranks.world == 1:
+        a time; the hf engine runs the model itself, every weight gathered whole in its own dtype. A model not sharded:
+        as it is. One rank of a launched client is sharded all the same (its weights are DTensors over a world of one),
+        so the static engine's copy gathers them as on N ranks."""
+        if not fsdp_modules(self.model):
             return contextlib.nullcontext()
         engine, _ = decode_engine_for(self.rollout.decode_engine, self.device.type == "cuda", self.model)
         if engine == "static":
