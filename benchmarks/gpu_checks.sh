@@ -91,17 +91,22 @@ python3 -c "import fedagent_flwr.simulation, fedagent_flwr.server_app, fedagent_
   || { echo "the app does not import here: a package missing? (scripts/gpu_wheels.sh)"; exit 1; }
 T0=$(date +%s)
 SHAPE=${SHAPE:-1.5b}  # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers
-ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --json ${ROUND_SET:-}"
-UPDATE_COMMON="micro-batch-size=8,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
+ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --json"
+UPDATE_PASSES8="logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
+UPDATE_COMMON="micro-batch-size=8,$UPDATE_PASSES8"
 UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
                  --variant $UPDATE_COMMON
-                 --variant $UPDATE_COMMON,micro-batch-size=16
+                 --variant micro-batch-size=16,$UPDATE_PASSES8
                  --variant $UPDATE_COMMON,logprob-micro-batch-size=64)
-UPDATE_FAST="micro-batch-size=16,logprob-micro-batch-size=64,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
+# FAST's passes but their rows: update_profile.py refuses a key set twice, so a variant of other rows starts from here
+UPDATE_PASSES="logprob-micro-batch-size=64,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
+UPDATE_FAST="micro-batch-size=16,$UPDATE_PASSES"
 FAST="--set logprob-micro-batch-size=64 --set micro-batch-size=16 --set length-grouped-micro-batches=true"
 # bench NAME SECONDS ARGS...: `python3 ARGS` within SECONDS through raw_output.py, its raw output to $DIR/NAME.json
+# (DRY=1: the command printed, not run: tests/benchmarks/test_gpu_checks.py parses every stage's arguments so)
 bench() {
   name=$1 seconds=$2; shift 2
+  [ -n "${DRY:-}" ] && { echo "DRY $name: python3 $*"; return; }
   python3 benchmarks/raw_output.py run "$DIR/$name.json" --stage "$stage" -- timeout "$seconds" python3 "$@"
   echo "rc $?"
 }
@@ -110,11 +115,31 @@ wait_tests() {
     "tests/agent/test_grpo.py::test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop" \
     tests/agent/test_master_weights.py
 }
+# merged ARGS...: the arguments with each `--set KEY=...` kept at its last value only (gpu_round.py refuses a key set
+# twice): a stage's own values override FAST's and ROUND's, and ROUND_SET's override them all
+merged() {
+  local args=("$@") out=() i j
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    if [ "${args[i]}" = --set ]; then
+      for ((j = i + 2; j < ${#args[@]}; j++)); do
+        [ "${args[j]}" = --set ] && [ "${args[j+1]%%=*}" = "${args[i+1]%%=*}" ] && { i=$((i + 1)); continue 2; }
+      done
+    fi
+    out+=("${args[i]}")
+  done
+  echo "${out[@]}"
+}
+# round_bench NAME SECONDS ARGS...: gpu_round.py at ROUND's settings with ARGS (and ROUND_SET) over them
+round_bench() {
+  name=$1 seconds=$2; shift 2
+  bench "$name" "$seconds" benchmarks/gpu_round.py $(merged $ROUND "$@" ${ROUND_SET:-})
+}
 # round_at_fastest WHAT RESULT: a round at FAST's settings with the fastest variant of an update_profile.py result
 round_at_fastest() {
+  # the variant holds FAST's keys (every one starts from UPDATE_FAST) and overrides them
   best=$(python3 benchmarks/fastest_variant.py "$2" --sets) || { echo "no $1 result to pick from"; return; }
   echo "fastest $1: $best"
-  bench "$stage" 200 benchmarks/gpu_round.py $ROUND $FAST $best --decode-engine static
+  round_bench "$stage" 200 $FAST $best --decode-engine static
 }
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 run_stage() {
@@ -127,7 +152,7 @@ run_stage() {
       bench decode-compile 150 benchmarks/step_kernels.py --shape $SHAPE --rows 128 --prompt-tokens 512 --steps 32 --runs 6 --json
       bench decode-compile.profile 200 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json ;;
     round-compile)
-      bench round-compile 240 benchmarks/gpu_round.py $ROUND $FAST --set decode-kernels=compile --decode-engine static ;;
+      round_bench round-compile 240 $FAST --set decode-kernels=compile --decode-engine static ;;
     waits)
       wait_tests waits.tests
       bench waits 240 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
@@ -141,9 +166,9 @@ run_stage() {
     update)
       bench update 100 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json ;;
     round-static|round-hf)
-      bench $1 240 benchmarks/gpu_round.py $ROUND --decode-engine ${1#round-} ;;
+      round_bench $1 240 --decode-engine ${1#round-} ;;
     round-fast)
-      bench round-fast 200 benchmarks/gpu_round.py $ROUND $FAST --decode-engine static ;;
+      round_bench round-fast 200 $FAST --decode-engine static ;;
     kernels)
       bench kernels.tests 120 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py
       bench kernels 300 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
@@ -153,7 +178,7 @@ run_stage() {
         --variant $UPDATE_FAST --json ;;
     passes)
       bench passes 240 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
-        --variant $UPDATE_FAST,micro-batch-size=32 --variant $UPDATE_FAST,micro-batch-tokens=12288 \
+        --variant micro-batch-size=32,$UPDATE_PASSES --variant $UPDATE_FAST,micro-batch-tokens=12288 \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 --json ;;
@@ -164,23 +189,23 @@ run_stage() {
     levers)
       bench levers 270 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST,padding-mask=true \
-        --variant $UPDATE_FAST,param-dtype=bf16 --variant $UPDATE_FAST,micro-batch-size=32 \
+        --variant $UPDATE_FAST,param-dtype=bf16 --variant micro-batch-size=32,$UPDATE_PASSES \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536,param-dtype=bf16 \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 \
-        --variant $UPDATE_FAST,micro-batch-size=32,param-dtype=bf16 --variant $UPDATE_FAST \
+        --variant micro-batch-size=32,$UPDATE_PASSES,param-dtype=bf16 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,param-dtype=bf16,training-kernels=liger --json ;;
     round-levers)
       round_at_fastest levers "$DIR/levers.json" ;;
     round-auto)
-      bench round-auto 330 benchmarks/gpu_round.py $ROUND $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
+      round_bench round-auto 330 $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
         --set gradient-checkpointing=auto --paper-set rollout-batch-size=0 --paper-set gradient-checkpointing=auto \
         --decode-engine static ;;
     round-kernels)
       best=$(python3 benchmarks/fastest_variant.py "$DIR/kernels.json" training-kernels) || { echo "no kernels result to pick from"; return; }
       echo "fastest training-kernels: $best"
-      bench round-kernels 200 benchmarks/gpu_round.py $ROUND $FAST --set training-kernels=$best --decode-engine static ;;
+      round_bench round-kernels 200 $FAST --set training-kernels=$best --decode-engine static ;;
   esac
 }
 for stage in $STAGES; do

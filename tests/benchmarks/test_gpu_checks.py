@@ -46,3 +46,47 @@ def test_an_unknown_stage_stops_before_anything_runs_or_is_written(tmp_path):
                           capture_output=True, text=True, timeout=60, env=ENV)
     assert done.returncode == 2 and "unknown stage no-such-stage" in done.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+STAGES = ("tests ranks waits decode decode-compile round-compile prefill update round-static round-hf round-fast round-auto "
+          "kernels round-kernels passes round-passes wait-tests levers round-levers profile-fast").split()
+
+
+def test_every_stages_arguments_parse_as_its_script_parses_them(tmp_path):
+    """DRY=1 prints each stage's commands instead of running them: every --variant must parse as update_profile.py
+    parses it and every round's --set and --paper-set lists as gpu_round.py parses them (a key set twice is refused),
+    with ROUND_SET over them, and the rounds after levers, passes and kernels take a fastest variant. The lent H100 of
+    2026-12-05 lost its levers and round-levers stages to a micro-batch-size set twice."""
+    from fedagent_flwr.simulation import parse_overrides
+
+    session = tmp_path / "results"
+    dry = {**ENV, "DRY": "1", "ROUND_SET": "--set micro-batch-size=32"}
+    folder = subprocess.run(["python3", "benchmarks/raw_output.py", "folder", str(session)], cwd=REPO, capture_output=True,
+                            text=True, env=dry, check=True).stdout.strip()
+    Path(folder).mkdir(parents=True)
+    fastest = {"variant": {"micro-batch-size": 32, "logprob-micro-batch-size": 64, "logprob-chunk-tokens": 1024,
+                           "length-grouped-micro-batches": True, "training-kernels": "eager"},
+               "logprobs_s": 1.0, "update_s": 1.0}
+    for name in ("levers", "passes", "kernels"):
+        Path(folder, f"{name}.json").write_text(json.dumps({"variants": [fastest]}))
+    done = subprocess.run(["bash", "benchmarks/gpu_checks.sh", str(session), *STAGES], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=dry)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    commands = {line.split(":", 1)[0][4:]: line.split(": python3 ", 1)[1].split()
+                for line in done.stdout.splitlines() if line.startswith("DRY ")}
+    parse_variant = load_script("update_profile").parse_variant
+    rounds = [name for name, words in commands.items() if "benchmarks/gpu_round.py" in words]
+    assert sorted(rounds) == sorted(["round-compile", "round-static", "round-hf", "round-fast", "round-auto",
+                                     "round-kernels", "round-passes", "round-levers"])
+    for name, words in commands.items():
+        pairs = list(zip(words, words[1:]))
+        for flag, value in pairs:
+            if flag == "--variant":
+                parse_variant(value)  # raises on a key set twice
+        for flag in ("--set", "--paper-set"):
+            values = parse_overrides([value for f, value in pairs if f == flag])
+            if name in rounds and flag == "--set":
+                assert values["micro-batch-size"] == 32, name  # ROUND_SET over every round's own value
+    assert parse_overrides([v for f, v in zip(commands["round-auto"], commands["round-auto"][1:]) if f == "--set"])[
+        "tasks-per-epoch"] == 64
+    assert {"test_decode.py", "test_ranked_round.py"} <= {Path(w).name for words in commands.values() for w in words}

@@ -317,3 +317,22 @@ def test_a_round_with_token_budgets_runs_one_pass_a_minibatch_and_says_so():
     assert (r["update_micro_batches"], r["logprob_micro_batches"], r["optimizer_steps"]) == (2, 2, 2)
     assert r["timing_settings"]["micro-batch-tokens"] == 100000
     assert "2 forward/backward passes, the largest" in load_script("gpu_round").format_report(r)
+
+
+def test_an_environment_not_installed_leaves_its_paper_round_out_and_keeps_the_measured_round():
+    """A lent GPU machine has no alfworld package (2026-12-05: the whole round's result was lost to it): that
+    environment's estimate is marked skipped with the reason, the others are estimated, and the report says which."""
+    import concurrent.futures
+
+    gpu_round = load_script("gpu_round")
+    missing, played = concurrent.futures.Future(), concurrent.futures.Future()
+    missing.set_exception(ImportError("the 'alfworld' environment needs the alfworld and textworld[pddl] packages"))
+    played.set_result(300.0)
+    measured = _measured()
+    rounds = gpu_round.paper_rounds(measured, {"alfworld": (missing, {}, "tiny", 0), "webshop": (played, {}, "tiny", 0)},
+                                    {"tasks-per-epoch": 64})
+    assert rounds["alfworld"] == {"skipped": "the 'alfworld' environment needs the alfworld and textworld[pddl] packages"}
+    assert rounds["webshop"] == gpu_round.paper_round(measured, {"tasks-per-epoch": 64}, env="webshop", prompt_tokens=300.0)
+    text = gpu_round.format_report(_with_report_fields({**measured, "paper_rounds": rounds}))
+    assert "paper round, alfworld: not estimated (the 'alfworld' environment needs" in text
+    assert "paper round on webshop (" in text
