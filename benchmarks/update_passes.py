@@ -8,7 +8,8 @@ with the sampling), and `--samples` of them are kept. Each `--variant` (run-conf
 `shared-prompt-prefix=true,old-logprobs=rollout`) then times `GRPOTrainer.update` on exactly those samples from a
 fresh adapter and optimizer; the variants alternate repeat by repeat, so drift in the machine falls on all of them.
 The benchmark's own variant key `peft-input-cast=true` lets PEFT cast each adapter's input to the adapter's fp32, as
-it did before agent/training/lora.py's keep_input_dtype (under bf16 autocast the same numbers, two copies more).
+it did before agent/training/lora.py's keep_input_dtype (under bf16 autocast the same numbers, two copies more);
+`attention=causal|math|causal-math` runs the passes' attention otherwise than the run does (ATTENTION below).
 Printed per variant: the update's seconds (mean and standard error over repeats), their ratio to the first variant's
 (per repeat), and, where old-logprobs = rollout, how far the rollout's log-probs lie from a training pass's (mean
 absolute difference per completion token, `rollout_logprob_gap`). Unlike cpu_round.py, every variant does the same
@@ -29,6 +30,7 @@ machine, versions and commit it ran on (benchmarks/results/README.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -36,8 +38,10 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from envs import make_env
+from fedagent_flwr.agent.engine import tokens
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
@@ -68,22 +72,53 @@ def epoch_samples(cfg: RunConfig, agent, model, n: int, seed: int) -> list[StepS
                        steps[i][0].logprobs) for i in order]
 
 
-# the benchmark's own variant key: true = PEFT casts each adapter's input to its fp32 (PEFT's default, which
-# attached_lora turns off), false = as the run does
+# the benchmark's own variant keys. peft-input-cast: true = PEFT casts each adapter's input to its fp32 (PEFT's
+# default, which attached_lora turns off), false = as the run does. attention: how the passes' attention runs on the
+# CPU, where its flash kernel's backward took 19 % of a profiled micro-batch (docs/performance.md): "mask" as the run
+# does (a Llama model is handed the 4-D causal-and-padding mask), "causal" a right-padded batch handed no mask, so
+# SDPA runs its causal kernel (the same numbers for every real token: model_attention_mask's docstring), "math"
+# SDPA's math backend, "causal-math" both
 CAST_KEY = "peft-input-cast"
+ATTENTION_KEY = "attention"
+ATTENTION = ("mask", "causal", "math", "causal-math")
 
 
-def own_keys(variant: str) -> tuple[str, bool]:
-    """The variant's run-config part, and whether PEFT casts the adapter's input (CAST_KEY, true | false)."""
+def own_keys(variant: str) -> tuple[str, bool, str]:
+    """The variant's run-config part, whether PEFT casts the adapter's input (CAST_KEY, true | false), and its
+    attention (ATTENTION_KEY, one of ATTENTION)."""
     items = [i for i in variant.split(",") if i.strip()]
-    own = [i for i in items if i.split("=", 1)[0].strip() == CAST_KEY]
-    flags = [i.split("=", 1)[1].strip().lower() if "=" in i else "" for i in own]
-    if any(f not in ("true", "false") for f in flags):
-        raise ValueError(f"{CAST_KEY}={flags[0]!r} is not allowed: expected true | false")
-    return ",".join(i for i in items if i not in own), "true" in flags[-1:]
+    values = {k: i.split("=", 1)[1].strip().lower() if "=" in i else "" for i in items
+              for k in [i.split("=", 1)[0].strip()] if k in (CAST_KEY, ATTENTION_KEY)}
+    if values.get(CAST_KEY, "false") not in ("true", "false"):
+        raise ValueError(f"{CAST_KEY}={values[CAST_KEY]!r} is not allowed: expected true | false")
+    if values.get(ATTENTION_KEY, "mask") not in ATTENTION:
+        raise ValueError(f"{ATTENTION_KEY}={values[ATTENTION_KEY]!r} is not allowed: expected {' | '.join(ATTENTION)}")
+    rest = ",".join(i for i in items if i.split("=", 1)[0].strip() not in (CAST_KEY, ATTENTION_KEY))
+    return rest, values.get(CAST_KEY) == "true", values.get(ATTENTION_KEY, "mask")
 
 
-def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int, peft_casts: bool = False) -> dict[str, float]:
+@contextlib.contextmanager
+def attention_as(kind: str):
+    """The passes' attention as `kind` (ATTENTION) for the duration."""
+    real = tokens.model_attention_mask
+
+    def no_mask_when_right_padded(model, attention_mask, device, padding_mask=False):
+        lengths = attention_mask.sum(dim=1, keepdim=True)
+        if bool((attention_mask.bool() == (torch.arange(attention_mask.shape[1]) < lengths)).all()):
+            return None
+        return real(model, attention_mask, device, padding_mask)
+
+    with contextlib.ExitStack() as stack:
+        if "causal" in kind:
+            tokens.model_attention_mask = no_mask_when_right_padded
+            stack.callback(setattr, tokens, "model_attention_mask", real)
+        if "math" in kind:
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        yield
+
+
+def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int, peft_casts: bool = False,
+                 attention: str = "mask") -> dict[str, float]:
     """Seconds of one GRPOTrainer.update under `cfg` on a fresh adapter (its first-step log-prob gap, if any)."""
     with attached_lora(agent.model, cfg.lora_spec(), seed=seed) as model:
         for module in model.modules():
@@ -92,7 +127,8 @@ def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int, pe
         placement = place_run(cfg, model=model)
         trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
         started = time.perf_counter()
-        stats = trainer.update(samples, np.random.default_rng(seed))
+        with attention_as(attention):
+            stats = trainer.update(samples, np.random.default_rng(seed))
         seconds = time.perf_counter() - started
     out = {"update_s": seconds, "optimizer_steps": stats["optimizer_steps"], "loss": stats["loss"]}
     if "rollout_logprob_gap" in stats:
@@ -117,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
         keys = own[name][0]
         variants[name] = read_variants(parser, argparse.Namespace(**{**vars(args), "variant": [keys]}))[keys]
     casts = {v: own[v][1] for v in args.variant}
+    attentions = {v: own[v][2] for v in args.variant}
     first = variants[args.variant[0]]
     if any(c.base_dtype() != first.base_dtype() for c in variants.values()):
         parser.error("every --variant must hold the base in the same dtype (the samples are played once)")
@@ -130,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for repeat in range(args.repeats):
         for name, cfg in variants.items():
-            runs[name].append(timed_update(cfg, agent, samples, args.seed, casts[name]))
+            runs[name].append(timed_update(cfg, agent, samples, args.seed, casts[name], attentions[name]))
             print(f"[update_passes] repeat {repeat + 1}/{args.repeats} {name}: "
                   + ", ".join(f"{k} {v:.4g}" for k, v in runs[name][-1].items()), file=sys.stderr, flush=True)
     report = {"run_config": args.run_config, "samples": len(samples), "repeats": args.repeats,
