@@ -70,9 +70,10 @@
 # kernels stage about 165 s on a fresh machine (its tests 90 s). 2026-11-28 (H100): wait-tests 20-25 s, levers (11
 # variants then) 60-65 s, a round about 100 s; `wait-tests levers round-levers round-fast` 291 s after the wheels' install.
 # On a lent machine, carry the wheels scripts/gpu_wheels.sh downloads (.whl) and install them first (docs/gpu.md).
-# ROUND_SET adds run-config values to every round, e.g. ROUND_SET="--set micro-batch-size=32". A round's --paper-round
-# estimates a round on ALFWorld (configs/fedagent-paper.toml) and on WebShop (no preset: that file with WebShop's 15 steps
-# of 128 tokens) at tasks-per-epoch=64, each with a table of the settings it used where the preset's differ.
+# ROUND_SET sets run-config values in every round, over the stage's own, e.g. ROUND_SET="--set micro-batch-size=32".
+# A round's --paper-round estimates a round on ALFWorld (configs/fedagent-paper.toml) and on WebShop (no preset: that
+# file with WebShop's 15 steps of 128 tokens) at tasks-per-epoch=64, each with a table of the settings it used where the
+# preset's differ; without the alfworld package (a lent machine's image) ALFWorld's is marked skipped.
 # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers (tests/benchmarks/test_gpu_checks.py).
 set -u
 ROOT=${1:-benchmarks/results}; shift || true

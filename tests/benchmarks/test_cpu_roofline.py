@@ -422,3 +422,15 @@ def test_the_amd_seeds_update_times_and_the_update_share_are_quoted_from_the_rec
             in page)
     shares = sorted(round(100 * run_shares(ROOT / "benchmarks" / "results" / r)["update"]) for r in SEED_RUNS["preset"])
     assert f"The update is the largest part of a preset run ({shares[0]}-{shares[-1]} % in the seed table above)" in page
+
+
+def test_the_attention_variants_on_the_amd_epyc_are_quoted_from_their_raw_output():
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "update_passes.attention-amd.json").read_text())
+    v = report["variants"]
+    assert list(v) == ["", "attention=causal", "attention=math", "attention=causal-math"] and report["repeats"] == 3
+    ratios = [v[k]["update_ratio"] for k in list(v)[1:]]
+    assert (f"with both: {v['']['update_s'][0]:.1f} s, then {ratios[0][0]:.2f}x +- {ratios[0][1]:.2f} (not shown), "
+            f"{ratios[1][0]:.2f}x +- {ratios[1][1]:.2f} and {ratios[2][0]:.2f}x +- {ratios[2][1]:.2f} (both slower)") in page
+    assert abs(ratios[0][0] - 1) < 2 * ratios[0][1] and all(r[0] + 2 * r[1] < 1 for r in ratios[1:])
+    assert max(abs(e["loss"][0] - v[""]["loss"][0]) for e in v.values()) < 1e-7
