@@ -434,3 +434,40 @@ def test_the_attention_variants_on_the_amd_epyc_are_quoted_from_their_raw_output
             f"{ratios[1][0]:.2f}x +- {ratios[1][1]:.2f} and {ratios[2][0]:.2f}x +- {ratios[2][1]:.2f} (both slower)") in page
     assert abs(ratios[0][0] - 1) < 2 * ratios[0][1] and all(r[0] + 2 * r[1] < 1 for r in ratios[1:])
     assert max(abs(e["loss"][0] - v[""]["loss"][0]) for e in v.values()) < 1e-7
+
+
+def test_the_amd_roofline_sections_figures_are_recomputed_from_its_raw_output():
+    """The shares of the bf16 peak and of the round the section quotes, the round's minutes and the two arithmetic
+    minutes (the last of which is why 20 minutes is out of reach there), from cpu_roofline.amd.json."""
+    import re
+
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    section = page.split("## The preset's round on the AMD EPYC")[1].split(" ## ")[0]
+    report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "cpu_roofline.amd.json").read_text())
+    table = roofline.markdown(report)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
+            if line.startswith("| ") and "---" not in line}
+
+    def peak(phase: str) -> str:
+        return f"{float(rows[phase][5].rstrip(' %')):.0f} %"
+
+    assert (f"the reference log-probs at {peak('reference log-probs')} of it, the evaluation's and the rollout's prefills "
+            f"at {peak('evaluation prefill')} and {peak('rollout prefill')}, the update's forward at "
+            f"{peak('update forward')}, its backward at {peak('update backward')}") in section
+    decodes = sum(float(rows[p][1].rstrip(" %")) for p in ("rollout decode", "evaluation decode"))
+    assert f"reach about a fifth of the peak and {decodes:.0f} % of the round" in section
+    assert all(0.15 < float(rows[p][5].rstrip(" %")) / 100 < 0.25 for p in ("rollout decode", "evaluation decode"))
+    assert f"one thread: {float(rows['all phases'][0]) / 60:.1f} minutes in its phases" in section
+    # the AMX Xeon's table after the prefill fix, and its preset runs (the seed table), for the comparison
+    amx = roofline.markdown(json.loads((ROOT / "benchmarks" / "results" / "2026-12-04-cpu" / "cpu_roofline.after.json").read_text()))
+    passes = [float(line.split("|")[7].strip().rstrip(" %")) for line in amx.splitlines()
+              if line.split("|")[1:2] and line.split("|")[1].strip() in (
+                  "rollout prefill", "reference log-probs", "update forward", "update backward", "evaluation prefill")]
+    minutes = sorted(run_shares(ROOT / "benchmarks" / "results" / r)["minutes"] for r in SEED_RUNS["preset"][:2])
+    assert (f"(passes at {min(passes):.0f}-{max(passes):.0f} % of its bf16 peak), and the preset ran {minutes[0]:.1f}-"
+            f"{minutes[1]:.1f} minutes") in section
+    at_rates, at_peak = re.search(r"(\d+) minutes at these rates, (\d+) minutes with every FLOP at the bf16 peak",
+                                  table).groups()
+    assert (f"on both cores take {at_peak} minutes (the table's last line, arithmetic). At the measured rates the "
+            f"arithmetic gives {at_rates} minutes") in section and int(at_peak) > 20
+    assert f"the reference pass ({float(rows['reference log-probs'][1].rstrip(' %')):.0f} % of the round)" in section
