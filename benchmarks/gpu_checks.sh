@@ -60,8 +60,8 @@
 #                 param-dtype=bf16; micro-batches of 32 rows;
 #                 micro-batch-tokens=12288 with log-prob passes of 65,536 tokens, in fp32 and bf16 working weights;
 #                 28,672 under gradient-checkpointing=auto, fp32 and bf16; 32 rows in bf16; FAST again (the order's
-#                 effect); bf16 with Liger's kernels (last: Liger patches the model for good; without the liger-kernel
-#                 wheel in .whl/ that variant fails alone). Built for a session with one call's device time: it
+#                 effect); bf16 with Liger's kernels (last: Liger patches the model for good; left out without the
+#                 liger-kernel wheel in .whl/, which the run config needs for it). Built for a session with one call's device time: it
 #                 stands for waits' and passes' profiles in one process
 #   round-levers  round-fast with the fastest levers variant (log-probs + update); run it after levers, in the same call
 #   profile-fast  update_profile.py's operator table of one micro-batch (forward and backward) at FAST's settings, eager:
@@ -103,6 +103,10 @@ UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
 UPDATE_PASSES="logprob-micro-batch-size=64,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
 UPDATE_FAST="micro-batch-size=16,$UPDATE_PASSES"
 FAST="--set logprob-micro-batch-size=64 --set micro-batch-size=16 --set length-grouped-micro-batches=true"
+# Liger's variants only where its package is installed (LIGER=1 scripts/gpu_wheels.sh): the run config refuses
+# training-kernels=liger without it, and with it the whole update_profile.py call
+python3 -c "import liger_kernel" 2>/dev/null && LIGER=1 || LIGER=
+liger() { [ -n "$LIGER" ] && echo "--variant $1"; }
 # bench NAME SECONDS ARGS...: `python3 ARGS` within SECONDS through raw_output.py, its raw output to $DIR/NAME.json
 # (DRY=1: the command printed, not run: tests/benchmarks/test_gpu_checks.py parses every stage's arguments so)
 bench() {
@@ -173,7 +177,7 @@ run_stage() {
     kernels)
       bench kernels.tests 120 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py
       bench kernels 300 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
-        --variant $UPDATE_FAST,training-kernels=compile --variant $UPDATE_FAST,training-kernels=liger --json ;;
+        --variant $UPDATE_FAST,training-kernels=compile $(liger $UPDATE_FAST,training-kernels=liger) --json ;;
     profile-fast)
       bench profile-fast 150 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile --top 25 \
         --variant $UPDATE_FAST --json ;;
@@ -196,7 +200,7 @@ run_stage() {
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 \
         --variant micro-batch-size=32,$UPDATE_PASSES,param-dtype=bf16 --variant $UPDATE_FAST \
-        --variant $UPDATE_FAST,param-dtype=bf16,training-kernels=liger --json ;;
+        $(liger $UPDATE_FAST,param-dtype=bf16,training-kernels=liger) --json ;;
     round-levers)
       round_at_fastest levers "$DIR/levers.json" ;;
     round-auto)
