@@ -92,6 +92,10 @@ python3 -c "import fedagent_flwr.simulation, fedagent_flwr.server_app, fedagent_
   || { echo "the app does not import here: a package missing? (scripts/gpu_wheels.sh)"; exit 1; }
 T0=$(date +%s)
 SHAPE=${SHAPE:-1.5b}  # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers
+# update_profile.py's passes at the precision a GPU resolves auto to (bf16-mixed), also on a CPU, where auto is fp32
+# and the run config refuses the bf16 working copy (param-dtype=bf16) that several variants set
+PROFILE_SHAPE="--shape $SHAPE"
+[ "$SHAPE" = tiny ] && PROFILE_SHAPE="--shape tiny --set precision=bf16-mixed"
 ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --json"
 UPDATE_PASSES8="logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
 UPDATE_COMMON="micro-batch-size=8,$UPDATE_PASSES8"
@@ -160,7 +164,7 @@ run_stage() {
       round_bench round-compile 240 $FAST --set decode-kernels=compile --decode-engine static ;;
     waits)
       wait_tests waits.tests
-      bench waits 240 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+      bench waits 240 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST --variant $UPDATE_FAST,minibatch-size=16 \
         --variant $UPDATE_FAST,minibatch-size=16,fused-adamw=false --variant $UPDATE_FAST,gradient-checkpointing=true \
         --variant $UPDATE_FAST,gradient-checkpointing=auto --variant $UPDATE_FAST,param-dtype=bf16 --json ;;
@@ -169,20 +173,20 @@ run_stage() {
     prefill)
       bench prefill 90 benchmarks/prefill_profile.py --shape $SHAPE --json ;;
     update)
-      bench update 100 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json ;;
+      bench update 100 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --profile "${UPDATE_VARIANTS[@]}" --json ;;
     round-static|round-hf)
       round_bench $1 240 --decode-engine ${1#round-} ;;
     round-fast)
       round_bench round-fast 200 $FAST --decode-engine static ;;
     kernels)
       bench kernels.tests 120 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py
-      bench kernels 300 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+      bench kernels 300 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,training-kernels=compile $(liger $UPDATE_FAST,training-kernels=liger) --json ;;
     profile-fast)
-      bench profile-fast 150 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --profile --top 25 \
+      bench profile-fast 150 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --profile --top 25 \
         --variant $UPDATE_FAST --json ;;
     passes)
-      bench passes 240 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+      bench passes 240 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant micro-batch-size=32,$UPDATE_PASSES --variant $UPDATE_FAST,micro-batch-tokens=12288 \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
         --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
@@ -192,7 +196,7 @@ run_stage() {
     wait-tests)
       wait_tests wait-tests ;;
     levers)
-      bench levers 270 benchmarks/update_profile.py --shape $SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
+      bench levers 270 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST,padding-mask=true \
         --variant $UPDATE_FAST,param-dtype=bf16 --variant micro-batch-size=32,$UPDATE_PASSES \
         --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
