@@ -103,10 +103,7 @@ def attention_as(kind: str):
     real = tokens.model_attention_mask
 
     def no_mask_when_right_padded(model, attention_mask, device, padding_mask=False):
-        lengths = attention_mask.sum(dim=1, keepdim=True)
-        if bool((attention_mask.bool() == (torch.arange(attention_mask.shape[1]) < lengths)).all()):
-            return None
-        return real(model, attention_mask, device, padding_mask)
+        return None if tokens.right_padded(attention_mask) else real(model, attention_mask, device, padding_mask)
 
     with contextlib.ExitStack() as stack:
         if "causal" in kind:

@@ -128,6 +128,12 @@ def _takes_mask_mapping(model: torch.nn.Module) -> bool:
             and set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"})
 
 
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row's pads come after all its real tokens (a 2-D mask, 1 = token)."""
+    lengths = attention_mask.sum(dim=1, keepdim=True)
+    return bool((attention_mask.bool() == (torch.arange(attention_mask.shape[1]) < lengths)).all())
+
+
 def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
                          device: torch.device, padding_mask: bool = False) -> torch.Tensor | dict | None:
     """The attention mask to hand `model` for a batch of `collate`'s, built on the host from its 2-D mask.
@@ -147,9 +153,7 @@ def model_attention_mask(model: torch.nn.Module, attention_mask: torch.Tensor,
 
     padding_mask=True treats a Qwen model as the others, as before the mapping: a diagnostic that measures the mapping
     against the mask (agent/engine/passes.py, TrainingPasses.padding_mask)."""
-    lengths = attention_mask.sum(dim=1, keepdim=True)
-    right_padded = bool((attention_mask.bool() == (torch.arange(attention_mask.shape[1]) < lengths)).all())
-    if right_padded and not padding_mask and _takes_mask_mapping(model):
+    if right_padded(attention_mask) and not padding_mask and _takes_mask_mapping(model):
         return {"full_attention": None}
     if bool(attention_mask.all()):
         return None
