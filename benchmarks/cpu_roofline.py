@@ -12,6 +12,12 @@ run them (no profiler):
 - old-policy and reference log-probs: the trainer's no-grad passes;
 - the update's forward, backward, and optimizer step (clipping included).
 
+A Fed-SE preset (strategy fedse-lora) runs its client's round instead (`agent/self_evolution.self_evolution_round`
+on partition 0's tasks, its buffer in a scratch folder): the exploring rollout, then TRL's fine-tuning on the buffer,
+timed apart as its forward (`SFTTrainer.compute_loss`: every position's logits, as TRL computes them), its backward
+(`Accelerator.backward`), its optimizer step, and the Trainer's own work around them (its set-up, the batches'
+collation, clipping, logging) as "update other". It has no log-prob passes.
+
 FLOPs: 2 per weight per position a pass runs the weights at, counted as benchmarks/gpu_round.py counts them (the
 layers at every position, the head where logits are computed), with two columns: "computed" counts the positions
 the passes ran (padding included: what kept the cores busy) and "model" only those holding a token (what the result
@@ -25,6 +31,7 @@ against the peak of the dtype its matmuls run in (bf16 under bf16-mixed / bf16-b
 decode's mean live rows give the decode's ceiling (a matmul of few rows reads every weight for little work).
 
     python benchmarks/cpu_roofline.py --run-config configs/smollm2-fedagent-cpu.toml --eval-tasks 16 --threads 1
+    python benchmarks/cpu_roofline.py --run-config configs/smollm2-fedse-cpu.toml --eval-tasks 16 --threads 1
     python benchmarks/cpu_roofline.py --run-config configs/smollm2-fedagent-cpu.toml --peaks-only   # seconds
 
 `--peaks-only` measures the two dtypes' peaks alone: whether bf16 is the fast dtype on this processor.
@@ -40,12 +47,18 @@ import argparse
 import contextlib
 import json
 import platform
+import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
+import accelerate
 import torch
+from accelerate.optimizer import AcceleratedOptimizer
+from trl import SFTTrainer
 
 import fedagent_flwr.agent.engine.passes as passes_module
+import fedagent_flwr.agent.self_evolution as self_evolution
 import fedagent_flwr.agent.engine.sampling as sampling
 import fedagent_flwr.agent.training.grpo as grpo_module
 from envs import make_env
@@ -56,9 +69,10 @@ from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.pretrained import resolve_model
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
-from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.agent.training.experience import ExperienceBuffer
+from fedagent_flwr.agent.training.lora import arrays_to_adapter, attached_lora
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import rollout_config
+from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
 from fedagent_flwr.methods.local_round import train_locally
 from fedagent_flwr.methods.placement import process_placement
 from fedagent_flwr.methods.tasks import learner_tasks
@@ -69,6 +83,9 @@ PEAK_ROWS = 512  # rows of the peak's matmul: enough that every shape here is co
 PHASES = ("rollout prefill", "rollout decode", "rollout other", "old-policy log-probs", "reference log-probs",
           "update forward", "update backward", "optimizer step", "evaluation prefill", "evaluation decode",
           "evaluation other")
+# a Fed-SE round: no log-prob passes; the Trainer's own work apart from the passes it runs
+SFT_PHASES = ("rollout prefill", "rollout decode", "rollout other", "update forward", "update backward",
+              "optimizer step", "update other", "evaluation prefill", "evaluation decode", "evaluation other")
 
 
 def linear_shapes(config) -> list[tuple[int, int]]:
@@ -279,6 +296,18 @@ def instrumented(meter: PhaseMeter):
             meter.add("optimizer step", time.perf_counter() - started)
         return wrapper
 
+    def sft_forward(inner):  # TRL's loss: one forward over the padded batch, logits at every position
+        def wrapper(self, model, inputs, *args, **kwargs):
+            rows, width = inputs["input_ids"].shape
+            mask = inputs.get("attention_mask")
+            meter.body_computed["update forward"] += rows * width
+            meter.body_model["update forward"] += rows * width if mask is None else float(mask.sum())
+            meter.head["update forward"] += rows * width
+            meter.counts["update forward passes"] += 1
+            meter.counts["sft loss tokens"] += float((inputs["labels"] != -100).sum()) if "labels" in inputs else 0.0
+            return timed_as(lambda: "update forward (timed)")(inner)(self, model, inputs, *args, **kwargs)
+        return wrapper
+
     with contextlib.ExitStack() as stack:
         for owner, name, make in (
                 (sampling, "_hf_rows", hf_rows),
@@ -291,25 +320,37 @@ def instrumented(meter: PhaseMeter):
                 (grpo_module, "completion_logprobs", scored_passes),
                 (passes_module.UpdatePasses, "backward", timed_as(lambda: "update backward")),
                 (passes_module.UpdatePasses, "optimizer_step", optimizer_step),
-                (GlobalEvaluator, "evaluate", labelled("playing", "evaluation", "evaluation total"))):
+                (GlobalEvaluator, "evaluate", labelled("playing", "evaluation", "evaluation total")),
+                (self_evolution, "run_episodes", play),
+                (self_evolution, "supervised_finetune", timed_as(lambda: "update total")),
+                (SFTTrainer, "compute_loss", sft_forward),
+                (accelerate.Accelerator, "backward", timed_as(lambda: "update backward")),
+                (AcceleratedOptimizer, "step", timed_as(lambda: "optimizer step"))):
             stack.enter_context(_patched(owner, name, make))
         yield
 
 
-def phase_table(meter: PhaseMeter, flop: FlopShape, precision: str, lora: bool, peaks: dict, recomputed_share: float) -> dict:
+def phase_table(meter: PhaseMeter, flop: FlopShape, precision: str, lora: bool, peaks: dict, recomputed_share: float,
+                phases: tuple[str, ...] = PHASES) -> dict:
     """Per phase: seconds, share of the round's seconds, FLOPs (computed, model) and the computed rate against the
-    peak of the dtype its matmuls run in."""
+    peak of the dtype its matmuls run in. `phases`: PHASES (GRPO's update, its forward the rest of its time) or
+    SFT_PHASES (TRL's, its forward timed and the rest "update other")."""
     s = meter.seconds
     seconds = defaultdict(float, s)
     for play in ("rollout", "evaluation"):
         seconds[f"{play} other"] = s[f"{play} total"] - s[f"{play} prefill"] - s[f"{play} decode"]
-    logprob_s = s["old-policy log-probs"] + s["reference log-probs"]
-    seconds["update forward"] = (s["update total"] - logprob_s - s["update backward"] - s["optimizer step"])
+    if "update other" in phases:
+        seconds["update forward"] = s["update forward (timed)"]
+        seconds["update other"] = (s["update total"] - s["update forward (timed)"] - s["update backward"]
+                                   - s["optimizer step"])
+    else:
+        logprob_s = s["old-policy log-probs"] + s["reference log-probs"]
+        seconds["update forward"] = (s["update total"] - logprob_s - s["update backward"] - s["optimizer step"])
     backward_passes = 1.0 if lora else 2.0
     dtype = "bf16" if compute_precision(precision) == "bf16-mixed" else "fp32"
-    total = sum(seconds[p] for p in PHASES)
+    total = sum(seconds[p] for p in phases)
     rows = {}
-    for phase in PHASES:
+    for phase in phases:
         body_c, body_m, head = meter.body_computed[phase], meter.body_model[phase], meter.head[phase]
         if phase == "update backward":
             fwd = meter.body_computed["update forward"], meter.body_model["update forward"], meter.head["update forward"]
@@ -408,24 +449,40 @@ def main(argv: list[str] | None = None) -> dict:
     agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), cfg.base_dtype())
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
     held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), args.eval_tasks)
+    fedse = cfg.strategy == "fedse-lora"
+    engine_error = ("decode-engine resolved to {!r}: this benchmark splits the hf engine's prefill from its token "
+                    "steps (set decode-engine=hf)")
     started = time.perf_counter()
-    with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model, instrumented(meter):
-        placement = process_placement(cfg, agent, tasks, model=model)
-        if placement.decode_engine != "hf":
-            parser.error(f"decode-engine resolved to {placement.decode_engine!r}: this benchmark splits the hf "
-                         "engine's prefill from its token steps (set decode-engine=hf)")
-        metrics = train_locally(agent, cfg, tasks, 1, 0, model=model, placement=placement)
-        server = process_placement(cfg, agent, held_out, "server", model=model)
-        evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
-                                    rollout_config(cfg, True, server), cfg.eval_samples_per_task, cfg.seed,
-                                    precision=server.precision)
-        evaluation = evaluator.evaluate(0)
+    with instrumented(meter):
+        if fedse:  # the client's round attaches its own adapter, as the run's does; the evaluation plays the result
+            placement = process_placement(cfg, agent, tasks)
+            if placement.decode_engine != "hf":
+                parser.error(engine_error.format(placement.decode_engine))
+            with tempfile.TemporaryDirectory(prefix="fedagent-roofline-") as scratch:
+                buffer = ExperienceBuffer(Path(scratch), agent.base_fingerprint)
+                adapter, metrics = self_evolution.self_evolution_round(
+                    agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
+                    lambda: make_env(cfg.env, cfg.max_steps), tasks, 1, buffer)
+        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
+            if fedse:
+                arrays_to_adapter(model, adapter)
+            else:
+                placement = process_placement(cfg, agent, tasks, model=model)
+                if placement.decode_engine != "hf":
+                    parser.error(engine_error.format(placement.decode_engine))
+                metrics = train_locally(agent, cfg, tasks, 1, 0, model=model, placement=placement)
+            server = process_placement(cfg, agent, held_out, "server", model=model)
+            evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
+                                        rollout_config(cfg, True, server), cfg.eval_samples_per_task, cfg.seed,
+                                        precision=server.precision)
+            evaluation = evaluator.evaluate(0)
     wall = time.perf_counter() - started
     config = agent.model.config
     decode_rows = max(1, round(meter.counts["rollout row steps"] / max(meter.counts["rollout token steps"], 1)))
     peaks = measured_peaks(config, decode_rows)
     recomputed = float(metrics.get("checkpointed_layers", 0.0) or 0.0)
-    table = phase_table(meter, FlopShape.of(config), placement.precision, cfg.finetuning == "lora", peaks, recomputed)
+    table = phase_table(meter, FlopShape.of(config), placement.precision, fedse or cfg.finetuning == "lora", peaks,
+                        recomputed, SFT_PHASES if fedse else PHASES)
     context = sum(meter.context) / max(len(meter.context), 1)
     report = {
         "run_config": args.run_config, "overrides": args.set, "threads": args.threads, "eval_tasks": args.eval_tasks,
@@ -435,9 +492,12 @@ def main(argv: list[str] | None = None) -> dict:
         "peaks": peaks, **table, "wall_seconds": wall,
         "counts": dict(meter.counts), "mean_prompt_tokens": context,
         "attention_share_at_mean_context": attention_share(config, context),
-        "round": {"episodes": metrics.get("episodes"), "train_samples": metrics.get("train_samples"),
-                  "generated_tokens": metrics.get("generated_tokens"), "success_rate": metrics.get("success_rate"),
-                  "optimizer_steps": metrics.get("optimizer_steps")},
+        "strategy": cfg.strategy,
+        "round": {"episodes": metrics.get("episodes"), "generated_tokens": metrics.get("generated_tokens"),
+                  "success_rate": metrics.get("success_rate"),
+                  # Fed-SE: the samples its fine-tuning drew from (the buffer), and its optimizer steps
+                  "train_samples": metrics.get("fedse/train-samples" if fedse else "train_samples"),
+                  "optimizer_steps": metrics.get("fedse/sft-steps" if fedse else "optimizer_steps")},
         "evaluation": {"episodes": evaluation.get("episodes"), "success_rate": evaluation.get("success_rate")},
     }
     if args.json:

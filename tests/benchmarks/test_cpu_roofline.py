@@ -55,14 +55,64 @@ def test_the_update_backward_counts_one_forward_for_lora_two_for_a_full_model_an
     assert lora["update forward"]["share_of_peak"] == pytest.approx(forward * 1e9 / 3.0 / 1e9)
 
 
-@pytest.mark.slow  # a client's round and an evaluation of the tiny preset in a subprocess (about 45 s)
-def test_the_script_reports_every_phase_on_a_tiny_round():
+def test_trls_fine_tuning_is_split_into_its_forward_backward_and_optimizer_step_and_its_positions_counted(
+        tiny_lm, maze_tokenizer):
+    """Fed-SE's update: TRL's loss counted at the padded batch's positions (its logits at every one), its backward
+    and optimizer step timed apart, one each per micro-batch and per step."""
+    import copy
+    import random
+
+    import fedagent_flwr.agent.self_evolution as self_evolution
+    from fedagent_flwr.agent.training.sft import SupervisedConfig
+
+    unwrapped = self_evolution.supervised_finetune  # the name the round calls, which the wrapper replaces
+
+    rng = random.Random(0)
+    samples = [([rng.randrange(3, 30) for _ in range(rng.randrange(4, 9))],
+                [rng.randrange(3, 30) for _ in range(rng.randrange(2, 5))]) for _ in range(8)]
+    meter = roofline.PhaseMeter()
+    with roofline.instrumented(meter):
+        self_evolution.supervised_finetune(copy.deepcopy(tiny_lm), samples, maze_tokenizer,
+                                           SupervisedConfig(steps=2, batch_size=4, micro_batch_size=2, seed=3))
+    passes = meter.counts["update forward passes"]
+    assert passes == 4  # 2 steps of 2 micro-batches
+    tokens = sum(len(p) + len(c) for p, c in samples)  # 8 samples drawn once over the 2 steps of 4
+    assert meter.body_model["update forward"] == tokens
+    assert meter.body_computed["update forward"] >= tokens and meter.head["update forward"] == meter.body_computed["update forward"]
+    assert meter.counts["sft loss tokens"] == sum(len(c) for _, c in samples)
+    for phase in ("update total", "update forward (timed)", "update backward", "optimizer step"):
+        assert meter.seconds[phase] > 0, phase
+    assert meter.seconds["update total"] > meter.seconds["update forward (timed)"] + meter.seconds["update backward"]
+    assert self_evolution.supervised_finetune is unwrapped  # put back on leaving
+
+
+def test_a_fedse_round_has_no_log_prob_passes_and_its_trainers_own_work_is_a_phase():
+    meter = roofline.PhaseMeter()
+    meter.body_computed["update forward"], meter.body_model["update forward"], meter.head["update forward"] = 100, 80, 100
+    for phase, seconds in {"update total": 10.0, "update forward (timed)": 3.0, "update backward": 4.0,
+                           "optimizer step": 1.0, "rollout total": 5.0, "rollout prefill": 2.0, "rollout decode": 2.5}.items():
+        meter.add(phase, seconds)
+    peaks = {"fp32": {"peak_flops": 1e9}, "bf16": {"peak_flops": 2e9}}
+    table = roofline.phase_table(meter, roofline.FlopShape(body=1000, head=40), "fp32", True, peaks, 0.0,
+                                 roofline.SFT_PHASES)
+    rows = table["phases"]
+    assert list(rows) == list(roofline.SFT_PHASES) and "reference log-probs" not in rows
+    assert rows["update forward"]["seconds"] == 3.0 and rows["update other"]["seconds"] == pytest.approx(10 - 3 - 4 - 1)
+    assert rows["rollout other"]["seconds"] == pytest.approx(0.5) and table["total_seconds"] == pytest.approx(15.0)
+    assert rows["update backward"]["gflop_computed"] == rows["update forward"]["gflop_computed"] == pytest.approx(
+        2 * (1000 * 100 + 40 * 100) / 1e9)
+
+
+@pytest.mark.slow  # a client's round and an evaluation of a tiny preset in a subprocess (about 45 s each)
+@pytest.mark.parametrize("preset", ["fedagent-cpu.toml", "fedse-cpu.toml"])
+def test_the_script_reports_every_phase_on_a_tiny_round(preset):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_roofline.py"), "--run-config",
-                           str(ROOT / "configs" / "fedagent-cpu.toml"), "--eval-tasks", "2", "--json"],
+                           str(ROOT / "configs" / preset), "--eval-tasks", "2", "--json"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(report["phases"]) == set(roofline.PHASES)
+    fedse = report["strategy"] == "fedse-lora"
+    assert list(report["phases"]) == list(roofline.SFT_PHASES if fedse else roofline.PHASES)
     for phase in ("rollout prefill", "rollout decode", "update forward", "update backward", "evaluation prefill",
                   "evaluation decode"):
         row = report["phases"][phase]
@@ -70,6 +120,9 @@ def test_the_script_reports_every_phase_on_a_tiny_round():
         assert 0 < row["share_of_peak"] < 2, phase  # a rate near the measured peak, not a unit slip
     assert sum(r["share_of_round"] for r in report["phases"].values()) == pytest.approx(1.0)
     assert report["peaks"]["fp32"]["peak_flops"] > 0 and report["peaks"]["bf16"]["decode_sweep_flops"] > 0
+    if fedse:  # the preset's 10 steps of one pass each, and the Trainer's own work
+        assert report["round"]["optimizer_steps"] == report["counts"]["update forward passes"] == 10
+        assert report["round"]["train_samples"] > 0 and report["phases"]["update other"]["seconds"] > 0
 
 
 def test_peaks_only_measures_both_dtypes_of_the_models_shapes_without_a_round():
