@@ -68,6 +68,7 @@ from fedagent_flwr.agent.engine.tokens import MIN_SHARED_PREFIX, shared_prefix
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.pretrained import resolve_model
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
+from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.experience import ExperienceBuffer
 from fedagent_flwr.agent.training.lora import arrays_to_adapter, attached_lora
@@ -424,6 +425,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="measure the fp32 and bf16 matmul peaks of the model's shapes alone (seconds, no round): "
                              "which dtype this processor computes faster")
     parser.add_argument("--decode-rows", type=int, default=32, help="rows of --peaks-only's decode sweep")
+    parser.add_argument("--fedse-rounds", type=int, default=1,
+                        help="a Fed-SE preset: client 0 plays this many rounds, its buffer carried over, and the last "
+                             "is measured (1: the run's first round, fine-tuning on that round's wins alone)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.table:
@@ -435,6 +439,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--run-config FILE is required (or --table JSON)")
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.fedse_rounds < 1:
+        parser.error(f"--fedse-rounds must be at least 1, got {args.fedse_rounds}")
     try:
         cfg = RunConfig.from_run_config(RunConfig().to_run_config() | read_run_config_file(args.run_config)
                                         | parse_overrides(args.set))
@@ -453,29 +459,27 @@ def main(argv: list[str] | None = None) -> dict:
     engine_error = ("decode-engine resolved to {!r}: this benchmark splits the hf engine's prefill from its token "
                     "steps (set decode-engine=hf)")
     started = time.perf_counter()
-    with instrumented(meter):
-        if fedse:  # the client's round attaches its own adapter, as the run's does; the evaluation plays the result
-            placement = process_placement(cfg, agent, tasks)
+    if fedse:  # the client's round attaches its own adapter, as the run's does; the evaluation plays the result
+        placement = process_placement(cfg, agent, tasks)
+        if placement.decode_engine != "hf":
+            parser.error(engine_error.format(placement.decode_engine))
+        adapter, metrics = fedse_client_rounds(cfg, agent, tasks, placement, args.fedse_rounds, meter)
+        if not metrics.get("fedse/sft-steps"):
+            parser.error(f"no fine-tuning ran in round {args.fedse_rounds}: client 0's buffer held no wins; "
+                         "measure a later round (--fedse-rounds)")
+    with instrumented(meter), attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
+        if fedse:
+            arrays_to_adapter(model, adapter)
+        else:
+            placement = process_placement(cfg, agent, tasks, model=model)
             if placement.decode_engine != "hf":
                 parser.error(engine_error.format(placement.decode_engine))
-            with tempfile.TemporaryDirectory(prefix="fedagent-roofline-") as scratch:
-                buffer = ExperienceBuffer(Path(scratch), agent.base_fingerprint)
-                adapter, metrics = self_evolution.self_evolution_round(
-                    agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
-                    lambda: make_env(cfg.env, cfg.max_steps), tasks, 1, buffer)
-        with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
-            if fedse:
-                arrays_to_adapter(model, adapter)
-            else:
-                placement = process_placement(cfg, agent, tasks, model=model)
-                if placement.decode_engine != "hf":
-                    parser.error(engine_error.format(placement.decode_engine))
-                metrics = train_locally(agent, cfg, tasks, 1, 0, model=model, placement=placement)
-            server = process_placement(cfg, agent, held_out, "server", model=model)
-            evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
-                                        rollout_config(cfg, True, server), cfg.eval_samples_per_task, cfg.seed,
-                                        precision=server.precision)
-            evaluation = evaluator.evaluate(0)
+            metrics = train_locally(agent, cfg, tasks, 1, 0, model=model, placement=placement)
+        server = process_placement(cfg, agent, held_out, "server", model=model)
+        evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
+                                    rollout_config(cfg, True, server), cfg.eval_samples_per_task, cfg.seed,
+                                    precision=server.precision)
+        evaluation = evaluator.evaluate(0)
     wall = time.perf_counter() - started
     config = agent.model.config
     decode_rows = max(1, round(meter.counts["rollout row steps"] / max(meter.counts["rollout token steps"], 1)))
@@ -492,7 +496,7 @@ def main(argv: list[str] | None = None) -> dict:
         "peaks": peaks, **table, "wall_seconds": wall,
         "counts": dict(meter.counts), "mean_prompt_tokens": context,
         "attention_share_at_mean_context": attention_share(config, context),
-        "strategy": cfg.strategy,
+        "strategy": cfg.strategy, **({"fedse_rounds": args.fedse_rounds} if fedse else {}),
         "round": {"episodes": metrics.get("episodes"), "generated_tokens": metrics.get("generated_tokens"),
                   "success_rate": metrics.get("success_rate"),
                   # Fed-SE: the samples its fine-tuning drew from (the buffer), and its optimizer steps
@@ -505,6 +509,23 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         print(render(report))
     return report
+
+
+def fedse_client_rounds(cfg: RunConfig, agent, tasks, placement, rounds: int, meter: PhaseMeter):
+    """Client 0's first `rounds` Fed-SE rounds as the run's client plays them (seeded per round and client, its buffer
+    carried over; each round from the adapter the last one left, as a client alone: no aggregation). Only the last
+    round fills `meter`; returns its (adapter, metrics)."""
+    adapter = None
+    with tempfile.TemporaryDirectory(prefix="fedagent-roofline-") as scratch:
+        buffer = ExperienceBuffer(Path(scratch), agent.base_fingerprint)
+        for server_round in range(1, rounds + 1):
+            seed_everything(cfg.seed, server_round, 0)  # as methods/fedse.FedSE.train seeds the client's round
+            measured = instrumented(meter) if server_round == rounds else contextlib.nullcontext()
+            with measured:
+                adapter, metrics = self_evolution.self_evolution_round(
+                    agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
+                    lambda: make_env(cfg.env, cfg.max_steps), tasks, server_round, buffer, adapter)
+    return adapter, metrics
 
 
 def peaks_only(cfg: RunConfig, args) -> dict:

@@ -106,8 +106,9 @@ def test_a_fedse_round_has_no_log_prob_passes_and_its_trainers_own_work_is_a_pha
 @pytest.mark.slow  # a client's round and an evaluation of a tiny preset in a subprocess (about 45 s each)
 @pytest.mark.parametrize("preset", ["fedagent-cpu.toml", "fedse-cpu.toml"])
 def test_the_script_reports_every_phase_on_a_tiny_round(preset):
+    fedse_rounds = ["--fedse-rounds", "2"] if preset.startswith("fedse") else []  # Fed-SE: its second round measured
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_roofline.py"), "--run-config",
-                           str(ROOT / "configs" / preset), "--eval-tasks", "2", "--json"],
+                           str(ROOT / "configs" / preset), "--eval-tasks", "2", *fedse_rounds, "--json"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -120,7 +121,8 @@ def test_the_script_reports_every_phase_on_a_tiny_round(preset):
         assert 0 < row["share_of_peak"] < 2, phase  # a rate near the measured peak, not a unit slip
     assert sum(r["share_of_round"] for r in report["phases"].values()) == pytest.approx(1.0)
     assert report["peaks"]["fp32"]["peak_flops"] > 0 and report["peaks"]["bf16"]["decode_sweep_flops"] > 0
-    if fedse:  # the preset's 10 steps of one pass each, and the Trainer's own work
+    if fedse:  # the second round alone: the preset's 10 steps of one pass each, and the Trainer's own work
+        assert report["fedse_rounds"] == 2 and report["round"]["episodes"] == 4 * 2  # 4 rooms, 2 samples each
         assert report["round"]["optimizer_steps"] == report["counts"]["update forward passes"] == 10
         assert report["round"]["train_samples"] > 0 and report["phases"]["update other"]["seconds"] > 0
 
