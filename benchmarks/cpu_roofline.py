@@ -16,7 +16,8 @@ A Fed-SE preset (strategy fedse-lora) runs its client's round instead (`agent/se
 on partition 0's tasks, its buffer in a scratch folder): the exploring rollout, then TRL's fine-tuning on the buffer,
 timed apart as its forward (`SFTTrainer.compute_loss`: every position's logits, as TRL computes them), its backward
 (`Accelerator.backward`), its optimizer step, and the Trainer's own work around them (its set-up, the batches'
-collation, clipping, logging) as "update other". It has no log-prob passes.
+collation, clipping, logging) as "update other". It has no log-prob passes. Its head counts every position in both
+FLOP columns, as TRL computes the logits; the loss reads only the completions' (`counts["sft loss tokens"]`).
 
 FLOPs: 2 per weight per position a pass runs the weights at, counted as benchmarks/gpu_round.py counts them (the
 layers at every position, the head where logits are computed), with two columns: "computed" counts the positions

@@ -526,3 +526,52 @@ def test_the_amd_roofline_sections_figures_are_recomputed_from_its_raw_output():
     assert (f"on both cores take {at_peak} minutes (the table's last line, arithmetic). At the measured rates the "
             f"arithmetic gives {at_rates} minutes") in section and int(at_peak) > 20
     assert f"the reference pass ({float(rows['reference log-probs'][1].rstrip(' %')):.0f} % of the round)" in section
+
+
+def test_the_fedse_roofline_sections_figures_are_recomputed_from_its_raw_outputs():
+    """The Fed-SE section: the shares of the fp32 peak and of the round, the arithmetic minutes in each precision (the
+    fp32 bound above 20 minutes, the bf16 one below), the rate ratios between the two calls, what each round trained
+    on, and the preset's seed runs it quotes."""
+    import re
+
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    section = page.split("## The Fed-SE preset's round on the AMD EPYC")[1].split(" ## ")[0]
+    folder = ROOT / "benchmarks" / "results" / "2026-12-05-cpu"
+    fp32, bf16 = (json.loads((folder / f"cpu_roofline.fedse{name}-amd.json").read_text()) for name in ("", "-bf16-mixed"))
+    assert fp32["strategy"] == bf16["strategy"] == "fedse-lora" and fp32["fedse_rounds"] == bf16["fedse_rounds"] == 2
+    assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16-mixed")
+    peak = lambda report, phase: 100 * report["phases"][phase]["share_of_peak"]  # noqa: E731
+    passes = [peak(fp32, p) for p in ("rollout prefill", "update forward", "update backward", "evaluation prefill")]
+    assert f"the passes over whole sequences run at {min(passes):.0f}-{max(passes):.0f} % of the fp32 peak" in section
+    assert (f"(the prefills at {peak(fp32, 'rollout prefill'):.0f} % and {peak(fp32, 'evaluation prefill'):.0f} %, the "
+            f"fine-tuning's forward at {peak(fp32, 'update forward'):.0f} % and its backward at "
+            f"{peak(fp32, 'update backward'):.0f} %), the decodes at {peak(fp32, 'rollout decode'):.0f} % and "
+            f"{peak(fp32, 'evaluation decode'):.0f} %") in section
+    share = lambda report, *phases: 100 * sum(report["phases"][p]["share_of_round"] for p in phases)  # noqa: E731
+    assert (f"forward and backward are {share(fp32, 'update forward', 'update backward'):.0f} % of the round measured "
+            f"here, the exploring {share(fp32, 'rollout prefill', 'rollout decode', 'rollout other'):.0f} %") in section
+    minutes = {}
+    for name, report in (("fp32", fp32), ("bf16", bf16)):
+        minutes[name] = re.search(rf"(\d+) minutes at these rates, (\d+) minutes with every FLOP at the {name} peak",
+                                  roofline.markdown(report)).groups()
+        assert f"{report['total_seconds'] / 60:.1f} minutes in its phases" in section
+    assert int(minutes["fp32"][1]) > 20 > int(minutes["bf16"][1])
+    assert (f"a run's FLOPs at the fp32 peak take {minutes['fp32'][1]} minutes (the table's last line, arithmetic). At the "
+            f"measured rates the arithmetic gives {minutes['fp32'][0]} minutes") in section
+    assert (f"the bound falls to {minutes['bf16'][1]} minutes at the bf16 peak, and the arithmetic at its rates gives "
+            f"{minutes['bf16'][0]}") in section
+    ratio = lambda phase: bf16["phases"][phase]["gflop_per_s"] / fp32["phases"][phase]["gflop_per_s"]  # noqa: E731
+    assert (f"{peak(bf16, 'update backward'):.0f} % of the bf16 peak, its rate {ratio('update backward'):.2f}x fp32's, "
+            f"against {ratio('rollout prefill'):.2f}x for the rollout's prefill and {ratio('update forward'):.2f}x for "
+            f"the fine-tuning's forward") in section
+    decodes = sorted(peak(bf16, p) for p in ("rollout decode", "evaluation decode"))
+    assert (f"({ratio('rollout decode'):.2f}x and {ratio('evaluation decode'):.2f}x, at {decodes[0]:.0f}-{decodes[1]:.0f} "
+            f"% of the peak)") in section
+    wins = [round(r["round"]["success_rate"] * r["round"]["episodes"]) for r in (bf16, fp32)]
+    samples = [f"{r['round']['train_samples']:.0f}" for r in (bf16, fp32)]
+    assert (f"client 0 won {wins[0]} of its 16 episodes against {wins[1]}, its buffer holding {samples[0]} agent steps "
+            f"against {samples[1]}") in section and fp32["round"]["episodes"] == 16
+    assert f"drawn from a buffer of {samples[1]} agent steps" in section
+    runs = [json.loads((folder / "runs" / f"fedse-preset-s{s}-amd" / "summary.json").read_text())["seconds"] / 60
+            for s in (1, 2)]
+    assert f"seeds 1 and 2 took {runs[0]:.1f} and {runs[1]:.1f}" in section
