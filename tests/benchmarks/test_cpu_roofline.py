@@ -575,3 +575,10 @@ def test_the_fedse_roofline_sections_figures_are_recomputed_from_its_raw_outputs
     runs = [json.loads((folder / "runs" / f"fedse-preset-s{s}-amd" / "summary.json").read_text())["seconds"] / 60
             for s in (1, 2)]
     assert f"seeds 1 and 2 took {runs[0]:.1f} and {runs[1]:.1f}" in section
+    # the head at every position of the fine-tuning's passes, against the loss's positions
+    body, head = fp32["body_parameters"], fp32["head_parameters"]
+    positions = fp32["phases"]["update forward"]["gflop_computed"] * 1e9 / (2 * (body + head))
+    loss = fp32["counts"]["sft loss tokens"]
+    assert (f"({loss:,.0f} of {positions:,.0f} positions in the fp32 round). The head is {100 * head / (body + head):.0f} %"
+            f" of a position's weights, so the head at the loss positions alone would cut the fine-tuning's FLOPs by "
+            f"{100 * head * (positions - loss) / ((body + head) * positions):.0f} %") in section
