@@ -13,7 +13,8 @@ run them (no profiler):
 - the update's forward, backward, and optimizer step (clipping included).
 
 A Fed-SE preset (strategy fedse-lora) runs its client's round instead (`agent/self_evolution.self_evolution_round`
-on partition 0's tasks, its buffer in a scratch folder): the exploring rollout, then TRL's fine-tuning on the buffer,
+on partition 0's tasks, seeded as the run seeds its client's, its buffer in a scratch folder; `--fedse-rounds N` plays
+N rounds over that buffer and measures the last): the exploring rollout, then TRL's fine-tuning on the buffer,
 timed apart as its forward (`SFTTrainer.compute_loss`: every position's logits, as TRL computes them), its backward
 (`Accelerator.backward`), its optimizer step, and the Trainer's own work around them (its set-up, the batches'
 collation, clipping, logging) as "update other". It has no log-prob passes. Its head counts every position in both
@@ -59,8 +60,8 @@ from accelerate.optimizer import AcceleratedOptimizer
 from trl import SFTTrainer
 
 import fedagent_flwr.agent.engine.passes as passes_module
-import fedagent_flwr.agent.self_evolution as self_evolution
 import fedagent_flwr.agent.engine.sampling as sampling
+import fedagent_flwr.agent.self_evolution as self_evolution
 import fedagent_flwr.agent.training.grpo as grpo_module
 from envs import make_env
 from envs.multi import per_env_spread
@@ -447,6 +448,9 @@ def main(argv: list[str] | None = None) -> dict:
                                         | parse_overrides(args.set))
     except ValueError as err:
         parser.error(str(err))
+    if args.fedse_rounds != 1 and cfg.strategy != "fedse-lora":
+        parser.error(f"--fedse-rounds {args.fedse_rounds} measures a Fed-SE client's round: the run config's strategy "
+                     f"is {cfg.strategy!r}, expected 'fedse-lora'")
     torch.set_num_threads(args.threads)
     if args.peaks_only:
         return peaks_only(cfg, args)

@@ -86,6 +86,14 @@ def test_trls_fine_tuning_is_split_into_its_forward_backward_and_optimizer_step_
     assert self_evolution.supervised_finetune is unwrapped  # put back on leaving
 
 
+@pytest.mark.parametrize("preset, rounds, expected", [("fedagent-cpu.toml", "2", "strategy is 'fedagent-avg'"),
+                                                      ("fedse-cpu.toml", "0", "must be at least 1")])
+def test_fedse_rounds_is_refused_before_any_work_where_it_means_nothing(preset, rounds, expected, capsys):
+    with pytest.raises(SystemExit):
+        roofline.main(["--run-config", str(ROOT / "configs" / preset), "--fedse-rounds", rounds])
+    assert expected in capsys.readouterr().err
+
+
 def test_a_fedse_round_has_no_log_prob_passes_and_its_trainers_own_work_is_a_phase():
     meter = roofline.PhaseMeter()
     meter.body_computed["update forward"], meter.body_model["update forward"], meter.head["update forward"] = 100, 80, 100
