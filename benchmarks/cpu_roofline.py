@@ -15,10 +15,11 @@ run them (no profiler):
 A Fed-SE preset (strategy fedse-lora) runs its client's round instead (`agent/self_evolution.self_evolution_round`
 on partition 0's tasks, seeded as the run seeds its client's, its buffer in a scratch folder; `--fedse-rounds N` plays
 N rounds over that buffer and measures the last): the exploring rollout, then TRL's fine-tuning on the buffer,
-timed apart as its forward (`SFTTrainer.compute_loss`: every position's logits, as TRL computes them), its backward
-(`Accelerator.backward`), its optimizer step, and the Trainer's own work around them (its set-up, the batches'
-collation, clipping, logging) as "update other". It has no log-prob passes. Its head counts every position in both
-FLOP columns, as TRL computes the logits; the loss reads only the completions' (`counts["sft loss tokens"]`).
+timed apart as its forward (`SFTTrainer.compute_loss`), its backward (`Accelerator.backward`), its optimizer step,
+and the Trainer's own work around them (its set-up, the batches' collation, clipping, logging) as "update other". It
+has no log-prob passes. Its head counts the rows TRL's fused loss head projects, as counted at the head itself: the
+completions' positions (`counts["sft loss tokens"]`) since `agent/training/sft.head_at_loss_positions`, every
+position of the padded batch before it (the raw outputs of 2026-12-05).
 
 FLOPs: 2 per weight per position a pass runs the weights at, counted as benchmarks/gpu_round.py counts them (the
 layers at every position, the head where logits are computed), with two columns: "computed" counts the positions
@@ -58,6 +59,7 @@ import accelerate
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
 from trl import SFTTrainer
+from trl.trainer import utils as trl_utils
 
 import fedagent_flwr.agent.engine.passes as passes_module
 import fedagent_flwr.agent.engine.sampling as sampling
@@ -183,12 +185,15 @@ class PhaseMeter:
 
 @contextlib.contextmanager
 def _patched(owner, name: str, make):
-    inner = getattr(owner, name)
+    inner, own = getattr(owner, name), name in vars(owner)
     setattr(owner, name, make(inner))
     try:
         yield
     finally:
-        setattr(owner, name, inner)
+        if own:
+            setattr(owner, name, inner)
+        else:  # inherited (an autograd Function's `apply`): uncover the parent's again
+            delattr(owner, name)
 
 
 @contextlib.contextmanager
@@ -299,16 +304,21 @@ def instrumented(meter: PhaseMeter):
             meter.add("optimizer step", time.perf_counter() - started)
         return wrapper
 
-    def sft_forward(inner):  # TRL's loss: one forward over the padded batch, logits at every position
+    def sft_forward(inner):  # TRL's loss: one forward over the padded batch
         def wrapper(self, model, inputs, *args, **kwargs):
             rows, width = inputs["input_ids"].shape
             mask = inputs.get("attention_mask")
             meter.body_computed["update forward"] += rows * width
             meter.body_model["update forward"] += rows * width if mask is None else float(mask.sum())
-            meter.head["update forward"] += rows * width
             meter.counts["update forward passes"] += 1
             meter.counts["sft loss tokens"] += float((inputs["labels"] != -100).sum()) if "labels" in inputs else 0.0
             return timed_as(lambda: "update forward (timed)")(inner)(self, model, inputs, *args, **kwargs)
+        return wrapper
+
+    def fused_head(inner):  # TRL's loss head: the rows it projects through the vocabulary
+        def wrapper(hidden, *args, **kwargs):
+            meter.head["update forward"] += len(hidden)
+            return inner(hidden, *args, **kwargs)
         return wrapper
 
     with contextlib.ExitStack() as stack:
@@ -327,6 +337,7 @@ def instrumented(meter: PhaseMeter):
                 (self_evolution, "run_episodes", play),
                 (self_evolution, "supervised_finetune", timed_as(lambda: "update total")),
                 (SFTTrainer, "compute_loss", sft_forward),
+                (trl_utils._ChunkedLogProbFunction, "apply", fused_head),
                 (accelerate.Accelerator, "backward", timed_as(lambda: "update backward")),
                 (AcceleratedOptimizer, "step", timed_as(lambda: "optimizer step"))):
             stack.enter_context(_patched(owner, name, make))

@@ -170,3 +170,54 @@ def test_epochs_count_the_steps_from_the_samples_and_cosine_decays_the_rate_with
     assert cosine[-1] < 0.1e-3, cosine
     with pytest.raises(ValueError, match="lr_schedule"):
         SupervisedConfig(lr_schedule="linear")
+
+
+def _head_rows(monkeypatch) -> list[int]:
+    """The rows TRL's fused head projects through the vocabulary, one entry a forward pass."""
+    from trl.trainer import utils as trl_utils
+
+    rows, apply = [], trl_utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", lambda hidden, *a: rows.append(len(hidden)) or apply(hidden, *a))
+    return rows
+
+
+def test_the_head_runs_only_at_the_completions_positions_on_cpu(tiny_lm, maze_tokenizer, monkeypatch):
+    """An agent step's completion is a few tokens after a long prompt: the vocabulary projection runs at the
+    completion's positions only, one row a completion token (TRL's default on CPU is every position of the batch)."""
+    rows = _head_rows(monkeypatch)
+    samples = _pairs(maze_tokenizer, 4, seed=4)
+    supervised_finetune(copy.deepcopy(tiny_lm), samples, maze_tokenizer, SupervisedConfig(steps=1, batch_size=4))
+    assert rows == [sum(len(c) for _, c in samples)]
+    assert rows[0] < 0.5 * len(samples) * max(len(p) + len(c) for p, c in samples)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_the_adapter_trains_as_with_the_head_at_every_position(tiny_lm, maze_tokenizer, monkeypatch, precision):
+    """Fed-SE's case, a LoRA adapter over a frozen head: scoring only the completions' positions changes which rows
+    the head computes, not the loss nor its gradient. The forward's rows are computed alone, so the losses are the
+    same to the bit as under TRL's every-position path; the backward's products have fewer rows, which may sum in
+    another order, so the adapter agrees to rounding (micro-batches of different widths, accumulated)."""
+    import contextlib
+
+    from peft import LoraConfig, get_peft_model
+
+    from fedagent_flwr.agent.training import sft
+
+    samples = _pairs(maze_tokenizer, 12, seed=5)
+    runs, rows = {}, _head_rows(monkeypatch)
+    for compact in (True, False):
+        if not compact:
+            monkeypatch.setattr(sft, "head_at_loss_positions", contextlib.nullcontext)
+        torch.manual_seed(1)
+        model = get_peft_model(copy.deepcopy(tiny_lm), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                                  init_lora_weights=False))
+        rows.clear()
+        losses = supervised_finetune(model, samples, maze_tokenizer, SupervisedConfig(
+            steps=3, batch_size=4, micro_batch_size=2, learning_rate=1e-2, precision=precision))
+        runs[compact] = losses, {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}, sum(rows)
+    assert runs[True][2] < runs[False][2]  # the two paths did differ in the rows the head computed
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1].keys() == runs[False][1].keys() and runs[True][1]
+    for name, weight in runs[True][1].items():
+        # an adapter trained on the wrong positions (labels shifted by one, or the prompt's) moves by ~1e-2 here
+        torch.testing.assert_close(weight, runs[False][1][name], rtol=0, atol=1e-6, msg=name)

@@ -57,7 +57,7 @@ def test_the_update_backward_counts_one_forward_for_lora_two_for_a_full_model_an
 
 def test_trls_fine_tuning_is_split_into_its_forward_backward_and_optimizer_step_and_its_positions_counted(
         tiny_lm, maze_tokenizer):
-    """Fed-SE's update: TRL's loss counted at the padded batch's positions (its logits at every one), its backward
+    """Fed-SE's update: TRL's loss counted at the padded batch's positions (its head at the completions'), its backward
     and optimizer step timed apart, one each per micro-batch and per step."""
     import copy
     import random
@@ -78,12 +78,16 @@ def test_trls_fine_tuning_is_split_into_its_forward_backward_and_optimizer_step_
     assert passes == 4  # 2 steps of 2 micro-batches
     tokens = sum(len(p) + len(c) for p, c in samples)  # 8 samples drawn once over the 2 steps of 4
     assert meter.body_model["update forward"] == tokens
-    assert meter.body_computed["update forward"] >= tokens and meter.head["update forward"] == meter.body_computed["update forward"]
-    assert meter.counts["sft loss tokens"] == sum(len(c) for _, c in samples)
+    assert meter.body_computed["update forward"] >= tokens
+    # the head where TRL's fused head ran: the completions' positions (sft.head_at_loss_positions)
+    assert meter.head["update forward"] == meter.counts["sft loss tokens"] == sum(len(c) for _, c in samples)
     for phase in ("update total", "update forward (timed)", "update backward", "optimizer step"):
         assert meter.seconds[phase] > 0, phase
     assert meter.seconds["update total"] > meter.seconds["update forward (timed)"] + meter.seconds["update backward"]
     assert self_evolution.supervised_finetune is unwrapped  # put back on leaving
+    from trl.trainer import utils as trl_utils
+
+    assert "apply" not in vars(trl_utils._ChunkedLogProbFunction)  # the autograd Function's own `apply` uncovered
 
 
 @pytest.mark.parametrize("preset, rounds, expected", [("fedagent-cpu.toml", "2", "strategy is 'fedagent-avg'"),

@@ -13,11 +13,37 @@ def test_each_setting_reports_its_peak_its_plan_and_the_same_losses(capsys):
     sft_memory = load_script("sft_memory")
     results = sft_memory.main(["--run-config", str(ROOT / "configs" / "fedse-cpu.toml"), "--micro", "0", "--micro", "4",
                                "--steps", "2", "--prompt-tokens", "40"])
-    whole, passes = results
+    whole, passes = results["settings"]
     assert (whole["micro_batch_size"], passes["micro_batch_size"]) == (16, 4) and whole["batch_size"] == 16
     assert passes["plan_gib"] < whole["plan_gib"] and whole["peak_rss_gib"] > 0
     assert passes["losses"] == pytest.approx(whole["losses"], rel=1e-5) and len(whole["losses"]) == 2
     assert "peak RSS GiB" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # eight measuring processes, about two minutes
+def test_the_heads_positions_take_turns_and_leave_the_losses_as_they_were(capsys):
+    """The head at every position against the completions' only, in two precisions, two turns each: one process a
+    setting and turn, the same losses for either head (the loss reads the same positions), a ratio a turn."""
+    report = load_script("sft_memory").main([
+        "--run-config", str(ROOT / "configs" / "fedse-cpu.toml"), "--micro", "8", "--head", "every", "--head", "loss",
+        "--precision", "fp32", "--precision", "bf16-mixed", "--repeats", "2", "--threads", "1", "--steps", "1",
+        "--prompt-tokens", "40"])
+    settings = {(r["head"], r["precision"]): r for r in report["settings"]}
+    assert sorted(settings) == sorted((h, p) for h in ("every", "loss") for p in ("fp32", "bf16-mixed"))
+    for precision in ("fp32", "bf16-mixed"):
+        every, loss = settings[("every", precision)], settings[("loss", precision)]
+        assert len(every["seconds"]) == len(loss["seconds"]) == 2
+        assert every["losses"] == loss["losses"] and len(loss["losses"]) == 1
+    assert settings[("loss", "fp32")]["losses"] != settings[("loss", "bf16-mixed")]["losses"]  # the precision reached it
+    assert [(r["precision"], len(r["every_over_loss"])) for r in report["head_ratios"]] == [("fp32", 2), ("bf16-mixed", 2)]
+    assert "head at every position / at the loss's, micro-batch 8, bf16-mixed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, value", [("--repeats", "0"), ("--threads", "-1")])
+def test_bad_counts_are_one_line(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        load_script("sft_memory").main(["--run-config", str(ROOT / "configs" / "fedse-cpu.toml"), flag, value])
+    assert f"{flag} {value}" in capsys.readouterr().err
 
 
 def test_a_missing_run_config_is_one_line(capsys):

@@ -124,7 +124,7 @@ def supervised_finetune(
     device = model_device(model)
     # variable_shape_attention: every batch is padded to its own longest sample, a new shape for cuDNN (attention.py)
     with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators(), \
-            variable_shape_attention(device):
+            variable_shape_attention(device), head_at_loss_positions():
         args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,
                                  learning_rate=config.learning_rate, seed=config.seed, device=device,
                                  bf16=config.precision != "fp32", weight_decay=config.weight_decay,
@@ -136,6 +136,30 @@ def supervised_finetune(
         trainer.train()
     model.to(device).eval()
     return step_losses(trainer)
+
+
+@contextmanager
+def head_at_loss_positions() -> Iterator[None]:
+    """TRL's fused loss head (`trl.trainer.utils.add_fused_lm_head`) projects through the vocabulary only the positions
+    whose label counts, but only on devices it runs Triton on: elsewhere it scores every position and zeroes the rest,
+    so that compiled tile shapes (Neuron's) do not change with each batch's count of labels. Eager CPU compiles
+    nothing, and there an agent step's completion is a few tokens after a prompt of hundreds: on the Fed-SE preset's
+    round the loss read 2,394 of 29,497 positions (docs/performance.md). Here the CPU takes the labelled positions too.
+    The loss is the same sum over the same positions, the same to the bit (each row is projected alone); the backward's
+    products have fewer rows and may sum in another order, so the trained weights agree to rounding
+    (tests/agent/test_sft.py). TRL decides this in a private helper it reads at each call; if a TRL release renames
+    it, this does nothing and the test that counts the head's rows fails."""
+    from trl.trainer import utils as trl_utils
+
+    compact_on = getattr(trl_utils, "_use_triton", None)
+    if compact_on is None:
+        yield
+        return
+    trl_utils._use_triton = lambda device: device.type == "cpu" or compact_on(device)
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = compact_on
 
 
 @contextmanager
