@@ -356,21 +356,24 @@ def run_shares(run: Path) -> dict[str, float]:
     return {"minutes": total / 60, "waves": waves} | {k: v / total for k, v in shares.items()}
 
 
-def seed_table() -> tuple[str, dict]:
-    """docs/performance.md's table of the preset and its compiled layers seed by seed, from the kept records: each run's
-    minutes and where they went, its held-out success (first -> last evaluation, the gain in standard errors paired
-    over rooms), and the compiled run's last evaluation minus the preset's, room by room; over seeds, the minutes'
-    ratio and the difference in the last evaluation (paired t-test over seeds)."""
+def seed_table(seed_runs: dict[str, list[str]], seeds: list[int] | None = None) -> tuple[str, dict]:
+    """A docs/performance.md table of a preset (the first entry of `seed_runs`) against it with a lever (the second),
+    seed by seed, from the kept records: each run's minutes and where they went, its held-out success (first -> last
+    evaluation, the gain in standard errors paired over rooms), and the lever's last evaluation minus the preset's,
+    room by room; over seeds, the minutes' ratio per machine and the difference in the last evaluation (paired t-test
+    over seeds). `seeds`: the seeds the runs are, in order (0, 1, ... unless given)."""
     from fedagent_flwr.experiments.paired_rounds import compare, compare_runs, evaluation_rounds
     from fedagent_flwr.experiments.seed_statistics import paired_difference, stats
 
-    runs = {k: [ROOT / "benchmarks" / "results" / r for r in v] for k, v in SEED_RUNS.items()}
+    (base, base_runs), (lever, lever_runs) = seed_runs.items()
+    runs = {k: [ROOT / "benchmarks" / "results" / r for r in v] for k, v in seed_runs.items()}
+    seeds = seeds or list(range(len(base_runs)))
     lines = ["| seed | machine | run | minutes | evaluations | rollouts | updates | rest | held-out success | "
-             "compiled - preset, last evaluation |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{lever} - {base}, last evaluation |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     last, minutes = {k: [] for k in runs}, {k: [] for k in runs}
-    for seed, (p, c) in enumerate(zip(runs["preset"], runs["compiled"])):
+    for seed, p, c in zip(seeds, runs[base], runs[lever]):
         against = compare_runs(c, p, evaluation_rounds(c)[-1], evaluation_rounds(p)[-1])
-        for k, run in (("preset", p), ("compiled", c)):
+        for k, run in ((base, p), (lever, c)):
             shares, marks = run_shares(run), evaluation_rounds(run)
             gain = compare(run, marks[-1], marks[0])
             last[k].append(gain["later_success"])
@@ -378,15 +381,15 @@ def seed_table() -> tuple[str, dict]:
             cells = [str(seed), machine(run.name), k, f"{shares['minutes']:.1f}", *(f"{100 * shares[part]:.0f} %" for part in
                                                                    ("evaluation", "rollout", "update", "rest")),
                      f"{gain['earlier_success']:.3f} -> {gain['later_success']:.3f} ({gain['mean'] / gain['se']:.1f} SE)",
-                     f"{against['mean']:+.3f} +- {against['se']:.3f} (p {against['p']:.2g})" if k == "compiled" else ""]
+                     f"{against['mean']:+.3f} +- {against['se']:.3f} (p {against['p']:.2g})" if k == lever else ""]
             lines.append("| " + " | ".join(cells) + " |")
     # the minutes' ratio per machine: the same lever paid on one processor and not on the other
     ratios = {}
-    for run, a, b in zip(SEED_RUNS["preset"], minutes["preset"], minutes["compiled"]):
+    for run, a, b in zip(base_runs, minutes[base], minutes[lever]):
         ratios.setdefault(machine(run), []).append(a / b)
     figures = {"ratio": {m: stats(r) if len(r) > 1 else {"mean": r[0], "se": None, "n": 1} for m, r in ratios.items()},
-               "difference": paired_difference(dict(enumerate(last["compiled"])), dict(enumerate(last["preset"]))),
-               "seeds": len(last["preset"])}
+               "difference": paired_difference(dict(enumerate(last[lever])), dict(enumerate(last[base]))),
+               "seeds": len(last[base])}
     return "\n".join(lines), figures
 
 
@@ -394,7 +397,7 @@ def test_the_seed_table_and_what_it_says_are_recomputed_from_the_kept_records():
     """docs/performance.md's compiled layers against the preset, seed by seed: the table between its markers, the
     minutes' ratio, the difference over seeds and round 1's metrics, each recomputed from the records."""
     text = (ROOT / "docs" / "performance.md").read_text()
-    table, figures = seed_table()
+    table, figures = seed_table(SEED_RUNS)
     start = text.index("<!-- seed table: SEED_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
     assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
     page = " ".join(text.split())

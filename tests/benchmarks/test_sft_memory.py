@@ -13,7 +13,7 @@ def test_each_setting_reports_its_peak_its_plan_and_the_same_losses(capsys):
     sft_memory = load_script("sft_memory")
     results = sft_memory.main(["--run-config", str(ROOT / "configs" / "fedse-cpu.toml"), "--micro", "0", "--micro", "4",
                                "--steps", "2", "--prompt-tokens", "40"])
-    whole, passes = results["settings"]
+    whole, passes = results["measured"]
     assert (whole["micro_batch_size"], passes["micro_batch_size"]) == (16, 4) and whole["batch_size"] == 16
     assert passes["plan_gib"] < whole["plan_gib"] and whole["peak_rss_gib"] > 0
     assert passes["losses"] == pytest.approx(whole["losses"], rel=1e-5) and len(whole["losses"]) == 2
@@ -28,7 +28,7 @@ def test_the_heads_positions_take_turns_and_leave_the_losses_as_they_were(capsys
         "--run-config", str(ROOT / "configs" / "fedse-cpu.toml"), "--micro", "8", "--head", "every", "--head", "loss",
         "--precision", "fp32", "--precision", "bf16-mixed", "--repeats", "2", "--threads", "1", "--steps", "1",
         "--prompt-tokens", "40"])
-    settings = {(r["head"], r["precision"]): r for r in report["settings"]}
+    settings = {(r["head"], r["precision"]): r for r in report["measured"]}
     assert sorted(settings) == sorted((h, p) for h in ("every", "loss") for p in ("fp32", "bf16-mixed"))
     for precision in ("fp32", "bf16-mixed"):
         every, loss = settings[("every", precision)], settings[("loss", precision)]
