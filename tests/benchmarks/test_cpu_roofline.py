@@ -597,3 +597,93 @@ def test_the_fedse_roofline_sections_figures_are_recomputed_from_its_raw_outputs
     assert (f"({loss:,.0f} of {positions:,.0f} positions in the fp32 round). The head is {100 * head / (body + head):.0f} %"
             f" of a position's weights, so the head at the loss positions alone would cut the fine-tuning's FLOPs by "
             f"{100 * head * (positions - loss) / ((body + head) * positions):.0f} %") in section
+
+
+FEDSE_PRECISION_RUNS = {  # issue 69: the Fed-SE preset (fp32) against it under bf16-mixed, AMD EPYC, seeds 1-2
+    "fp32": ["2026-12-05-cpu/runs/fedse-preset-s1-amd", "2026-12-05-cpu/runs/fedse-preset-s2-amd"],
+    "bf16-mixed": ["2026-12-06-cpu/runs/fedse-bf16-mixed-s1-amd", "2026-12-06-cpu/runs/fedse-bf16-mixed-s2-amd"],
+}
+
+
+def test_fedse_under_bf16_mixed_seed_by_seed_is_recomputed_from_the_kept_records():
+    """docs/performance.md's Fed-SE preset against it under bf16-mixed: the table between its markers, the minutes'
+    ratio and the difference in the last evaluation over seeds, from the runs' records."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table, figures = seed_table(FEDSE_PRECISION_RUNS, seeds=[1, 2])
+    start = text.index("<!-- seed table: FEDSE_PRECISION_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
+    section = " ".join(text.split()).split("## Fed-SE's fine-tuning at the completions' positions")[1].split(" ## ")[0]
+    ratio, d = figures["ratio"][MACHINES["amd"]], figures["difference"]
+    assert f"an fp32 run took {ratio['mean']:.2f}x +- {ratio['se']:.2f} the time of the bf16-mixed run of its seed" in section
+    assert f"over the {figures['seeds']} seeds the difference is {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}" in section
+    minutes = {k: " and ".join(f"{run_shares(ROOT / 'benchmarks' / 'results' / r)['minutes']:.1f}" for r in runs)
+               for k, runs in FEDSE_PRECISION_RUNS.items()}
+    assert f"({minutes['bf16-mixed']} minutes against {minutes['fp32']})" in section
+
+
+def test_the_fine_tunings_head_at_the_completions_positions_is_quoted_from_its_raw_output():
+    """The side-by-side call of sft_memory.py: each precision's seconds a step with the head at every position and at
+    the completions' only, the ratio turn by turn, the same losses, and the peak memory against the plan."""
+    section = " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(
+        "## Fed-SE's fine-tuning at the completions' positions")[1].split(" ## ")[0]
+    report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / "sft_memory.head-amd.json").read_text())
+    rows = {(r["head"], r["precision"]): r for r in report["measured"]}
+    steps = len(rows[("loss", "fp32")]["losses"])
+    for precision in ("fp32", "bf16-mixed"):
+        every, loss = rows[("every", precision)], rows[("loss", precision)]
+        assert every["losses"] == loss["losses"]  # the same loss, to the bit
+        turns = next(r["every_over_loss"] for r in report["head_ratios"] if r["precision"] == precision)
+        mean = lambda r: sum(r["seconds"]) / len(r["seconds"]) / steps  # noqa: E731
+        assert (f"{precision}: {mean(loss):.1f} s a step against {mean(every):.1f} s, "
+                f"{' and '.join(f'{x:.2f}x' for x in turns)} faster") in section
+    assert (f"peak resident memory of the fp32 process {rows[('every', 'fp32')]['peak_rss_gib']:.2f} GiB with the head at "
+            f"every position, {rows[('loss', 'fp32')]['peak_rss_gib']:.2f} GiB at the completions', against a memory plan "
+            f"of {rows[('loss', 'fp32')]['plan_gib']:.2f} GiB") in section
+
+
+def test_the_fedse_round_with_the_head_at_the_completions_is_recomputed_against_the_round_before():
+    """The rooflines of 2026-12-06 against those of 2026-12-05: the same work in fp32 (so the seconds compare), the
+    fine-tuning's seconds, rates and share, and each precision's arithmetic minutes, before and after."""
+    import re
+
+    section = " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(
+        "## Fed-SE's fine-tuning at the completions' positions")[1].split(" ## ")[0]
+    results = ROOT / "benchmarks" / "results"
+    load = lambda path: json.loads((results / path).read_text())  # noqa: E731
+    before = {"fp32": load("2026-12-05-cpu/cpu_roofline.fedse-amd.json"),
+              "bf16": load("2026-12-05-cpu/cpu_roofline.fedse-bf16-mixed-amd.json")}
+    after = {"fp32": load("2026-12-06-cpu/cpu_roofline.fedse-head-amd.json"),
+             "bf16": load("2026-12-06-cpu/cpu_roofline.fedse-head-bf16-mixed-amd.json")}
+    old, new = before["fp32"], after["fp32"]
+    assert old["counts"] == new["counts"] and old["round"] == new["round"]  # the same work, so the seconds compare
+    assert (f"the same {new['round']['episodes']:.0f} episodes, the same buffer of {new['round']['train_samples']:.0f} "
+            f"agent steps, the same {new['counts']['sft loss tokens']:,.0f} loss tokens in "
+            f"{new['counts']['update forward passes']:.0f} passes") in section
+    tuning = lambda report: sum(report["phases"][p]["seconds"] for p in ("update forward", "update backward"))  # noqa: E731
+    peak = lambda report, phase: f"{100 * report['phases'][phase]['share_of_peak']:.0f} %"  # noqa: E731
+    share = 100 * sum(new["phases"][p]["share_of_round"] for p in ("update forward", "update backward"))
+    assert (f"the fine-tuning's forward and backward took {tuning(new):.0f} s against {tuning(old):.0f} s on 2026-12-05 "
+            f"({tuning(old) / tuning(new):.2f}x), now at {peak(new, 'update forward')} and {peak(new, 'update backward')} "
+            f"of the fp32 peak, and {share:.0f} % of the round measured") in section
+    assert before["bf16"]["counts"] == after["bf16"]["counts"] and before["bf16"]["round"] == after["bf16"]["round"]
+    old, new = before["bf16"], after["bf16"]
+    assert (f"the fine-tuning's forward and backward took {tuning(new):.0f} s against {tuning(old):.0f} s on 2026-12-05 "
+            f"({tuning(old) / tuning(new):.2f}x), now at {peak(new, 'update forward')} and {peak(new, 'update backward')} "
+            f"of the bf16 peak (the backward was at {peak(old, 'update backward')}") in section
+    decodes = [new["phases"][p] for p in ("rollout decode", "evaluation decode")]
+    assert (f"Its decodes are now the slowest phases against the peak ({100 * decodes[0]['share_of_peak']:.0f} % and "
+            f"{100 * decodes[1]['share_of_peak']:.0f} %) and {100 * sum(d['share_of_round'] for d in decodes):.0f} % of "
+            f"the round") in section
+    assert all(d["share_of_peak"] < min(r["share_of_peak"] or 1 for r in new["phases"].values()
+                                        if r not in decodes and r["share_of_peak"]) for d in decodes)
+    rates_before_fp32 = re.search(r"(\d+) minutes at these rates", roofline.markdown(before["fp32"])).group(1)
+    for dtype in ("fp32", "bf16"):
+        (rates_before, peak_before), (rates_after, peak_after) = (
+            re.search(rf"(\d+) minutes at these rates, (\d+) minutes with every FLOP at the {dtype} peak",
+                      roofline.markdown(r[dtype])).groups() for r in (before, after))
+        assert (f"A run's FLOPs at the {dtype} peak take {peak_after} minutes ({peak_before} before), at the measured rates "
+                f"the arithmetic gives {rates_after} ({rates_before} before)") in section
+    runs = sorted(run_shares(results / r)["minutes"] for r in FEDSE_PRECISION_RUNS["fp32"])
+    assert (f"with both levers the arithmetic at measured rates gives {rates_after} minutes, and a run takes longer than "
+            f"its arithmetic (the preset's fp32 runs took {runs[0]:.1f}-{runs[1]:.1f} minutes against {rates_before_fp32} "
+            f"arithmetic)") in section
