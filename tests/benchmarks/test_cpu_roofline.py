@@ -636,6 +636,11 @@ def test_the_fine_tunings_head_at_the_completions_positions_is_quoted_from_its_r
         mean = lambda r: sum(r["seconds"]) / len(r["seconds"]) / steps  # noqa: E731
         assert (f"{precision}: {mean(loss):.1f} s a step against {mean(every):.1f} s, "
                 f"{' and '.join(f'{x:.2f}x' for x in turns)} faster") in section
+    first = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / "sft_memory.head-amd.first.json").read_text())
+    turns = [" and ".join(f"{x:.2f}x" for x in r["every_over_loss"]) for r in first["head_ratios"]]
+    assert [r["precision"] for r in first["head_ratios"]] == ["fp32", "bf16-mixed"]
+    assert first["raw_output"]["git"]["commit"].startswith("8568fd8")
+    assert f"(A first call from 8568fd8 measured {turns[0]}, {turns[1]}:" in section
     assert (f"peak resident memory of the fp32 process {rows[('every', 'fp32')]['peak_rss_gib']:.2f} GiB with the head at "
             f"every position, {rows[('loss', 'fp32')]['peak_rss_gib']:.2f} GiB at the completions', against a memory plan "
             f"of {rows[('loss', 'fp32')]['plan_gib']:.2f} GiB") in section
