@@ -181,14 +181,27 @@ def _head_rows(monkeypatch) -> list[int]:
     return rows
 
 
-def test_the_head_runs_only_at_the_completions_positions_on_cpu(tiny_lm, maze_tokenizer, monkeypatch):
-    """An agent step's completion is a few tokens after a long prompt: the vocabulary projection runs at the
-    completion's positions only, one row a completion token (TRL's default on CPU is every position of the batch)."""
+def _adapted(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+
+
+def test_the_head_runs_only_at_the_completions_positions_on_cpu_under_an_adapter(tiny_lm, maze_tokenizer, monkeypatch):
+    """An agent step's completion is a few tokens after a long prompt: under a LoRA adapter (Fed-SE) the vocabulary
+    projection runs at the completion's positions only, one row a completion token (TRL's default on CPU is every
+    position of the batch). A trained head (the tiny models' build) keeps TRL's path, so those builds stay as they were
+    to the bit."""
     rows = _head_rows(monkeypatch)
     samples = _pairs(maze_tokenizer, 4, seed=4)
-    supervised_finetune(copy.deepcopy(tiny_lm), samples, maze_tokenizer, SupervisedConfig(steps=1, batch_size=4))
+    torch.manual_seed(1)
+    supervised_finetune(_adapted(tiny_lm), samples, maze_tokenizer, SupervisedConfig(steps=1, batch_size=4))
     assert rows == [sum(len(c) for _, c in samples)]
     assert rows[0] < 0.5 * len(samples) * max(len(p) + len(c) for p, c in samples)
+    rows.clear()
+    supervised_finetune(copy.deepcopy(tiny_lm), samples, maze_tokenizer, SupervisedConfig(steps=1, batch_size=4))
+    assert rows == [len(samples) * (max(len(p) + len(c) for p, c in samples) - 1)]  # every position but the last
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
@@ -199,8 +212,6 @@ def test_the_adapter_trains_as_with_the_head_at_every_position(tiny_lm, maze_tok
     another order, so the adapter agrees to rounding (micro-batches of different widths, accumulated)."""
     import contextlib
 
-    from peft import LoraConfig, get_peft_model
-
     from fedagent_flwr.agent.training import sft
 
     samples = _pairs(maze_tokenizer, 12, seed=5)
@@ -209,8 +220,7 @@ def test_the_adapter_trains_as_with_the_head_at_every_position(tiny_lm, maze_tok
         if not compact:
             monkeypatch.setattr(sft, "head_at_loss_positions", contextlib.nullcontext)
         torch.manual_seed(1)
-        model = get_peft_model(copy.deepcopy(tiny_lm), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                                  init_lora_weights=False))
+        model = _adapted(tiny_lm)
         rows.clear()
         losses = supervised_finetune(model, samples, maze_tokenizer, SupervisedConfig(
             steps=3, batch_size=4, micro_batch_size=2, learning_rate=1e-2, precision=precision))

@@ -72,7 +72,10 @@ def test_trls_fine_tuning_is_split_into_its_forward_backward_and_optimizer_step_
                 [rng.randrange(3, 30) for _ in range(rng.randrange(2, 5))]) for _ in range(8)]
     meter = roofline.PhaseMeter()
     with roofline.instrumented(meter):
-        self_evolution.supervised_finetune(copy.deepcopy(tiny_lm), samples, maze_tokenizer,
+        from peft import LoraConfig, get_peft_model
+
+        adapted = get_peft_model(copy.deepcopy(tiny_lm), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))  # as Fed-SE
+        self_evolution.supervised_finetune(adapted, samples, maze_tokenizer,
                                            SupervisedConfig(steps=2, batch_size=4, micro_batch_size=2, seed=3))
     passes = meter.counts["update forward passes"]
     assert passes == 4  # 2 steps of 2 micro-batches

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,7 +124,7 @@ def supervised_finetune(
     device = model_device(model)
     # variable_shape_attention: every batch is padded to its own longest sample, a new shape for cuDNN (attention.py)
     with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators(), \
-            variable_shape_attention(device), head_at_loss_positions():
+            variable_shape_attention(device), head_at_loss_positions() if frozen_head(model) else nullcontext():
         args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,
                                  learning_rate=config.learning_rate, seed=config.seed, device=device,
                                  bf16=config.precision != "fp32", weight_decay=config.weight_decay,
@@ -136,6 +136,15 @@ def supervised_finetune(
         trainer.train()
     model.to(device).eval()
     return step_losses(trainer)
+
+
+def frozen_head(model: torch.nn.Module) -> bool:
+    """Whether the output head takes no gradient (a LoRA adapter over the base, as Fed-SE trains). Only then does a
+    pass score the loss positions alone (head_at_loss_positions): a trained head's gradient would sum over other rows
+    in another order, and every tiny model built before would change in rounding, for nothing, their vocabulary of a
+    few hundred tokens costing the head little."""
+    head = model.get_output_embeddings()
+    return head is not None and not head.weight.requires_grad
 
 
 @contextmanager
