@@ -327,6 +327,47 @@ def test_client_message_holds_only_adapter_tensors_and_numeric_metrics(tiny_lm, 
     assert (tmp_path / "buffers" / "run-k1" / "partition-1" / "buffer.json").exists()
 
 
+def test_a_client_under_bf16_base_trains_an_fp32_adapter_over_its_bf16_base(tiny_lm, maze_tokenizer, tmp_path, monkeypatch,
+                                                                             run_identity):
+    """precision=bf16-base with fedse-lora: the client's base is bf16 (cfg.base_dtype(), what load_agent loads) and stays
+    untouched, the adapter it trains and sends is fp32 and moved, and its passes ran under bf16 autocast."""
+    import copy
+
+    from flwr.app import Context
+
+    from fedagent_flwr import client_app
+    from fedagent_flwr.agent.training import sft
+
+    cfg = RunConfig().to_run_config() | {
+        "strategy": "fedse-lora", "precision": "bf16-base", "fedse-buffer-dir": str(tmp_path / "buffers"),
+        "tasks-per-client": 2, "lora-rank": 2, "fedse-explore-samples": 1, "fedse-seed-demos": 2, "fedse-sft-steps": 2,
+        "fedse-learning-rate": 1e-2, "max-new-tokens": 8, "max-steps": 3,
+    }
+    assert RunConfig.from_run_config(cfg).base_dtype() == torch.bfloat16
+    base = copy.deepcopy(tiny_lm).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    loaded_in = []
+    monkeypatch.setattr(client_app, "load_agent", lambda *a: loaded_in.append(a[-1]) or _agent(base, maze_tokenizer))
+    autocast_seen = []
+    inner = sft.supervised_finetune
+    monkeypatch.setattr("fedagent_flwr.agent.self_evolution.supervised_finetune",
+                        lambda model, samples, tok, config: autocast_seen.append(config.precision) or inner(model, samples, tok, config))
+    with attached_lora(tiny_lm, LoRASpec(rank=2, alpha=16.0), seed=0) as pm:
+        global_adapter = adapter_to_arrays(pm)
+    msg = Message(RecordDict({"arrays": global_adapter,
+                              "config": ConfigRecord({"partition-id": 0, "fingerprint": "fp", "server-round": 1,
+                                                      "fedse-run-key": "k1"})}),
+                  dst_node_id=5, message_type=MessageType.TRAIN)
+    context = Context(run_id=77, node_id=5, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(), run_config=cfg)
+    arrays = client_app.train(msg, context).content.array_records["arrays"]
+    assert set(arrays.keys()) == set(global_adapter.keys())
+    assert all(arrays[k].dtype == "float32" for k in arrays.keys())
+    moved = sum(float(np.abs(arrays[k].numpy() - global_adapter[k].numpy()).sum()) for k in arrays.keys())
+    assert loaded_in and set(loaded_in) == {torch.bfloat16}  # the client asked for its base in bf16
+    assert moved > 0 and autocast_seen == ["bf16-mixed"]  # the SFT computed under bf16 autocast (TRL's bf16=True)
+    assert all(v.dtype == torch.bfloat16 and torch.equal(before[k], v) for k, v in base.state_dict().items())
+
+
 def test_config_rejects_bad_fedse_values():
     with pytest.raises(ValueError, match="fedse-aggregation"):
         RunConfig.from_run_config({"fedse-aggregation": "median"})
