@@ -2,18 +2,22 @@
 """Peak memory and seconds of Fed-SE's fine-tuning steps by setting, on the model and LoRA adapter of a run config:
 the micro-batch (one batch in one pass against the same batch accumulated over passes, `fedse-sft-micro-batch-size`),
 where TRL's loss head projects (`--head loss`: the completions' positions, as `agent/training/sft.py` has it; `every`:
-every position of the padded batch, TRL's own choice on CPU) and the precision (fp32 or bf16-mixed).
+every position of the padded batch, TRL's own choice on CPU) and the precision (fp32, bf16-mixed, or bf16-base: the
+frozen base loaded in bf16 under the same autocast, as a run with that precision loads it).
 
 Each setting runs in a fresh process of its own, since a process's peak resident memory (ru_maxrss) only grows; with
 `--repeats` R the settings take turns R times, so that a drift of the machine's speed reaches each alike. The samples
 are synthetic agent steps of `--prompt-tokens` (uniform over +-10 %) and `--completion-tokens` tokens, the same in
 every process. Printed per setting: the peak resident memory, the memory plan's client total for the same setting,
 the seconds (each repeat's), and the steps' losses (which accumulation and the head's positions must leave as they
-were); per pair of head settings, the every/loss ratio of the seconds, repeat by repeat.
+were); per pair of head settings, the every/loss ratio of the seconds, repeat by repeat, and per other precision the
+first precision's seconds over its own.
 
     python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 0 --micro 4
     python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 4 --head every --head loss \
         --precision fp32 --precision bf16-mixed --prompt-tokens 190 --completion-tokens 18 --repeats 2 --threads 1
+    python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 4 --precision bf16-mixed \
+        --precision bf16-base --prompt-tokens 190 --completion-tokens 18 --repeats 2 --threads 1
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from fedagent_flwr.methods.memory import memory_plan
 
 
 HEADS = ("loss", "every")
-PRECISIONS = ("fp32", "bf16-mixed")
+PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
 
 
 def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, completion_tokens: int, seed: int,
@@ -48,8 +52,10 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.methods.placement import place_run, process_placement
 
-    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro})
-    agent = load_agent(cfg.model, cfg.env, place_run(cfg).device)  # where a run's client computes on this machine
+    # the setting's precision is the run's: its base dtype (bf16-base) and its memory plan follow it
+    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro,
+                                                                                "precision": precision})
+    agent = load_agent(cfg.model, cfg.env, place_run(cfg).device, cfg.base_dtype())  # as a run's client loads it here
     placement = process_placement(cfg, agent, make_env(cfg.env, cfg.max_steps).tasks_of_split("test"))
     plan = memory_plan(cfg, ModelShape.of(agent.model.config), placement.context_tokens, placement, placement.rollout_rows)
     rng = np.random.default_rng(seed)
@@ -63,7 +69,7 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
     with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
         losses = supervised_finetune(model, samples, agent.tokenizer, SupervisedConfig(
             steps=steps, batch_size=cfg.fedse_sft_batch_size, micro_batch_size=micro, learning_rate=cfg.fedse_learning_rate,
-            precision=precision))
+            precision=placement.compute_precision))
     return {"micro_batch_size": micro or cfg.fedse_sft_batch_size, "batch_size": cfg.fedse_sft_batch_size,
             "head": head, "precision": precision,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "plan_gib": plan.total / GB,
@@ -124,8 +130,13 @@ def main(argv: list[str] | None = None) -> dict:
                                                                               runs[(micro, "loss", precision)])]}
               for micro, precision in itertools.product(args.micro or [0], args.precision or ["fp32"])
               if (micro, "every", precision) in runs and (micro, "loss", precision) in runs]
+    first = (args.precision or ["fp32"])[0]  # each other precision's seconds against the first's, turn by turn
+    precision_ratios = [{"micro_batch_size": micro, "head": head, "precision": precision,
+                         "first_over_this": [f["seconds"] / x["seconds"] for f, x in zip(runs[(micro, head, first)],
+                                                                                         runs[(micro, head, precision)])]}
+                        for micro, head, precision in settings if precision != first]
     # not "settings": raw_output.py files a result's `settings` as the benchmark's arguments
-    report = {"measured": results, "head_ratios": ratios}
+    report = {"measured": results, "head_ratios": ratios, "precision_ratios": precision_ratios}
     if args.json:
         print(json.dumps(report))
     else:
@@ -139,6 +150,9 @@ def main(argv: list[str] | None = None) -> dict:
         for r in ratios:
             print(f"  head at every position / at the loss's, micro-batch {r['micro_batch_size']}, {r['precision']}: "
                   f"{', '.join(f'{x:.2f}x' for x in r['every_over_loss'])}")
+        for r in precision_ratios:
+            print(f"  {first} / {r['precision']}, micro-batch {r['micro_batch_size']}, head {r['head']}: "
+                  f"{', '.join(f'{x:.2f}x' for x in r['first_over_this'])}")
     return report
 
 

@@ -39,6 +39,20 @@ def test_the_heads_positions_take_turns_and_leave_the_losses_as_they_were(capsys
     assert "head at every position / at the loss's, micro-batch 8, bf16-mixed" in capsys.readouterr().out
 
 
+def test_bf16_base_loads_the_base_in_bf16_and_plans_it_so(capsys):
+    """--precision bf16-base is the run's precision: the base loaded in bf16 (half the plan's weights), the passes under
+    the same autocast as bf16-mixed, so the losses differ only by the base's rounding; its seconds against the first's."""
+    report = load_script("sft_memory").main([
+        "--run-config", str(ROOT / "configs" / "fedse-cpu.toml"), "--micro", "8", "--precision", "bf16-mixed",
+        "--precision", "bf16-base", "--threads", "1", "--steps", "1", "--prompt-tokens", "40"])
+    mixed, base = report["measured"]
+    assert (mixed["precision"], base["precision"]) == ("bf16-mixed", "bf16-base")
+    assert base["plan_gib"] < mixed["plan_gib"]
+    assert base["losses"] != mixed["losses"] and base["losses"] == pytest.approx(mixed["losses"], rel=0.05)
+    assert [(r["precision"], len(r["first_over_this"])) for r in report["precision_ratios"]] == [("bf16-base", 1)]
+    assert "bf16-mixed / bf16-base, micro-batch 8, head loss" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flag, value", [("--repeats", "0"), ("--threads", "-1")])
 def test_bad_counts_are_one_line(flag, value, capsys):
     with pytest.raises(SystemExit):
