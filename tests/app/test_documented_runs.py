@@ -212,3 +212,25 @@ def test_a_seed_repeats_on_one_processor_kind():
     minutes = [json.loads((r / "summary.json").read_text())["seconds"] / 60 for r in (first, again)]
     page = " ".join(RESULTS_MD.read_text().split())
     assert f"its clock said {minutes[0]:.1f} and {minutes[1]:.1f} minutes" in page and "within 1e-15" in page
+
+
+def test_the_fedse_presets_seed_0_repeats_across_processors_and_the_loss_heads_change():
+    """results.md: the Fed-SE preset in fp32, seed 0, on the Xeon with AMX before the loss head took the completions'
+    positions only (2026-12-05) and on the AMD EPYC after it (2026-12-06): the same held-out episodes in both
+    evaluations and the same training rewards; the fine-tuning losses agree within 1e-6, rounding apart."""
+    runs = ROOT / "benchmarks" / "results"
+    first, again = runs / "2026-12-05-cpu/runs/fedse-preset-s0-amx", runs / "2026-12-06-cpu/runs/fedse-preset-s0-amd"
+    for name in ("round-0000.json", "round-0003.json"):
+        assert (json.loads((first / "episodes" / name).read_text())["episodes"]
+                == json.loads((again / "episodes" / name).read_text())["episodes"]), name
+
+    def trained(run):
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/seconds" in line]
+
+    for a, b in zip(trained(first), trained(again), strict=True):
+        assert (a["train/mean_reward"], a["train/success_rate"]) == (b["train/mean_reward"], b["train/success_rate"])
+        for key in ("train/loss", "train/fedse/loss-first"):
+            assert a[key] != b[key] and abs(a[key] - b[key]) < 1e-6  # rounding moved, nothing more
+    page = " ".join(RESULTS_MD.read_text().split())
+    assert "the same held-out episodes in both evaluations as on the Xeon with AMX before it" in page
+    assert "fine-tuning losses agreed within 1e-6" in page
