@@ -704,3 +704,48 @@ def test_the_fedse_round_with_the_head_at_the_completions_is_recomputed_against_
     seed0 = {k: run_shares(results / runs[0])["minutes"] for k, runs in FEDSE_PRECISION_RUNS.items()}  # after it
     assert (f"Seed 0, run with the head's change (below): {seed0['fp32']:.1f} minutes in fp32 against {rates_after_fp32} "
             f"arithmetic, {seed0['bf16-mixed']:.1f} under bf16-mixed against {rates_after}") in section
+
+
+def test_fedse_under_bf16_base_is_quoted_from_its_raw_outputs():
+    """docs/performance.md's Fed-SE under bf16-base: the fine-tuning and the evaluation side by side against bf16-mixed,
+    and the roofline's rates against bf16-mixed's round, each from its raw output."""
+    import re
+
+    section = " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(
+        "## Fed-SE with its frozen base in bf16 (bf16-base)")[1].split(" ## ")[0]
+    folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
+    load = lambda name: json.loads((folder / name).read_text())  # noqa: E731
+    sft = load("sft_memory.bf16-base-amd.json")
+    rows = {r["precision"]: r for r in sft["measured"]}
+    step = lambda r: sum(r["seconds"]) / len(r["seconds"]) / len(r["losses"])  # noqa: E731
+    (turns,) = [r["first_over_this"] for r in sft["precision_ratios"] if r["precision"] == "bf16-base"]
+    assert (f"{step(rows['bf16-base']):.1f} s a step under bf16-base against {step(rows['bf16-mixed']):.1f} s under "
+            f"bf16-mixed, {' and '.join(f'{x:.2f}x' for x in turns)} faster over the two turns: no gain shown") in section
+    assert min(turns) < 1.01  # what "no gain shown" says of two turns
+    assert (f"Peak resident memory {rows['bf16-base']['peak_rss_gib']:.2f} GiB against "
+            f"{rows['bf16-mixed']['peak_rss_gib']:.2f} (a plan of {rows['bf16-base']['plan_gib']:.2f} against "
+            f"{rows['bf16-mixed']['plan_gib']:.2f})") in section
+    evaluation = load("cpu_round.fedse-eval-bf16-base-amd.json")
+    mixed, base = evaluation["variants"]["precision=bf16-mixed"], evaluation["variants"]["precision=bf16-base"]
+    assert evaluation["eval_only"] and evaluation["threads"] == 1 and evaluation["eval_tasks"] == 8
+    assert (f"{base['eval_s'][0]:.1f} s against {mixed['eval_s'][0]:.1f} s, {base['eval_ratio'][0]:.2f}x +- "
+            f"{base['eval_ratio'][1]:.2f} faster, {base['eval_ms_per_token_ratio'][0]:.2f}x +- "
+            f"{base['eval_ms_per_token_ratio'][1]:.2f} per generated token") in section
+    new, old = load("cpu_roofline.fedse-bf16-base-amd.json"), load("cpu_roofline.fedse-head-bf16-mixed-amd.json")
+    rate = lambda report, phase: report["phases"][phase]["gflop_per_s"]  # noqa: E731
+    for phase, ratio in (("rollout decode", "1.50x"), ("evaluation decode", "1.30x")):
+        assert f"{rate(new, phase) / rate(old, phase):.2f}x" == ratio
+    assert (f"the rollout's decode ran at {rate(new, 'rollout decode'):.1f} GFLOP/s against "
+            f"{rate(old, 'rollout decode'):.1f} (1.50x), the evaluation's at {rate(new, 'evaluation decode'):.1f} against "
+            f"{rate(old, 'evaluation decode'):.1f} (1.30x)") in section
+    others = [rate(new, p) / rate(old, p) for p in ("rollout prefill", "evaluation prefill", "update forward", "update backward")]
+    assert f"{min(others):.2f}-{max(others):.2f}x faster" in section
+    minutes = [re.search(r"(\d+) minutes at these rates, (\d+) minutes with every FLOP at the bf16 peak",
+                         roofline.markdown(r)).groups() for r in (new, old)]
+    assert (f"The run's arithmetic: {minutes[0][0]} minutes at these rates ({minutes[1][0]} under bf16-mixed), "
+            f"{minutes[0][1]} at the bf16 peak") in section
+    decodes = [new["phases"][p] for p in ("rollout decode", "evaluation decode")]
+    assert f"({100 * decodes[0]['share_of_peak']:.0f} % and {100 * decodes[1]['share_of_peak']:.0f} %)" in section
+    sweep = new["peaks"]["bf16"]["decode_sweep_flops"]
+    assert (f"runs at {sweep / 1e9:.1f} GFLOP/s here, so they reach {100 * decodes[0]['gflop_per_s'] * 1e9 / sweep:.0f} % "
+            f"and {100 * decodes[1]['gflop_per_s'] * 1e9 / sweep:.0f} %") in section
