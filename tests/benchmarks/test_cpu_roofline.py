@@ -749,3 +749,32 @@ def test_fedse_under_bf16_base_is_quoted_from_its_raw_outputs():
     sweep = new["peaks"]["bf16"]["decode_sweep_flops"]
     assert (f"runs at {sweep / 1e9:.1f} GFLOP/s here, so they reach {100 * decodes[0]['gflop_per_s'] * 1e9 / sweep:.0f} % "
             f"and {100 * decodes[1]['gflop_per_s'] * 1e9 / sweep:.0f} %") in section
+
+
+FEDSE_BASE_RUNS = {  # issue 69: the Fed-SE preset under bf16-mixed against it under bf16-base, AMD EPYC, seed 0
+    "bf16-mixed": ["2026-12-06-cpu/runs/fedse-bf16-mixed-s0-amd"],
+    "bf16-base": ["2026-12-06-cpu/runs/fedse-bf16-base-s0-amd"],
+}
+
+
+def test_the_fedse_run_under_bf16_base_is_recomputed_from_its_records():
+    """docs/performance.md's seed-0 run under bf16-base against bf16-mixed: the table between its markers, the minutes,
+    the first evaluations' seconds and successes, and the last evaluations' difference, from the runs' records."""
+    from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
+
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table, figures = seed_table(FEDSE_BASE_RUNS)
+    start = text.index("<!-- seed table: FEDSE_BASE_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
+    section = " ".join(text.split()).split("## Fed-SE with its frozen base in bf16 (bf16-base)")[1].split(" ## ")[0]
+    (mixed,), (base,) = ([ROOT / "benchmarks" / "results" / r for r in v] for v in FEDSE_BASE_RUNS.values())
+    minutes = {run: run_shares(run)["minutes"] for run in (mixed, base)}
+    first = {run: json.loads((run / "metrics.jsonl").read_text().splitlines()[0]) for run in (mixed, base)}
+    assert (f"{minutes[base]:.1f} minutes against {minutes[mixed]:.1f}, the bf16-mixed run "
+            f"{figures['ratio'][MACHINES['amd']]['mean']:.2f}x the time; the first evaluation took "
+            f"{first[base]['eval/seconds']:.0f} s against {first[mixed]['eval/seconds']:.0f} s") in section
+    assert (f"(the same warm model under other rounding: {first[base]['eval/success_rate']:.3f} against "
+            f"{first[mixed]['eval/success_rate']:.3f})") in section
+    d = compare_runs(base, mixed, evaluation_rounds(base)[-1], evaluation_rounds(mixed)[-1])
+    assert f"Its last evaluation minus bf16-mixed's is {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g})" in section
+    assert d["p"] > 0.05 and figures["seeds"] == 1  # what "one seed, no difference shown" says
