@@ -192,22 +192,29 @@ def test_runs_of_one_seed_start_from_the_same_evaluation():
     assert "grpo-s0" in taken["taken-from"] and taken["episodes"] == episodes("2026-12-02-cpu/runs/fedagent-preset-s0")
 
 
+def same_evaluations_and_rewards(first: Path, again: Path) -> list[tuple[dict, dict]]:
+    """Asserts two runs played the same held-out episodes in both evaluations and had the same training rewards and
+    successes round by round; returns their trained rounds' metrics, paired, for the caller's own checks."""
+    for name in ("round-0000.json", "round-0003.json"):
+        assert (json.loads((first / "episodes" / name).read_text())["episodes"]
+                == json.loads((again / "episodes" / name).read_text())["episodes"]), name
+
+    def trained(run):
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/seconds" in line]
+
+    pairs = list(zip(trained(first), trained(again), strict=True))
+    for a, b in pairs:
+        assert (a["train/mean_reward"], a["train/success_rate"]) == (b["train/mean_reward"], b["train/success_rate"])
+    return pairs
+
+
 def test_a_seed_repeats_on_one_processor_kind():
     """results.md: seed 2 on an AMD EPYC, 2026-12-01 and 2026-12-05 (many commits apart, the warm start rebuilt),
     played the same held-out episodes in every evaluation and the same training rewards; the update norms agree to
     1e-15 (float sums in another order), and the clocks differ."""
     runs = ROOT / "benchmarks" / "results"
     first, again = runs / "2026-12-01-cpu/runs/fedagent-preset-s2", runs / "2026-12-05-cpu/runs/fedagent-preset-s2-amd"
-    for name in ("round-0000.json", "round-0003.json"):
-        assert (json.loads((first / "episodes" / name).read_text())["episodes"]
-                == json.loads((again / "episodes" / name).read_text())["episodes"]), name
-
-    def trained(run):
-        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-                if "train/seconds" in line]
-
-    for a, b in zip(trained(first), trained(again), strict=True):
-        assert (a["train/mean_reward"], a["train/success_rate"]) == (b["train/mean_reward"], b["train/success_rate"])
+    for a, b in same_evaluations_and_rewards(first, again):
         assert abs(a["train/update_norm"] - b["train/update_norm"]) < 1e-15
     minutes = [json.loads((r / "summary.json").read_text())["seconds"] / 60 for r in (first, again)]
     page = " ".join(RESULTS_MD.read_text().split())
@@ -220,15 +227,7 @@ def test_the_fedse_presets_seed_0_repeats_across_processors_and_the_loss_heads_c
     evaluations and the same training rewards; the fine-tuning losses agree within 1e-6, rounding apart."""
     runs = ROOT / "benchmarks" / "results"
     first, again = runs / "2026-12-05-cpu/runs/fedse-preset-s0-amx", runs / "2026-12-06-cpu/runs/fedse-preset-s0-amd"
-    for name in ("round-0000.json", "round-0003.json"):
-        assert (json.loads((first / "episodes" / name).read_text())["episodes"]
-                == json.loads((again / "episodes" / name).read_text())["episodes"]), name
-
-    def trained(run):
-        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/seconds" in line]
-
-    for a, b in zip(trained(first), trained(again), strict=True):
-        assert (a["train/mean_reward"], a["train/success_rate"]) == (b["train/mean_reward"], b["train/success_rate"])
+    for a, b in same_evaluations_and_rewards(first, again):
         for key in ("train/loss", "train/fedse/loss-first"):
             assert a[key] != b[key] and abs(a[key] - b[key]) < 1e-6  # rounding moved, nothing more
     page = " ".join(RESULTS_MD.read_text().split())

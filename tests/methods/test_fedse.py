@@ -298,10 +298,24 @@ def test_seed_data_read_from_files_seed_the_buffer_instead_of_the_experts(tiny_l
     assert calls == [1] and "fedse/seeded-demos" not in metrics
 
 
-def test_client_message_holds_only_adapter_tensors_and_numeric_metrics(tiny_lm, maze_tokenizer, tmp_path, monkeypatch, run_identity):
-    """The ClientApp's train handler, called directly with a Flower Message and Context."""
+def _client_round(client_app, tiny_lm, cfg: dict, partition_id: int) -> tuple[ArrayRecord, Message]:
+    """(the global adapter sent, the reply): the ClientApp's train handler called directly with a Flower Message and
+    Context for round 1 of run key k1, one of 2 partitions."""
     from flwr.app import Context
 
+    with attached_lora(tiny_lm, LoRASpec(rank=2, alpha=16.0), seed=0) as pm:
+        global_adapter = adapter_to_arrays(pm)
+    msg = Message(RecordDict({"arrays": global_adapter,
+                              "config": ConfigRecord({"partition-id": partition_id, "fingerprint": "fp", "server-round": 1,
+                                                      "fedse-run-key": "k1"})}),
+                  dst_node_id=5, message_type=MessageType.TRAIN)
+    context = Context(run_id=77, node_id=5, node_config={"partition-id": partition_id, "num-partitions": 2},
+                      state=RecordDict(), run_config=cfg)
+    return global_adapter, client_app.train(msg, context)
+
+
+def test_client_message_holds_only_adapter_tensors_and_numeric_metrics(tiny_lm, maze_tokenizer, tmp_path, monkeypatch, run_identity):
+    """The ClientApp's train handler, called directly with a Flower Message and Context."""
     from fedagent_flwr import client_app
 
     agent = _agent(tiny_lm, maze_tokenizer)
@@ -310,14 +324,7 @@ def test_client_message_holds_only_adapter_tensors_and_numeric_metrics(tiny_lm, 
         "strategy": "fedse-lora", "fedse-buffer-dir": str(tmp_path / "buffers"), "tasks-per-client": 2, "lora-rank": 2,
         "fedse-explore-samples": 1, "fedse-seed-demos": 2, "fedse-sft-steps": 1, "max-new-tokens": 8, "max-steps": 3,
     }
-    with attached_lora(tiny_lm, LoRASpec(rank=2, alpha=16.0), seed=0) as pm:
-        global_adapter = adapter_to_arrays(pm)
-    msg = Message(RecordDict({"arrays": global_adapter,
-                              "config": ConfigRecord({"partition-id": 1, "fingerprint": "fp", "server-round": 1,
-                                                      "fedse-run-key": "k1"})}),
-                  dst_node_id=5, message_type=MessageType.TRAIN)
-    context = Context(run_id=77, node_id=5, node_config={"partition-id": 1, "num-partitions": 2}, state=RecordDict(), run_config=cfg)
-    reply = client_app.train(msg, context)
+    global_adapter, reply = _client_round(client_app, tiny_lm, cfg, partition_id=1)
     content = reply.content
     assert list(content.array_records) == ["arrays"] and not content.config_records
     assert set(content.array_records["arrays"].keys()) == set(global_adapter.keys())
@@ -332,8 +339,6 @@ def test_a_client_under_bf16_base_trains_an_fp32_adapter_over_its_bf16_base(tiny
     """precision=bf16-base with fedse-lora: the client's base is bf16 (cfg.base_dtype(), what load_agent loads) and stays
     untouched, the adapter it trains and sends is fp32 and moved, and its passes ran under bf16 autocast."""
     import copy
-
-    from flwr.app import Context
 
     from fedagent_flwr import client_app
     from fedagent_flwr.agent.training import sft
@@ -352,14 +357,8 @@ def test_a_client_under_bf16_base_trains_an_fp32_adapter_over_its_bf16_base(tiny
     inner = sft.supervised_finetune
     monkeypatch.setattr("fedagent_flwr.agent.self_evolution.supervised_finetune",
                         lambda model, samples, tok, config: autocast_seen.append(config.precision) or inner(model, samples, tok, config))
-    with attached_lora(tiny_lm, LoRASpec(rank=2, alpha=16.0), seed=0) as pm:
-        global_adapter = adapter_to_arrays(pm)
-    msg = Message(RecordDict({"arrays": global_adapter,
-                              "config": ConfigRecord({"partition-id": 0, "fingerprint": "fp", "server-round": 1,
-                                                      "fedse-run-key": "k1"})}),
-                  dst_node_id=5, message_type=MessageType.TRAIN)
-    context = Context(run_id=77, node_id=5, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(), run_config=cfg)
-    arrays = client_app.train(msg, context).content.array_records["arrays"]
+    global_adapter, reply = _client_round(client_app, tiny_lm, cfg, partition_id=0)
+    arrays = reply.content.array_records["arrays"]
     assert set(arrays.keys()) == set(global_adapter.keys())
     assert all(arrays[k].dtype == "float32" for k in arrays.keys())
     moved = sum(float(np.abs(arrays[k].numpy() - global_adapter[k].numpy()).sum()) for k in arrays.keys())
