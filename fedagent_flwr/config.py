@@ -522,7 +522,8 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
 
     def _check_model_across(self, need: Need, traits: Traits | None) -> None:
         if self.precision == "bf16-base":  # a bf16 base cannot take AdamW's steps: only a LoRA adapter over it trains
-            adapter_only = self.strategy == "fedse-lora" or (self.finetuning == "lora" and self.strategy == "fedagent-avg")
+            # Fed-SE (the strategy with an experience buffer) trains only its adapter, whatever finetuning says
+            adapter_only = bool(traits and traits.experience_buffer) or (self.finetuning == "lora" and self.strategy == "fedagent-avg")
             need(adapter_only, "precision", self.precision,
                  "fp32 | bf16-mixed | auto unless a LoRA adapter is all that trains: strategy='fedse-lora', or "
                  "'fedagent-avg' with finetuning='lora'")
