@@ -20,11 +20,19 @@ the graphs' share of the speed-up shows.
 
     python benchmarks/decode_profile.py --shape tiny            # CPU, well under a minute
     python benchmarks/decode_profile.py --shape 1.5b            # one GPU: batch 128, 512-token prompts, 64 new
+
+With `--run-config FILE` (and `--set KEY=VALUE`) the model is a run's instead: its model loaded as a client loads it
+(the base in bf16 under bf16-base), a LoRA adapter of the run's rank and targets attached as a Fed-SE client or a LoRA
+learner holds it while it explores (B = 0, so the adapter computes and adds nothing), under the run's precision:
+
+    python benchmarks/decode_profile.py --run-config configs/smollm2-fedse-cpu.toml --set precision=bf16-base \
+        --batch 15 --prompt-tokens 195 --new-tokens 16 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -53,6 +61,30 @@ def build(shape: str, device: torch.device, seed: int):
     config = AutoConfig.for_model("qwen2", **fields, max_position_embeddings=32768, bos_token_id=None,
                                   eos_token_id=None, pad_token_id=0)
     return random_model(config, device, seed)
+
+
+def run_model(parser: argparse.ArgumentParser, run_config: str, overrides: list[str], device: str, precision: str,
+              stack: contextlib.ExitStack):
+    """(model, device, precision, a name for the report) of a run config: the client's model as `load_agent` loads it,
+    with the run's LoRA adapter attached where its clients train one (entered on `stack`)."""
+    from fedagent_flwr.agent.models.loading import load_agent
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.simulation import parse_overrides, read_run_config_file
+
+    if device != "auto" or precision != "auto":
+        parser.error("--run-config takes its device and precision from the run config (use --set device=..., "
+                     "--set precision=...)")
+    try:
+        cfg = RunConfig.from_run_config(RunConfig().to_run_config() | read_run_config_file(run_config)
+                                        | parse_overrides(overrides))
+    except ValueError as err:
+        parser.error(str(err))
+    resolved, precision = device_and_precision(parser, cfg.device_key("client"), cfg.precision)
+    model = load_agent(cfg.model, cfg.env, str(resolved), cfg.base_dtype()).model
+    if cfg.finetuning == "lora" or cfg.traits.experience_buffer:
+        model = stack.enter_context(attached_lora(model, cfg.lora_spec(), seed=cfg.seed))
+    return model.eval(), resolved, precision, cfg.model
 
 
 def device_and_precision(parser: argparse.ArgumentParser, device: str, precision: str) -> tuple[torch.device, str]:
@@ -202,6 +234,8 @@ def format_report(r: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=list(SHAPE_NAMES), default="tiny")
+    parser.add_argument("--run-config", metavar="FILE", help="a run's model, adapter and precision in place of --shape")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config value over FILE's")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch", type=int, help="rows (default: 128 on CUDA, 32 on CPU)")
     parser.add_argument("--prompt-tokens", type=int, help="prompt length (default: 512 on CUDA, 64 on CPU)")
@@ -221,7 +255,12 @@ def main(argv: list[str] | None = None) -> dict:
                              "fused by torch.compile; on CUDA in graphs too), timed after its compilation")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the tables")
     args = parser.parse_args(argv)
-    device, precision = device_and_precision(parser, args.device, args.precision)
+    stack = contextlib.ExitStack()
+    if args.run_config:
+        model, device, precision, shape = run_model(parser, args.run_config, args.set, args.device, args.precision, stack)
+    else:
+        device, precision = device_and_precision(parser, args.device, args.precision)
+        shape = args.shape
     torch.set_num_threads(args.threads)
     cuda = device.type == "cuda"
     batch = args.batch or (128 if cuda else 32)
@@ -230,13 +269,15 @@ def main(argv: list[str] | None = None) -> dict:
     if new < 2:
         parser.error("--new-tokens must be at least 2 (the per-step cost is a difference of two lengths)")
 
-    model = build(args.shape, device, args.seed)
+    if not args.run_config:
+        model = build(args.shape, device, args.seed)
     vocab = model.config.vocab_size
+    parameters = sum(p.numel() for p in model.parameters())  # an attached adapter's included
     g = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(1, vocab, (prompt - i % 2,), generator=g).tolist() for i in range(batch)]
 
     results = []
-    with autocast(precision, device):
+    with stack, autocast(precision, device):
         dtype = rollout_dtype(device)
         static = StaticDecoder(model, dtype)
         engines = {"hf": lambda n: hf_sample_batch(model, prompts, 0, [], n, args.temperature),
@@ -270,8 +311,8 @@ def main(argv: list[str] | None = None) -> dict:
     context = (sum(len(p) for p in prompts) / batch) + (new - 1) / 2  # the steps' average context
     bound = decode_bound(ModelShape.of(model.config), bool(model.config.tie_word_embeddings), batch, context,
                          value_bytes, args.bandwidth)
-    result = {"shape": args.shape, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-              "parameters": sum(p.numel() for p in model.parameters()), "precision": precision, "batch": batch,
+    result = {"shape": shape, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+              "parameters": parameters, "precision": precision, "batch": batch,
               "prompt_tokens": prompt, "new_tokens": new, "temperature": args.temperature, "value_bytes": value_bytes,
               "context_tokens": context, "threads": args.threads, "bound": bound, "first_token_logprob_gap": gap,
               "replay_logprob_gap": replay, "replay_gap_between": between, "top": args.top,

@@ -42,3 +42,29 @@ def test_tiny_profile_reports_both_engines_beside_the_bound():
     text = module.format_report(r)
     assert "bandwidth bound" in text and "self CPU us per step" in text and "static-compile" in text
     assert "decode-kernels=compile vs eager kernels" in text
+
+
+def test_a_run_configs_model_is_profiled_with_its_adapter_attached():
+    """--run-config: the run's model as its client loads it, its LoRA adapter attached (Fed-SE explores with one)."""
+    from fedagent_flwr.agent.engine.memory import ModelShape
+    from fedagent_flwr.agent.models.loading import load_agent
+    from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.simulation import read_run_config_file
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "fedse-cpu.toml"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(preset), "--json", "--threads", "1",
+                           "--batch", "4", "--prompt-tokens", "20", "--new-tokens", "3", "--repeats", "1",
+                           "--profile-tokens", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | read_run_config_file(str(preset)))
+    base = load_agent(cfg.model, cfg.env, "cpu").model
+    adapter = ModelShape.of(base.config).lora_parameters(cfg.lora_rank, cfg.lora_spec().target_modules)
+    assert r["shape"] == cfg.model and r["precision"] == "fp32"
+    assert r["parameters"] == sum(p.numel() for p in base.parameters()) + adapter > adapter > 0
+    assert [e["engine"] for e in r["engines"]] == ["hf", "static"]
+    assert r["first_token_logprob_gap"] < 1e-4  # B = 0: the adapter adds nothing, merged or not
+
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(preset), "--precision", "fp32"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--set precision=" in bad.stderr
