@@ -237,7 +237,7 @@ def test_a_kept_decoder_grows_its_cache_when_a_later_call_needs_more_rows_and_co
     assert seen == [(4 if bucketed else 3, 48), (8, 48), (8, 64)]
 
 
-def test_a_lora_model_is_decoded_with_its_adapter_merged():
+def test_a_lora_model_is_decoded_with_its_adapter():
     from peft import LoraConfig, get_peft_model
 
     model, prompts = _model("qwen2"), _prompts()
@@ -249,6 +249,58 @@ def test_a_lora_model_is_decoded_with_its_adapter_merged():
         assert fast_sample_batch(peft_model, prompts, 0, [], 10, 0.0, decoder=StaticDecoder(peft_model)) == base
     assert want != base  # the adapter changes the greedy tokens, so merging it is tested
     assert fast_sample_batch(peft_model, prompts, 0, [], 10, 0.0, decoder=StaticDecoder(peft_model)) == want
+
+
+def test_a_kept_decoder_follows_its_models_adapter_switched_off_and_on():
+    """A decoder refreshed while the adapter is switched off decodes the base, then the adapter again once it is back:
+    its adapter buffers are dropped and made anew as the model's adapters come and go."""
+    from peft import LoraConfig, get_peft_model
+
+    model, prompts = _model("llama"), _prompts()
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "gate_proj"],
+                                                  init_lora_weights=False)).eval()
+    decoder, want = StaticDecoder(peft_model), hf_sample_batch(peft_model, prompts, 0, [], 8, 0.0)
+    with peft_model.disable_adapter():
+        decoder.refresh(peft_model)
+        assert decoder.layers[0]["qkv"][2] is None
+        assert fast_sample_batch(peft_model, prompts, 0, [], 8, 0.0, decoder=decoder) \
+            == hf_sample_batch(peft_model, prompts, 0, [], 8, 0.0) != want
+    decoder.refresh(peft_model)
+    assert fast_sample_batch(peft_model, prompts, 0, [], 8, 0.0, decoder=decoder) == want
+
+
+def test_a_bf16_decoder_keeps_an_adapter_delta_that_a_merged_copy_would_round_away():
+    """In bf16 a weight of 0.1875 moves in steps of 2^-10: an adapter adding 3e-4 to every element of q_proj (a LoRA
+    after a few small steps is mostly such deltas) leaves a merged bf16 copy unchanged, bit for bit. Kept apart, as
+    PEFT's forward applies it, it still moves q: here the base's q is 0 (alternating signs over an input of equal
+    entries) and the adapter's share is 48 x 3e-4 / sqrt(48)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = _model("qwen2").to(torch.bfloat16)  # precision bf16-base: the frozen base in bf16
+    attn = model.model.layers[0].self_attn
+    hidden, rank, delta = attn.q_proj.in_features, 4, 3e-4
+    with torch.no_grad():
+        signs = torch.ones(hidden)
+        signs[1::2] = -1
+        attn.q_proj.weight.copy_(0.1875 * signs.expand_as(attn.q_proj.weight))
+        attn.q_proj.bias.zero_()
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj"])).eval()
+    lora = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():  # B' A = delta everywhere: A's rows all ones, B' (B x scaling 2) delta / rank everywhere
+        lora.lora_A["default"].weight.fill_(1.0)
+        lora.lora_B["default"].weight.fill_(delta / rank / 2)
+    x = torch.full((1, hidden), hidden ** -0.5, dtype=torch.bfloat16)
+    q_out = lora.out_features
+
+    def q_of(decoder):
+        return decode._linear(x, *decoder.layers[0]["qkv"])[0, :q_out].float()
+
+    merged = (attn.q_proj.base_layer.weight.float() + delta).to(torch.bfloat16)
+    assert torch.equal(merged, attn.q_proj.base_layer.weight)  # what a merged copy would hold: the base itself
+    kept = q_of(StaticDecoder(peft_model, torch.bfloat16))
+    with peft_model.disable_adapter():
+        assert torch.equal(q_of(StaticDecoder(peft_model, torch.bfloat16)), torch.zeros(q_out))
+    assert torch.allclose(kept, torch.full((q_out,), delta * hidden ** 0.5), rtol=0.02)
 
 
 def _gpt2():

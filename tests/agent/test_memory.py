@@ -99,6 +99,8 @@ def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_w
     assert static["a unit gathered to copy for the decoder"] == 608 * 4
     with_adapter = client_plan(shape, finetuning="lora", kl_reference="base", ranks=2, static_decoder=True, **common)
     assert with_adapter.as_dict()["a unit gathered to copy for the decoder"] == 608 * 4 + 112 * 4 // 2
+    # the decoder keeps the adapter beside its copy of the weights, unmerged (decode.py), in the copy's dtype
+    assert with_adapter.as_dict()["static decoder's weight copy"] == (1480 + 112) * 4
 
 
 def test_a_generate_call_is_planned_at_the_episodes_its_process_plays():

@@ -9,7 +9,11 @@ each of those causes:
 - its own copy of the weights in the rollout's dtype (bf16 when the rollout runs under bf16 autocast), q/k/v and
   gate/up fused into one matrix each, refreshed in place from the model at every `start` (a few ms; on N ranks
   once a rollout, one FSDP unit gathered at a time: `pinned`), so no forward casts a weight; a PEFT LoRA model's
-  adapters are merged into that copy (the trained model is untouched);
+  adapters are copied beside it, unmerged (x W + (x A) B', B' = B x scaling, the adapters of a fused matrix's parts
+  side by side: A stacked, B' block by block), as PEFT's forward computes them. Why not merged: in bf16 a weight
+  moves only by steps of 2^-8 of its size, and an adapter's delta smaller than half a step rounds away whole (a LoRA
+  trained for a few steps at a small learning rate is mostly such deltas); only an adapter on the output head is
+  merged;
 - a KV cache preallocated as [layers, rows, kv_heads, max_len, head_dim]: a token step writes one column;
 - per-row positions (each row's RoPE position is its own token count, so left padding changes nothing) and a
   boolean mask of the key slots each row may attend to;
@@ -65,6 +69,8 @@ WINDOW_STEP = 256
 PREFILL_TOKENS = 16384
 # How a token step runs its element-wise operations (the run-config key decode-kernels; _layer_halves).
 KERNELS = ("eager", "compile")
+# A layer's linear groups, each one matrix in the copy (q/k/v and gate/up fused): [weight, bias, lora_a, lora_b]
+_GROUPS = ("qkv", "out", "gate_up", "down")
 
 
 class UnsupportedModel(ValueError):
@@ -83,8 +89,11 @@ def _lora_types():
     return LoraLinear, BaseTunerLayer
 
 
-def _effective_linear(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A linear layer's weight and bias as its forward applies them, LoRA adapters merged (PEFT's own rules)."""
+Adapter = tuple[torch.Tensor, torch.Tensor]  # a LoRA adapter as the decoder applies it: (A [r, in], B x scaling [out, r])
+
+
+def _effective_linear(module: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None, list[Adapter]]:
+    """A linear layer's weight, bias and active LoRA adapters (unmerged) as its forward applies them (PEFT's rules)."""
     lora_linear, tuner_layer = _lora_types()
     if lora_linear and isinstance(module, lora_linear):
         base = module.get_base_layer()
@@ -94,9 +103,10 @@ def _effective_linear(module: torch.nn.Module, name: str) -> tuple[torch.Tensor,
         if module.disable_adapters:
             if module.merged:  # PEFT's forward would unmerge the weights in place here
                 _refuse(f"{name}: adapters merged into the weights and then disabled")
-            return weight, base.bias
+            return weight, base.bias, []
         if module.merged:  # the merged adapters are already in the base weights
-            return weight, base.bias
+            return weight, base.bias, []
+        adapters = []
         for adapter in module.active_adapters:
             if adapter not in module.lora_A:
                 continue
@@ -104,13 +114,13 @@ def _effective_linear(module: torch.nn.Module, name: str) -> tuple[torch.Tensor,
                 _refuse(f"{name}: LoRA variant (DoRA or similar) in adapter {adapter!r}")
             if module.lora_bias.get(adapter, False):
                 _refuse(f"{name}: lora_bias in adapter {adapter!r}")
-            weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
-        return weight, base.bias
+            adapters.append((module.lora_A[adapter].weight, module.lora_B[adapter].weight * module.scaling[adapter]))
+        return weight, base.bias, adapters
     if tuner_layer and isinstance(module, tuner_layer):
-        _refuse(f"{name}: adapter layer {type(module).__name__} (only LoRA on linear layers is merged)")
+        _refuse(f"{name}: adapter layer {type(module).__name__} (only LoRA on linear layers is applied)")
     if type(module) is not torch.nn.Linear:
         _refuse(f"{name}: {type(module).__name__} where a torch.nn.Linear is expected")
-    return module.weight, module.bias
+    return module.weight, module.bias, []
 
 
 @dataclass
@@ -161,7 +171,7 @@ def check_supported(model) -> None:
             if not hasattr(norm, "variance_epsilon") or not type(norm).__name__.endswith("RMSNorm"):
                 _refuse(f"layer {i}: {type(norm).__name__} where an RMSNorm is expected")
     if type(base.model.embed_tokens) is not torch.nn.Embedding:
-        _refuse(f"input embedding {type(base.model.embed_tokens).__name__} (adapters on embeddings are not merged)")
+        _refuse(f"input embedding {type(base.model.embed_tokens).__name__} (adapters on embeddings are not applied)")
 
 
 def _shape(base) -> _Shape:
@@ -173,25 +183,29 @@ def _shape(base) -> _Shape:
 
 
 def _layer_sources(layer, i: int) -> dict:
-    """A decoder layer's effective tensors (LoRA merged), in the layout the decoder copies from."""
+    """A decoder layer's effective tensors (each linear's weight, bias and adapters), in the layout the decoder copies
+    from."""
     attn, mlp = layer.self_attn, layer.mlp
     return {
         "norm_attn": layer.input_layernorm.weight, "norm_mlp": layer.post_attention_layernorm.weight,
         "qkv": [_effective_linear(getattr(attn, n), f"layer {i} {n}") for n in ("q_proj", "k_proj", "v_proj")],
-        "out": _effective_linear(attn.o_proj, f"layer {i} o_proj"),
+        "out": [_effective_linear(attn.o_proj, f"layer {i} o_proj")],
         "gate_up": [_effective_linear(getattr(mlp, n), f"layer {i} {n}") for n in ("gate_proj", "up_proj")],
-        "down": _effective_linear(mlp.down_proj, f"layer {i} down_proj"),
+        "down": [_effective_linear(mlp.down_proj, f"layer {i} down_proj")],
         "eps": (layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon),
     }
 
 
 def _root_sources(base) -> dict:
     """The tensors outside the decoder layers: embeddings, final norm, head, RoPE frequencies."""
-    head = _effective_linear(base.lm_head, "lm_head")
-    if head[1] is not None:
+    weight, bias, adapters = _effective_linear(base.lm_head, "lm_head")
+    if bias is not None:
         _refuse("an output head with a bias")
-    return {"embed": base.model.embed_tokens.weight, "head": head[0], "norm": base.model.norm.weight,
-            "tied": _same(head[0], base.model.embed_tokens.weight), "inv_freq": base.model.rotary_emb.inv_freq,
+    tied = _same(weight, base.model.embed_tokens.weight)
+    for a, b in adapters:  # merged (rarely trained, and it would untie the head): the one adapter not kept apart
+        weight = weight + (b @ a).to(weight.dtype)
+    return {"embed": base.model.embed_tokens.weight, "head": weight, "norm": base.model.norm.weight,
+            "tied": tied and not adapters, "inv_freq": base.model.rotary_emb.inv_freq,
             "rope_scaling": float(base.model.rotary_emb.attention_scaling)}
 
 
@@ -221,9 +235,9 @@ def _layer_halves(heads: int, kv_heads: int, head_dim: int, eps: tuple[float, fl
     bucket size. Eager, they are the same code run as it is."""
     split = (heads + kv_heads) * head_dim
 
-    def attention_inputs(h, norm, qkv, qkv_b, cos, sin):
+    def attention_inputs(h, norm, qkv, cos, sin):
         x = _rms_norm(h, norm, eps[0]).to(dtype)
-        y = F.linear(x, qkv, qkv_b)
+        y = _linear(x, *qkv)
         qk = y[..., :split].unflatten(-1, (heads + kv_heads, head_dim))  # [n, S, heads + kv, D]
         # RoPE on q and k at once, in fp32 (a bf16 q times fp32 cos is computed in fp32, as under autocast)
         qk = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin).to(dtype)
@@ -231,35 +245,63 @@ def _layer_halves(heads: int, kv_heads: int, head_dim: int, eps: tuple[float, fl
         v = y[..., split:].unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)
         return q, k, v
 
-    def layer_output(h, attended, out, out_b, norm, gate_up, gate_up_b, down, down_b):
+    def layer_output(h, attended, out, norm, gate_up, down):
         # the residual stream stays fp32: adding a bf16 output to it promotes inside the one add kernel
-        h = h + F.linear(attended, out, out_b)
+        h = h + _linear(attended, *out)
         x = _rms_norm(h, norm, eps[1]).to(dtype)
-        gate, up = F.linear(x, gate_up, gate_up_b).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, down, down_b)
+        gate, up = _linear(x, *gate_up).chunk(2, dim=-1)
+        return h + _linear(F.silu(gate) * up, *down)
 
     if compiled:
         return torch.compile(attention_inputs, fullgraph=True), torch.compile(layer_output, fullgraph=True)
     return attention_inputs, layer_output
 
 
-def _fused(parts: list[tuple[torch.Tensor, torch.Tensor | None]], dtype, device):
-    """Buffers for the row-stacked weights of `parts` and, if any part has a bias, their stacked biases."""
-    rows = sum(w.shape[0] for w, _ in parts)
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor | None,
+            lora_b: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b, plus the adapters' (x A^T) B'^T where the matrix has any (a fused matrix's parts' side by side)."""
+    y = F.linear(x, weight, bias)
+    return y if lora_a is None else y + F.linear(F.linear(x, lora_a), lora_b)
+
+
+def _adapter_ranks(parts) -> int:
+    return sum(a.shape[0] for _, _, adapters in parts for a, _ in adapters)
+
+
+def _fused(parts: list[tuple[torch.Tensor, torch.Tensor | None, list[Adapter]]], dtype, device) -> list:
+    """Buffers [weight, bias, lora_a, lora_b] for the row-stacked weights of `parts`: the bias where any part has one,
+    and where any part has adapters, their A matrices stacked [ranks, in] and their B' matrices placed block by block
+    [rows, ranks] (zero off each adapter's own block, so each part's rows read only its own adapters)."""
+    rows, ranks = sum(w.shape[0] for w, _, _ in parts), _adapter_ranks(parts)
     weight = torch.empty((rows, parts[0][0].shape[1]), dtype=dtype, device=device)
-    bias = torch.zeros(rows, dtype=dtype, device=device) if any(b is not None for _, b in parts) else None
-    return weight, bias
+    bias = torch.zeros(rows, dtype=dtype, device=device) if any(b is not None for _, b, _ in parts) else None
+    if not ranks:
+        return [weight, bias, None, None]
+    return [weight, bias, torch.empty((ranks, weight.shape[1]), dtype=dtype, device=device),
+            torch.zeros((rows, ranks), dtype=dtype, device=device)]
 
 
-def _copy_fused(weight, bias, parts) -> None:
-    start = 0
-    for w, b in parts:
+def _fits(buffers: list, parts) -> bool:
+    """Whether `buffers` (_fused's) hold `parts`' adapters as they are now (an adapter attached, detached or of
+    another rank needs new ones)."""
+    ranks = _adapter_ranks(parts)
+    return (buffers[2] is None) if not ranks else (buffers[2] is not None and buffers[2].shape[0] == ranks)
+
+
+def _copy_fused(buffers: list, parts) -> None:
+    weight, bias, lora_a, lora_b = buffers
+    start = rank = 0
+    for w, b, adapters in parts:
         weight[start:start + w.shape[0]].copy_(w)
         if bias is not None:
             if b is None:
                 bias[start:start + w.shape[0]].zero_()
             else:
                 bias[start:start + w.shape[0]].copy_(b)
+        for a, b_scaled in adapters:
+            lora_a[rank:rank + a.shape[0]].copy_(a)
+            lora_b[start:start + w.shape[0], rank:rank + a.shape[0]].copy_(b_scaled)
+            rank += a.shape[0]
         start += w.shape[0]
 
 
@@ -294,10 +336,10 @@ class StaticDecoder:
         self.share_prefixes = share_prefixes
         self.embed = None  # the weight copy, allocated by the first refresh, one unit at a time as it copies
         self.layers: list[dict | None] = [None] * self.shape.layers
-        self.refresh(model, gathered)
-        self.capacity = (0, 0)  # rows, columns of the KV cache
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.refresh(model, gathered)
+        self.capacity = (0, 0)  # rows, columns of the KV cache
 
     # ----- weights
     @torch.no_grad()
@@ -321,14 +363,15 @@ class StaticDecoder:
         for i, module in enumerate(base.model.layers):
             with gathered(module):
                 s = _layer_sources(module, i)
-                layer = self.layers[i] = self.layers[i] or self._allocate_layer(s)
+                layer = self.layers[i]
+                if layer is None or not all(_fits(layer[g], s[g]) for g in _GROUPS):
+                    layer = self.layers[i] = self._allocate_layer(s)
+                    self.graphs.clear()  # they read the buffers this layer had
                 layer["norm_attn"].copy_(s["norm_attn"])
                 layer["norm_mlp"].copy_(s["norm_mlp"])
                 layer["eps"] = s["eps"]
-                _copy_fused(layer["qkv"], layer["qkv_b"], s["qkv"])
-                _copy_fused(layer["gate_up"], layer["gate_up_b"], s["gate_up"])
-                _copy_fused(layer["out"], layer["out_b"], [s["out"]])
-                _copy_fused(layer["down"], layer["down_b"], [s["down"]])
+                for group in _GROUPS:
+                    _copy_fused(layer[group], s[group])
 
     def _allocate_root(self, src: dict) -> None:
         dt, dev = self.dtype, self.device
@@ -339,14 +382,9 @@ class StaticDecoder:
 
     def _allocate_layer(self, s: dict) -> dict:
         dt, dev = self.dtype, self.device
-        qkv, qkv_b = _fused(s["qkv"], dt, dev)
-        gate_up, gate_up_b = _fused(s["gate_up"], dt, dev)
-        out, out_b = _fused([s["out"]], dt, dev)
-        down, down_b = _fused([s["down"]], dt, dev)
         return {"norm_attn": torch.empty(s["norm_attn"].shape, dtype=torch.float32, device=dev),
                 "norm_mlp": torch.empty(s["norm_mlp"].shape, dtype=torch.float32, device=dev),
-                "qkv": qkv, "qkv_b": qkv_b, "out": out, "out_b": out_b,
-                "gate_up": gate_up, "gate_up_b": gate_up_b, "down": down, "down_b": down_b, "eps": s["eps"]}
+                **{group: _fused(s[group], dt, dev) for group in _GROUPS}, "eps": s["eps"]}
 
     # ----- the model's forward, on one chunk of tokens
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,13 +425,12 @@ class StaticDecoder:
     def _qkv(self, layer: dict, h: torch.Tensor, cos, sin, compiled: bool = False):
         """The layer's normed input projected to RoPE'd q [n, heads, S, D], k and v [n, kv, S, D]."""
         attention_inputs = self._halves(layer, compiled)[0]
-        return attention_inputs(h, layer["norm_attn"], layer["qkv"], layer["qkv_b"], cos, sin)
+        return attention_inputs(h, layer["norm_attn"], layer["qkv"], cos, sin)
 
     def _finish_layer(self, layer: dict, h: torch.Tensor, attended: torch.Tensor, compiled: bool = False) -> torch.Tensor:
         """Output projection, residual, MLP, residual."""
         layer_output = self._halves(layer, compiled)[1]
-        return layer_output(h, attended, layer["out"], layer["out_b"], layer["norm_mlp"], layer["gate_up"],
-                            layer["gate_up_b"], layer["down"], layer["down_b"])
+        return layer_output(h, attended, layer["out"], layer["norm_mlp"], layer["gate_up"], layer["down"])
 
     def _halves(self, layer: dict, compiled: bool):
         sh = self.shape

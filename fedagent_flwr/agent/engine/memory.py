@@ -254,7 +254,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         *([decode_gathers(shape, weights, adapter, static_decoder)] if ranks > 1 else []),
         kv_cache("KV cache of a rollout batch", shape, S, rollout_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", rollout_batch_size * shape.vocab * 4),
-        static_decoder_copy(shape, precision, static_decoder),
+        static_decoder_copy(shape, precision, static_decoder, adapter),
         decode_graphs(shape, S, rollout_batch_size, a, static_decoder and cuda_graphs),
     ]
     # autocast's bf16 weight copies: the static engine decodes on its own copy and casts nothing, so with it they are
@@ -420,7 +420,7 @@ def server_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         ("autocast bf16 weight copies", 0 if static_decoder else autocast_copies(shape, finetuning, adapter, precision)),
         kv_cache("KV cache of an evaluation batch", shape, context_tokens, eval_batch_size, a, static_decoder, cuda_graphs),
         ("generation logits", eval_batch_size * shape.vocab * 4),
-        static_decoder_copy(shape, precision, static_decoder),
+        static_decoder_copy(shape, precision, static_decoder, adapter),
         decode_graphs(shape, context_tokens, eval_batch_size, a, static_decoder and cuda_graphs),
     ]
     return MemoryPlan("the server (evaluation)", tuple(rows))
@@ -463,10 +463,11 @@ def decode_graphs(shape: ModelShape, context_tokens: int, rows: int, a: int, use
     return "decode graphs (outputs and pool)", outputs + pool
 
 
-def static_decoder_copy(shape: ModelShape, precision: str, used: bool) -> tuple[str, int]:
+def static_decoder_copy(shape: ModelShape, precision: str, used: bool, adapter: int = 0) -> tuple[str, int]:
     """The static decode engine's own copy of the weights (agent/engine/decode.py), in the rollout's dtype: bf16 under bf16
-    compute, else fp32. Its KV cache takes the place of the KV-cache row (preallocated to the batch's context)."""
-    return ("static decoder's weight copy", shape.parameters * value_bytes(precision) if used else 0)
+    compute, else fp32, and of a LoRA adapter's `adapter` parameters, which it keeps beside them unmerged. Its KV cache
+    takes the place of the KV-cache row (preallocated to the batch's context)."""
+    return ("static decoder's weight copy", (shape.parameters + adapter) * value_bytes(precision) if used else 0)
 
 
 def rows_that_fit(plan_for: Callable[[int], MemoryPlan], budget_bytes: float, most: int) -> int:
