@@ -15,6 +15,9 @@ they differ; whether what is learnt differs is for paired runs to show, docs/res
     python benchmarks/cpu_round.py --run-config configs/smollm2-fedagent-cpu.toml \\
         --variant precision=fp32 --variant precision=bf16-mixed --variant precision=bf16-base --repeats 2
 
+A variant may also name `threads=N` (not a run-config key): torch's threads while it runs, e.g. `--variant threads=1
+--variant threads=2 --eval-only`, the evaluation on one core against both, as the run's server has them.
+
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
 """
@@ -121,16 +124,36 @@ def read_variants(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(str(err))
 
 
+def split_threads(parser: argparse.ArgumentParser, variant: str) -> tuple[str, int]:
+    """A variant's run-config keys and the torch threads it names (`threads=N`; 0 where it names none)."""
+    keys, threads = [], 0
+    for item in (i for i in variant.split(",") if i):
+        if item.startswith("threads="):
+            value = item.removeprefix("threads=")
+            if not value.isdigit() or int(value) < 1:
+                parser.error(f"--variant {variant!r}: threads={value!r} is not allowed: expected an integer >= 1")
+            threads = int(value)
+        else:
+            keys.append(item)
+    return ",".join(keys), threads
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = variant_parser(__doc__)
     parser.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks the evaluation plays")
     parser.add_argument("--eval-only", action="store_true",
                         help="time the held-out evaluation alone, of the model as loaded (no client round first)")
     args = parser.parse_args(argv)
-    variants = read_variants(parser, args)
+    own = {v: split_threads(parser, v) for v in args.variant}
+    variants = {v: read_variants(parser, argparse.Namespace(**{**vars(args), "variant": [own[v][0]]}))[own[v][0]]
+                for v in args.variant}
+    default_threads = torch.get_num_threads()  # --threads, or torch's own
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    used: dict[str, int] = {}  # the threads each variant ran on, as torch reports them
     for repeat in range(args.repeats):
         for name, cfg in variants.items():
+            torch.set_num_threads(own[name][1] or default_threads)
+            used[name] = torch.get_num_threads()
             started = time.perf_counter()
             runs[name].append(one_round(cfg, args.eval_tasks, train=not args.eval_only))
             print(f"[cpu_round] repeat {repeat + 1}/{args.repeats} {name}: "
@@ -139,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     first = args.variant[0]
     report = {"run_config": args.run_config, "repeats": args.repeats, "eval_tasks": args.eval_tasks,
               "eval_only": args.eval_only,
-              "threads": torch.get_num_threads(), "variants": summarise(runs, first)}
+              "threads": default_threads, "variant_threads": used,
+              "variants": summarise(runs, first)}
     if args.json:
         print(json.dumps(report))
     else:

@@ -45,3 +45,17 @@ def test_eval_only_times_the_held_out_play_alone_under_each_decode_engine():
     assert report["eval_only"] and set(hf) == {"eval_s", "eval_ms_per_token", "eval_success", "eval_ratio",
                                                "eval_ms_per_token_ratio"}
     assert hf["eval_s"][0] > 0 and static["eval_s"][0] > 0 and hf["eval_success"] == static["eval_success"]
+
+
+def test_a_variant_names_the_threads_it_runs_on():
+    """`threads=N` in a variant: the evaluation on one core against both, as the run's server has them, side by side."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "threads=1",
+                           "--variant", "threads=2,decode-engine=hf", "--repeats", "1", "--eval-only", "--eval-tasks", "1",
+                           "--threads", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["threads"] == 1 and report["variant_threads"] == {"threads=1": 1, "threads=2,decode-engine=hf": 2}
+    assert all(v["eval_s"][0] > 0 for v in report["variants"].values())
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "threads=0"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "threads='0' is not allowed" in bad.stderr
