@@ -192,6 +192,20 @@ def test_runs_of_one_seed_start_from_the_same_evaluation():
     assert "grpo-s0" in taken["taken-from"] and taken["episodes"] == episodes("2026-12-02-cpu/runs/fedagent-preset-s0")
 
 
+def test_the_fedse_preset_under_bf16_base_starts_from_the_fedagent_presets_evaluation():
+    """results.md: with both presets holding the base in bf16, seed 2 of each on the AMD EPYC played the same held-out
+    episodes before round 1 (what pairing the two methods room by room from one start needs)."""
+    runs = ROOT / "benchmarks" / "results"
+
+    def episodes(run):
+        return json.loads((runs / run / "episodes" / "round-0000.json").read_text())["episodes"]
+
+    assert episodes("2026-12-06-cpu/runs/fedse-bf16-base-s2-amd") == episodes("2026-12-05-cpu/runs/fedagent-preset-s2-amd")
+    assert episodes("2026-12-06-cpu/runs/fedse-bf16-mixed-s2-amd") != episodes("2026-12-05-cpu/runs/fedagent-preset-s2-amd")
+    page = " ".join(RESULTS_MD.read_text().split())
+    assert "seed 2 of both on the AMD EPYC played the same 144 held-out episodes before round 1" in page
+
+
 def same_evaluations_and_rewards(first: Path, again: Path) -> list[tuple[dict, dict]]:
     """Asserts two runs played the same held-out episodes in both evaluations and had the same training rewards and
     successes round by round; returns their trained rounds' metrics, paired, for the caller's own checks."""
