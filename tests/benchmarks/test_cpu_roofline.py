@@ -786,3 +786,46 @@ def test_the_fedse_runs_under_bf16_base_are_recomputed_from_their_records():
     assert f"over the 3 seeds {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}, paired over seeds): not shown" in section
     assert d["p"] > 0.05 and figures["seeds"] == 3 and {x["mean"] > 0 for x in each} == {True, False}
     assert 'precision = "bf16-base"' in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
+
+
+DECODE_GROUPS = {"matrix products": "aten::mm", "attention kernel": "aten::_scaled_dot_product_flash_attention_for_cpu",
+                 "the sampler's exponential draws": "aten::exponential_", "copies (casts, KV growth)": "aten::copy_"}
+
+
+def decode_step_table(folder: Path) -> str:
+    """docs/performance.md's decode-step table: each engine's ms a token step and its operators' shares of the
+    profiled self time, from decode_profile's raw outputs at 15 and 34 rows."""
+    lines = ["| rows | engine | ms a token step | " + " | ".join(DECODE_GROUPS) + " |",
+             "|---:|---|---:|" + "---:|" * len(DECODE_GROUPS)]
+    for rows in (15, 34):
+        report = json.loads((folder / f"decode_profile.fedse-bf16-mixed-{rows}-amd.json").read_text())
+        assert report["batch"] == rows and report["precision"] == "bf16-mixed" and report["threads"] == 1
+        for e in report["engines"]:
+            total = sum(v["self_cpu_us"] for v in e["ops"].values())
+            shares = [f"{100 * e['ops'][op]['self_cpu_us'] / total:.0f} %" for op in DECODE_GROUPS.values()]
+            lines.append(f"| {rows} | {e['engine']} | {e['ms_per_token_step']:.1f} | " + " | ".join(shares) + " |")
+    return "\n".join(lines)
+
+
+def test_the_decode_step_and_the_static_engine_for_fedse_are_quoted_from_their_raw_outputs():
+    """docs/performance.md's decode profile of the Fed-SE preset's model: the table between its markers, the weight
+    sweep's time at 15 rows, and the evaluation's engines and precisions side by side, from the raw outputs."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
+    start = text.index("<!-- decode steps: decode_profile.fedse-bf16-mixed-{15,34}-amd.json -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(decode_step_table(folder) + "\n<!-- end -->")
+    section = " ".join(text.split()).split("## Where a decode step's time goes, and the static engine for Fed-SE")[1]
+    roofline = json.loads((folder / "cpu_roofline.fedse-bf16-base-amd.json").read_text())
+    per_row = roofline["phases"]["rollout decode"]["gflop_computed"] / roofline["counts"]["rollout row steps"]
+    sweep = roofline["peaks"]["bf16"]["decode_sweep_flops"] / 1e9
+    assert f"(a sweep of {sweep:.1f} GFLOP/s, the roofline above: {1000 * 15 * per_row / sweep:.0f} ms a step)" in section
+    r = json.loads((folder / "cpu_round.fedse-eval-engines-threads-amd.json").read_text())
+    v = r["variants"]
+    ratio = lambda name: f"{v[name]['eval_ratio'][0]:.2f}x +- {v[name]['eval_ratio'][1]:.2f}"  # noqa: E731
+    assert r["eval_only"] and r["threads"] == 1 and r["variant_threads"]["precision=bf16-mixed,threads=2"] == 2
+    assert (f"against bf16-mixed's hf engine ({v['precision=bf16-mixed']['eval_s'][0]:.1f} s), the static engine "
+            f"{ratio('precision=bf16-mixed,decode-engine=static')} faster, bf16-base's hf engine "
+            f"{ratio('precision=bf16-base')} and bf16-base's static engine "
+            f"{ratio('precision=bf16-base,decode-engine=static')}") in section
+    base, static = v["precision=bf16-base"]["eval_ratio"], v["precision=bf16-base,decode-engine=static"]["eval_ratio"]
+    assert abs(static[0] - base[0]) < base[1] + static[1] + 0.02  # what "gains nothing shown over hf" says
