@@ -72,7 +72,7 @@ def run_model(parser: argparse.ArgumentParser, run_config: str, overrides: list[
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
-    if device != "auto" or precision != "auto":
+    if device is not None or precision is not None:
         parser.error("--run-config takes its device and precision from the run config (use --set device=..., "
                      "--set precision=...)")
     try:
@@ -236,12 +236,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--shape", choices=list(SHAPE_NAMES), default="tiny")
     parser.add_argument("--run-config", metavar="FILE", help="a run's model, adapter and precision in place of --shape")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config value over FILE's")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", help="auto (default: the GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--batch", type=int, help="rows (default: 128 on CUDA, 32 on CPU)")
     parser.add_argument("--prompt-tokens", type=int, help="prompt length (default: 512 on CUDA, 64 on CPU)")
     parser.add_argument("--new-tokens", type=int, help="token steps timed (default: 64 on CUDA, 24 on CPU)")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--precision", default="auto", help="auto (bf16-mixed on CUDA, fp32 on CPU), fp32, bf16-mixed")
+    parser.add_argument("--precision", help="auto (default: bf16-mixed on CUDA, fp32 on CPU), fp32, bf16-mixed")
     parser.add_argument("--bandwidth", type=float, default=H100_BANDWIDTH, help="bytes/s for the bound")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per length; the best counts")
     parser.add_argument("--profile-tokens", type=int, default=8,
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.run_config:
         model, device, precision, shape = run_model(parser, args.run_config, args.set, args.device, args.precision, stack)
     else:
-        device, precision = device_and_precision(parser, args.device, args.precision)
+        device, precision = device_and_precision(parser, args.device or "auto", args.precision or "auto")
         shape = args.shape
     torch.set_num_threads(args.threads)
     cuda = device.type == "cuda"
