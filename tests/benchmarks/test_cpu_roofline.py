@@ -829,3 +829,43 @@ def test_the_decode_step_and_the_static_engine_for_fedse_are_quoted_from_their_r
             f"{ratio('precision=bf16-base,decode-engine=static')}") in section
     base, static = v["precision=bf16-base"]["eval_ratio"], v["precision=bf16-base,decode-engine=static"]["eval_ratio"]
     assert abs(static[0] - base[0]) < base[1] + static[1] + 0.02  # what "gains nothing shown over hf" says
+
+
+def test_the_presets_decode_under_bf16_base_and_the_evaluations_threads_are_quoted_from_their_raw_outputs():
+    """docs/performance.md's decode of the preset as it is (bf16-base, hf): the table between its markers, what the
+    attention kernel and the sampler take of a step and of a round, and the evaluation on one core against both."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
+    groups = {"matrix products": "aten::mm", "attention kernel": "aten::_scaled_dot_product_flash_attention_for_cpu",
+              "the sampler's exponential draws": "aten::exponential_", "KV growth": "aten::cat"}
+    lines = ["| rows | hf: ms a token step | matrix products | attention kernel | the sampler's exponential draws | "
+             "KV growth (`cat`) | static: ms a token step |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    left, speedups = {}, []
+    for rows in (15, 34):
+        report = json.loads((folder / f"decode_profile.fedse-bf16-base-{rows}-amd.json").read_text())
+        assert report["batch"] == rows and report["precision"] == "bf16-base" and report["threads"] == 1
+        hf, static = report["engines"]
+        total = sum(v["self_cpu_us"] for v in hf["ops"].values())
+        share = {g: hf["ops"][op]["self_cpu_us"] / total for g, op in groups.items()}
+        left[rows] = share["attention kernel"] + share["the sampler's exponential draws"]
+        speedups.append(hf["ms_per_token_step"] / static["ms_per_token_step"])
+        lines.append(f"| {rows} | {hf['ms_per_token_step']:.1f} | " + " | ".join(f"{100 * v:.0f} %" for v in share.values())
+                     + f" | {static['ms_per_token_step']:.1f} |")
+    start = text.index("<!-- preset decode steps: decode_profile.fedse-bf16-base-{15,34}-amd.json -->\n")
+    assert text[start:].split("\n", 1)[1].startswith("\n".join(lines) + "\n<!-- end -->")
+    section = " ".join(text.split()).split("**The preset's own decode, under bf16-base**")[1]
+    assert f"together {100 * left[15]:.0f} % and {100 * left[34]:.0f} % of a step" in section
+    assert f"The static engine's step is {speedups[0]:.2f}x and {speedups[1]:.2f}x faster here: no lever" in section
+    roofline = json.loads((folder / "cpu_roofline.fedse-bf16-base-amd.json").read_text())["phases"]
+    rollout, evaluation = (roofline[p]["share_of_round"] for p in ("rollout decode", "evaluation decode"))
+    assert f"The decodes are {100 * rollout:.1f} % (the rollout's, about 15 rows) and {100 * evaluation:.1f} %" in section
+    assert f"gone entirely, about {100 * (rollout * left[15] + evaluation * left[34]):.0f} % of a round" in section
+    r = json.loads((folder / "cpu_round.fedse-eval-threads-amd.json").read_text())
+    both = r["variants"]["threads=2"]["eval_ratio"]
+    assert r["variant_threads"] == {"threads=1": 1, "threads=2": 2} and r["eval_only"]
+    evaluations = sum(run_shares(ROOT / "benchmarks" / "results" / run)["evaluation"]
+                      for run in FEDSE_BASE_RUNS["bf16-base"]) / len(FEDSE_BASE_RUNS["bf16-base"])
+    assert (f"{both[0]:.2f}x +- {both[1]:.2f} faster than on one, each core doing {100 * both[0] / 2:.0f} % of what it "
+            f"does alone. Two processes a core each would make the evaluations at most {2 / both[0]:.2f}x faster; at the "
+            f"{100 * evaluations:.0f} % of a run they took under bf16-base (the seed table above), about "
+            f"{100 * evaluations * (1 - both[0] / 2):.0f} % of a run") in section
