@@ -193,17 +193,24 @@ def test_runs_of_one_seed_start_from_the_same_evaluation():
 
 
 def test_the_fedse_preset_under_bf16_base_starts_from_the_fedagent_presets_evaluation():
-    """results.md: with both presets holding the base in bf16, seed 2 of each on the AMD EPYC played the same held-out
-    episodes before round 1 (what pairing the two methods room by room from one start needs)."""
+    """results.md: with both presets holding the base in bf16, each seed of each on the AMD EPYC played the same
+    held-out episodes before round 1 (what its table of Fed-SE against FedAgentAvg, room by room, stands on); under
+    bf16-mixed Fed-SE did not."""
     runs = ROOT / "benchmarks" / "results"
 
     def episodes(run):
         return json.loads((runs / run / "episodes" / "round-0000.json").read_text())["episodes"]
 
     assert episodes("2026-12-06-cpu/runs/fedse-bf16-base-s2-amd") == episodes("2026-12-05-cpu/runs/fedagent-preset-s2-amd")
-    assert episodes("2026-12-06-cpu/runs/fedse-bf16-mixed-s2-amd") != episodes("2026-12-05-cpu/runs/fedagent-preset-s2-amd")
+    fedagent = ["2026-12-02-cpu/runs/fedagent-preset-s0", "2026-12-01-cpu/runs/fedagent-preset-s1",
+                "2026-12-01-cpu/runs/fedagent-preset-s2"]
+    for seed, run in enumerate(fedagent):
+        assert episodes(f"2026-12-06-cpu/runs/fedse-bf16-base-s{seed}-amd") == episodes(run)
+        assert episodes(f"2026-12-06-cpu/runs/fedse-bf16-mixed-s{seed}-amd") != episodes(run)
     page = " ".join(RESULTS_MD.read_text().split())
-    assert "seed 2 of both on the AMD EPYC played the same 144 held-out episodes before round 1" in page
+    assert "seed 2 of both on the AMD EPYC played the same 144 held-out episodes before round 1 (seeds 0 and 1 too)" in page
+    table = [cells for header, cells in ROWS if cells[1:2] == ["Fed-SE - FedAgentAvg"]]
+    assert [c[-1].count(r) for c in table[:3] for r in fedagent] == [2, 0, 0, 0, 2, 0, 0, 0, 2]  # a link names it twice
 
 
 def same_evaluations_and_rewards(first: Path, again: Path) -> list[tuple[dict, dict]]:
