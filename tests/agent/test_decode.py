@@ -267,6 +267,13 @@ def test_a_kept_decoder_follows_its_models_adapter_switched_off_and_on():
             == hf_sample_batch(peft_model, prompts, 0, [], 8, 0.0) != want
     decoder.refresh(peft_model)
     assert fast_sample_batch(peft_model, prompts, 0, [], 8, 0.0, decoder=decoder) == want
+    # another adapter of the same rank on other matrices: the buffers fit as they are, and the old blocks are cleared
+    peft_model.add_adapter("other", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj", "o_proj"],
+                                               init_lora_weights=False))
+    peft_model.set_adapter("other")
+    decoder.refresh(peft_model)
+    other = hf_sample_batch(peft_model, prompts, 0, [], 8, 0.0)
+    assert fast_sample_batch(peft_model, prompts, 0, [], 8, 0.0, decoder=decoder) == other != want
 
 
 def test_a_bf16_decoder_keeps_an_adapter_delta_that_a_merged_copy_would_round_away():

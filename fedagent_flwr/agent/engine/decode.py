@@ -284,12 +284,13 @@ def _fused(parts: list[tuple[torch.Tensor, torch.Tensor | None, list[Adapter]]],
 def _fits(buffers: list, parts) -> bool:
     """Whether `buffers` (_fused's) hold `parts`' adapters as they are now (an adapter attached, detached or of
     another rank needs new ones)."""
-    ranks = _adapter_ranks(parts)
-    return (buffers[2] is None) if not ranks else (buffers[2] is not None and buffers[2].shape[0] == ranks)
+    return (0 if buffers[2] is None else buffers[2].shape[0]) == _adapter_ranks(parts)
 
 
 def _copy_fused(buffers: list, parts) -> None:
     weight, bias, lora_a, lora_b = buffers
+    if lora_b is not None:  # another layout of the same ranks (an adapter moved to another part) leaves no block behind
+        lora_b.zero_()
     start = rank = 0
     for w, b, adapters in parts:
         weight[start:start + w.shape[0]].copy_(w)
