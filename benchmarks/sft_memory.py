@@ -3,21 +3,24 @@
 the micro-batch (one batch in one pass against the same batch accumulated over passes, `fedse-sft-micro-batch-size`),
 where TRL's loss head projects (`--head loss`: the completions' positions, as `agent/training/sft.py` has it; `every`:
 every position of the padded batch, TRL's own choice on CPU) and the precision (fp32, bf16-mixed, or bf16-base: the
-frozen base loaded in bf16 under the same autocast, as a run with that precision loads it).
+frozen base loaded in bf16 under the same autocast, as a run with that precision loads it) and the attention kernel
+(`--attention`, the run-config key training-attention: sdpa or eager).
 
 Each setting runs in a fresh process of its own, since a process's peak resident memory (ru_maxrss) only grows; with
 `--repeats` R the settings take turns R times, so that a drift of the machine's speed reaches each alike. The samples
 are synthetic agent steps of `--prompt-tokens` (uniform over +-10 %) and `--completion-tokens` tokens, the same in
 every process. Printed per setting: the peak resident memory, the memory plan's client total for the same setting,
 the seconds (each repeat's), and the steps' losses (which accumulation and the head's positions must leave as they
-were); per pair of head settings, the every/loss ratio of the seconds, repeat by repeat, and per other precision the
-first precision's seconds over its own.
+were); per pair of head settings, the every/loss ratio of the seconds, repeat by repeat, per other precision the
+first precision's seconds over its own, and per other attention kernel the first kernel's seconds over its own.
 
     python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 0 --micro 4
     python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 4 --head every --head loss \
         --precision fp32 --precision bf16-mixed --prompt-tokens 190 --completion-tokens 18 --repeats 2 --threads 1
     python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 4 --precision bf16-mixed \
         --precision bf16-base --prompt-tokens 190 --completion-tokens 18 --repeats 2 --threads 1
+    python benchmarks/sft_memory.py --run-config configs/smollm2-fedse-cpu.toml --micro 4 --precision bf16-base \
+        --attention sdpa --attention eager --prompt-tokens 190 --completion-tokens 18 --repeats 3 --threads 1
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ from fedagent_flwr.methods.memory import memory_plan
 
 HEADS = ("loss", "every")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
+ATTENTIONS = ("sdpa", "eager")  # agent/engine/attention.py's TRAINING_ATTENTIONS
 
 
 def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, completion_tokens: int, seed: int,
-                head: str = "loss", precision: str = "fp32") -> dict:
+                head: str = "loss", precision: str = "fp32", attention: str = "sdpa") -> dict:
     from envs import make_env
     from fedagent_flwr.agent.training import sft
     from fedagent_flwr.agent.models.loading import load_agent
@@ -54,7 +58,8 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
 
     # the setting's precision is the run's: its base dtype (bf16-base) and its memory plan follow it
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro,
-                                                                                "precision": precision})
+                                                                                "precision": precision,
+                                                                                "training-attention": attention})
     agent = load_agent(cfg.model, cfg.env, place_run(cfg).device, cfg.base_dtype())  # as a run's client loads it here
     placement = process_placement(cfg, agent, make_env(cfg.env, cfg.max_steps).tasks_of_split("test"))
     plan = memory_plan(cfg, ModelShape.of(agent.model.config), placement.context_tokens, placement, placement.rollout_rows)
@@ -69,9 +74,9 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
     with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:
         losses = supervised_finetune(model, samples, agent.tokenizer, SupervisedConfig(
             steps=steps, batch_size=cfg.fedse_sft_batch_size, micro_batch_size=micro, learning_rate=cfg.fedse_learning_rate,
-            precision=placement.compute_precision))
+            precision=placement.compute_precision, attention=cfg.training_attention))
     return {"micro_batch_size": micro or cfg.fedse_sft_batch_size, "batch_size": cfg.fedse_sft_batch_size,
-            "head": head, "precision": precision,
+            "head": head, "precision": precision, "attention": attention,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "plan_gib": plan.total / GB,
             "seconds": time.perf_counter() - started, "losses": losses}
 
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="where TRL's loss head projects (repeatable; default loss, the project's)")
     parser.add_argument("--precision", action="append", default=[], choices=PRECISIONS,
                         help="the fine-tuning's precision (repeatable; default fp32)")
+    parser.add_argument("--attention", action="append", default=[], choices=ATTENTIONS,
+                        help="the fine-tuning's attention kernel, training-attention (repeatable; default sdpa)")
     parser.add_argument("--repeats", type=int, default=1, help="turns of every setting (default 1)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads of each measuring process (0 = torch's default)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
@@ -108,43 +115,54 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     if args.one:
         print(json.dumps(one_setting(run_config, args.micro[0], args.steps, args.prompt_tokens, args.completion_tokens,
-                                     args.seed, (args.head or ["loss"])[0], (args.precision or ["fp32"])[0])))
+                                     args.seed, (args.head or ["loss"])[0], (args.precision or ["fp32"])[0],
+                                     (args.attention or ["sdpa"])[0])))
         return {}
-    settings = list(itertools.product(args.micro or [0], args.head or ["loss"], args.precision or ["fp32"]))
+    attentions = args.attention or ["sdpa"]
+    settings = list(itertools.product(args.micro or [0], args.head or ["loss"], args.precision or ["fp32"], attentions))
     runs: dict[tuple, list[dict]] = {s: [] for s in settings}
     for _ in range(args.repeats):
-        for micro, head, precision in settings:
+        for micro, head, precision, attention in settings:
             child = subprocess.run([sys.executable, __file__, "--one", "--run-config", str(args.run_config),
                                     "--micro", str(micro), "--head", head, "--precision", precision,
+                                    "--attention", attention,
                                     "--threads", str(args.threads), "--steps", str(args.steps),
                                     "--prompt-tokens", str(args.prompt_tokens),
                                     "--completion-tokens", str(args.completion_tokens), "--seed", str(args.seed)],
                                    capture_output=True, text=True)
             if child.returncode:
-                sys.exit(f"micro-batch {micro}, head {head}, {precision}: the measuring process failed:\n{child.stderr[-2000:]}")
-            runs[(micro, head, precision)].append(json.loads(child.stdout.strip().splitlines()[-1]))
+                sys.exit(f"micro-batch {micro}, head {head}, {precision}, {attention}: the measuring process failed:\n"
+                         f"{child.stderr[-2000:]}")
+            runs[(micro, head, precision, attention)].append(json.loads(child.stdout.strip().splitlines()[-1]))
     results = [{**r[0], "seconds": [x["seconds"] for x in r], "peak_rss_gib": max(x["peak_rss_gib"] for x in r)}
                for r in runs.values()]
+    # the ratios below are of settings under the first attention kernel, but for the kernels' own
+    at = attentions[0]
     ratios = [{"micro_batch_size": micro, "precision": precision,
-               "every_over_loss": [e["seconds"] / x["seconds"] for e, x in zip(runs[(micro, "every", precision)],
-                                                                              runs[(micro, "loss", precision)])]}
+               "every_over_loss": [e["seconds"] / x["seconds"] for e, x in zip(runs[(micro, "every", precision, at)],
+                                                                              runs[(micro, "loss", precision, at)])]}
               for micro, precision in itertools.product(args.micro or [0], args.precision or ["fp32"])
-              if (micro, "every", precision) in runs and (micro, "loss", precision) in runs]
+              if (micro, "every", precision, at) in runs and (micro, "loss", precision, at) in runs]
     first = (args.precision or ["fp32"])[0]  # each other precision's seconds against the first's, turn by turn
     precision_ratios = [{"micro_batch_size": micro, "head": head, "precision": precision,
-                         "first_over_this": [f["seconds"] / x["seconds"] for f, x in zip(runs[(micro, head, first)],
-                                                                                         runs[(micro, head, precision)])]}
-                        for micro, head, precision in settings if precision != first]
+                         "first_over_this": [f["seconds"] / x["seconds"] for f, x in zip(runs[(micro, head, first, at)],
+                                                                                         runs[(micro, head, precision, at)])]}
+                        for micro, head, precision, attention in settings if precision != first and attention == at]
+    attention_ratios = [{"micro_batch_size": micro, "head": head, "precision": precision, "attention": attention,
+                         "first_over_this": [f["seconds"] / x["seconds"] for f, x in zip(runs[(micro, head, precision, at)],
+                                                                                         runs[(micro, head, precision, attention)])]}
+                        for micro, head, precision, attention in settings if attention != at]
     # not "settings": raw_output.py files a result's `settings` as the benchmark's arguments
-    report = {"measured": results, "head_ratios": ratios, "precision_ratios": precision_ratios}
+    report = {"measured": results, "head_ratios": ratios, "precision_ratios": precision_ratios,
+              "attention_ratios": attention_ratios}
     if args.json:
         print(json.dumps(report))
     else:
         print(f"Fed-SE fine-tuning of {args.run_config}: {args.steps} steps, prompts of ~{args.prompt_tokens} tokens")
-        print(f"  {'micro-batch':>11s} {'batch':>6s} {'head':>5s} {'precision':>10s} {'peak RSS GiB':>13s} {'plan GiB':>9s} "
-              f"{'seconds':>8s}  losses")
+        print(f"  {'micro-batch':>11s} {'batch':>6s} {'head':>5s} {'precision':>10s} {'attention':>9s} {'peak RSS GiB':>13s} "
+              f"{'plan GiB':>9s} {'seconds':>8s}  losses")
         for r in results:
-            print(f"  {r['micro_batch_size']:11d} {r['batch_size']:6d} {r['head']:>5s} {r['precision']:>10s} "
+            print(f"  {r['micro_batch_size']:11d} {r['batch_size']:6d} {r['head']:>5s} {r['precision']:>10s} {r['attention']:>9s} "
                   f"{r['peak_rss_gib']:13.2f} {r['plan_gib']:9.2f} {min(r['seconds']):8.1f}  "
                   f"{', '.join(f'{x:.4f}' for x in r['losses'])}")
         for r in ratios:
@@ -152,6 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{', '.join(f'{x:.2f}x' for x in r['every_over_loss'])}")
         for r in precision_ratios:
             print(f"  {first} / {r['precision']}, micro-batch {r['micro_batch_size']}, head {r['head']}: "
+                  f"{', '.join(f'{x:.2f}x' for x in r['first_over_this'])}")
+        for r in attention_ratios:
+            print(f"  {at} / {r['attention']}, micro-batch {r['micro_batch_size']}, head {r['head']}, {r['precision']}: "
                   f"{', '.join(f'{x:.2f}x' for x in r['first_over_this'])}")
     return report
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from envs import available_envs, env_names, is_multi_spec, per_env_problem, split_size
+from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS
 from fedagent_flwr.agent.engine.decode import KERNELS
 from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
@@ -167,6 +168,7 @@ class SpeedConfig:
     precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6), or bf16-base = where only a LoRA adapter trains (fedse-lora, or fedagent-avg with finetuning=lora), the frozen base held in bf16 (half its memory, no casts of it per forward) under an fp32 adapter and fp32 AdamW; auto = bf16-mixed on CUDA, fp32 on CPU", choices=ALL_PRECISIONS)
     param_dtype: str = _key("fp32", "the weights GRPO's log-prob and update passes compute with under bf16-mixed: fp32 = the fp32 weights, which bf16 autocast casts in every forward (PyTorch AMP; the embedding's output, the residual stream and the norms stay fp32); bf16 = a bf16 working copy of every weight refreshed after each optimizer step, gradients accumulated in fp32 beside the fp32 master weights AdamW steps (FSDP's param_dtype=bf16, Megatron's bf16): no casts per forward, every activation in bf16 (agent/engine/master_weights.py; docs/gpu.md); auto = bf16 where it applies (a GRPO strategy, finetuning='full', precision resolving to bf16-mixed: on CUDA), else fp32", " | ".join(PARAM_DTYPE_CHOICES) + "; bf16 with precision resolving to bf16-mixed, finetuning='full' and a GRPO strategy", choices=PARAM_DTYPE_CHOICES)
     training_kernels: str = _key("eager", "the kernels GRPO's log-prob and update passes run the decoder layers with: eager = the transformers modules as they are; compile = torch.compile of each decoder layer (one graph shared by all layers, dynamic shapes) in those passes only; liger = Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE (CUDA, Qwen2 and Llama models, pip install liger-kernel). The same function up to float rounding (agent/engine/kernels.py); speed is measured in docs/gpu-measurements.md", choices=TRAINING_KERNELS)
+    training_attention: str = _key("sdpa", "the attention kernel of the passes that take a gradient (GRPO's update, Fed-SE's fine-tuning), by transformers' names: sdpa = torch's scaled_dot_product_attention, as every other pass; eager = transformers' matrix products and fp32 softmax, which keeps each layer's [heads, tokens, tokens] softmax for backward (the memory plan counts it) and rounds the scores to the compute dtype first: the same function up to float rounding. On a 2-core CPU at an agent step's few hundred tokens, where SDPA's backward is slow, eager's passes ran faster (docs/performance.md). Not with gradient-checkpointing", choices=TRAINING_ATTENTIONS)
     decode_engine: str = _key("auto", "how rollouts decode: hf = a KV-cache loop over the transformers model that drops finished rows (agent/engine/sampling.py); static = the project's decoder with a preallocated KV cache, a bf16 copy of the weights under bf16 autocast (on N ranks copied one FSDP unit gathered at a time, never the whole weights at once), and on CUDA one graph launch per token step (agent/engine/decode.py; the same tokens as hf on CPU and, greedy in fp32, on an H100, where a token step took 5.5 ms against hf's 26.8, docs/gpu-measurements.md); auto = static on CUDA where the model is supported, else hf", choices=ENGINES)
     decode_kernels: str = _key("eager", "how the static engine's token step runs the element-wise work around its matrix products (norms, RoPE, SiLU, residual adds): eager = one kernel each, as written; compile = torch.compile fuses each layer half's into a few kernels (agent/engine/decode.py), compiled once per process at the first token step (torch caches it on disk for later processes; its time on a GPU is not yet measured, docs/gpu.md). Only where the static engine runs: with decode-engine=hf it must stay eager", choices=KERNELS)
     rollout_batch_size: int = _key(64, "episodes per generate call; on a GPU tokens/s grows almost with it (docs/gpu.md). 0 = auto: as many as the memory plan leaves room for in client-memory-gb (server-memory-gb for the server's evaluation), or else on a GPU in the memory free when the client starts, up to an epoch's episodes (tasks-per-epoch x group-size); on a CPU with no memory given, an epoch's episodes", "integer >= 0 (0 = auto)")
@@ -203,6 +205,10 @@ class SpeedConfig:
         need(not (self.shared_prompt_prefix and self.gradient_checkpointing), "shared-prompt-prefix",
              self.shared_prompt_prefix, "false with gradient-checkpointing on (the prefix's keys and values travel in the "
              "KV cache, which checkpointed layers turn off)")
+        # the memory plan's fit of checkpointed layers (checkpointing.py) counts SDPA's activations, not eager's softmax
+        need(not (self.training_attention == "eager" and self.gradient_checkpointing), "training-attention",
+             self.training_attention, "sdpa with gradient-checkpointing on (the plan that fits checkpointed layers counts "
+             "SDPA's activations)")
 
 @dataclass(frozen=True)
 class LoRAConfig:

@@ -75,6 +75,7 @@ class SelfEvolutionConfig:
     lr_schedule: str = "constant"  # or "cosine": to 0 over each round's fine-tuning (Fed-SE v2)
     seed: int = 0
     precision: str = "fp32"  # resolved: fp32 or bf16-mixed (agent/engine/precision.py)
+    sft_attention: str = "sdpa"  # the fine-tuning's attention kernel: sdpa | eager (agent/engine/attention.py)
 
     def __post_init__(self) -> None:
         if self.keep not in KEEP_MODES:
@@ -206,8 +207,8 @@ def self_evolution_round(
         if samples and config.sft_steps:
             sft = SupervisedConfig(steps=config.sft_steps, epochs=config.sft_epochs, batch_size=config.sft_batch_size,
                                    micro_batch_size=config.sft_micro_batch_size, learning_rate=config.learning_rate,
-                                   lr_schedule=config.lr_schedule,
-                            seed=config.seed * 1_000_003 + server_round, precision=config.precision)
+                                   lr_schedule=config.lr_schedule, seed=config.seed * 1_000_003 + server_round,
+                                   precision=config.precision, attention=config.sft_attention)
             losses = supervised_finetune(peft_model, samples, agent.tokenizer, sft)
             metrics["loss"] = losses[-1]
             metrics["fedse/loss-first"] = losses[0]

@@ -65,4 +65,5 @@ def self_evolution_config(cfg: RunConfig, placement: Placement | None = None) ->
         sft_steps=cfg.fedse_sft_steps, sft_epochs=cfg.fedse_sft_epochs, sft_batch_size=cfg.fedse_sft_batch_size,
         sft_micro_batch_size=cfg.fedse_sft_micro_batch_size,
         learning_rate=cfg.fedse_learning_rate, lr_schedule=cfg.fedse_lr_schedule, seed=cfg.seed, precision=(placement or place_run(cfg)).compute_precision,
+        sft_attention=cfg.training_attention,
     )

@@ -54,7 +54,7 @@ def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placemen
         logprob_chunk_tokens=cfg.logprob_chunk_tokens if grpo else 0,
         logprob_micro_batch_size=(cfg.logprob_micro_batch_size or cfg.micro_batch_size) if grpo else 0,
         logprob_micro_batch_tokens=cfg.logprob_micro_batch_tokens if grpo else 0, param_dtype=placement.param_dtype,
-        ranks=cfg.ranks_per_client)
+        ranks=cfg.ranks_per_client, eager_attention=cfg.training_attention == "eager")
 
 
 def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, client: Placement,

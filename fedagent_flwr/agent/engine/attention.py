@@ -30,3 +30,32 @@ def variable_shape_attention(device: torch.device) -> contextlib.AbstractContext
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+# The attention kernel of the passes that take a gradient (run-config key training-attention), by transformers' names.
+TRAINING_ATTENTIONS = ("sdpa", "eager")
+
+
+@contextlib.contextmanager
+def training_attention(model: torch.nn.Module, name: str):
+    """`model` (a transformers model, or a PEFT wrapper of one) computes attention with transformers' `name` kernel for
+    the duration, then with the one it had.
+
+    Why eager on a CPU: at an agent step's few hundred tokens, SDPA's CPU flash kernel is slow above all backward; on
+    the AMD EPYC its backward took a fifth of a SmolLM2 fine-tuning step's time for about 7 % of its FLOPs
+    (docs/performance.md), where eager's two batched matrix products and fp32 softmax are ordinary kernels. Eager keeps
+    the softmax's [heads, tokens, tokens] output for backward (the memory plan counts it) and rounds the scores to the
+    compute dtype before the softmax, which SDPA does not: the same function up to float rounding, not the same numbers.
+    Only passes that take a gradient: a no-grad prefill ran no faster with it."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    before = base.config._attn_implementation
+    if name not in TRAINING_ATTENTIONS:
+        raise ValueError(f"training-attention={name!r} is not allowed: expected {' | '.join(TRAINING_ATTENTIONS)}")
+    if name == before:
+        yield
+        return
+    base.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(before)

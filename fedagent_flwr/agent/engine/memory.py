@@ -73,6 +73,7 @@ from fedagent_flwr.agent.engine.tokens import MASK_MAPPING_MODELS  # the models 
 GB = 1024**3
 ACTIVATIONS_ROW = "activations of a micro-batch"  # the client plan's row that gradient-checkpointing='auto' divides up
 NO_GRAD_ROW = "no-grad passes beyond the update's"
+EAGER_ROW = "eager attention beyond SDPA's"
 
 # The papers' models, from their published config.json files (facts, for configs written offline).
 SHAPES: dict[str, dict] = {
@@ -204,7 +205,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int = 0,
                 static_decoder: bool = False, logprob_micro_batch_size: int = 0, param_dtype: str = "fp32",
                 micro_batch_tokens: int = 0, logprob_micro_batch_tokens: int = 0, cuda_graphs: bool = False,
-                ranks: int = 1) -> MemoryPlan:
+                ranks: int = 1, eager_attention: bool = False) -> MemoryPlan:
     """`logprob_micro_batch_size`: rows of the no-grad log-prob passes; 0 = micro_batch_size. `param_dtype`: "bf16"
     holds full fine-tuning's round-start KL reference in bf16 (agent/engine/master_weights.py) and a bf16 residual stream
     (layer_activations). `micro_batch_tokens` > 0: the update's passes are cut by padded tokens (grpo.micro_batches), so
@@ -246,6 +247,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     # sum so far, the chunk's and their new sum, [vocab, hidden] in fp32 each, beside the gradient the row above counts
     head_sums = 2 * shape.vocab * shape.hidden * 4 if finetuning == "full" and logprob_chunk_tokens > 0 else 0
     training_logits = 3 * logits_of(update_tokens) * shape.vocab * 4 + head_sums
+    eager = eager_attention_bytes(shape, update_tokens, S, precision) if eager_attention else 0
     passes = max(logprob_micro_batch_tokens, S) if logprob_micro_batch_tokens > 0 else (logprob_micro_batch_size or micro_batch_size) * S
     scoring = no_grad_pass_bytes(shape, passes, logits_of(passes), precision, param_dtype, *lora)
     name, weights = base_weights(shape, precision)
@@ -266,8 +268,9 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
         ("gradients" + shard, T * 4 // ranks),
         ("training logits", training_logits),
         (ACTIVATIONS_ROW, activations),
+        *([(EAGER_ROW, eager)] if eager_attention else []),
         # the no-grad log-prob passes run before the update's, never beside them: what they hold beyond its rows
-        (NO_GRAD_ROW, max(0, scoring - training_logits - activations)),
+        (NO_GRAD_ROW, max(0, scoring - training_logits - activations - eager)),
     ]
     rows = [
         (name + shard, weights // ranks),
@@ -379,6 +382,20 @@ def no_grad_pass_bytes(shape: ModelShape, tokens: int, logit_positions: int, pre
     layer = tokens * (4 * H * r + max(mlp, attention))
     head = 2 * logit_positions * shape.vocab * 4 + tokens * 2 * H * r
     return max(layer, head)
+
+
+def eager_attention_bytes(shape: ModelShape, tokens: int, context_tokens: int, precision: str) -> int:
+    """What transformers' eager attention keeps for backward beyond what SDPA keeps (layer_activations), over a pass of
+    `tokens` padded positions in rows of `context_tokens` (the longest a row may be): in every layer, each row's
+    [heads, row, row] softmax in fp32 (the softmax's own backward reads it) and, under a bf16 compute dtype, its bf16
+    cast (the product with the values reads that); for a Qwen model, whose keys and values SDPA reads per KV head, the
+    copies expanded to every query head that eager multiplies with; and while a layer's backward runs, its softmax's
+    gradient in and out, two more [heads, row, row] fp32 tensors a row."""
+    c = value_bytes(precision)
+    heads = shape.heads or shape.kv_heads
+    softmax = heads * context_tokens * (4 + (2 if c == 2 else 0))
+    expanded = 2 * (heads - shape.kv_heads) * shape.head_dim * c if shape.model_type in MASK_MAPPING_MODELS else 0
+    return shape.layers * tokens * (softmax + expanded) + tokens * heads * context_tokens * 2 * 4
 
 
 def layer_activation_bytes(shape: ModelShape, tokens: int, per_token: LayerActivations) -> int:

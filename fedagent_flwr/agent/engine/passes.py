@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.attention import training_attention, variable_shape_attention
 from fedagent_flwr.agent.engine.checkpointing import Checkpointing, activation_checkpointing
 from fedagent_flwr.agent.engine.kernels import training_kernels
 from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy, bf16_view
@@ -62,7 +62,8 @@ class TrainingPasses:
     precision: fp32 | bf16-mixed | bf16-base (agent/engine/precision.py); param_dtype: fp32 | bf16, the latter a bf16
     working copy over fp32 masters (agent/engine/master_weights.py); training_kernels: eager | compile | liger
     (agent/engine/kernels.py); gradient_checkpointing: False | True | "auto", auto within activation_room_bytes
-    (agent/engine/checkpointing.py).
+    (agent/engine/checkpointing.py); attention: the update's forward passes' attention kernel, sdpa | eager
+    (attention.training_attention).
 
     The diagnostic switches, each putting back what the passes did before a change, side by side in one process
     (benchmarks/update_profile.py's keys host-waits, fused-adamw, padding-mask). Their defaults are what runs use:
@@ -81,6 +82,7 @@ class TrainingPasses:
     precision: str
     param_dtype: str = "fp32"
     training_kernels: str = "eager"
+    attention: str = "sdpa"
     gradient_checkpointing: bool | str = False
     activation_room_bytes: float | None = None
     fused_adamw: bool = True
@@ -94,7 +96,8 @@ class TrainingPasses:
     def of(cls, config, device: torch.device) -> TrainingPasses:
         """The passes a GRPOConfig (agent/training/grpo.py, a later room: read by its fields) asks for on `device`."""
         return cls(device=device, precision=config.precision, param_dtype=config.param_dtype,
-                   training_kernels=config.training_kernels, gradient_checkpointing=config.gradient_checkpointing,
+                   training_kernels=config.training_kernels, attention=config.training_attention,
+                   gradient_checkpointing=config.gradient_checkpointing,
                    activation_room_bytes=config.activation_room_bytes, fused_adamw=config.fused_adamw,
                    host_waits=config.host_waits, padding_mask=config.padding_mask)
 
@@ -133,7 +136,7 @@ class TrainingPasses:
                 training_kernels(model, self.training_kernels), working_copy as working:
             self._updating = model
             try:
-                yield UpdatePasses(self, ckpt, working)
+                yield UpdatePasses(self, model, ckpt, working)
             finally:
                 self._updating = None
 
@@ -142,18 +145,23 @@ class UpdatePasses:
     """What `TrainingPasses.update` yields: the update's forward, backward and optimizer step (padding_mask: as the
     passes')."""
 
-    def __init__(self, passes: TrainingPasses, ckpt: Checkpointing | None, working: Bf16WorkingCopy | None) -> None:
+    def __init__(self, passes: TrainingPasses, model: torch.nn.Module, ckpt: Checkpointing | None,
+                 working: Bf16WorkingCopy | None) -> None:
         self.passes = passes
+        self.model = model
         self.ckpt = ckpt
         self.working = working
         self.padding_mask = passes.padding_mask
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> contextlib.AbstractContextManager:
-        """A micro-batch's forward context (TrainingPasses.forward), checkpointing fitted to it first: under "auto",
-        only as many layers as this micro-batch's padded length needs."""
+    @contextlib.contextmanager
+    def forward(self, batch: dict[str, torch.Tensor]) -> Iterator[None]:
+        """A micro-batch's forward context (TrainingPasses.forward) under the passes' attention kernel, checkpointing
+        fitted to it first: under "auto", only as many layers as this micro-batch's padded length needs. The backward
+        needs no kernel set: autograd keeps what the forward ran."""
         if self.ckpt is not None:
             self.ckpt.fit(batch["input_ids"].numel())
-        return self.passes.forward()
+        with training_attention(self.model, self.passes.attention), self.passes.forward():
+            yield
 
     def backward(self, loss: torch.Tensor) -> None:
         # A checkpointed layer runs its forward again inside backward: it must pick the attention kernel the first

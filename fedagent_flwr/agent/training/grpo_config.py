@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS
 from fedagent_flwr.agent.engine.checkpointing import CHECKPOINTING
 from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
@@ -95,6 +96,8 @@ class GRPOConfig:
     weight_decay: float  # AdamW's decoupled weight decay (verl's actor default is 0.01)
     # the decoder layers' kernels in the log-prob and update passes: eager | compile | liger (agent/engine/kernels.py)
     training_kernels: str
+    # the update's forward passes' attention kernel: sdpa | eager (agent/engine/attention.py, training_attention)
+    training_attention: str
     # what the log-prob and update passes compute with under bf16 autocast: "fp32" = the fp32 weights, cast by
     # autocast in every forward; "bf16" = a bf16 working copy over fp32 masters (agent/engine/master_weights.py)
     param_dtype: str
@@ -143,6 +146,7 @@ class GRPOConfig:
                               ("loss_aggregation", LOSS_AGGREGATIONS), ("kl_reference", KL_REFERENCES),
                               ("uniform_groups", UNIFORM_GROUPS), ("scale_rewards", SCALE_REWARDS),
                               ("precision", RESOLVED_PRECISIONS), ("training_kernels", TRAINING_KERNELS),
+                              ("training_attention", TRAINING_ATTENTIONS),
                               ("param_dtype", PARAM_DTYPES), ("gradient_checkpointing", CHECKPOINTING)):
             value = getattr(self, name)
             # `is` for the booleans: 1 == True would pass a membership test

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedagent_flwr.agent.engine.attention import variable_shape_attention
+from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS, training_attention, variable_shape_attention
 from fedagent_flwr.agent.engine.precision import model_device
 
 # How the learning rate moves over one supervised pass: held, or decayed to 0 along a half cosine (transformers'
@@ -54,6 +54,7 @@ class SupervisedConfig:
     # (WebShop pages next to Maze lines) random batches are mostly padding.
     group_by_length: bool = False
     precision: str = "fp32"  # or "bf16-mixed": fp32 weights, forward under bf16 autocast (agent/engine/precision.py)
+    attention: str = "sdpa"  # the passes' attention kernel, sdpa | eager (agent/engine/attention.py, training_attention)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or self.epochs < 0:
@@ -64,6 +65,8 @@ class SupervisedConfig:
             raise ValueError(f"micro_batch_size must be 0 or divide batch_size ({self.batch_size}), got {self.micro_batch_size}")
         if self.precision not in ("fp32", "bf16-mixed"):
             raise ValueError(f"precision={self.precision!r} is not allowed: expected fp32 | bf16-mixed (resolved)")
+        if self.attention not in TRAINING_ATTENTIONS:
+            raise ValueError(f"attention={self.attention!r} is not allowed: expected {' | '.join(TRAINING_ATTENTIONS)}")
 
 
 def trainer_arguments(output_dir: str, *, steps: int, batch_size: int, learning_rate: float, seed: int,
@@ -124,7 +127,8 @@ def supervised_finetune(
     device = model_device(model)
     # variable_shape_attention: every batch is padded to its own longest sample, a new shape for cuDNN (attention.py)
     with tempfile.TemporaryDirectory(prefix="fedagent-sft-") as scratch, kept_global_generators(), \
-            variable_shape_attention(device), head_at_loss_positions() if frozen_head(model) else nullcontext():
+            variable_shape_attention(device), training_attention(model, config.attention), \
+            head_at_loss_positions() if frozen_head(model) else nullcontext():
         args = trainer_arguments(scratch, steps=config.steps, batch_size=config.batch_size,
                                  learning_rate=config.learning_rate, seed=config.seed, device=device,
                                  bf16=config.precision != "fp32", weight_decay=config.weight_decay,
