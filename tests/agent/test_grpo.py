@@ -496,3 +496,41 @@ def test_gigpo_with_step_weight_zero_trains_exactly_as_grpo_and_otherwise_adds_c
     assert seen[("gigpo", 1.0)]["repeated_states"] == 1.0
     gigpo_adv = trained[("gigpo", 1.0)][0]
     assert len(gigpo_adv) == len(grpo_adv) and gigpo_adv != grpo_adv
+
+
+def test_eager_training_attention_runs_the_update_passes_alone_and_takes_the_same_steps(tiny_lm, maze_tokenizer,
+                                                                                     monkeypatch):
+    """training-attention=eager: the update's forward passes run transformers' eager attention, the no-grad log-prob
+    passes (old policy, KL reference) SDPA as every other pass; the optimizer steps' gradients and the update's
+    statistics are SDPA's to rounding (fp32), and the model computes with SDPA again after."""
+    import copy
+
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from fedagent_flwr.agent.training.advantages import StepSample
+
+    rng = np.random.default_rng(12)
+    vocab = tiny_lm.config.vocab_size
+    samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(5, 30))).tolist(),
+                          rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal()),
+                          float(rng.uniform(0.2, 1.0))) for _ in range(12)]
+    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=6, micro_batch_size=3, device="cpu"))
+    calls, eager = [], modeling_qwen2.eager_attention_forward
+    monkeypatch.setattr(modeling_qwen2, "eager_attention_forward",
+                        lambda module, *a, **k: calls.append(torch.is_grad_enabled()) or eager(module, *a, **k))
+    runs = {}
+    for attention in ("sdpa", "eager"):
+        calls.clear()
+        model = copy.deepcopy(tiny_lm)
+        runs[attention] = _update_recording_grads(model, maze_tokenizer, replace(cfg, training_attention=attention), samples)
+        layers = len(model.model.layers)
+        # sdpa: none; eager: the 4 update passes (2 minibatches of 2 micro-batches), with gradients, layer by layer
+        assert calls == ([] if attention == "sdpa" else [True] * 4 * layers)
+        assert model.config._attn_implementation == "sdpa"
+    (sdpa, sdpa_grads), (eager_stats, eager_grads) = runs["sdpa"], runs["eager"]
+    assert sdpa["optimizer_steps"] == eager_stats["optimizer_steps"] == 2 and sdpa["kl"] > 0
+    for key in ("loss", "kl", "clip_frac", "grad_norm"):
+        assert eager_stats[key] == pytest.approx(sdpa[key], rel=1e-4, abs=1e-7), key
+    for before, after in zip(sdpa_grads, eager_grads):
+        for name, grad in before.items():
+            torch.testing.assert_close(after[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -129,7 +129,7 @@ def test_micro_batches_accumulate_to_the_batchs_loss_and_weights(tiny_lm, maze_t
 
 
 @pytest.mark.parametrize("bad", [{"steps": 0}, {"batch_size": 0}, {"precision": "auto"}, {"precision": "fp16"},
-                                 {"micro_batch_size": 3}, {"micro_batch_size": -1}])
+                                 {"micro_batch_size": 3}, {"micro_batch_size": -1}, {"attention": "flash"}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SupervisedConfig(**bad)
@@ -231,3 +231,37 @@ def test_the_adapter_trains_as_with_the_head_at_every_position(tiny_lm, maze_tok
     for name, weight in runs[True][1].items():
         # an adapter trained on the wrong positions (labels shifted by one, or the prompt's) moves by ~1e-2 here
         torch.testing.assert_close(weight, runs[False][1][name], rtol=0, atol=1e-6, msg=name)
+
+
+def _eager_calls(monkeypatch) -> list[int]:
+    """Calls of transformers' eager attention in the tiny Qwen2 model, one entry each."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    calls, eager = [], modeling_qwen2.eager_attention_forward
+    monkeypatch.setattr(modeling_qwen2, "eager_attention_forward", lambda *a, **k: calls.append(1) or eager(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_the_fine_tuning_runs_the_attention_kernel_it_is_given_and_trains_alike(tiny_lm, maze_tokenizer, monkeypatch,
+                                                                             precision):
+    """training-attention=eager: every forward of the fine-tuning runs transformers' eager attention, and the model
+    computes with its own kernel again after it. The same function as SDPA's up to rounding: in fp32 the losses agree
+    to 1e-5 (eager handed no mask moved the first loss by 4e-3 here; checked) and the adapters closely; under bf16,
+    where eager rounds the scores to bf16 before the softmax and SDPA keeps them in fp32, to 2e-2."""
+    samples = _pairs(maze_tokenizer, 8, seed=6)
+    calls, runs = _eager_calls(monkeypatch), {}
+    for attention in ("sdpa", "eager"):
+        torch.manual_seed(1)
+        model = _adapted(tiny_lm)
+        calls.clear()
+        losses = supervised_finetune(model, samples, maze_tokenizer, SupervisedConfig(
+            steps=3, batch_size=4, micro_batch_size=2, learning_rate=1e-2, precision=precision, attention=attention))
+        assert len(calls) == (0 if attention == "sdpa" else 3 * 2 * len(tiny_lm.model.layers))  # steps x passes x layers
+        assert model.config._attn_implementation == "sdpa"
+        runs[attention] = losses, {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
+    tolerance = 1e-5 if precision == "fp32" else 2e-2
+    assert runs["eager"][0] == pytest.approx(runs["sdpa"][0], rel=tolerance)
+    if precision == "fp32":
+        for name, weight in runs["eager"][1].items():
+            torch.testing.assert_close(weight, runs["sdpa"][1][name], rtol=0, atol=1e-5, msg=name)

@@ -119,6 +119,8 @@ NO_GPU = not torch.cuda.is_available()
         ({"kl-reference": "initial"}, "kl-reference='initial'"),
         ({"logprob-micro-batch-size": -1}, "logprob-micro-batch-size=-1 is not allowed: expected an integer >= 0"),
         ({"shared-prompt-prefix": True, "gradient-checkpointing": "auto"}, "shared-prompt-prefix=True is not allowed: expected false with gradient-checkpointing on"),
+        ({"training-attention": "flash"}, "training-attention='flash' is not allowed: expected sdpa | eager"),
+        ({"training-attention": "eager", "gradient-checkpointing": True}, "training-attention='eager' is not allowed: expected sdpa with gradient-checkpointing on"),
         # a client on N ranks: GRPO strategies, and what has run under FSDP2
         ({"ranks-per-client": 0}, "ranks-per-client=0 is not allowed: expected an integer >= 1"),
         ({"ranks-per-client": 2, "strategy": "fedse-lora"}, "ranks-per-client=2 is not allowed: expected 1 unless the strategy trains with GRPO"),
