@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -869,3 +870,44 @@ def test_the_presets_decode_under_bf16_base_and_the_evaluations_threads_are_quot
             f"does alone. Two processes a core each would make the evaluations at most {2 / both[0]:.2f}x faster; at the "
             f"{100 * evaluations:.0f} % of a run they took under bf16-base (the seed table above), about "
             f"{100 * evaluations * (1 - both[0] / 2):.0f} % of a run") in section
+
+
+def test_eager_attention_in_the_training_passes_is_quoted_from_its_raw_outputs():
+    """docs/performance.md's eager attention: the table between its markers (seconds, the speed-up repeat by repeat as
+    mean +- standard error, losses, memory) and what it is worth to each preset's run."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
+    sft = json.loads((folder / "sft_memory.attention-amd.json").read_text())
+    sdpa, eager = sft["measured"]
+    assert (sdpa["attention"], eager["attention"]) == ("sdpa", "eager")
+    assert sdpa["precision"] == eager["precision"] == "bf16-base" and sdpa["micro_batch_size"] == 4
+    (ratios,) = sft["attention_ratios"]
+    sft_speedup = np.array(ratios["first_over_this"])
+    assert np.allclose(sft_speedup, np.array(sdpa["seconds"]) / np.array(eager["seconds"]))
+    update = json.loads((folder / "update_passes.attention-eager-amd.json").read_text())
+    base, fast = update["variants"][""], update["variants"]["training-attention=eager"]
+    assert update["samples"] == 32 and update["repeats"] == 3 and update["threads"] == 1
+    losses = lambda xs: ", ".join(f"{x:.4f}" for x in xs)  # noqa: E731
+    lines = ["| pass | call | sdpa (s) | eager (s) | eager faster | losses | peak memory | plan |",
+             "|---|---|---:|---:|---:|---|---|---|",
+             f"| Fed-SE's fine-tuning, 2 steps of 16 in passes of 4, bf16-base | `sft_memory.py` | "
+             f"{np.mean(sdpa['seconds']):.1f} | {np.mean(eager['seconds']):.1f} | {sft_speedup.mean():.2f}x +- "
+             f"{sft_speedup.std(ddof=1) / np.sqrt(len(sft_speedup)):.2f} | {losses(sdpa['losses'])} against "
+             f"{losses(eager['losses'])} | {sdpa['peak_rss_gib']:.2f} against {eager['peak_rss_gib']:.2f} GiB | "
+             f"{sdpa['plan_gib']:.2f} against {eager['plan_gib']:.2f} GiB |",
+             f"| FedAgentAvg's GRPO update, 32 agent steps, bf16-base | `update_passes.py` | {base['update_s'][0]:.1f} | "
+             f"{fast['update_s'][0]:.1f} | {fast['update_ratio'][0]:.2f}x +- {fast['update_ratio'][1]:.2f} | "
+             f"{base['loss'][0]:.6f} against {fast['loss'][0]:.6f} | | |"]
+    start = text.index("<!-- eager attention: sft_memory.attention-amd.json, update_passes.attention-eager-amd.json -->\n")
+    assert text[start:].split("\n", 1)[1].startswith("\n".join(lines) + "\n<!-- end -->")
+    section = " ".join(text.split()).split("## Eager attention in the passes that take a gradient")[1]
+    updates = [run_shares(ROOT / "benchmarks" / "results" / run)["update"] for run in FEDSE_BASE_RUNS["bf16-base"]]
+    saved = 1 - 1 / sft_speedup.mean()
+    assert (f"the fine-tuning took {100 * min(updates):.0f}-{100 * max(updates):.0f} % of the Fed-SE preset's bf16-base "
+            f"runs (the seed table above), so at {sft_speedup.mean():.2f}x about {100 * min(updates) * saved:.0f}-"
+            f"{100 * max(updates) * saved:.0f} % of a run") in section
+    phases = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "cpu_roofline.amd.json").read_text())["phases"]
+    passes = phases["update forward"]["share_of_round"] + phases["update backward"]["share_of_round"]
+    assert (f"the update's forward and backward are {100 * passes:.0f} % of the FedAgentAvg preset's round (its roofline "
+            f"on this processor, above), so at {fast['update_ratio'][0]:.2f}x about "
+            f"{100 * passes * (1 - 1 / fast['update_ratio'][0]):.0f} %") in section
