@@ -125,6 +125,7 @@ NO_GPU = not torch.cuda.is_available()
         ({"ranks-per-client": 0}, "ranks-per-client=0 is not allowed: expected an integer >= 1"),
         ({"ranks-per-client": 2, "strategy": "fedse-lora"}, "ranks-per-client=2 is not allowed: expected 1 unless the strategy trains with GRPO"),
         ({"ranks-per-client": 2, "training-kernels": "compile"}, "training-kernels='compile' is not allowed: expected eager with ranks-per-client > 1"),
+        ({"ranks-per-client": 2, "training-attention": "eager"}, "training-attention='eager' is not allowed: expected sdpa with ranks-per-client > 1"),
         ({"ranks-per-client": 2, "param-dtype": "bf16", "precision": "bf16-mixed", "finetuning": "full"}, "param-dtype='bf16' is not allowed: expected fp32 with ranks-per-client > 1"),
         ({"ranks-per-client": 2, "device": "cuda:1"}, "device='cuda:1' is not allowed: expected cpu | cuda | auto with ranks-per-client > 1"),
     ],

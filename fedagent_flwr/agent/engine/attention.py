@@ -42,12 +42,12 @@ def training_attention(model: torch.nn.Module, name: str):
     the duration, then with the one it had.
 
     Why eager on a CPU: at an agent step's few hundred tokens, SDPA's CPU flash kernel is slow above all backward; on
-    an AMD EPYC its backward took 19 % of a profiled update micro-batch of the SmolLM2 preset, for attention FLOPs about
-    6 % of the weights' (docs/performance.md), where eager's batched matrix products and softmax are ordinary kernels
-    (the update and the fine-tuning ran 1.10x and 1.14x faster with it there). Eager keeps
-    the softmax's [heads, tokens, tokens] output for backward (the memory plan counts it) and rounds the scores to the
-    compute dtype before the softmax, which SDPA does not: the same function up to float rounding, not the same numbers.
-    Only passes that take a gradient: a no-grad prefill ran no faster with it."""
+    an AMD EPYC its backward took 19 % of a profiled update micro-batch of the SmolLM2 preset (its forward 7 %), for
+    attention FLOPs about 6 % of the weights' (docs/performance.md), where eager's batched matrix products and softmax
+    are ordinary kernels: the update and the fine-tuning ran 1.10x and 1.14x faster with it there. So only the passes
+    that take a gradient use it. Eager keeps the softmax's [heads, tokens, tokens] output for backward (the memory
+    plan counts it) and rounds the scores to the compute dtype before the softmax, which SDPA does not: the same
+    function up to float rounding, not the same numbers."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     before = base.config._attn_implementation
     if name not in TRAINING_ATTENTIONS:
