@@ -312,10 +312,15 @@ def test_a_shared_prompt_prefix_takes_the_same_update_steps(tiny_lm, maze_tokeni
     # 4 old-policy, 4 reference and 4 update passes, each a row shorter by the 20 tokens it shares
     assert len(shared_widths) == len(whole_widths) == 12
     assert all(prefix == 20 and width + prefix == full for (width, prefix), (full, _) in zip(shared_widths, whole_widths))
-    assert whole["optimizer_steps"] == shared["optimizer_steps"] == 2 and whole["kl"] > 0
+    _assert_the_same_steps(whole, whole_grads, shared, shared_grads)
+
+
+def _assert_the_same_steps(stats, grads, other_stats, other_grads) -> None:
+    """Two updates of the same samples took the same 2 optimizer steps to float rounding: statistics and gradients."""
+    assert stats["optimizer_steps"] == other_stats["optimizer_steps"] == 2 and stats["kl"] > 0
     for key in ("loss", "kl", "clip_frac", "grad_norm"):
-        assert shared[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
-    for before, after in zip(whole_grads, shared_grads):
+        assert other_stats[key] == pytest.approx(stats[key], rel=1e-4, abs=1e-7), key
+    for before, after in zip(grads, other_grads):
         for name, grad in before.items():
             torch.testing.assert_close(after[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
@@ -527,10 +532,4 @@ def test_eager_training_attention_runs_the_update_passes_alone_and_takes_the_sam
         # sdpa: none; eager: the 4 update passes (2 minibatches of 2 micro-batches), with gradients, layer by layer
         assert calls == ([] if attention == "sdpa" else [True] * 4 * layers)
         assert model.config._attn_implementation == "sdpa"
-    (sdpa, sdpa_grads), (eager_stats, eager_grads) = runs["sdpa"], runs["eager"]
-    assert sdpa["optimizer_steps"] == eager_stats["optimizer_steps"] == 2 and sdpa["kl"] > 0
-    for key in ("loss", "kl", "clip_frac", "grad_norm"):
-        assert eager_stats[key] == pytest.approx(sdpa[key], rel=1e-4, abs=1e-7), key
-    for before, after in zip(sdpa_grads, eager_grads):
-        for name, grad in before.items():
-            torch.testing.assert_close(after[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    _assert_the_same_steps(*runs["sdpa"], *runs["eager"])
