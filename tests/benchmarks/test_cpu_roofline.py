@@ -911,3 +911,61 @@ def test_eager_attention_in_the_training_passes_is_quoted_from_its_raw_outputs()
     assert (f"the update's forward and backward are {100 * passes:.0f} % of the FedAgentAvg preset's round (its roofline "
             f"on this processor, above), so at {fast['update_ratio'][0]:.2f}x about "
             f"{100 * passes * (1 - 1 / fast['update_ratio'][0]):.0f} %") in section
+
+
+FEDSE_EAGER_RUNS = {  # issue 69: the Fed-SE preset (bf16-base, SDPA) against it with training-attention=eager, AMD EPYC
+    "sdpa": [f"2026-12-06-cpu/runs/fedse-bf16-base-s{s}-amd" for s in range(3)],
+    "eager": [f"2026-12-06-cpu/runs/fedse-eager-s{s}-amd" for s in range(3)],
+}
+
+
+def round_one_table() -> tuple[str, list[float]]:
+    """docs/performance.md's round 1 of the eager runs against the SDPA runs: the same exploration from the same adapter
+    (the same episodes), then the fine-tuning on the same buffer but for the kernel; each client's mean seconds of
+    both, and the fine-tuning's speed-up at the machine's speed of the SDPA run (the rollouts' ratio scales it)."""
+    lines = ["| seed | rollout, sdpa run (s) | rollout, eager run (s) | fine-tuning, sdpa (s) | fine-tuning, eager (s) | "
+             "eager faster, at the same machine speed |", "|---:|---:|---:|---:|---:|---:|"]
+    speedups = []
+    for seed, (a, b) in enumerate(zip(*FEDSE_EAGER_RUNS.values())):
+        first = [json.loads((ROOT / "benchmarks" / "results" / r / "metrics.jsonl").read_text().splitlines()[1])
+                 for r in (a, b)]
+        assert all(x["round"] == 1 for x in first)
+        assert first[0]["train/success_rate"] == first[1]["train/success_rate"]  # the same exploration
+        assert first[0]["train/fedse/train-samples"] == first[1]["train/fedse/train-samples"]
+        rollout = [x["train/rollout_seconds"] for x in first]
+        update = [x["train/seconds"] - x["train/rollout_seconds"] for x in first]
+        speedups.append(update[0] / update[1] * rollout[1] / rollout[0])
+        lines.append(f"| {seed} | {rollout[0]:.1f} | {rollout[1]:.1f} | {update[0]:.1f} | {update[1]:.1f} | "
+                     f"{speedups[-1]:.2f}x |")
+    return "\n".join(lines), speedups
+
+
+def test_the_fedse_runs_with_eager_attention_are_recomputed_from_their_records():
+    """docs/performance.md's Fed-SE runs with eager attention against the preset's SDPA runs, seeds 0-2: the seed table
+    and round 1's table between their markers, the first evaluations' time ratios, the round-1 speed-up, each seed's
+    difference and the one over seeds, from the records; and the adoption it states is the preset's."""
+    from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
+
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table, figures = seed_table(FEDSE_EAGER_RUNS)
+    start = text.index("<!-- seed table: FEDSE_EAGER_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
+    rounds, speedups = round_one_table()
+    start = text.index("<!-- round 1: FEDSE_EAGER_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(rounds + "\n<!-- end -->")
+    section = " ".join(text.split()).split("**Runs with eager attention, seeds 0-2.**")[1].split(" ## ")[0]
+    sdpa, eager = ([ROOT / "benchmarks" / "results" / r for r in v] for v in FEDSE_EAGER_RUNS.values())
+    first = [[json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["eval/seconds"] for run in pair]
+             for pair in zip(sdpa, eager)]
+    ratios = [f"{b / a:.2f}x" for a, b in first]
+    assert f"took {ratios[0]}, {ratios[1]} and {ratios[2]} the SDPA run's time in the eager runs" in section
+    s = np.array(speedups)
+    assert (f"the eager fine-tuning ran {s.mean():.2f}x +- {s.std(ddof=1) / np.sqrt(len(s)):.2f} faster (mean +- "
+            f"standard error over the seeds") in section
+    each = [compare_runs(e, b, evaluation_rounds(e)[-1], evaluation_rounds(b)[-1]) for e, b in zip(eager, sdpa)]
+    assert ("each seed's last evaluation: " + ", ".join(f"{d['mean']:+.3f} +- {d['se']:.3f}" for d in each[:2])
+            + f" and {each[2]['mean']:+.3f} +- {each[2]['se']:.3f}") in section
+    d = figures["difference"]
+    assert f"over the 3 seeds {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}, paired over seeds): not shown" in section
+    assert d["p"] > 0.05 and figures["seeds"] == 3
+    assert 'training-attention = "eager"' in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()

@@ -53,6 +53,22 @@ def test_bf16_base_loads_the_base_in_bf16_and_plans_it_so(capsys):
     assert "bf16-mixed / bf16-base, micro-batch 8, head loss" in capsys.readouterr().out
 
 
+def test_the_attention_kernels_take_turns_plan_eagers_softmax_and_train_alike(capsys):
+    """--attention sdpa --attention eager (training-attention): two turns, the eager setting's plan the larger by its
+    softmax row, the losses the same function's (fp32: to rounding), a ratio a turn, and the other ratios still read
+    under the first kernel alone."""
+    report = load_script("sft_memory").main([
+        "--run-config", str(ROOT / "configs" / "fedse-cpu.toml"), "--micro", "8", "--attention", "sdpa", "--attention",
+        "eager", "--repeats", "2", "--threads", "1", "--steps", "1", "--prompt-tokens", "40"])
+    sdpa, eager = report["measured"]
+    assert (sdpa["attention"], eager["attention"]) == ("sdpa", "eager") and len(eager["seconds"]) == 2
+    assert eager["plan_gib"] > sdpa["plan_gib"]
+    assert eager["losses"] == pytest.approx(sdpa["losses"], rel=1e-4)
+    assert [(r["attention"], len(r["first_over_this"])) for r in report["attention_ratios"]] == [("eager", 2)]
+    assert report["precision_ratios"] == report["head_ratios"] == []
+    assert "sdpa / eager, micro-batch 8, head loss, fp32" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flag, value", [("--repeats", "0"), ("--threads", "-1")])
 def test_bad_counts_are_one_line(flag, value, capsys):
     with pytest.raises(SystemExit):
