@@ -758,12 +758,24 @@ FEDSE_BASE_RUNS = {  # issue 69: the Fed-SE preset under bf16-mixed against it u
 }
 
 
+def assert_not_shown_over_three_seeds(section: str, lever: list[Path], base: list[Path], figures: dict) -> list[dict]:
+    """A seed table's prose: each seed's last evaluation of `lever` minus `base` room by room, and over the 3 seeds
+    (seed_table's figures) a difference not shown; returns the seeds' differences."""
+    from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
+
+    each = [compare_runs(a, b, evaluation_rounds(a)[-1], evaluation_rounds(b)[-1]) for a, b in zip(lever, base)]
+    assert ("each seed's last evaluation: " + ", ".join(f"{d['mean']:+.3f} +- {d['se']:.3f}" for d in each[:2])
+            + f" and {each[2]['mean']:+.3f} +- {each[2]['se']:.3f}") in section
+    d = figures["difference"]
+    assert f"over the 3 seeds {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}, paired over seeds): not shown" in section
+    assert d["p"] > 0.05 and figures["seeds"] == 3
+    return each
+
+
 def test_the_fedse_runs_under_bf16_base_are_recomputed_from_their_records():
     """docs/performance.md's runs under bf16-base against bf16-mixed, seeds 0-2: the table between its markers, seed 0's
     minutes, first evaluations and their seconds, the other seeds' time ratios, each seed's difference and the one over
     seeds, from the runs' records; and the adoption it states is the preset's."""
-    from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
-
     text = (ROOT / "docs" / "performance.md").read_text()
     table, figures = seed_table(FEDSE_BASE_RUNS)
     start = text.index("<!-- seed table: FEDSE_BASE_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
@@ -780,12 +792,8 @@ def test_the_fedse_runs_under_bf16_base_are_recomputed_from_their_records():
     assert f"the fastest Fed-SE run is {min(run_shares(r)['minutes'] for r in mixed + base):.1f} minutes" in section
     assert (f"(the same warm model under other rounding: {first[base[0]]['eval/success_rate']:.3f} against "
             f"{first[mixed[0]]['eval/success_rate']:.3f})") in section
-    each = [compare_runs(b, m, evaluation_rounds(b)[-1], evaluation_rounds(m)[-1]) for b, m in zip(base, mixed)]
-    assert ("each seed's last evaluation: " + ", ".join(f"{d['mean']:+.3f} +- {d['se']:.3f}" for d in each[:2])
-            + f" and {each[2]['mean']:+.3f} +- {each[2]['se']:.3f}") in section
-    d = figures["difference"]
-    assert f"over the 3 seeds {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}, paired over seeds): not shown" in section
-    assert d["p"] > 0.05 and figures["seeds"] == 3 and {x["mean"] > 0 for x in each} == {True, False}
+    each = assert_not_shown_over_three_seeds(section, base, mixed, figures)
+    assert {x["mean"] > 0 for x in each} == {True, False}
     assert 'precision = "bf16-base"' in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
 
 
@@ -944,8 +952,6 @@ def test_the_fedse_runs_with_eager_attention_are_recomputed_from_their_records()
     """docs/performance.md's Fed-SE runs with eager attention against the preset's SDPA runs, seeds 0-2: the seed table
     and round 1's table between their markers, the first evaluations' time ratios, the round-1 speed-up, each seed's
     difference and the one over seeds, from the records; and the adoption it states is the preset's."""
-    from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
-
     text = (ROOT / "docs" / "performance.md").read_text()
     table, figures = seed_table(FEDSE_EAGER_RUNS)
     start = text.index("<!-- seed table: FEDSE_EAGER_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
@@ -962,10 +968,5 @@ def test_the_fedse_runs_with_eager_attention_are_recomputed_from_their_records()
     s = np.array(speedups)
     assert (f"the eager fine-tuning ran {s.mean():.2f}x +- {s.std(ddof=1) / np.sqrt(len(s)):.2f} faster (mean +- "
             f"standard error over the seeds") in section
-    each = [compare_runs(e, b, evaluation_rounds(e)[-1], evaluation_rounds(b)[-1]) for e, b in zip(eager, sdpa)]
-    assert ("each seed's last evaluation: " + ", ".join(f"{d['mean']:+.3f} +- {d['se']:.3f}" for d in each[:2])
-            + f" and {each[2]['mean']:+.3f} +- {each[2]['se']:.3f}") in section
-    d = figures["difference"]
-    assert f"over the 3 seeds {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}, paired over seeds): not shown" in section
-    assert d["p"] > 0.05 and figures["seeds"] == 3
+    assert_not_shown_over_three_seeds(section, eager, sdpa, figures)
     assert 'training-attention = "eager"' in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
