@@ -134,10 +134,10 @@ def test_the_default_passes_reproduce_the_update_bit_for_bit(tiny_lm, maze_token
 
 
 def test_the_passes_take_the_configs_settings_and_default_to_what_runs_use(tiny_lm, maze_tokenizer):
-    cfg = replace(grpo_config(RunConfig(device="cpu", training_kernels="compile")), gradient_checkpointing="auto",
-                  activation_room_bytes=5e8)
+    cfg = replace(grpo_config(RunConfig(device="cpu", training_kernels="compile", training_attention="eager")),
+                  gradient_checkpointing="auto", activation_room_bytes=5e8)
     passes = GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).passes
-    assert passes == TrainingPasses(torch.device("cpu"), "fp32", "fp32", "compile", "auto", 5e8)
+    assert passes == TrainingPasses(torch.device("cpu"), "fp32", "fp32", "compile", "auto", 5e8, attention="eager")
     assert (passes.fused_adamw, passes.host_waits, passes.padding_mask) == (True, False, False)
 
 

@@ -411,6 +411,7 @@ def violations(tmp: Path) -> list[Violation]:
         V({"logprob-micro-batch-tokens": -1}, "logprob-micro-batch-tokens"), V({"logprob-chunk-tokens": -1}, "logprob-chunk-tokens"),
         V({"gradient-checkpointing": "sometimes"}, "gradient-checkpointing"),
         V({"shared-prompt-prefix": True, "gradient-checkpointing": True}, "shared-prompt-prefix"),
+        V({"training-attention": "eager", "gradient-checkpointing": True}, "training-attention"),
         # LoRAConfig, RolloutSection, GRPOSection
         V({"lora-target-modules": "q_proj,,v_proj"}, "lora-target-modules"), V({"temperature": 0.001}, "temperature"),
         V({"prompt-template": "reference", "prompt-roles": "system"}, "prompt-roles"),
@@ -457,6 +458,7 @@ def violations(tmp: Path) -> list[Violation]:
         V(fedse | {"ranks-per-client": 2}, "ranks-per-client"),
         V({"ranks-per-client": 2, "param-dtype": "bf16", "precision": "bf16-mixed"}, "param-dtype"),
         V({"ranks-per-client": 2, "training-kernels": "compile"}, "training-kernels"),
+        V({"ranks-per-client": 2, "training-attention": "eager"}, "training-attention"),
         V({"ranks-per-client": 2, "device": "cuda:1"}, "device"),
         V(fedse | {"client-sampling": "reference"}, "client-sampling"),
         V({"training-kernels": "liger", "device": "cpu"}, "training-kernels", present=("liger_kernel",)),

@@ -82,9 +82,9 @@ class TrainingPasses:
     precision: str
     param_dtype: str = "fp32"
     training_kernels: str = "eager"
-    attention: str = "sdpa"
     gradient_checkpointing: bool | str = False
     activation_room_bytes: float | None = None
+    attention: str = "sdpa"
     fused_adamw: bool = True
     host_waits: bool = False
     padding_mask: bool = False
