@@ -37,12 +37,12 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS
 from fedagent_flwr.methods.memory import memory_plan
 
 
 HEADS = ("loss", "every")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
-ATTENTIONS = ("sdpa", "eager")  # agent/engine/attention.py's TRAINING_ATTENTIONS
 
 
 def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, completion_tokens: int, seed: int,
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="where TRL's loss head projects (repeatable; default loss, the project's)")
     parser.add_argument("--precision", action="append", default=[], choices=PRECISIONS,
                         help="the fine-tuning's precision (repeatable; default fp32)")
-    parser.add_argument("--attention", action="append", default=[], choices=ATTENTIONS,
+    parser.add_argument("--attention", action="append", default=[], choices=TRAINING_ATTENTIONS,
                         help="the fine-tuning's attention kernel, training-attention (repeatable; default sdpa)")
     parser.add_argument("--repeats", type=int, default=1, help="turns of every setting (default 1)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads of each measuring process (0 = torch's default)")
