@@ -29,6 +29,7 @@ from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
 from fedagent_flwr.agent.engine.placement import DEVICES, ENGINES
 from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, base_dtype
+from fedagent_flwr.agent.engine.sampling import TOKEN_SAMPLERS
 from fedagent_flwr.agent.models.pretrained import model_name_problem
 from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
 from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING
@@ -232,6 +233,7 @@ class RolloutSection:
     max_new_tokens: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0", at_least=0)
     temperature: float = _key(1.0, "sampling temperature of training rollouts", ">= 0.01")
     top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]", interval="(0, 1]")
+    token_sampler: str = _key("multinomial", "how rollouts and evaluations draw a token from its softmax: multinomial = torch.multinomial, which on a CPU draws an exponential number for every vocabulary entry of every row; inverse-cdf = one uniform number a row, placed among the cumulative probabilities (agent/engine/sampling.py): the same distribution, and for a seed other tokens. Greedy decoding (temperature 0) draws nothing", choices=TOKEN_SAMPLERS)
     reward: str = _key("success", "trajectory reward: success = 10 x won (FedAgent reference), env = the env's own return, score = 10 x the env's task score (WebShop), else as success", "success | env | score", choices=REWARD_MODES)
     action_matching: str = _key("exact", "an inadmissible action: exact = passed on as written (reference), closest = the most similar admissible action is taken (still counted invalid)", "exact | closest", choices=ACTION_MATCHING)
     answer_parsing: str = _key("strict", "how a completion is read: strict = exactly one <think> and one <action> block, else malformed (the last action block taken); lenient = also one <action> block without <think>, inside a code fence, or quoted (what real chat models write); reference = the FedAgent reference's parser (verl-agent's projection.py): lowercased, the first action block, both think tags anywhere, no Chinese characters, without action tags the last 30 characters (WebShop: 20); agentgym = AgentGym's reading of Thought: ... Action: ... answers (agentenv's clients: BabyAI and TextCraft the first line after each Action:, WebShop the text after the last, the others after the first; agent/play/prompts.py), only with prompt-template = agentgym", choices=ANSWER_PARSING)

@@ -38,6 +38,7 @@ def rollout_config(cfg: RunConfig, evaluation: bool = False, placement: Placemen
         penalty_scope=cfg.invalid_penalty_scope,
         decode_engine=placement.decode_engine,
         decode_kernels=cfg.decode_kernels,
+        token_sampler=cfg.token_sampler,
     )
 
 

@@ -193,14 +193,15 @@ def test_the_run_configs_decode_kernels_reach_the_rollouts_decoder(tiny_lm, maze
 
 def test_sampling_draws_the_same_tokens_as_the_hf_engine_for_a_seed():
     """The static loop hands pick_tokens the same rows in the same order at every step, so a seed gives the same
-    draws (temperature and top-p included)."""
+    draws (temperature, top-p and either token sampler included)."""
     model, prompts, cap = _model("qwen2"), _prompts(), 16
     stops = _stops_that_end_rows_early(model, prompts, cap)
-    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
+    for temperature, top_p, sampler in ((1.0, 1.0, "multinomial"), (0.7, 0.9, "multinomial"), (0.7, 0.9, "inverse-cdf")):
         torch.manual_seed(3)
-        want = hf_sample_batch(model, prompts, 0, stops, cap, temperature, top_p)
+        want = hf_sample_batch(model, prompts, 0, stops, cap, temperature, top_p, sampler=sampler)
         torch.manual_seed(3)
-        got = fast_sample_batch(model, prompts, 0, stops, cap, temperature, top_p, decoder=StaticDecoder(model))
+        got = fast_sample_batch(model, prompts, 0, stops, cap, temperature, top_p, decoder=StaticDecoder(model),
+                                sampler=sampler)
         assert got == want
     assert len({tuple(r) for r in want}) == len(want)  # really sampled: even the two rows of one prompt differ
 

@@ -154,3 +154,21 @@ def test_a_context_limit_leaves_out_the_oldest_steps_until_a_prompt_fits(maze_to
     assert shortened > 0
     with pytest.raises(ValueError, match=r"max-context-tokens=20: a prompt of task .* needs \d+ tokens"):
         play(20)
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_the_run_configs_token_sampler_draws_the_rollouts_and_the_evaluations_tokens(evaluation, tiny_lm, maze_tokenizer,
+                                                                                     monkeypatch):
+    from fedagent_flwr.agent.engine import sampling
+    from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.methods.library_configs import rollout_config
+
+    drawn_by, pick = [], sampling.pick_tokens
+    monkeypatch.setattr(sampling, "pick_tokens", lambda *a: drawn_by.append(a[3]) or pick(*a))
+    for sampler in ("inverse-cdf", "multinomial"):
+        run = RunConfig(env="maze", token_sampler=sampler, temperature=1.0, eval_temperature=0.5, history_length=2)
+        cfg = dataclasses.replace(rollout_config(run, evaluation), max_new_tokens=4)
+        run_episodes(LMPolicy(tiny_lm, maze_tokenizer, cfg), lambda: make_env("maze", max_steps=2),
+                     make_env("maze").tasks()[:2], PromptEncoder(maze_tokenizer), cfg)
+        assert drawn_by and set(drawn_by) == {sampler}
+        drawn_by.clear()

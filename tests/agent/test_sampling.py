@@ -1,7 +1,9 @@
+import pytest
 import torch
+from scipy import stats
 
 from fedagent_flwr.agent.play.rollout import stop_token_ids
-from fedagent_flwr.agent.engine.sampling import pick_tokens, sample_batch
+from fedagent_flwr.agent.engine.sampling import TOKEN_SAMPLERS, inverse_cdf_draw, pick_tokens, sample_batch
 from fedagent_flwr.agent.engine.tokens import shared_prefix
 
 
@@ -32,14 +34,54 @@ def test_greedy_batch_with_row_dropping_equals_generate_prompt_by_prompt(tiny_lm
     assert max(len(ids) for ids in got) == 12
 
 
-def test_top_p_samples_only_from_the_nucleus():
+@pytest.mark.parametrize("sampler", TOKEN_SAMPLERS)
+def test_top_p_samples_only_from_the_nucleus(sampler):
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(4000, 1)
     torch.manual_seed(0)
-    picks = pick_tokens(logits, temperature=1.0, top_p=0.7)
+    picks = pick_tokens(logits, temperature=1.0, top_p=0.7, sampler=sampler)
     counts = torch.bincount(picks, minlength=4).float() / len(picks)
     assert counts[2] == 0 and counts[3] == 0  # 0.5 + 0.3 already reaches 0.7
     assert abs(counts[0].item() - 0.5 / 0.8) < 0.03
-    assert pick_tokens(logits[:2], temperature=0.0, top_p=1.0).tolist() == [0, 0]
+    assert pick_tokens(logits[:2], temperature=0.0, top_p=1.0, sampler=sampler).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("sampler", TOKEN_SAMPLERS)
+def test_each_token_sampler_draws_from_the_tempered_softmax(sampler):
+    """A vocabulary of 64 with probabilities from 0.2 down to 1e-4 at temperature 0.7: the counts of 40,000 draws fit
+    the softmax (a chi-square test; a sampler off by one token, or one that ignored the temperature, fails by far)."""
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(64, generator=generator) * 2
+    torch.manual_seed(1)
+    picks = pick_tokens(logits.repeat(40_000, 1), temperature=0.7, top_p=1.0, sampler=sampler)
+    expected = torch.softmax(logits.double() / 0.7, dim=-1) * len(picks)
+    observed = torch.bincount(picks, minlength=64).double()
+    assert observed.sum() == len(picks)
+    assert stats.chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_inverse_cdf_draws_one_uniform_number_a_row_and_places_it_among_the_running_sums():
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.0, 0.5], [2.0, 0.0, 0.0, 1.0]])  # sums need not be 1
+    torch.manual_seed(7)
+    picks = inverse_cdf_draw(probs)
+    after = torch.rand(1)
+    torch.manual_seed(7)
+    u, next_number = torch.rand(3, 1), torch.rand(1)
+    assert torch.equal(after, next_number)  # three rows took three numbers from the generator, no more
+    want = [int((probs[i].cumsum(0) <= u[i] * probs[i].sum()).sum()) for i in range(3)]
+    assert picks.tolist() == want
+    assert picks[1].item() in (1, 3) and picks[2].item() in (0, 3)  # never a token of no mass
+
+
+def test_inverse_cdf_keeps_a_uniform_number_that_rounds_up_to_the_sum_inside_the_last_token_of_mass(monkeypatch):
+    """rand x sum can round to the sum itself; placed there, it would name the index after the vocabulary, or a
+    trailing token of no mass. Held just below the sum, it lands in the last token that has mass."""
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, **kw))
+    assert inverse_cdf_draw(torch.tensor([[0.3, 0.7, 0.0, 0.0], [0.5, 0.0, 0.5, 0.0]])).tolist() == [1, 2]
+
+
+def test_sample_batch_refuses_an_unknown_token_sampler(tiny_lm):
+    with pytest.raises(ValueError, match="token sampler must be one of"):
+        sample_batch(tiny_lm, [[1, 2, 3]], 0, [], 4, 1.0, sampler="gumbel")
 
 
 def test_a_shared_prompt_prefix_is_encoded_once_and_changes_nothing(tiny_lm, maze_tokenizer, monkeypatch):

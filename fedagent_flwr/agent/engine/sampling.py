@@ -6,7 +6,8 @@ stops, so one long (often malformed) completion makes all the others pay for
 holds such a row. This loop removes a row from the batch and its KV cache as soon
 as it emits a stop token, so the work per step shrinks with the live rows, and the
 prompt prefix every row shares (instructions, task text) is encoded once. It is
-plain ancestral sampling (temperature, top-p) or greedy decoding. It can hand back each
+plain ancestral sampling (temperature, top-p) or greedy decoding; `sampler` says how a row's token is drawn
+from its softmax (TOKEN_SAMPLERS). It can hand back each
 drawn token's log-probability (`logprobs=`), which GRPO takes as the round-start policy's
 under old-logprobs = rollout; by default GRPO recomputes them from the tokens, and then
 nothing depends on how the sampler was written. Measured against `generate` on the same batch (benchmarks/rollout_throughput.py,
@@ -33,9 +34,14 @@ from fedagent_flwr.agent.engine.placement import ENGINES, decode_engine_for
 from fedagent_flwr.agent.engine.tokens import MIN_SHARED_PREFIX, cache_name, last_logits_only, shared_prefix
 log = logging.getLogger(__name__)
 _REFUSED: weakref.WeakSet = weakref.WeakSet()  # models the static engine refused, so "auto" says so only once
+# How a token is drawn from a row's probabilities (the token-sampler key): multinomial = torch.multinomial, which
+# on a CPU draws an exponential number for every vocabulary entry of every row (49k a row for SmolLM2: 12-20 % of a
+# decode step there, docs/performance.md); inverse-cdf = one uniform number a row, placed among the cumulative
+# probabilities. The same distribution; for a seed, other tokens.
+TOKEN_SAMPLERS = ("multinomial", "inverse-cdf")
 
-def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """One token per row: greedy at temperature 0, else a sample from the (top-p) softmax."""
+def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float, sampler: str = "multinomial") -> torch.Tensor:
+    """One token per row: greedy at temperature 0, else a sample from the (top-p) softmax, drawn by `sampler`."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     # At temperature 1 the division is the identity, and softmax casts to fp32 inside its one kernel: the same
@@ -48,7 +54,21 @@ def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> torch
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    if sampler == "inverse-cdf":
+        return inverse_cdf_draw(probs)
     return torch.multinomial(probs, num_samples=1).squeeze(1)
+
+
+def inverse_cdf_draw(probs: torch.Tensor) -> torch.Tensor:
+    """One index per row of non-negative `probs` (each row's sum need not be 1), token i with probability
+    probs[i] / sum: a uniform number u in [0, sum) falls in token i's interval [c[i-1], c[i]) of the running sum c.
+    torch.rand draws one number a row, so a batch of n rows advances the generator by n numbers."""
+    cumulative = probs.cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    u = torch.rand(total.shape, dtype=cumulative.dtype, device=cumulative.device) * total
+    # rand < 1, yet rand x total can round up to total itself: held below it, u lies in an interval of some mass
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, u, right=True).squeeze(1)
 
 
 def sample_batch(
@@ -62,13 +82,16 @@ def sample_batch(
     engine: str = "auto",
     kernels: str = "eager",
     logprobs: list[list[float]] | None = None,
+    sampler: str = "multinomial",
 ) -> list[list[int]]:
     """Completion token ids per prompt, each ending at its first stop token (kept) or at the cap. `kernels`: the
-    static engine's token step (decode.KERNELS); the hf engine has none to choose. `logprobs`: a list that receives,
+    static engine's token step (decode.KERNELS); the hf engine has none to choose. `sampler`: TOKEN_SAMPLERS. `logprobs`: a list that receives,
     per prompt, each drawn token's log-probability under the temperature-scaled softmax (before top-p), the quantity
     GRPO's ratio divides by (engines' rounding included: these come from the decode passes, not a training forward)."""
     if engine not in ENGINES:
         raise ValueError(f"decode engine must be one of {ENGINES}, got {engine!r}")
+    if sampler not in TOKEN_SAMPLERS:
+        raise ValueError(f"token sampler must be one of {TOKEN_SAMPLERS}, got {sampler!r}")
     if engine == "auto":  # resolved where every auto is (placement.py), the model's refusal said once
         engine, note = decode_engine_for(engine, _device_type(model) == "cuda", model)
         if note and model not in _REFUSED:
@@ -76,8 +99,9 @@ def sample_batch(
             _REFUSED.add(model)
     if engine == "static":
         return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, kernels=kernels,
-                                 logprobs=logprobs)
-    return hf_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, logprobs=logprobs)
+                                 logprobs=logprobs, sampler=sampler)
+    return hf_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, logprobs=logprobs,
+                           sampler=sampler)
 
 
 def _device_type(model) -> str:
@@ -101,6 +125,7 @@ def fast_sample_batch(
     decoder: StaticDecoder | None = None,
     kernels: str = "eager",
     logprobs: list[list[float]] | None = None,
+    sampler: str = "multinomial",
 ) -> list[list[int]]:
     """`sample_batch` on decode.py's static decoder (raises UnsupportedModel for a model it does not reproduce).
 
@@ -117,11 +142,12 @@ def fast_sample_batch(
     decoder = decoder or decoder_for(model, rollout_dtype(device), kernels=kernels)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     logits = decoder.start([list(p) for p in prompts], pad_id, max_new_tokens)
-    return _sample_rows(decoder, logits, n_rows, stops, max_new_tokens, temperature, top_p, logprobs)
+    return _sample_rows(decoder, logits, n_rows, stops, max_new_tokens, temperature, top_p, logprobs, sampler)
 
 
 def _sample_rows(decoder, logits: torch.Tensor, n_rows: int, stops: torch.Tensor, max_new_tokens: int,
-                 temperature: float, top_p: float, logprobs: list[list[float]] | None = None) -> list[list[int]]:
+                 temperature: float, top_p: float, logprobs: list[list[float]] | None = None,
+                 sampler: str = "multinomial") -> list[list[int]]:
     """The token loop both engines share: draw a token per live row, drop the rows that stopped (decoder.keep), and
     advance the rest one step (decoder.step -> next logits). One loop, so both engines hand `pick_tokens` the same
     rows in the same order and a seed draws the same numbers."""
@@ -130,7 +156,7 @@ def _sample_rows(decoder, logits: torch.Tensor, n_rows: int, stops: torch.Tensor
     if logprobs is not None:
         logprobs[:] = [[] for _ in range(n_rows)]
     for step in range(max_new_tokens):
-        tokens = pick_tokens(logits, temperature, top_p)
+        tokens = pick_tokens(logits, temperature, top_p, sampler)
         for row, tok in zip(rows.tolist(), tokens.tolist()):
             completions[row].append(tok)
         if logprobs is not None:  # as tokens.completion_logprobs scores them: fp32 logits over the temperature
@@ -181,15 +207,17 @@ def hf_sample_batch(
     temperature: float,
     top_p: float = 1.0,
     logprobs: list[list[float]] | None = None,
+    sampler: str = "multinomial",
 ) -> list[list[int]]:
     """The "hf" engine: the transformers model's forward with its dynamic cache (the reference)."""
     device = next(model.parameters()).device
     with variable_shape_attention(device):  # the keys grow by one every step: a new shape each time (attention.py)
-        return _hf_rows(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, device, logprobs)
+        return _hf_rows(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, device, logprobs, sampler)
 
 
 def _hf_rows(model, prompts, pad_id: int, stop_ids, max_new_tokens: int, temperature: float, top_p: float,
-             device: torch.device, logprobs: list[list[float]] | None = None) -> list[list[int]]:
+             device: torch.device, logprobs: list[list[float]] | None = None,
+             sampler: str = "multinomial") -> list[list[int]]:
     name = cache_name(model)
     stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     # Identical prompts are common (a GRPO group's first step; episodes of a Markov task that
@@ -229,4 +257,4 @@ def _hf_rows(model, prompts, pad_id: int, stop_ids, max_new_tokens: int, tempera
         cache.batch_select_indices(expand)
         logits, mask, next_position = logits[expand], mask[expand], next_position[expand]
     stepper = _TransformersStepper(model, cache, mask, next_position, name)
-    return _sample_rows(stepper, logits, n_rows, stops, max_new_tokens, temperature, top_p, logprobs)
+    return _sample_rows(stepper, logits, n_rows, stops, max_new_tokens, temperature, top_p, logprobs, sampler)

@@ -28,7 +28,7 @@ from fedagent_flwr.agent.play.prompts import (
     parse_action,
     system_prompt,
 )
-from fedagent_flwr.agent.engine.sampling import ENGINES, sample_batch
+from fedagent_flwr.agent.engine.sampling import ENGINES, TOKEN_SAMPLERS, sample_batch
 
 
 @dataclass
@@ -118,6 +118,7 @@ class RolloutConfig:
     penalty_scope: str = "trajectory"  # see PENALTY_SCOPES; agent/training/grpo.py reads it
     decode_engine: str = "auto"  # sampling.ENGINES: hf = the transformers loop; static = decode.py; auto = placement.py's choice
     decode_kernels: str = "eager"  # the static engine's token step: eager, or compile (decode.KERNELS)
+    token_sampler: str = "multinomial"  # how a token is drawn from its softmax (sampling.TOKEN_SAMPLERS)
 
     def __post_init__(self) -> None:
         if self.reward not in REWARD_MODES:
@@ -136,6 +137,8 @@ class RolloutConfig:
             raise ValueError(f"decode_engine must be one of {ENGINES}, got {self.decode_engine!r}")
         if self.decode_kernels not in KERNELS:
             raise ValueError(f"decode_kernels must be one of {KERNELS}, got {self.decode_kernels!r}")
+        if self.token_sampler not in TOKEN_SAMPLERS:
+            raise ValueError(f"token_sampler must be one of {TOKEN_SAMPLERS}, got {self.token_sampler!r}")
 
     def episode_reward(self, traj: Trajectory) -> float:
         """The episode's reward before any invalid-action penalty."""
@@ -214,7 +217,7 @@ class LMPolicy:
         try:
             rows = sample_batch(self.model, prompts, self.pad_id, self.stop_ids, cfg.max_new_tokens,
                                 cfg.temperature, cfg.top_p, engine=cfg.decode_engine, kernels=cfg.decode_kernels,
-                                logprobs=logprobs)
+                                logprobs=logprobs, sampler=cfg.token_sampler)
         finally:
             self.model.train(was_training)
         return [(ids, self.tokenizer.decode(ids, skip_special_tokens=True), logprobs[i] if logprobs is not None else None)
