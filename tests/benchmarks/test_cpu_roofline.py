@@ -970,3 +970,69 @@ def test_the_fedse_runs_with_eager_attention_are_recomputed_from_their_records()
             f"standard error over the seeds") in section
     assert_not_shown_over_three_seeds(section, eager, sdpa, figures)
     assert 'training-attention = "eager"' in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
+
+
+def _section(title: str) -> str:
+    return " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(title)[1].split(" ## ")[0]
+
+
+def test_the_inverse_cdf_samplers_evaluation_is_quoted_from_its_raw_output():
+    """docs/performance.md's token sampler: the held-out evaluation's seconds with each sampler, the speed-up and the
+    one per generated token (mean +- standard error repeat by repeat), and each sampler's success, from the raw output."""
+    section = _section("## One uniform number a token: the inverse-CDF sampler")
+    r = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / "cpu_round.fedse-eval-sampler-amd.json").read_text())
+    assert r["eval_only"] and r["threads"] == 1 and r["eval_tasks"] == 8 and r["repeats"] == 3
+    assert r["raw_output"]["command"][4:8] == ["--variant", "", "--variant", "token-sampler=inverse-cdf"]
+    multinomial, inverse = r["variants"][""], r["variants"]["token-sampler=inverse-cdf"]
+    assert (f"{inverse['eval_s'][0]:.1f} s against {multinomial['eval_s'][0]:.1f} s, {inverse['eval_ratio'][0]:.2f}x +- "
+            f"{inverse['eval_ratio'][1]:.2f} faster, {inverse['eval_ms_per_token_ratio'][0]:.2f}x +- "
+            f"{inverse['eval_ms_per_token_ratio'][1]:.2f} per generated token") in section
+    assert multinomial["eval_success"][1] == inverse["eval_success"][1] == 0  # the same episodes in every repeat
+    assert (f"(held-out success {inverse['eval_success'][0]:.3f} against {multinomial['eval_success'][0]:.3f})"
+            in section)
+
+
+def test_what_the_kernels_allow_a_run_is_recomputed_from_the_rooflines_and_the_runs():
+    """docs/performance.md's arithmetic between the rates measured and the peak: the table between its markers from
+    each roofline (best_rate_minutes), and what the Fed-SE runs add to their arithmetic, from their records."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    lines = ["| preset | roofline | at its rates (min) | at the best rates measured (min) | at the peak (min) | best rate "
+             "of a pass over sequences | weight sweep |", "|---|---|---:|---:|---:|---:|---:|"]
+    minutes = {}
+    for preset, name in (("FedAgentAvg", "2026-12-05-cpu/cpu_roofline.amd.json"),
+                         ("Fed-SE", "2026-12-06-cpu/cpu_roofline.fedse-bf16-base-amd.json")):
+        report = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+        run, best = roofline.run_minutes(report), roofline.best_rate_minutes(report)
+        assert run["at_the_peak"] < best["minutes"] < run["measured_rates"]
+        minutes[preset] = (run, best)
+        lines.append(f"| {preset} | {name} | {run['measured_rates']:.1f} | {best['minutes']:.1f} | {run['at_the_peak']:.1f} | "
+                     f"{best['best_sequence_gflop_per_s']:.1f} GFLOP/s | {best['sweep_gflop_per_s']:.1f} GFLOP/s |")
+    start = text.index("<!-- kernels allow: cpu_roofline.amd.json, cpu_roofline.fedse-bf16-base-amd.json -->\n")
+    assert text[start:].split("\n", 1)[1].startswith("\n".join(lines) + "\n<!-- end -->")
+    section = _section("## What this processor's kernels allow a run")
+    run, best = minutes["FedAgentAvg"]
+    assert (f"**FedAgentAvg**: {best['minutes']:.1f} minutes even with every phase at the best rates measured, and "
+            f"{run['at_the_peak']:.1f} with every FLOP at the bf16 peak") in section
+    assert run["at_the_peak"] > 20
+    run, best = minutes["Fed-SE"]
+    added = [run_shares(ROOT / "benchmarks" / "results" / r)["minutes"] / run["measured_rates"]
+             for r in FEDSE_BASE_RUNS["bf16-base"]]
+    assert f"**Fed-SE**: {best['minutes']:.1f} minutes with every phase at the best rates measured" in section
+    assert f"took {min(added):.2f}-{max(added):.2f}x the arithmetic at its rates" in section
+    assert best["minutes"] * min(added) > 20  # "20 minutes would take ... nothing added"
+
+
+def test_best_rate_minutes_puts_each_pass_at_the_best_rate_of_its_kind_and_keeps_a_faster_one():
+    phase = lambda seconds, gflop: {"seconds": seconds, "gflop_computed": gflop, "gflop_per_s": gflop / seconds if gflop  # noqa: E731
+                                    else 0.0}
+    report = {"dtype": "bf16", "evaluation": {"episodes": 144},
+              "peaks": {"bf16": {"peak_flops": 200e9, "decode_sweep_flops": 50e9}},
+              "phases": {"rollout prefill": phase(10.0, 1000.0), "update backward": phase(20.0, 1000.0),
+                         "rollout decode": phase(10.0, 100.0), "rollout other": phase(1.0, 0.0),
+                         "evaluation prefill": phase(5.0, 500.0), "evaluation decode": phase(1.0, 100.0)}}
+    # sequences at 100 GFLOP/s (the prefills'): the backward 10 s; the rollout decode at the sweep: 2 s; the
+    # evaluation's decode (100 GFLOP/s) faster than the sweep already keeps its 1 s; a phase of no FLOPs keeps its own
+    client, evaluation = 10 + 10 + 2 + 1, 5 + 1
+    best = roofline.best_rate_minutes(report)
+    assert best["best_sequence_gflop_per_s"] == 100 and best["sweep_gflop_per_s"] == 50
+    assert best["minutes"] == pytest.approx((3 * 2 * client + 2 * 144 * evaluation / 144 / 2) / 60)
