@@ -980,6 +980,10 @@ def test_the_inverse_cdf_samplers_evaluation_is_quoted_from_its_raw_output():
     """docs/performance.md's token sampler: the held-out evaluation's seconds with each sampler, the speed-up and the
     one per generated token (mean +- standard error repeat by repeat), and each sampler's success, from the raw output."""
     section = _section("## One uniform number a token: the inverse-CDF sampler")
+    text = (ROOT / "docs" / "performance.md").read_text()  # the draws' shares: the preset decode table's (tested above)
+    table = text.split("<!-- preset decode steps: decode_profile.fedse-bf16-base-{15,34}-amd.json -->\n")[1].split("<!-- end")[0]
+    draws = [line.split(" | ")[4] for line in table.splitlines()[2:]]
+    assert f"49,152 a row for SmolLM2: {draws[0]} and {draws[1]} of the preset's decode step at 15 and 34 rows" in section
     r = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / "cpu_round.fedse-eval-sampler-amd.json").read_text())
     assert r["eval_only"] and r["threads"] == 1 and r["eval_tasks"] == 8 and r["repeats"] == 3
     assert r["raw_output"]["command"][4:8] == ["--variant", "", "--variant", "token-sampler=inverse-cdf"]
