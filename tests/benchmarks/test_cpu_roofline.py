@@ -1040,3 +1040,51 @@ def test_best_rate_minutes_puts_each_pass_at_the_best_rate_of_its_kind_and_keeps
     best = roofline.best_rate_minutes(report)
     assert best["best_sequence_gflop_per_s"] == 100 and best["sweep_gflop_per_s"] == 50
     assert best["minutes"] == pytest.approx((3 * 2 * client + 2 * 144 * evaluation / 144 / 2) / 60)
+
+
+FEDSE_SAMPLER_RUNS = {  # issue 69: the Fed-SE preset (torch.multinomial) against it with token-sampler=inverse-cdf, AMD EPYC
+    "multinomial": [f"2026-12-06-cpu/runs/fedse-eager-s{s}-amd" for s in range(3)],
+    "inverse-cdf": [f"2026-12-06-cpu/runs/fedse-icdf-s{s}-amd" for s in range(3)],
+}
+
+
+def test_the_fedse_runs_with_the_inverse_cdf_sampler_are_recomputed_from_their_records():
+    """docs/performance.md's Fed-SE runs with the inverse-CDF sampler against the preset's, seeds 0-2: the seed table
+    between its markers, the first evaluations' seconds per agent step, each seed's difference and the one over seeds,
+    from the records; and the preset keeps the sampler the section says it keeps."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table, figures = seed_table(FEDSE_SAMPLER_RUNS)
+    start = text.index("<!-- seed table: FEDSE_SAMPLER_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
+    section = " ".join(text.split()).split("**Runs with the inverse-CDF sampler, seeds 0-2.**")[1].split(" ## ")[0]
+    multinomial, inverse = ([ROOT / "benchmarks" / "results" / r for r in v] for v in FEDSE_SAMPLER_RUNS.values())
+    per_step = []
+    for pair in zip(multinomial, inverse):
+        first = [json.loads((run / "metrics.jsonl").read_text().splitlines()[0]) for run in pair]
+        assert all(x["round"] == 0 for x in first)
+        per_step.append([x["eval/seconds"] / x["eval/mean_steps"] for x in first])
+    ratios = [f"{a / b:.2f}x" for a, b in per_step]
+    assert (f"the first evaluation ran {ratios[0]}, {ratios[1]} and {ratios[2]} as fast per agent step with the "
+            f"inverse-CDF sampler") in section
+    from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
+
+    each = [compare_runs(a, b, evaluation_rounds(a)[-1], evaluation_rounds(b)[-1]) for a, b in zip(inverse, multinomial)]
+    assert ("each seed's last evaluation: " + ", ".join(f"{d['mean']:+.3f} +- {d['se']:.3f}" for d in each[:2])
+            + f" and {each[2]['mean']:+.3f} +- {each[2]['se']:.3f}") in section
+    d = figures["difference"]
+    assert (f"over the 3 seeds {d['mean']:+.3f} +- {d['se']:.3f} (p {d['p']:.2g}, paired over seeds): higher in these "
+            f"three seeds") in section
+    assert d["p"] < 0.05 and all(x["mean"] > 0 for x in each)  # what "higher in these three seeds" says
+    minutes = {k: [run_shares(run)["minutes"] for run in v] for k, v in (("multinomial", multinomial), ("inverse", inverse))}
+    assert (f"the runs took {min(minutes['inverse']):.1f}-{max(minutes['inverse']):.1f} minutes against "
+            f"{min(minutes['multinomial']):.1f}-{max(minutes['multinomial']):.1f}") in section
+    tail = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / "sampler_tails.fedse-amd.json").read_text())
+    t = tail["temperatures"]["1.0"]
+    assert tail["draws_per_row"] == 40 and t["rows"] == 600 and tail["tail"] == 1e-3
+    assert (f"hold {100 * t['tail_mass_mean']:.2f} % of a row's mass, and were drawn {t['multinomial']['tail_draws']} times "
+            f"(multinomial) and {t['inverse-cdf']['tail_draws']} times (inverse CDF) in {t['multinomial']['draws']:,} draws "
+            f"against {t['multinomial']['expected']:.1f} +- {t['multinomial']['expected_se']:.1f} expected; the inverse "
+            f"CDF's fp32 running sum is {t['inverse_cdf_total_variation_mean']:.0e} from the exact softmax") in section
+    for sampler in ("multinomial", "inverse-cdf"):  # "measurably alike": each within 2 standard errors of the expected
+        assert abs(t[sampler]["tail_draws"] - t[sampler]["expected"]) < 2 * t[sampler]["expected_se"]
+    assert 'token-sampler' not in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
