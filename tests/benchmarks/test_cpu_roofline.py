@@ -758,6 +758,17 @@ FEDSE_BASE_RUNS = {  # issue 69: the Fed-SE preset under bf16-mixed against it u
 }
 
 
+def seed_section(name: str, heading: str) -> tuple[dict, str, list[list[Path]]]:
+    """A seed table of docs/performance.md checked between its markers (seed_table of the runs named `name` in this
+    module), the prose after `heading` on one line, and the two run lists as paths."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    table, figures = seed_table(globals()[name])
+    start = text.index(f"<!-- seed table: {name} of tests/benchmarks/test_cpu_roofline.py -->\n")
+    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
+    section = " ".join(text.split()).split(heading)[1].split(" ## ")[0]
+    return figures, section, [[ROOT / "benchmarks" / "results" / r for r in v] for v in globals()[name].values()]
+
+
 def assert_not_shown_over_three_seeds(section: str, lever: list[Path], base: list[Path], figures: dict) -> list[dict]:
     """A seed table's prose: each seed's last evaluation of `lever` minus `base` room by room, and over the 3 seeds
     (seed_table's figures) a difference not shown; returns the seeds' differences."""
@@ -776,12 +787,7 @@ def test_the_fedse_runs_under_bf16_base_are_recomputed_from_their_records():
     """docs/performance.md's runs under bf16-base against bf16-mixed, seeds 0-2: the table between its markers, seed 0's
     minutes, first evaluations and their seconds, the other seeds' time ratios, each seed's difference and the one over
     seeds, from the runs' records; and the adoption it states is the preset's."""
-    text = (ROOT / "docs" / "performance.md").read_text()
-    table, figures = seed_table(FEDSE_BASE_RUNS)
-    start = text.index("<!-- seed table: FEDSE_BASE_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
-    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
-    section = " ".join(text.split()).split("## Fed-SE with its frozen base in bf16 (bf16-base)")[1].split(" ## ")[0]
-    mixed, base = ([ROOT / "benchmarks" / "results" / r for r in v] for v in FEDSE_BASE_RUNS.values())
+    figures, section, (mixed, base) = seed_section("FEDSE_BASE_RUNS", "## Fed-SE with its frozen base in bf16 (bf16-base)")
     minutes = {run: run_shares(run)["minutes"] for run in (mixed[0], base[0])}
     first = {run: json.loads((run / "metrics.jsonl").read_text().splitlines()[0]) for run in (mixed[0], base[0])}
     ratios = figures["ratio"][MACHINES["amd"]]["values"]
@@ -1052,12 +1058,8 @@ def test_the_fedse_runs_with_the_inverse_cdf_sampler_are_recomputed_from_their_r
     """docs/performance.md's Fed-SE runs with the inverse-CDF sampler against the preset's, seeds 0-2: the seed table
     between its markers, the first evaluations' seconds per agent step, each seed's difference and the one over seeds,
     from the records; and the preset keeps the sampler the section says it keeps."""
-    text = (ROOT / "docs" / "performance.md").read_text()
-    table, figures = seed_table(FEDSE_SAMPLER_RUNS)
-    start = text.index("<!-- seed table: FEDSE_SAMPLER_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
-    assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
-    section = " ".join(text.split()).split("**Runs with the inverse-CDF sampler, seeds 0-2.**")[1].split(" ## ")[0]
-    multinomial, inverse = ([ROOT / "benchmarks" / "results" / r for r in v] for v in FEDSE_SAMPLER_RUNS.values())
+    figures, section, (multinomial, inverse) = seed_section("FEDSE_SAMPLER_RUNS",
+                                                            "**Runs with the inverse-CDF sampler, seeds 0-2.**")
     per_step = []
     for pair in zip(multinomial, inverse):
         first = [json.loads((run / "metrics.jsonl").read_text().splitlines()[0]) for run in pair]
