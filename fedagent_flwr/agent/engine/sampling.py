@@ -85,9 +85,10 @@ def sample_batch(
     sampler: str = "multinomial",
 ) -> list[list[int]]:
     """Completion token ids per prompt, each ending at its first stop token (kept) or at the cap. `kernels`: the
-    static engine's token step (decode.KERNELS); the hf engine has none to choose. `sampler`: TOKEN_SAMPLERS. `logprobs`: a list that receives,
-    per prompt, each drawn token's log-probability under the temperature-scaled softmax (before top-p), the quantity
-    GRPO's ratio divides by (engines' rounding included: these come from the decode passes, not a training forward)."""
+    static engine's token step (decode.KERNELS); the hf engine has none to choose. `sampler`: TOKEN_SAMPLERS.
+    `logprobs`: a list that receives, per prompt, each drawn token's log-probability under the temperature-scaled
+    softmax (before top-p), the quantity GRPO's ratio divides by (engines' rounding included: these come from the
+    decode passes, not a training forward)."""
     if engine not in ENGINES:
         raise ValueError(f"decode engine must be one of {ENGINES}, got {engine!r}")
     if sampler not in TOKEN_SAMPLERS:
