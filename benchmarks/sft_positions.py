@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
               "padded_over_shared_prefix": sum(c["padded"] for c in every) / sum(c["shared_prefix"] for c in every),
               "padded_over_real": sum(c["padded"] for c in every) / sum(c["real"] for c in every)}
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report))  # one line: raw_output.py keeps the last JSON line
     else:
         for p, c in clients.items():
             print(f"client {p}: {c['samples']} samples, a micro-batch of {micro}: {c['padded']:.0f} positions padded, "
