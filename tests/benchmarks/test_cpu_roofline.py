@@ -1092,6 +1092,12 @@ def test_the_fedse_runs_with_the_inverse_cdf_sampler_are_recomputed_from_their_r
     assert 'token-sampler' not in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
 
 
+def eval_ratio(name: str, variant: str) -> float:
+    """A variant's held-out evaluation speed-up (mean repeat by repeat) in a cpu_round raw output of 2026-12-06."""
+    report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / name).read_text())
+    return report["variants"][variant]["eval_ratio"][0]
+
+
 FEDSE_SAMPLER_MORE = {  # issue 69: does seeds 0-2's higher last evaluation hold? Seeds 3-4 with each sampler, AMD EPYC
     "multinomial": [f"2026-12-06-cpu/runs/fedse-eager-s{s}-amd" for s in (3, 4)],
     "inverse-cdf": [f"2026-12-06-cpu/runs/fedse-icdf-s{s}-amd" for s in (3, 4)],
@@ -1109,13 +1115,14 @@ def test_the_fedse_sampler_runs_of_seeds_3_and_4_and_the_five_seeds_are_recomput
     gains = [compare(run, evaluation_rounds(run)[-1], evaluation_rounds(run)[0]) for run in multinomial + inverse]
     assert all(g["mean"] / g["se"] > 3 for g in gains)  # "every run gained beyond 3 standard errors"
     assert "every run gained beyond 3 standard errors" in section
-    each = [compare_runs(a, b, evaluation_rounds(a)[-1], evaluation_rounds(b)[-1]) for a, b in zip(inverse, multinomial)]
+    each = [compare_runs(a, b, evaluation_rounds(a)[-1], evaluation_rounds(b)[-1])
+            for a, b in zip(inverse, multinomial)]
     assert (f"seed 3 {each[0]['mean']:+.3f} +- {each[0]['se']:.3f} and seed 4 {each[1]['mean']:+.3f} +- "
             f"{each[1]['se']:.3f}") in section
     runs = {k: [ROOT / "benchmarks" / "results" / r for r in FEDSE_SAMPLER_RUNS[k] + FEDSE_SAMPLER_MORE[k]]
             for k in FEDSE_SAMPLER_RUNS}
-    last = {k: {s: compare(r, evaluation_rounds(r)[-1], evaluation_rounds(r)[0])["later_success"] for s, r in enumerate(v)}
-            for k, v in runs.items()}
+    last = {k: {s: compare(r, evaluation_rounds(r)[-1], evaluation_rounds(r)[0])["later_success"]
+                for s, r in enumerate(v)} for k, v in runs.items()}
     d = paired_difference(last["inverse-cdf"], last["multinomial"])
     assert d["n"] == 5
     verdict = "not shown" if d["p"] > 0.05 else "shown"
@@ -1123,8 +1130,7 @@ def test_the_fedse_sampler_runs_of_seeds_3_and_4_and_the_five_seeds_are_recomput
             f"{verdict}") in section
     minutes = [run_shares(r)["minutes"] for r in multinomial + inverse]
     assert f"{min(minutes):.1f}-{max(minutes):.1f} minutes" in section
-    sampler = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / "cpu_round.fedse-eval-sampler-amd.json")
-                         .read_text())["variants"]["token-sampler=inverse-cdf"]["eval_ratio"][0]
+    sampler = eval_ratio("cpu_round.fedse-eval-sampler-amd.json", "token-sampler=inverse-cdf")
     assert f"what the sampler saves, {sampler:.2f}x on an evaluation" in section
     preset = (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
     assert "token-sampler" not in preset and "**Not adopted**" in section
@@ -1143,13 +1149,12 @@ def test_the_levers_left_at_their_bounds_are_recomputed_from_their_raw_outputs_a
     padding = {f"{r['padded_over_real']:.2f}" for r in reports}
     assert len(shared) == len(padding) == 1  # the two seeds' figures agree to the digits quoted
     assert (f"share their first {min(prefixes):.1f}-{max(prefixes):.1f} tokens on average (the prompt's opening: the "
-            f"chat template's system line and the instructions), and a pass that ran that prefix once under every row's "
-            f"rest would compute {shared.pop()}x fewer positions than today's padded rows; rows without padding would "
-            f"compute {padding.pop()}x fewer") in section
+            f"chat template's system line and the instructions), and a pass that ran that prefix once under every "
+            f"row's rest would compute {shared.pop()}x fewer positions than today's padded rows; rows without padding "
+            f"would compute {padding.pop()}x fewer") in section
     prefix = max(r["padded_over_shared_prefix"] for r in reports)  # the larger bound: the most the lever could save
-    two = 2 / json.loads((folder / "cpu_round.fedse-eval-threads-amd.json").read_text())["variants"]["threads=2"]["eval_ratio"][0]
-    sampler = json.loads((folder / "cpu_round.fedse-eval-sampler-amd.json").read_text())
-    sampler = sampler["variants"]["token-sampler=inverse-cdf"]["eval_ratio"][0]
+    two = 2 / eval_ratio("cpu_round.fedse-eval-threads-amd.json", "threads=2")
+    sampler = eval_ratio("cpu_round.fedse-eval-sampler-amd.json", "token-sampler=inverse-cdf")
     assert (f"The evaluation on two processes a core each: at most {two:.2f}x (the decode section above); the "
             f"inverse-CDF sampler: {sampler:.2f}x on the evaluation") in section
     runs = FEDSE_SAMPLER_RUNS["multinomial"] + FEDSE_SAMPLER_MORE["multinomial"]
@@ -1159,6 +1164,6 @@ def test_the_levers_left_at_their_bounds_are_recomputed_from_their_raw_outputs_a
         shares = run_shares(ROOT / "benchmarks" / "results" / run)
         bounded.append(shares["minutes"] * (1 - shares["update"] * (1 - 1 / prefix)
                                             - shares["evaluation"] * (1 - 1 / (two * sampler))))
-    assert (f"their updates {prefix:.2f}x and their evaluations {two:.2f}x x {sampler:.2f}x faster and the rest as it ran, "
-            f"would have taken {min(bounded):.1f}-{max(bounded):.1f} minutes") in section
+    assert (f"their updates {prefix:.2f}x and their evaluations {two:.2f}x x {sampler:.2f}x faster and the rest as "
+            f"it ran, would have taken {min(bounded):.1f}-{max(bounded):.1f} minutes") in section
     assert min(bounded) > 20  # "no lever measured or bounded here takes the Fed-SE preset to 20 minutes"
