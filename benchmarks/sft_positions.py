@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         samples = ExperienceBuffer(client_buffer_dir(config["fedse-buffer-dir"], run_key, partition)).samples()
         if samples:
             clients[partition] = {"samples": len(samples), **micro_batches(samples, micro, args.draws, rng)}
-    every = [c for c in clients.values()]
+    every = list(clients.values())
     report = {"run": args.run_dir.name, "micro_batch": micro, "draws": args.draws, "clients": clients,
               "padded_over_shared_prefix": sum(c["padded"] for c in every) / sum(c["shared_prefix"] for c in every),
               "padded_over_real": sum(c["padded"] for c in every) / sum(c["real"] for c in every)}
