@@ -79,7 +79,7 @@ from fedagent_flwr.agent.training.lora import arrays_to_adapter, attached_lora
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
 from fedagent_flwr.methods.local_round import train_locally
-from fedagent_flwr.methods.placement import process_placement
+from fedagent_flwr.methods.placement import process_placement, run_base_dtype
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 from gpu_round import FlopShape
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     meter = PhaseMeter()
     meter.head_everywhere = cfg.logprob_chunk_tokens == 0
-    agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), cfg.base_dtype())
+    agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
     held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), args.eval_tasks)
     fedse = cfg.strategy == "fedse-lora"

@@ -40,7 +40,7 @@ from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.local_round import train_locally
 from fedagent_flwr.methods.library_configs import rollout_config
-from fedagent_flwr.methods.placement import process_placement
+from fedagent_flwr.methods.placement import process_placement, run_base_dtype
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
@@ -48,7 +48,7 @@ from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 def one_round(cfg: RunConfig, eval_tasks: int, train: bool = True) -> dict[str, float]:
     """Seconds of a client's rollouts, its update and a held-out evaluation under `cfg`, and their success rates;
     with `train=False` the evaluation's alone, of the model as loaded (its adapter attached, not yet trained)."""
-    agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), cfg.base_dtype())
+    agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
     held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), eval_tasks)
     with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as model:

@@ -70,6 +70,7 @@ def run_model(parser: argparse.ArgumentParser, run_config: str, overrides: list[
     from fedagent_flwr.agent.models.loading import load_agent
     from fedagent_flwr.agent.training.lora import attached_lora
     from fedagent_flwr.config import RunConfig
+    from fedagent_flwr.methods.placement import place_run, run_base_dtype
     from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
     if device is not None or precision is not None:
@@ -80,8 +81,9 @@ def run_model(parser: argparse.ArgumentParser, run_config: str, overrides: list[
                                         | parse_overrides(overrides))
     except ValueError as err:
         parser.error(str(err))
-    resolved, precision = device_and_precision(parser, cfg.device_key("client"), cfg.precision)
-    model = load_agent(cfg.model, cfg.env, str(resolved), cfg.base_dtype()).model
+    resolved, _ = device_and_precision(parser, cfg.device_key("client"), cfg.precision)
+    precision = place_run(cfg).precision  # as the run's clients resolve it (on a CPU, measured: cpu_rates.py)
+    model = load_agent(cfg.model, cfg.env, str(resolved), run_base_dtype(cfg)).model
     if cfg.finetuning == "lora" or cfg.traits.experience_buffer:
         model = stack.enter_context(attached_lora(model, cfg.lora_spec(), seed=cfg.seed))
     return model.eval(), resolved, precision, cfg.model

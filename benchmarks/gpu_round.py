@@ -68,7 +68,7 @@ from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.engine.memory import GB, SHAPES, ModelShape
 from fedagent_flwr.agent.models.pretrained import pick_device
-from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.engine.precision import autocast, base_dtype
 from fedagent_flwr.agent.play.rollout import PromptEncoder, run_episodes, stop_token_ids
 from fedagent_flwr.agent.engine.sampling import ENGINES, sample_batch
 from fedagent_flwr.agent.models.shaped_model import (
@@ -431,8 +431,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     env = make_env(cfg.env, cfg.max_steps)
     tokenizer = environment_tokenizer(cfg.env)
     model = build_model(shape, tokenizer, device, seed)
-    if cfg.base_dtype() != torch.float32:  # precision=bf16-base: the base as load_agent would load it
-        model.to(cfg.base_dtype())
+    if base_dtype(cfg.precision) != torch.float32:  # precision=bf16-base set: the base as load_agent would load it
+        model.to(base_dtype(cfg.precision))
     shape_facts = ModelShape.of(model.config)
     eval_tasks = env.tasks_of_split("test")[:16]
     plan_context = context_tokens(cfg, tokenizer, env, eval_tasks)

@@ -52,7 +52,7 @@ from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods import ranked_round
 from fedagent_flwr.methods.memory import memory_plan
-from fedagent_flwr.methods.placement import process_placement
+from fedagent_flwr.methods.placement import process_placement, run_base_dtype
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 from strategies.transfer import array_view
@@ -169,7 +169,7 @@ def own_plan(cfg: RunConfig, shape: ModelShape, placement, ran: dict):
 def round_inputs(cfg: RunConfig):
     """This process's agent (the sent weights and the plan come from it), partition 0's tasks, the round's request
     tensors as train_on_ranks sends them, and the client's placement."""
-    agent = load_agent(cfg.model, cfg.env, "cpu", cfg.base_dtype())
+    agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
     if cfg.finetuning == "lora":
         with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:

@@ -31,6 +31,7 @@ from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods.placement import run_base_dtype
 from fedagent_flwr.methods.ranked_round import train_on_ranks
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
@@ -66,7 +67,7 @@ def main() -> None:
     values |= parse_overrides(args.set)
     if cfg.ranks_per_client < 2 or args.rounds < 2:
         parser.error(f"ranks-per-client={cfg.ranks_per_client} and --rounds {args.rounds}: both must be at least 2")
-    agent = load_agent(cfg.model, cfg.env, "cpu", cfg.base_dtype())
+    agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     if cfg.finetuning == "lora":
         with attached_lora(agent.model, cfg.lora_spec(), seed=cfg.seed) as peft_model:
             sent = adapter_to_arrays(peft_model)

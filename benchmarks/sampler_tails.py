@@ -30,12 +30,13 @@ from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, run_episodes
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import rollout_config
+from fedagent_flwr.methods.placement import run_base_dtype
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
 
 def real_logits(cfg: RunConfig, tasks: int, rows: int, seed: int) -> torch.Tensor:
     """The logits the sampler was handed in the first `rows` token steps of `tasks` training episodes, in fp32."""
-    agent = load_agent(cfg.model, cfg.env, "cpu", cfg.base_dtype())
+    agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     kept: list[torch.Tensor] = []
     pick = sampling.pick_tokens
 
@@ -48,7 +49,7 @@ def real_logits(cfg: RunConfig, tasks: int, rows: int, seed: int) -> torch.Tenso
     sampling.pick_tokens = keep
     try:
         torch.manual_seed(seed)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.base_dtype() == torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run_base_dtype(cfg) == torch.bfloat16):
             run_episodes(LMPolicy(agent.model, agent.tokenizer, played), lambda: make_env(cfg.env),
                          make_env(cfg.env).tasks()[:tasks], PromptEncoder(agent.tokenizer), played)
     finally:

@@ -54,13 +54,13 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
     from fedagent_flwr.agent.engine.memory import GB, ModelShape
     from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.methods.placement import place_run, process_placement
+    from fedagent_flwr.methods.placement import place_run, process_placement, run_base_dtype
 
     # the setting's precision is the run's: its base dtype (bf16-base) and its memory plan follow it
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro,
                                                                                 "precision": precision,
                                                                                 "training-attention": attention})
-    agent = load_agent(cfg.model, cfg.env, place_run(cfg).device, cfg.base_dtype())  # as a run's client loads it here
+    agent = load_agent(cfg.model, cfg.env, place_run(cfg).device, run_base_dtype(cfg))  # as a run's client loads it here
     placement = process_placement(cfg, agent, make_env(cfg.env, cfg.max_steps).tasks_of_split("test"))
     plan = memory_plan(cfg, ModelShape.of(agent.model.config), placement.context_tokens, placement, placement.rollout_rows)
     rng = np.random.default_rng(seed)

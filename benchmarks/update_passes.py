@@ -48,7 +48,7 @@ from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
-from fedagent_flwr.methods.placement import place_run, process_placement
+from fedagent_flwr.methods.placement import place_run, process_placement, run_base_dtype
 from fedagent_flwr.methods.tasks import learner_tasks
 
 from cpu_round import read_variants, summarise, variant_parser  # the variant arguments both benchmarks take
@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
     casts = {v: own[v][1] for v in args.variant}
     attentions = {v: own[v][2] for v in args.variant}
     first = variants[args.variant[0]]
-    if any(c.base_dtype() != first.base_dtype() for c in variants.values()):
+    if any(run_base_dtype(c) != run_base_dtype(first) for c in variants.values()):
         parser.error("every --variant must hold the base in the same dtype (the samples are played once)")
-    agent = load_agent(first.model, first.env, first.device_key("client"), first.base_dtype())
+    agent = load_agent(first.model, first.env, first.device_key("client"), run_base_dtype(first))
     started = time.perf_counter()
     with attached_lora(agent.model, first.lora_spec(), seed=args.seed) as model:
         # played with the logprobs kept (the rollout keeps them at any temperature > 0), whatever a variant uses

@@ -62,7 +62,7 @@ from fedagent_flwr.agent.engine.memory import (
     update_activation_bytes,
 )
 from fedagent_flwr.agent.models.pretrained import pick_device
-from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.engine.precision import autocast, base_dtype
 from fedagent_flwr.agent.models.shaped_model import environment_tokenizer
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     tokenizer = environment_tokenizer(configs[0].env)
     model = build_model(args.shape, tokenizer, device, args.seed)
-    if configs[0].base_dtype() != torch.float32:
-        model.to(configs[0].base_dtype())
+    if base_dtype(configs[0].precision) != torch.float32:  # precision=bf16-base set: the base as a run loads it
+        model.to(base_dtype(configs[0].precision))
     vocab = model.config.vocab_size
     # the warm-up's lengths are far below the variants', so it meets none of their shapes
     warm = synthetic_samples(4, 8, 4, vocab, np.random.default_rng(args.seed + 1))

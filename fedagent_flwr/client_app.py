@@ -18,6 +18,7 @@ from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.faults import FaultPlan, train_with_faults
 from fedagent_flwr.methods import Method, method_for
+from fedagent_flwr.methods.placement import run_base_dtype
 from fedagent_flwr.privacy.differential_privacy import clip_when_asked
 from fedagent_flwr.privacy.reply_filter import reply_filter
 from fedagent_flwr.privacy.secure_aggregation import (
@@ -55,8 +56,8 @@ def _partition(context: Context) -> tuple[int, int]:
 
 def _agent_loader(cfg: RunConfig):
     if cfg.ranks_per_client > 1:
-        return lambda: fingerprint_agent(cfg.model, cfg.env, cfg.base_dtype())
-    return lambda: load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype())  # cached per process (agent/models/loading.py)
+        return lambda: fingerprint_agent(cfg.model, cfg.env, run_base_dtype(cfg))
+    return lambda: load_agent(cfg.model, cfg.env, cfg.device, run_base_dtype(cfg))  # cached per process (agent/models/loading.py)
 
 
 @lru_cache(maxsize=1)
@@ -82,7 +83,7 @@ def handshake(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     if is_secure_fit(msg):  # SecAgg+: Flower's legacy fit message in, a legacy fit reply out
         cfg = method_of(context).cfg
-        as_plain_train_message(msg, model_to_arrays(load_agent(cfg.model, cfg.env, cfg.device, cfg.base_dtype()).model))
+        as_plain_train_message(msg, model_to_arrays(load_agent(cfg.model, cfg.env, cfg.device, run_base_dtype(cfg)).model))
         return as_fit_reply(train_plain(msg, context))
     return train_plain(msg, context)
 

@@ -20,15 +20,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from envs import available_envs, env_names, is_multi_spec, per_env_problem, split_size
 from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS
 from fedagent_flwr.agent.engine.decode import KERNELS
 from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
 from fedagent_flwr.agent.engine.placement import DEVICES, ENGINES
-from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, base_dtype
+from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS
 from fedagent_flwr.agent.engine.sampling import TOKEN_SAMPLERS
 from fedagent_flwr.agent.models.pretrained import model_name_problem
 from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
@@ -166,7 +164,7 @@ class SpeedConfig:
     server_device: str = _key("same", "where the ServerApp evaluates: same = as device; cpu leaves a GPU the clients share to them", "same | " + " | ".join(DEVICES) + " | cuda:N")
     client_memory_gb: float = _key(0.0, "memory (GiB) of the GPU or GPU share each client trains in; the memory plan (docs/gpu.md) is checked against it before round 1; 0 = not checked", ">= 0")
     server_memory_gb: float = _key(0.0, "memory (GiB) the ServerApp evaluates in; checked like client-memory-gb; 0 = not checked", ">= 0")
-    precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6), or bf16-base = where only a LoRA adapter trains (fedse-lora, or fedagent-avg with finetuning=lora), the frozen base held in bf16 (half its memory, no casts of it per forward) under an fp32 adapter and fp32 AdamW; auto = bf16-mixed on CUDA, fp32 on CPU", choices=ALL_PRECISIONS)
+    precision: str = _key("auto", "training and generation precision: fp32, or bf16-mixed = fp32 weights and optimizer states with forward passes under bf16 autocast (pure bf16 weights do not move at lr 1e-6), or bf16-base = where only a LoRA adapter trains (fedse-lora, or fedagent-avg with finetuning=lora), the frozen base held in bf16 (half its memory, no casts of it per forward) under an fp32 adapter and fp32 AdamW; auto = bf16-mixed on CUDA; on a CPU, bf16-base where a LoRA adapter alone trains and a start-up probe of the model's matmul shows bf16 at least 1.25x faster than fp32 on this processor, else fp32 (the start-up line gives both rates)", choices=ALL_PRECISIONS)
     param_dtype: str = _key("fp32", "the weights GRPO's log-prob and update passes compute with under bf16-mixed: fp32 = the fp32 weights, which bf16 autocast casts in every forward (PyTorch AMP; the embedding's output, the residual stream and the norms stay fp32); bf16 = a bf16 working copy of every weight refreshed after each optimizer step, gradients accumulated in fp32 beside the fp32 master weights AdamW steps (FSDP's param_dtype=bf16, Megatron's bf16): no casts per forward, every activation in bf16 (agent/engine/master_weights.py; docs/gpu.md); auto = bf16 where it applies (a GRPO strategy, finetuning='full', precision resolving to bf16-mixed: on CUDA), else fp32", " | ".join(PARAM_DTYPE_CHOICES) + "; bf16 with precision resolving to bf16-mixed, finetuning='full' and a GRPO strategy", choices=PARAM_DTYPE_CHOICES)
     training_kernels: str = _key("eager", "the kernels GRPO's log-prob and update passes run the decoder layers with: eager = the transformers modules as they are; compile = torch.compile of each decoder layer (one graph shared by all layers, dynamic shapes) in those passes only; liger = Liger-Kernel's Triton RMSNorm, SwiGLU and RoPE (CUDA, Qwen2 and Llama models, pip install liger-kernel). The same function up to float rounding (agent/engine/kernels.py); speed is measured in docs/gpu-measurements.md", choices=TRAINING_KERNELS)
     training_attention: str = _key("sdpa", "the attention kernel of the passes that take a gradient (GRPO's update, Fed-SE's fine-tuning), by transformers' names: sdpa = torch's scaled_dot_product_attention, as every other pass; eager = transformers' matrix products and fp32 softmax, which keeps each layer's [heads, tokens, tokens] softmax for backward (the memory plan counts it) and rounds the scores to the compute dtype first: the same function up to float rounding. On a CPU at an agent step's few hundred tokens, where SDPA's backward is slow, the update and the fine-tuning ran 1.10x and 1.14x faster with eager (docs/performance.md). Not with gradient-checkpointing, nor on several ranks (ranks-per-client)", choices=TRAINING_ATTENTIONS)
@@ -509,10 +507,11 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         """The device key `role` (client or server) runs on, auto unresolved: server-device, or device where it is same."""
         return self.device if role == "client" or self.server_device == "same" else self.server_device
 
-    def base_dtype(self) -> torch.dtype:
-        """The dtype every process loads the base model in (bf16 under precision='bf16-base'): the server's and the
-        clients' agree, so their base fingerprints do."""
-        return base_dtype(self.precision)
+    def adapter_only(self) -> bool:
+        """A LoRA adapter is all that trains (what precision='bf16-base' needs): Fed-SE (the strategy with an
+        experience buffer) trains only its adapter whatever finetuning says, FedAgentAvg with finetuning='lora'."""
+        traits = STRATEGIES.get(self.strategy)
+        return bool(traits and traits.experience_buffer) or (self.finetuning == "lora" and self.strategy == "fedagent-avg")
 
     @property
     def traits(self) -> Traits:
@@ -530,9 +529,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
 
     def _check_model_across(self, need: Need, traits: Traits | None) -> None:
         if self.precision == "bf16-base":  # a bf16 base cannot take AdamW's steps: only a LoRA adapter over it trains
-            # Fed-SE (the strategy with an experience buffer) trains only its adapter, whatever finetuning says
-            adapter_only = bool(traits and traits.experience_buffer) or (self.finetuning == "lora" and self.strategy == "fedagent-avg")
-            need(adapter_only, "precision", self.precision,
+            need(self.adapter_only(), "precision", self.precision,
                  "fp32 | bf16-mixed | auto unless a LoRA adapter is all that trains: strategy='fedse-lora', or "
                  "'fedagent-avg' with finetuning='lora'")
         if self.model.startswith(WARM_PREFIX):  # the warm start cloned the expert on prompts of one shape

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +16,9 @@ from envs.multi import per_env_spread
 from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.play.evaluation import evaluation_seed, play, summarize
 from fedagent_flwr.agent.models.loading import load_agent
-from fedagent_flwr.agent.engine.placement import place
-from fedagent_flwr.agent.engine.precision import autocast
+from fedagent_flwr.agent.models.pretrained import adapter_base
+from fedagent_flwr.agent.engine.placement import place, resolve_device
+from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, RESOLVED_PRECISIONS, autocast, base_dtype
 from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
 from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
@@ -27,6 +29,7 @@ from fedagent_flwr.agent.play.transcripts import write_transcripts
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.experiments.seed_statistics import paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
+from fedagent_flwr.methods.placement import model_rates
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the metrics as JSON to this file")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible; bf16 autocast there)")
+    p.add_argument("--precision", choices=ALL_PRECISIONS, default="auto",
+                   help="as the run config's key; auto resolves as the run the model came from did on this machine: for "
+                        "a LoRA run's adapter folder bf16-base where a probe shows bf16 clearly faster here, else fp32 on "
+                        "a CPU (bf16-mixed on CUDA). --paired-with plays in the same precision")
     p.add_argument("--transcripts", "--dump", dest="transcripts", type=Path,
                    help="write sampled episodes as text to this file (--dump is the same flag)")
     p.add_argument("--transcript-episodes", type=int, default=4, help="how many episodes --transcripts writes")
@@ -66,13 +73,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                            answer_parsing=args.answer_parsing, prompt_roles=args.prompt_roles,
                            prompt_template=args.prompt_template)
 
+    try:  # one precision for --model and --paired-with, decided before either loads (bf16-base loads its base in bf16)
+        adapter_only = adapter_base(args.model) is not None  # a LoRA run's checkpoint: only its adapter trained
+        on_cpu = not resolve_device(args.device).startswith("cuda")
+        rates = model_rates(args.model, args.env) if on_cpu and (adapter_only or args.precision in RESOLVED_PRECISIONS) else None
+        chosen = place(device=args.device, precision=args.precision, adapter_only=adapter_only, cpu_rates=rates)
+    except ValueError as err:
+        p.error(str(err))
+    print(f"[fedagent] evaluation: {chosen.summary()}", file=sys.stderr, flush=True)
+
     def episodes_of(model: str):
         try:
-            agent = load_agent(model, args.env, args.device)
+            agent = load_agent(model, args.env, args.device, base_dtype(chosen.precision))
         except ValueError as err:
             p.error(str(err))
         torch.manual_seed(evaluation_seed(args.seed))
-        placement = place(device=args.device, model=agent.model)  # as the run's server resolves it on this machine
+        # as the run's server resolves it on this machine, the precision as decided above
+        placement = place(device=args.device, precision=chosen.precision, model=agent.model)
         played = replace(config, decode_engine=placement.decode_engine)
         with autocast(placement.compute_precision, agent.device):
             return play(LMPolicy(agent.model, agent.tokenizer, played), lambda: make_env(args.env), tasks,

@@ -73,7 +73,7 @@ from fedagent_flwr.simulation import read_run_config_file
 from strategies.communication import payload_bytes
 from strategies.fedse_lora import aggregate_adapters
 from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
-from fedagent_flwr.methods.placement import place_run
+from fedagent_flwr.methods.placement import place_run, run_base_dtype
 
 # CPU preset (configs/fedse-cpu.toml): 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
 CPU_PRESET = read_run_config_file(str(APP_DIR / "configs" / "fedse-cpu.toml"))
@@ -161,7 +161,7 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
     # run of another configuration must not pass for one of this configuration.
     (out / method / "metrics.jsonl").unlink(missing_ok=True)
     atomic_write_text(out / method / "config.json", json.dumps(cfg.to_run_config(), indent=2, sort_keys=True))
-    agent = load_agent(cfg.model, cfg.env, cfg.device)
+    agent = load_agent(cfg.model, cfg.env, cfg.device, run_base_dtype(cfg))
     k = cfg.num_clients
     placement = place_run(cfg, model=agent.model)  # every auto of the clients, once
     se = self_evolution_config(cfg, placement)

@@ -38,7 +38,7 @@ from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader, Method
 from fedagent_flwr.methods.memory import check_memory, memory_budget, memory_plans
-from fedagent_flwr.methods.placement import context_tokens, place_run
+from fedagent_flwr.methods.placement import context_tokens, place_run, run_base_dtype
 from fedagent_flwr.methods.local_round import local_round
 from fedagent_flwr.methods.ranked_round import idle_ranks_note, train_on_ranks
 from fedagent_flwr.methods.tasks import all_partitions, holdings, holdings_line, learner_tasks
@@ -63,7 +63,7 @@ class LanguageAgentMethod(Method):
 
     def prepare(self) -> None:
         cfg = self.cfg
-        self.agent = load_agent(cfg.model, cfg.env, cfg.device_key("server"), cfg.base_dtype())  # builds a tiny model first if needed
+        self.agent = load_agent(cfg.model, cfg.env, cfg.device_key("server"), run_base_dtype(cfg))  # builds a tiny model first if needed
         env = make_env(cfg.env, cfg.max_steps)
         eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval_tasks)  # a multi-env spec: eval-tasks per env
         # Every auto resolved once, with the model in hand: decode-engine='static' for a model the static engine refuses

@@ -10,13 +10,19 @@ client's round call `place_run`, which checks).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
+from transformers import AutoConfig
 
 from envs import Task, answer_token_budget, make_env
+from fedagent_flwr.agent.engine.cpu_rates import MatmulRates, cached_rates
 from fedagent_flwr.agent.engine.memory import GB, ModelShape
-from fedagent_flwr.agent.engine.placement import Machine, Placement, place
+from fedagent_flwr.agent.engine.placement import Machine, Placement, place, resolve_device
+from fedagent_flwr.agent.engine.precision import RESOLVED_PRECISIONS, base_dtype
 from fedagent_flwr.agent.models.loading import Agent
+from fedagent_flwr.agent.models.model_cache import default_cache_root
+from fedagent_flwr.agent.models.pretrained import resolve_model
 from fedagent_flwr.agent.play.prompts import build_prompt
 from fedagent_flwr.agent.play.rollout import PromptEncoder
 from fedagent_flwr.config import RunConfig
@@ -30,15 +36,61 @@ def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = No
     in `budget_bytes` (None or 0: no budget known, an epoch's rows and every layer checkpointed under auto)."""
     grpo_client = role == "client" and cfg.traits.grpo  # only a GRPO client's update checkpoints
     plan_for = None if shape is None else (lambda p, rows: memory_plan(cfg, shape, context_tokens, p, rows, role))
+    adapter_only = cfg.adapter_only()
+    if role == "server" and adapter_only:
+        # the server holds the base the clients hold (their fingerprints must agree): bf16 exactly where theirs is
+        adapter_only = place_run(cfg, "client", machine, shape=shape).precision == "bf16-base"
+    on_cpu = not resolve_device(cfg.device_key(role), machine).startswith("cuda")
+    # measured where the precision has a choice to make (auto over an adapter) or a setting to check; not otherwise,
+    # so a full fine-tune under auto (the tiny default job) stays fp32 with nothing measured
+    measure = on_cpu and (adapter_only or cfg.precision in RESOLVED_PRECISIONS)
     placement = place(device=cfg.device_key(role), precision=cfg.precision, param_dtype=cfg.param_dtype,
                       decode_engine=cfg.decode_engine, kl_reference=cfg.kl_reference,
                       gradient_checkpointing=cfg.gradient_checkpointing if grpo_client else False,
                       single_learner=cfg.baseline != "none", full_grpo=cfg.finetuning == "full" and cfg.traits.grpo,
                       machine=machine, model=model, rollout_batch_size=cfg.rollout_batch_size,
                       max_rows=cfg.epoch_episodes(), plan_for=plan_for, budget_bytes=budget_bytes,
-                      context_tokens=context_tokens)
+                      context_tokens=context_tokens, adapter_only=adapter_only,
+                      cpu_rates=run_cpu_rates(cfg, shape) if measure else None)
     check_placement(cfg, placement, role)
     return placement
+
+
+def run_base_dtype(cfg: RunConfig, machine: Machine | None = None) -> torch.dtype:
+    """The dtype every process of the run loads the base model in: bf16 where the clients' precision resolves to
+    bf16-base, so the server's base and the clients' agree (their fingerprints do); decided before the model loads."""
+    return base_dtype(place_run(cfg, "client", machine).precision)
+
+
+def run_cpu_rates(cfg: RunConfig, shape: ModelShape | None = None) -> MatmulRates | None:
+    """This processor's fp32 and bf16 rates for the run model's MLP matmul (agent/engine/cpu_rates.py), from the model
+    cache's record of them or measured once; None where the model's shape cannot be read (nothing measured: auto
+    stays fp32)."""
+    return _rates(shape.hidden, shape.intermediate) if shape is not None else model_rates(cfg.model, cfg.env)
+
+
+def model_rates(model: str, env: str) -> MatmulRates | None:
+    """run_cpu_rates for a model name (a run-config `model`, a folder or a run's adapter folder) and env."""
+    try:
+        hidden, intermediate = model_dims(model, env)
+    except (OSError, ValueError):  # e.g. a hub id on a machine offline: its load reports it in its own words
+        return None
+    return _rates(hidden, intermediate)
+
+
+@lru_cache(maxsize=8)
+def model_dims(model: str, env: str) -> tuple[int, int]:
+    """(hidden, intermediate) of a run-config model, read from its config (a model built here is built first, as its
+    load would)."""
+    config = AutoConfig.from_pretrained(resolve_model(model, env).source)
+    config = getattr(config, "text_config", None) or config
+    hidden = config.hidden_size
+    return hidden, getattr(config, "intermediate_size", None) or 4 * hidden
+
+
+@lru_cache(maxsize=8)
+def _rates(hidden: int, intermediate: int) -> MatmulRates:
+    return cached_rates(hidden, intermediate, default_cache_root())
 
 
 def memory_key_placements(cfg: RunConfig, shape: ModelShape, context_tokens: int,

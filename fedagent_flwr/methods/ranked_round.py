@@ -35,7 +35,7 @@ from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.agent.training.weights import arrays_to_model
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.local_round import train_sent
-from fedagent_flwr.methods.placement import process_placement
+from fedagent_flwr.methods.placement import process_placement, run_base_dtype
 from strategies.transfer import array_view, numpy_array
 
 SENT, TRAINED, OPTIMIZER = "sent/", "trained/", "optimizer/"
@@ -127,18 +127,18 @@ def _held(cfg: RunConfig, world: int, tasks: Sequence[Task]) -> _Held:
 
     if cfg.finetuning == "lora":  # attached for the rank's life: each round loads the sent adapter into it
         attached = contextlib.ExitStack()  # held, or its collection would close the block and unload the adapter
-        model = load_sharded(spec, device, cfg.base_dtype(),
+        model = load_sharded(spec, device, run_base_dtype(cfg),
                              wrap=lambda base: attached.enter_context(attached_lora(base, cfg.lora_spec(), seed=cfg.seed)))
         _HELD.append(_Held(key, agent_of(model.get_base_model()), model, None, None, attached))
         return _HELD[0]
-    agent = agent_of(load_sharded(spec, device, cfg.base_dtype()))
+    agent = agent_of(load_sharded(spec, device, run_base_dtype(cfg)))
     placement = process_placement(cfg, agent, tasks)  # the anchor chosen as local_round chooses it
     anchor = placement.kl_reference if cfg.kl_beta > 0 else None
     base = None
     if anchor == "base":
         base = frozen(load_sharded(spec, device))
     elif anchor == "round-start":  # each round loads the sent weights into it
-        base = frozen(empty_sharded_copy(spec.source, device, cfg.base_dtype()))
+        base = frozen(empty_sharded_copy(spec.source, device, run_base_dtype(cfg)))
     _HELD.append(_Held(key, agent, agent.model, base, anchor))
     return _HELD[0]
 

@@ -13,6 +13,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 from envs import make_env
+from fedagent_flwr.agent.engine.precision import base_dtype
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.agent.training.experience import SEED_ROUND, ExperienceBuffer
@@ -336,7 +337,7 @@ def test_client_message_holds_only_adapter_tensors_and_numeric_metrics(tiny_lm, 
 
 def test_a_client_under_bf16_base_trains_an_fp32_adapter_over_its_bf16_base(tiny_lm, maze_tokenizer, tmp_path, monkeypatch,
                                                                              run_identity):
-    """precision=bf16-base with fedse-lora: the client's base is bf16 (cfg.base_dtype(), what load_agent loads) and stays
+    """precision=bf16-base with fedse-lora: the client's base is bf16 (run_base_dtype, what load_agent loads) and stays
     untouched, the adapter it trains and sends is fp32 and moved, and its passes ran under bf16 autocast."""
     import copy
 
@@ -348,7 +349,7 @@ def test_a_client_under_bf16_base_trains_an_fp32_adapter_over_its_bf16_base(tiny
         "tasks-per-client": 2, "lora-rank": 2, "fedse-explore-samples": 1, "fedse-seed-demos": 2, "fedse-sft-steps": 2,
         "fedse-learning-rate": 1e-2, "max-new-tokens": 8, "max-steps": 3,
     }
-    assert RunConfig.from_run_config(cfg).base_dtype() == torch.bfloat16
+    assert base_dtype(RunConfig.from_run_config(cfg).precision) == torch.bfloat16
     base = copy.deepcopy(tiny_lm).to(torch.bfloat16)
     before = {k: v.clone() for k, v in base.state_dict().items()}
     loaded_in = []

@@ -6,6 +6,7 @@ import torch
 from flwr.app import MessageType
 from peft import get_peft_model_state_dict
 
+from fedagent_flwr.agent.engine.precision import base_dtype
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
@@ -81,4 +82,4 @@ def test_lora_finetuning_is_refused_where_it_does_not_apply():
     # a bf16 base cannot take AdamW's steps at small learning rates: only an adapter trains over it
     with pytest.raises(ValueError, match="precision='bf16-base' is not allowed"):
         RunConfig(precision="bf16-base")
-    assert RunConfig(precision="bf16-base", finetuning="lora").base_dtype() == torch.bfloat16
+    assert base_dtype(RunConfig(precision="bf16-base", finetuning="lora").precision) == torch.bfloat16

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from fedagent_flwr.agent.engine.cpu_rates import MatmulRates
 from fedagent_flwr.agent.engine.decode import UnsupportedModel, check_supported
 from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
 from fedagent_flwr.agent.engine.memory import ACTIVATIONS_ROW, UPDATE, MemoryPlan, rows_that_fit
@@ -25,6 +26,10 @@ from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, compute_precisi
 
 DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
 ENGINES = ("auto", "hf", "static")  # decode-engine (agent/engine/sampling.py runs them)
+# On a CPU, auto takes bf16-base only where bf16 runs the model's matmul at least this much faster than fp32: at or
+# near parity fp32 keeps its exact arithmetic, and a probe of a few calls can be off by some percent.
+BF16_CLEARLY_FASTER = 1.25
+SLOWER_WARNING = 2.0  # a precision the user set that runs this much slower than the other here is warned about
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Placement:
     gradient_checkpointing: bool | str = False
     activation_room_bytes: float | None = None  # what the update's activations may take under "auto"
     context_tokens: int = 0  # the longest context the memory plan was made for (0: no plan)
+    precision_note: str = ""  # on a CPU: how the precision was chosen, with the measured rates (cpu_rates.py)
 
     @property
     def on_cuda(self) -> bool:
@@ -74,7 +80,8 @@ class Placement:
     def summary(self) -> str:
         """One console line: what this process computes with (the rows stand in the memory plan beside it)."""
         note = f" ({self.engine_note})" if self.engine_note else ""
-        return (f"device {self.device} | precision {self.precision} | param-dtype {self.param_dtype} | "
+        why = f" ({self.precision_note})" if self.precision_note else ""
+        return (f"device {self.device} | precision {self.precision}{why} | param-dtype {self.param_dtype} | "
                 f"decode engine {self.decode_engine}{note}")
 
 
@@ -83,11 +90,13 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
           full_grpo: bool = False, machine: Machine | None = None, model: torch.nn.Module | None = None,
           rollout_batch_size: int = 0, max_rows: int = 1,
           plan_for: Callable[[Placement, int], MemoryPlan] | None = None, budget_bytes: float | None = None,
-          context_tokens: int = 0) -> Placement:
+          context_tokens: int = 0, adapter_only: bool = False, cpu_rates: MatmulRates | None = None) -> Placement:
     """Resolve every `auto`, in this order (each may read the ones before it):
 
     - device: auto = cuda where the machine has a GPU, else cpu;
-    - precision: auto = bf16-mixed on CUDA, fp32 on a CPU;
+    - precision: auto = bf16-mixed on CUDA; on a CPU, bf16-base where a LoRA adapter is all that trains
+      (`adapter_only`) and `cpu_rates` (this processor's matmul rates for the model's shape) show bf16 clearly faster,
+      else fp32 (resolve_precision);
     - param-dtype: auto = bf16 where a working copy applies (`full_grpo`: a GRPO strategy training every weight) under
       bf16-mixed, else fp32;
     - decode-engine: auto = static on CUDA, hf on a CPU; given the `model`, a model the static engine does not
@@ -101,12 +110,9 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
       other row of the plan at those rows (which counts the rollout's KV cache too, though the update runs after it is
       freed: a margin); where no budget is known, True (every layer).
     """
-    machine = machine or this_machine()
-    if device not in DEVICES and not device.startswith("cuda:"):
-        raise ValueError(f"device={device!r} is not allowed: expected {' | '.join(DEVICES)} | cuda:N")
-    resolved_device = ("cuda" if machine.cuda else "cpu") if device == "auto" else device
+    resolved_device = resolve_device(device, machine)
     on_cuda = resolved_device.startswith("cuda")
-    resolved_precision = resolve_precision(precision, on_cuda)
+    resolved_precision, precision_note = resolve_precision(precision, on_cuda, adapter_only, cpu_rates)
     if param_dtype == "auto":
         param_dtype = "bf16" if full_grpo and resolved_precision == "bf16-mixed" else "fp32"
     elif param_dtype not in PARAM_DTYPES:
@@ -116,7 +122,7 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
         kl_reference = "base" if single_learner else "round-start"
     # the plan is asked with the checkpointing key as given: "auto" plans its worst case, every layer checkpointed
     placement = Placement(resolved_device, resolved_precision, param_dtype, engine, max_rows, kl_reference, note,
-                          gradient_checkpointing, None, context_tokens)
+                          gradient_checkpointing, None, context_tokens, precision_note)
     planned = plan_for is not None and bool(budget_bytes)
     if rollout_batch_size:
         rows = rollout_batch_size
@@ -134,13 +140,38 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
     return replace(placement, rollout_rows=rows, gradient_checkpointing=gradient_checkpointing, activation_room_bytes=room)
 
 
-def resolve_precision(precision: str, on_cuda: bool) -> str:
-    """'fp32', 'bf16-mixed' or 'bf16-base' for a run-config value and the device the model runs on."""
+def resolve_device(device: str, machine: Machine | None = None) -> str:
+    """cpu, cuda or cuda:N for a device key on `machine` (default: this process's): auto = cuda where it has a GPU."""
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise ValueError(f"device={device!r} is not allowed: expected {' | '.join(DEVICES)} | cuda:N")
+    return ("cuda" if (machine or this_machine()).cuda else "cpu") if device == "auto" else device
+
+
+def resolve_precision(precision: str, on_cuda: bool, adapter_only: bool = False,
+                      cpu_rates: MatmulRates | None = None) -> tuple[str, str]:
+    """('fp32' | 'bf16-mixed' | 'bf16-base', why) for a run-config value and the device the model runs on.
+
+    On CUDA, auto = bf16-mixed. On a CPU, auto = bf16-base where a LoRA adapter is all that trains and the measured
+    `cpu_rates` show bf16 at least BF16_CLEARLY_FASTER times fp32's rate, else fp32 (also where nothing was measured).
+    A precision the user set is kept; where the rates show it more than SLOWER_WARNING times slower than the other
+    here (bf16-base for an adapter, bf16-mixed for full weights), `why` says so with a warning."""
     if precision not in ALL_PRECISIONS:
         raise ValueError(f"precision={precision!r} is not allowed: expected {' | '.join(ALL_PRECISIONS)}")
+    if on_cuda or cpu_rates is None:
+        return (("bf16-mixed" if on_cuda else "fp32") if precision == "auto" else precision), ""
+    speedup, rates = cpu_rates.bf16_speedup, cpu_rates.describe()
     if precision == "auto":
-        return "bf16-mixed" if on_cuda else "fp32"
-    return precision
+        if adapter_only and speedup >= BF16_CLEARLY_FASTER:
+            return "bf16-base", f"auto: bf16 is faster here, {rates}"
+        reason = (f"bf16 is not {BF16_CLEARLY_FASTER}x faster here" if adapter_only
+                  else "bf16-base needs an adapter that alone trains")
+        return "fp32", f"auto: {reason}, {rates}"
+    other = "fp32" if precision != "fp32" else "bf16-base" if adapter_only else "bf16-mixed"
+    slowdown = speedup if precision == "fp32" else 1 / speedup
+    if slowdown > SLOWER_WARNING:
+        return precision, (f"as set; WARNING: it runs {slowdown:.1f}x slower here than {other} would: {rates}; "
+                           "precision = 'auto' takes the faster")
+    return precision, f"as set, {rates}"
 
 
 def decode_engine_for(decode_engine: str, on_cuda: bool, model: torch.nn.Module | None = None) -> tuple[str, str]:

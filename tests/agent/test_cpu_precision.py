@@ -1,0 +1,164 @@
+"""precision = 'auto' on a CPU: decided from this processor's measured fp32 and bf16 matmul rates (issue 93).
+
+The decisions run against a mocked probe (MatmulRates made up here), so they hold on any processor; the probe itself
+is checked for what it returns and how it is cached, never for how fast it is."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fedagent_flwr.agent.engine import cpu_rates
+from fedagent_flwr.agent.engine.cpu_rates import MatmulRates, Processor, cached_rates, this_processor
+from fedagent_flwr.agent.engine.placement import Machine, place, resolve_precision
+from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods import placement as run_placement
+
+CPU = Machine(cuda=False)
+
+
+def rates(bf16: float, fp32: float = 100.0) -> MatmulRates:
+    return MatmulRates(fp32=fp32, bf16=bf16, rows=2048, hidden=576, intermediate=1536, threads=1,
+                       processor="Test CPU (avx2)", seconds=0.1)
+
+
+AMX, AVX2 = rates(bf16=700.0), rates(bf16=1.2, fp32=130.0)  # issue 93's figures: a Xeon with AMX, an EPYC with AVX2
+
+
+def test_auto_takes_bf16_base_only_where_bf16_is_clearly_faster_and_an_adapter_alone_trains():
+    assert resolve_precision("auto", False, adapter_only=True, cpu_rates=AMX)[0] == "bf16-base"
+    assert resolve_precision("auto", False, adapter_only=True, cpu_rates=AVX2)[0] == "fp32"
+    assert resolve_precision("auto", False, adapter_only=True, cpu_rates=rates(bf16=120.0))[0] == "fp32"  # 1.2x: not clearly
+    assert resolve_precision("auto", False, adapter_only=True, cpu_rates=rates(bf16=125.0))[0] == "bf16-base"
+    assert resolve_precision("auto", False, adapter_only=False, cpu_rates=AMX)[0] == "fp32"  # full weights train
+    assert resolve_precision("auto", True, adapter_only=True, cpu_rates=AMX)[0] == "bf16-mixed"  # CUDA: as before
+
+
+def test_a_precision_the_user_set_is_kept_and_warned_about_where_it_runs_over_2x_slower():
+    kept, why = resolve_precision("bf16-base", False, adapter_only=True, cpu_rates=AVX2)
+    assert kept == "bf16-base" and "WARNING" in why and "108.3x slower" in why and "fp32" in why
+    kept, why = resolve_precision("fp32", False, adapter_only=True, cpu_rates=AMX)
+    assert kept == "fp32" and "WARNING" in why and "7.0x slower" in why and "bf16-base" in why
+    kept, why = resolve_precision("fp32", False, adapter_only=True, cpu_rates=rates(bf16=190.0))  # 1.9x: no warning
+    assert kept == "fp32" and "WARNING" not in why
+
+
+def test_the_start_up_line_gives_the_choice_and_both_rates():
+    line = place(precision="auto", machine=CPU, adapter_only=True, cpu_rates=AMX).summary()
+    assert "precision bf16-base (auto: bf16 is faster here, bf16 700.0 GFLOP/s against fp32 100.0 (7.00x)" in line
+    assert "Test CPU (avx2), 2048x576x1536 on 1 thread" in line
+    assert "precision fp32 (auto: bf16 is not 1.25x faster here, bf16 1.2 GFLOP/s against fp32 130.0" in place(
+        precision="auto", machine=CPU, adapter_only=True, cpu_rates=AVX2).summary()
+
+
+@pytest.fixture()
+def probe(monkeypatch):
+    """A mocked probe for methods/placement.py: the rates it answers, and the shapes it was asked for."""
+    asked = []
+    state = {"rates": AMX}
+
+    def fake(cfg, shape=None):
+        asked.append(cfg.model)
+        return state["rates"]
+
+    monkeypatch.setattr(run_placement, "run_cpu_rates", fake)
+    return state, asked
+
+
+def lora_run(**kw) -> RunConfig:
+    return RunConfig(**{"device": "cpu", "finetuning": "lora", "strategy": "fedagent-avg"} | kw)
+
+
+def test_a_lora_run_resolves_by_the_probe_and_loads_its_base_to_match(probe):
+    state, asked = probe
+    client = run_placement.place_run(lora_run(), "client")
+    assert client.precision == "bf16-base" and "700.0 GFLOP/s" in client.precision_note
+    assert run_placement.place_run(lora_run(), "server").precision == "bf16-base"  # the server holds the clients' base
+    assert run_placement.run_base_dtype(lora_run()) == torch.bfloat16
+    state["rates"] = AVX2
+    assert run_placement.place_run(lora_run(), "client").precision == "fp32"
+    assert run_placement.place_run(lora_run(), "server").precision == "fp32"
+    assert run_placement.run_base_dtype(lora_run()) == torch.float32
+    assert run_placement.place_run(lora_run(precision="bf16-base"), "client").precision == "bf16-base"  # kept
+    assert "WARNING" in run_placement.place_run(lora_run(precision="bf16-base"), "client").precision_note
+    assert asked
+
+
+def test_a_full_fine_tune_under_auto_measures_nothing_and_stays_fp32(probe):
+    """The tiny default job (finetuning='full', precision='auto'): fp32 as before, no probe asked."""
+    _, asked = probe
+    cfg = RunConfig(device="cpu")
+    assert cfg.finetuning == "full" and run_placement.place_run(cfg, "client").precision == "fp32"
+    assert run_placement.run_base_dtype(cfg) == torch.float32
+    assert not asked
+
+
+def test_a_server_on_cpu_holds_an_fp32_base_where_the_clients_run_on_cuda(probe):
+    cuda = Machine(cuda=True)
+    cfg = lora_run(server_device="cpu", device="auto")
+    assert run_placement.place_run(cfg, "client", cuda).precision == "bf16-mixed"
+    assert run_placement.place_run(cfg, "server", cuda).precision == "fp32"  # not bf16-base: the clients' base is fp32
+    assert run_placement.run_base_dtype(cfg, cuda) == torch.float32
+
+
+def test_this_processor_reads_its_name_and_bf16_flags(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC Test\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 xsave\n")
+    assert this_processor(info) == Processor("AMD EPYC Test", "avx512_bf16 avx512f avx2")
+
+
+def test_the_probe_measures_once_per_processor_and_shape_and_every_process_takes_the_first(tmp_path, monkeypatch):
+    measured = []
+
+    def fake_measure(hidden, intermediate, processor=None, max_rows=2048):
+        measured.append((hidden, intermediate))
+        return replace(AMX, hidden=hidden, intermediate=intermediate, fp32=100.0 + len(measured))
+
+    monkeypatch.setattr(cpu_rates, "measure", fake_measure)
+    amd, amx = Processor("AMD EPYC", "avx2"), Processor("Xeon", "amx_bf16 amx_tile avx512_bf16 avx512f avx2")
+    first = cached_rates(576, 1536, tmp_path, amd)
+    assert cached_rates(576, 1536, tmp_path, amd) == first and len(measured) == 1  # read back, not measured again
+    assert cached_rates(576, 1536, tmp_path, amx).fp32 == 102.0  # another processor: measured
+    assert cached_rates(64, 256, tmp_path, amd).fp32 == 103.0  # another shape: measured
+    assert len(json.loads((tmp_path / cpu_rates.CACHE_FILE).read_text())) == 3
+    (tmp_path / cpu_rates.CACHE_FILE).write_text("{not json")  # a damaged file is measured again, never trusted
+    assert cached_rates(576, 1536, tmp_path, amd).fp32 == 104.0
+
+    # a second process that measured at the same time takes the entry the first wrote
+    def racing_measure(hidden, intermediate, processor=None, max_rows=2048):
+        cpu_rates.write_json_atomic(tmp_path / "race" / cpu_rates.CACHE_FILE,
+                                    {cpu_rates.cache_key(amd, hidden, intermediate): cpu_rates.asdict(first)})
+        return replace(first, fp32=999.0)
+
+    monkeypatch.setattr(cpu_rates, "measure", racing_measure)
+    assert cached_rates(576, 1536, tmp_path / "race", amd) == first
+
+
+def test_the_probe_returns_rates_of_the_shape_it_timed():
+    got = cpu_rates.measure(64, 256, Processor("Test CPU", ""), max_rows=64)
+    assert got.hidden == 64 and got.intermediate == 256 and 16 <= got.rows <= 64
+    threads = torch.get_num_threads()
+    assert got.fp32 > 0 and got.bf16 > 0 and got.threads == 1 and torch.get_num_threads() == threads  # restored
+    assert got.processor == "Test CPU (ISA flags unknown)"
+
+
+def test_where_bf16_crawls_the_probe_times_both_at_few_rows(monkeypatch):
+    """An AVX2-like processor (bf16 at 1.2 GFLOP/s, fp32 at 130): the rows stop growing at bf16's pace, so the probe
+    spends about one slow call, and the rates come out as the kernels ran."""
+    calls = []
+
+    def fake_call(rows, hidden, intermediate, dtype):
+        rate = 130e9 if dtype == torch.float32 else 1.2e9
+        calls.append((rows, dtype))
+        return 2 * rows * hidden * intermediate / rate
+
+    monkeypatch.setattr(cpu_rates, "_seconds_per_call", fake_call)
+    got = cpu_rates.measure(576, 1536, Processor("AVX2 CPU", "avx2"))
+    assert got.rows == 16 and {r for r, _ in calls} == {16}  # one bf16 call of 16 rows takes 24 ms: 4x would not fit
+    assert got.fp32 == pytest.approx(130.0) and got.bf16 == pytest.approx(1.2)
+    calls.clear()
+    monkeypatch.setattr(cpu_rates, "_seconds_per_call",
+                        lambda rows, h, i, dtype: 2 * rows * h * i / (100e9 if dtype == torch.float32 else 270e9))
+    # fp32 at 100 GFLOP/s the slower: 1024 rows take 18 ms, 4096 would take 72 (over the 50 ms bound)
+    assert cpu_rates.measure(576, 1536, Processor("AVX-512 CPU", "avx512_bf16")).rows == 1024
