@@ -78,3 +78,16 @@ def both_plans(cfg, shape, context_tokens: int):
     from fedagent_flwr.methods.placement import memory_key_placements
 
     return memory_plans(cfg, shape, context_tokens, *memory_key_placements(cfg, shape, context_tokens))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_precision_unmeasured(request, monkeypatch):
+    """precision='auto' on a CPU follows this processor's measured matmul rates (agent/engine/cpu_rates.py). In-process
+    tests see nothing measured (auto = fp32, as before the probe), so what they compute does not depend on the
+    processor they run on; tests marked `cpu_probe` measure for real, and tests/agent/test_cpu_precision.py mocks the
+    probe. Spawned processes (simulations, ranks) measure as a run does."""
+    if "cpu_probe" not in request.keywords:
+        from fedagent_flwr.methods import placement
+
+        monkeypatch.setattr(placement, "run_cpu_rates", lambda cfg, shape=None: None)
+        monkeypatch.setattr(placement, "model_rates", lambda model, env: None)

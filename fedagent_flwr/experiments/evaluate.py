@@ -18,7 +18,7 @@ from fedagent_flwr.agent.play.evaluation import evaluation_seed, play, summarize
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.pretrained import adapter_base
 from fedagent_flwr.agent.engine.placement import place, resolve_device
-from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, RESOLVED_PRECISIONS, autocast, base_dtype
+from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, BF16_PRECISIONS, autocast, base_dtype
 from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
 from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
@@ -29,7 +29,7 @@ from fedagent_flwr.agent.play.transcripts import write_transcripts
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.experiments.seed_statistics import paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
-from fedagent_flwr.methods.placement import model_rates
+from fedagent_flwr.methods import placement as run_placement
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # one precision for --model and --paired-with, decided before either loads (bf16-base loads its base in bf16)
         adapter_only = adapter_base(args.model) is not None  # a LoRA run's checkpoint: only its adapter trained
         on_cpu = not resolve_device(args.device).startswith("cuda")
-        rates = model_rates(args.model, args.env) if on_cpu and (adapter_only or args.precision in RESOLVED_PRECISIONS) else None
+        measure = on_cpu and (adapter_only or args.precision in BF16_PRECISIONS)  # as a run's placement measures
+        rates = run_placement.model_rates(args.model, args.env) if measure else None
         chosen = place(device=args.device, precision=args.precision, adapter_only=adapter_only, cpu_rates=rates)
     except ValueError as err:
         p.error(str(err))

@@ -19,7 +19,7 @@ from envs import Task, answer_token_budget, make_env
 from fedagent_flwr.agent.engine.cpu_rates import MatmulRates, cached_rates
 from fedagent_flwr.agent.engine.memory import GB, ModelShape
 from fedagent_flwr.agent.engine.placement import Machine, Placement, place, resolve_device
-from fedagent_flwr.agent.engine.precision import RESOLVED_PRECISIONS, base_dtype
+from fedagent_flwr.agent.engine.precision import BF16_PRECISIONS, base_dtype
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.agent.models.model_cache import default_cache_root
 from fedagent_flwr.agent.models.pretrained import resolve_model
@@ -41,9 +41,9 @@ def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = No
         # the server holds the base the clients hold (their fingerprints must agree): bf16 exactly where theirs is
         adapter_only = place_run(cfg, "client", machine, shape=shape).precision == "bf16-base"
     on_cpu = not resolve_device(cfg.device_key(role), machine).startswith("cuda")
-    # measured where the precision has a choice to make (auto over an adapter) or a setting to check; not otherwise,
-    # so a full fine-tune under auto (the tiny default job) stays fp32 with nothing measured
-    measure = on_cpu and (adapter_only or cfg.precision in RESOLVED_PRECISIONS)
+    # measured where the precision has a choice to make (auto over an adapter) or a bf16 setting to check; not
+    # otherwise, so a full fine-tune under auto (the tiny default job) stays fp32 with nothing measured
+    measure = on_cpu and (adapter_only or cfg.precision in BF16_PRECISIONS)
     placement = place(device=cfg.device_key(role), precision=cfg.precision, param_dtype=cfg.param_dtype,
                       decode_engine=cfg.decode_engine, kl_reference=cfg.kl_reference,
                       gradient_checkpointing=cfg.gradient_checkpointing if grpo_client else False,

@@ -26,11 +26,12 @@ PRECISIONS = ("auto", "fp32", "bf16-mixed")  # run-config `precision`; auto = bf
 # that it comes with finetuning='lora' and loads the base with base_dtype()
 ALL_PRECISIONS = (*PRECISIONS, "bf16-base")
 RESOLVED_PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
+BF16_PRECISIONS = ("bf16-mixed", "bf16-base")  # the forward passes under bf16 autocast
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context forward passes run in: bf16 autocast for bf16-mixed and bf16-base, nothing for fp32."""
-    if precision in ("bf16-mixed", "bf16-base"):
+    if precision in BF16_PRECISIONS:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     if precision != "fp32":
         raise ValueError(f"precision must be resolved to {' | '.join(RESOLVED_PRECISIONS)}, got {precision!r}")
