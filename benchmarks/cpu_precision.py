@@ -22,7 +22,8 @@ import torch
 from fedagent_flwr.agent.engine.cpu_rates import measure, this_processor
 from fedagent_flwr.agent.engine.placement import BF16_CLEARLY_FASTER
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.placement import model_dims, place_run
+from fedagent_flwr.agent.models.pretrained import model_dims
+from fedagent_flwr.methods.placement import place_run
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
 

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
-from transformers import AutoConfig
 
 from envs import Task, answer_token_budget, make_env
 from fedagent_flwr.agent.engine.cpu_rates import MatmulRates, cached_rates
@@ -22,7 +21,7 @@ from fedagent_flwr.agent.engine.placement import Machine, Placement, place, reso
 from fedagent_flwr.agent.engine.precision import BF16_PRECISIONS, base_dtype
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.agent.models.model_cache import default_cache_root
-from fedagent_flwr.agent.models.pretrained import resolve_model
+from fedagent_flwr.agent.models.pretrained import model_dims
 from fedagent_flwr.agent.play.prompts import build_prompt
 from fedagent_flwr.agent.play.rollout import PromptEncoder
 from fedagent_flwr.config import RunConfig
@@ -72,20 +71,15 @@ def run_cpu_rates(cfg: RunConfig, shape: ModelShape | None = None) -> MatmulRate
 def model_rates(model: str, env: str) -> MatmulRates | None:
     """run_cpu_rates for a model name (a run-config `model`, a folder or a run's adapter folder) and env."""
     try:
-        hidden, intermediate = model_dims(model, env)
+        hidden, intermediate = _dims(model, env)
     except (OSError, ValueError):  # e.g. a hub id on a machine offline: its load reports it in its own words
         return None
     return _rates(hidden, intermediate)
 
 
 @lru_cache(maxsize=8)
-def model_dims(model: str, env: str) -> tuple[int, int]:
-    """(hidden, intermediate) of a run-config model, read from its config (a model built here is built first, as its
-    load would)."""
-    config = AutoConfig.from_pretrained(resolve_model(model, env).source)
-    config = getattr(config, "text_config", None) or config
-    hidden = config.hidden_size
-    return hidden, getattr(config, "intermediate_size", None) or 4 * hidden
+def _dims(model: str, env: str) -> tuple[int, int]:
+    return model_dims(model, env)
 
 
 @lru_cache(maxsize=8)

@@ -162,3 +162,26 @@ def test_where_bf16_crawls_the_probe_times_both_at_few_rows(monkeypatch):
                         lambda rows, h, i, dtype: 2 * rows * h * i / (100e9 if dtype == torch.float32 else 270e9))
     # fp32 at 100 GFLOP/s the slower: 1024 rows take 18 ms, 4096 would take 72 (over the 50 ms bound)
     assert cpu_rates.measure(576, 1536, Processor("AVX-512 CPU", "avx512_bf16")).rows == 1024
+
+
+def test_the_probe_reads_a_models_shape_without_building_it(monkeypatch):
+    """A tiny model, a shape, warm:<base> and an adapter's base give their dims from their recipes: a placement made
+    before the model exists (a benchmark's, a run's before its load) builds nothing."""
+    from fedagent_flwr.agent.engine.memory import SHAPES
+    from fedagent_flwr.agent.models import pretrained
+    from fedagent_flwr.agent.models.tiny_model import default_recipe
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a model was built to read its shape")
+
+    monkeypatch.setattr(pretrained, "ensure_tiny_model", no_build)
+    monkeypatch.setattr(pretrained, "ensure_shaped_model", no_build)
+    monkeypatch.setattr(pretrained, "ensure_warm_model", no_build)
+    recipe = default_recipe("gridworld")
+    assert pretrained.model_dims("tiny", "gridworld") == (recipe.hidden_size, recipe.intermediate_size)
+    assert pretrained.model_dims("shape:qwen2.5-7b", "gridworld") == (SHAPES["qwen2.5-7b"]["hidden_size"],
+                                                                      SHAPES["qwen2.5-7b"]["intermediate_size"])
+    monkeypatch.setattr(pretrained, "resolve_model", no_build)
+    monkeypatch.setattr(pretrained, "model_dims", lambda name, env, real=pretrained.model_dims: (
+        (576, 1536) if name == "smollm2-135m-instruct" else real(name, env)))
+    assert pretrained.model_dims("warm:smollm2-135m-instruct", "gridworld") == (576, 1536)

@@ -52,7 +52,8 @@ def test_a_run_configs_model_is_profiled_with_its_adapter_attached():
     from fedagent_flwr.simulation import read_run_config_file
 
     preset = Path(__file__).resolve().parents[2] / "configs" / "fedse-cpu.toml"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(preset), "--json", "--threads", "1",
+    # precision set: under auto this spawned process would measure its processor (agent/engine/cpu_rates.py)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(preset), "--set", "precision=fp32", "--json", "--threads", "1",
                            "--batch", "4", "--prompt-tokens", "20", "--new-tokens", "3", "--repeats", "1",
                            "--profile-tokens", "0"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

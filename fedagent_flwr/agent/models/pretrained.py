@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
 from envs import available_envs, env_names, is_multi_spec
@@ -31,7 +31,7 @@ from fedagent_flwr.agent.engine.memory import SHAPES
 from fedagent_flwr.agent.models.gguf_models import INSTALL, ensure_plain_folder, gguf_file, is_gguf_model
 from fedagent_flwr.agent.models.shaped_model import PREFIX as SHAPE_PREFIX
 from fedagent_flwr.agent.models.shaped_model import ensure_shaped_model
-from fedagent_flwr.agent.models.tiny_model import ensure_tiny_model
+from fedagent_flwr.agent.models.tiny_model import default_recipe, ensure_tiny_model
 from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, ensure_warm_model, warm_base
 
 
@@ -76,6 +76,29 @@ def resolve_model(name: str, env: str) -> ModelSpec:
         placement = place()  # a warm start trains and plays where, and as, a run's device=auto would
         return ModelSpec(str(ensure_warm_model(base, resolve_model(base, env).source, env, placement)), built_here=False)
     return ModelSpec(name, built_here=False)
+
+
+def model_dims(name: str, env: str) -> tuple[int, int]:
+    """(hidden, intermediate) of a run-config `model`, without building it: a tiny model's from its recipe, a shape's
+    from SHAPES, warm:<base> and a PEFT adapter folder's from their base; else from its config (a .gguf file converted
+    once, as its load would; a hub id read from the hub or its cache)."""
+    base = adapter_base(name)
+    if base is not None:
+        return model_dims(base, env)
+    if name.startswith(WARM_PREFIX):  # the warm start trains an adapter and merges it: the base's shape
+        return model_dims(warm_base(name), env)
+    if name == "tiny" or name.startswith("tiny:"):
+        try:
+            recipe = default_recipe(tiny_model_env(name.partition(":")[2] or env))
+        except ValueError as err:
+            raise ValueError(f"model {name!r}: {err}") from None
+        return recipe.hidden_size, recipe.intermediate_size
+    if name.startswith(SHAPE_PREFIX) and name[len(SHAPE_PREFIX):] in SHAPES:
+        fields = SHAPES[name[len(SHAPE_PREFIX):]]
+        return fields["hidden_size"], fields["intermediate_size"]
+    config = AutoConfig.from_pretrained(resolve_model(name, env).source)
+    config = getattr(config, "text_config", None) or config
+    return config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
 
 
 def looks_like_local_path(model: str) -> bool:
