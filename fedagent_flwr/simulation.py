@@ -196,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             return 1
         return 0
+    except KeyboardInterrupt as stopped:  # its processes are stopped below; a traceback would say nothing more
+        signum = signal.SIGTERM if isinstance(stopped, Terminated) else signal.SIGINT
+        print(f"[run_simulation] stopped by {signum.name}: the run folder keeps every round completed (a run with a "
+              "run-name continues from its last with --resume)", file=sys.stderr, flush=True)
+        return 128 + signum
     finally:
         signal.signal(signal.SIGTERM, previous_term)
         if private is not None:
@@ -207,8 +212,12 @@ def main(argv: list[str] | None = None) -> int:
             stop(with_descendants(superlink_pids(port) - before))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `timeout` and schedulers send), stopped as Ctrl-C is."""
+
+
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def processes_of(flwr_home: str) -> set[int]:

@@ -112,6 +112,10 @@ def test_a_job_on_a_superlink_home_and_ports_it_was_given_leaves_nothing_behind_
         job.wait_for("[fedagent] round 0")  # flwr-simulation and Ray are up under the SuperLink
         job.proc.send_signal(signal.SIGTERM)
         job.stopped_cleanly()
+        # one line says so, with the shell's code for a SIGTERM, and no traceback (issue 94)
+        assert job.proc.returncode == 128 + signal.SIGTERM
+        said = "".join(job.lines)
+        assert "[run_simulation] stopped by SIGTERM" in said and "Traceback" not in said, said[-3000:]
     finally:
         if job.proc.poll() is None:
             os.killpg(job.proc.pid, signal.SIGKILL)
