@@ -34,6 +34,7 @@ from typing import Any
 
 from flwr.common.config import parse_config_args
 
+from fedagent_flwr.agent.agenttraj import read_items
 from fedagent_flwr.agent.engine.memory import GB
 from fedagent_flwr.config import SECTIONS, RunConfig
 from fedagent_flwr.deployment import free_port
@@ -104,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = read_run_config_file(args.run_config_file) if args.run_config_file else {}
     except ValueError as err:
-        print(f"run_simulation.py: {err}", file=sys.stderr, flush=True)
-        return 2
+        return refuse(str(err))
     for f in fields(RunConfig):
         value = getattr(args, f.name)
         if value is not None:
@@ -117,21 +117,23 @@ def main(argv: list[str] | None = None) -> int:
     try:  # fail here, in one line, before Ray starts
         cfg = RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
         check_run_folder(cfg.output_path, cfg.run_name, cfg.resume)
+        if cfg.fedse_seed_data:  # the simulated clients read it on this machine: checked whole before Ray starts
+            read_items(cfg.fedse_seed_data)
     except ValueError as err:
-        print(f"run_simulation.py: {err}", file=sys.stderr, flush=True)
-        return 2
+        return refuse(str(err))
     if args.num_cpus_per_client < 1:
-        sys.exit("--num-cpus-per-client must be an integer >= 1")
+        return refuse(f"--num-cpus-per-client={args.num_cpus_per_client} is not allowed: expected an integer >= 1")
     if args.num_gpus_per_client < 0:
-        sys.exit("--num-gpus-per-client must be >= 0")
+        return refuse(f"--num-gpus-per-client={args.num_gpus_per_client:g} is not allowed: expected a number >= 0")
     if cfg.ranks_per_client > 1 and args.num_gpus_per_client > 0 and args.num_gpus_per_client != cfg.ranks_per_client:
-        sys.exit(f"--num-gpus-per-client={args.num_gpus_per_client:g} but ranks-per-client={cfg.ranks_per_client}: each rank "
-                 f"computes on a GPU of its own; give --num-gpus-per-client {cfg.ranks_per_client} (or 0 for ranks on the CPU)")
+        return refuse(f"--num-gpus-per-client={args.num_gpus_per_client:g} but ranks-per-client={cfg.ranks_per_client}: "
+                      f"each rank computes on a GPU of its own; give --num-gpus-per-client {cfg.ranks_per_client} (or 0 "
+                      "for ranks on the CPU)")
     if args.num_gpus_per_client > 0:
         import torch
 
         if not torch.cuda.is_available():
-            sys.exit(f"--num-gpus-per-client={args.num_gpus_per_client} but no CUDA GPU is visible on this machine")
+            return refuse(f"--num-gpus-per-client={args.num_gpus_per_client:g} but no CUDA GPU is visible on this machine")
         share = share_of_card(args.num_gpus_per_client, cfg.client_memory_gb, torch.cuda.get_device_properties(0).total_memory)
         if share:  # clients that share a card plan with their share of it, not with what is free when each starts
             overrides["client-memory-gb"] = share
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():  # else every client fails at its first message, after Ray started
-            sys.exit(f"--device={overrides['device']} but no CUDA GPU is visible on this machine; use --device cpu or auto")
+            return refuse(f"--device={overrides['device']} but no CUDA GPU is visible on this machine; use --device cpu "
+                          "or auto")
 
     num_nodes = overrides.get("num-clients") or 2
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
@@ -210,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
             # The SuperLink's own children (its SuperExec, flwr-simulation, Ray) sit in other process groups and
             # outlive it once it is gone: take the whole tree while it still hangs together.
             stop(with_descendants(superlink_pids(port) - before))
+
+
+def refuse(reason: str) -> int:
+    """Bad input, said in one line before anything starts; exit status 2, as argparse's own refusals."""
+    print(f"run_simulation.py: {reason}", file=sys.stderr, flush=True)
+    return 2
 
 
 class Terminated(KeyboardInterrupt):

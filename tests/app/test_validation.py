@@ -227,9 +227,22 @@ def test_gpu_requests_without_a_gpu_fail_before_any_work(capsys):
         (["--device", "cuda:1"], "--device=cuda:1 but no CUDA GPU is visible"),
         (["--ranks-per-client", "2", "--num-gpus-per-client", "1"],
          "--num-gpus-per-client=1 but ranks-per-client=2: each rank computes on a GPU of its own"),
+        (["--ranks-per-client", "2", "--num-gpus-per-client", "0.5"],
+         "--num-gpus-per-client=0.5 but ranks-per-client=2: each rank computes on a GPU of its own"),
     )):
         code, err = _refused_as_a_process(flags) if i == 0 else _refused(flags, capsys)
-        assert code != 0 and message in err, err
+        assert code == 2 and message in err, err  # 2, as every other refusal (issue 94: one exited 1)
+
+
+def test_a_seed_data_file_that_is_not_there_is_refused_before_the_simulation_starts(capsys, tmp_path):
+    """fedse-seed-data is read by the clients, on this machine in a simulation: checked whole before Ray starts
+    (issue 94: a missing file started the whole run)."""
+    missing = tmp_path / "agenttraj.json"
+    code, err = _refused(["--strategy", "fedse-lora", "--fedse-seed-data", str(missing)], capsys)
+    assert code == 2 and f"fedse-seed-data={str(missing)!r}: no such file" in err, err
+    missing.write_text("{not json")
+    code, err = _refused(["--strategy", "fedse-lora", "--fedse-seed-data", str(missing)], capsys)
+    assert code == 2 and "is not readable JSON" in err, err
 
 
 def test_the_base_model_is_loaded_once_per_process_and_reused_across_rounds(tmp_path, monkeypatch):
