@@ -185,3 +185,38 @@ def test_the_probe_reads_a_models_shape_without_building_it(monkeypatch):
     monkeypatch.setattr(pretrained, "model_dims", lambda name, env, real=pretrained.model_dims: (
         (576, 1536) if name == "smollm2-135m-instruct" else real(name, env)))
     assert pretrained.model_dims("warm:smollm2-135m-instruct", "gridworld") == (576, 1536)
+
+
+def test_the_evaluation_command_plays_a_lora_checkpoint_in_the_precision_its_run_took(tmp_path, monkeypatch, capsys,
+                                                                                       tiny_lm, maze_tokenizer):
+    """`python -m fedagent_flwr.evaluation --model <adapter folder>`: auto resolves as the LoRA run did on this
+    processor (bf16-base where the probe finds bf16 clearly faster: the base loads in bf16, the adapter merged into
+    it), and says so on stderr; a plain model stays fp32."""
+    from peft import LoraConfig, get_peft_model
+
+    from fedagent_flwr.agent.models import loading
+    from fedagent_flwr.agent.models import pretrained as models
+    from fedagent_flwr.agent.training.lora import save_adapter
+    from fedagent_flwr.experiments import evaluate
+
+    monkeypatch.setenv("FEDAGENT_CACHE", str(tmp_path / "cache"))
+    base_folder = tmp_path / "base"
+    tiny_lm.save_pretrained(base_folder)
+    maze_tokenizer.save_pretrained(base_folder)
+    monkeypatch.setattr(models, "ensure_tiny_model", lambda env: base_folder)  # "tiny:maze" is this folder
+    peft_model = get_peft_model(models.load_model(models.ModelSpec(str(base_folder), True), torch.device("cpu")),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    save_adapter(peft_model, tmp_path / "round-0003", maze_tokenizer, base_model="tiny:maze")
+    monkeypatch.setattr(run_placement, "model_rates", lambda model, env: AMX)  # a processor where bf16 is faster
+    loaded = []
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda spec, dev, dtype: loaded.append(dtype) or real(spec, dev, dtype))
+    loading.load_agent.cache_clear()
+    argv = ["--env", "maze", "--tasks", "1", "--device", "cpu"]
+    try:
+        assert evaluate.main(["--model", str(tmp_path / "round-0003"), *argv]) == 0
+        assert loaded == [torch.bfloat16] and "precision bf16-base (auto: bf16 is faster here" in capsys.readouterr().err
+        assert evaluate.main(["--model", str(base_folder), *argv]) == 0  # a plain model: what a full fine-tune took
+        assert loaded[-1] == torch.float32 and "precision fp32" in capsys.readouterr().err
+    finally:
+        loading.load_agent.cache_clear()
