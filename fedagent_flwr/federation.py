@@ -190,7 +190,9 @@ def handshake(grid: Grid, nodes: list[int], fingerprint: str, timeout: float) ->
         if info["fingerprint"] != fingerprint:
             problems.append(
                 f"node {node} (partition {pid}) holds different base weights (fingerprint {str(info['fingerprint'])[:12]} "
-                f"vs the server's {fingerprint[:12]}); every node must load the same model files"
+                f"vs the server's {fingerprint[:12]}); every node must load the same model files in the same dtype "
+                "(precision='auto' takes bf16-base on a CPU whose probe finds bf16 faster and fp32 on another: a "
+                "federation of different processors sets precision)"
             )
         if pid in node_of_partition:
             problems.append(f"partition-id {pid} is claimed by nodes {node_of_partition[pid]} and {node}")

@@ -220,3 +220,22 @@ def test_the_evaluation_command_plays_a_lora_checkpoint_in_the_precision_its_run
         assert loaded[-1] == torch.float32 and "precision fp32" in capsys.readouterr().err
     finally:
         loading.load_agent.cache_clear()
+
+
+def test_a_node_whose_base_loaded_in_another_dtype_is_refused_at_the_handshake_naming_precision(run_identity):
+    """Nodes on processors that resolve auto apart (bf16-base on one, fp32 on another) hold different base weights:
+    the handshake stops the run before round 1 and says what to set."""
+    from types import SimpleNamespace
+
+    from fedagent_flwr.federation import handshake
+
+    def reply(node, pid, fingerprint):
+        info = {"partition-id": pid, "fingerprint": fingerprint}
+        return SimpleNamespace(metadata=SimpleNamespace(src_node_id=node), has_error=lambda: False,
+                               content=SimpleNamespace(config_records={"info": info}))
+
+    grid = SimpleNamespace(send_and_receive=lambda messages, timeout: [reply(7, 0, "fp32-base"), reply(8, 1, "bf16-base")])
+    with pytest.raises(RuntimeError, match="node 8 .partition 1. holds different base weights") as err:
+        handshake(grid, [7, 8], "fp32-base", timeout=5)
+    assert "a federation of different processors sets precision" in str(err.value)
+    assert "node 7" not in str(err.value)
