@@ -35,7 +35,9 @@ def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = No
     in `budget_bytes` (None or 0: no budget known, an epoch's rows and every layer checkpointed under auto)."""
     grpo_client = role == "client" and cfg.traits.grpo  # only a GRPO client's update checkpoints
     plan_for = None if shape is None else (lambda p, rows: memory_plan(cfg, shape, context_tokens, p, rows, role))
-    adapter_only = cfg.adapter_only()
+    # auto lets the processor decide only where the clients' device is stated as cpu: under device='auto' a server
+    # cannot know its clients' hardware (a deployment's may have GPUs, whose base is fp32), so auto stays fp32 there
+    adapter_only = cfg.adapter_only() and cfg.device == "cpu"
     if role == "server" and adapter_only:
         # the server holds the base the clients hold (their fingerprints must agree): bf16 exactly where theirs is
         adapter_only = place_run(cfg, "client", machine, shape=shape).precision == "bf16-base"

@@ -102,6 +102,17 @@ def test_a_server_on_cpu_holds_an_fp32_base_where_the_clients_run_on_cuda(probe)
     assert run_placement.run_base_dtype(cfg, cuda) == torch.float32
 
 
+def test_under_device_auto_the_processor_does_not_decide(probe):
+    """device='auto' on a machine without a GPU: the server cannot know whether a deployment's clients have GPUs
+    (whose base is fp32), so auto stays fp32, as before the probe; device='cpu' states it and lets the probe decide."""
+    _, asked = probe
+    cfg = lora_run(device="auto")
+    assert run_placement.place_run(cfg, "client", CPU).precision == "fp32"
+    assert run_placement.place_run(cfg, "server", CPU).precision == "fp32"
+    assert run_placement.run_base_dtype(cfg, CPU) == torch.float32 and not asked
+    assert run_placement.place_run(lora_run(device="cpu"), "client", CPU).precision == "bf16-base"
+
+
 def test_this_processor_reads_its_name_and_bf16_flags(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: AMD EPYC Test\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 xsave\n")
