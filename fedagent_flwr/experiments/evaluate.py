@@ -54,8 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible; bf16 autocast there)")
     p.add_argument("--precision", choices=ALL_PRECISIONS, default="auto",
                    help="as the run config's key; auto resolves as the run the model came from did on this machine: for "
-                        "a LoRA run's adapter folder bf16-base where a probe shows bf16 clearly faster here, else fp32 on "
-                        "a CPU (bf16-mixed on CUDA). --paired-with plays in the same precision")
+                        "a LoRA run's adapter folder with --device cpu, bf16-base where a probe shows bf16 clearly faster "
+                        "here, else fp32 on a CPU (bf16-mixed on CUDA). --paired-with plays in the same precision")
     p.add_argument("--transcripts", "--dump", dest="transcripts", type=Path,
                    help="write sampled episodes as text to this file (--dump is the same flag)")
     p.add_argument("--transcript-episodes", type=int, default=4, help="how many episodes --transcripts writes")
@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            prompt_template=args.prompt_template)
 
     try:  # one precision for --model and --paired-with, decided before either loads (bf16-base loads its base in bf16)
-        adapter_only = adapter_base(args.model) is not None  # a LoRA run's checkpoint: only its adapter trained
+        # a LoRA run's checkpoint (only its adapter trained), on a device stated as cpu: as a run's placement decides
+        adapter_only = adapter_base(args.model) is not None and args.device == "cpu"
         on_cpu = not resolve_device(args.device).startswith("cuda")
         measure = on_cpu and (adapter_only or args.precision in BF16_PRECISIONS)  # as a run's placement measures
         rates = run_placement.model_rates(args.model, args.env) if measure else None
