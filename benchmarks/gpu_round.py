@@ -65,12 +65,12 @@ from fedagent_flwr.agent.engine.decode import release as release_decoder
 from envs import env_class, make_env
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora, lora_spec
 from fedagent_flwr.agent.engine.memory import GB, SHAPES, ModelShape
 from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.agent.engine.precision import autocast, base_dtype
 from fedagent_flwr.agent.play.rollout import PromptEncoder, run_episodes, stop_token_ids
-from fedagent_flwr.agent.engine.sampling import ENGINES, sample_batch
+from fedagent_flwr.agent.engine.sampling import sample_batch
 from fedagent_flwr.agent.models.shaped_model import (
     environment_tokenizer,
     random_model,
@@ -78,6 +78,7 @@ from fedagent_flwr.agent.models.shaped_model import (
 )
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config.choices import ENGINES
 from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.methods.memory import memory_budget
 from strategies.communication import payload_bytes, wire_bytes
@@ -444,7 +445,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
     rows = placement.rollout_rows
     client_plan = memory_plan(cfg, shape_facts, plan_context, placement, rows)
 
-    lora = attached_lora(model, cfg.lora_spec(), seed=seed) if cfg.finetuning == "lora" else contextlib.nullcontext()
+    lora = attached_lora(model, lora_spec(cfg), seed=seed) if cfg.finetuning == "lora" else contextlib.nullcontext()
     with lora as peft_model:
         trained = peft_model if peft_model is not None else model
         memory = PeakMemory(device)

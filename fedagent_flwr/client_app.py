@@ -16,7 +16,8 @@ from flwr.clientapp import ClientApp
 from fedagent_flwr.agent.models.loading import Agent, load_agent
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.faults import FaultPlan, train_with_faults
+from fedagent_flwr.config.fault_plan import FaultPlan
+from fedagent_flwr.faults import train_with_faults
 from fedagent_flwr.methods import Method, method_for
 from fedagent_flwr.methods.placement import run_base_dtype
 from fedagent_flwr.privacy.differential_privacy import clip_when_asked
@@ -27,6 +28,7 @@ from fedagent_flwr.privacy.secure_aggregation import (
     is_secure_fit,
     secure_aggregation_mod,
 )
+from fedagent_flwr.runs.preflight import preflight
 
 # The reply filter sees every reply last and every exception first (privacy/reply_filter.py). The other two
 # act only on the messages meant for them: SecAgg+ protocol messages, and train messages whose config
@@ -36,7 +38,9 @@ app = ClientApp(mods=[reply_filter, secure_aggregation_mod, clip_when_asked])
 
 @lru_cache(maxsize=4)
 def _method(items: tuple) -> Method:
-    return method_for(RunConfig.from_run_config(dict(items)))
+    cfg = RunConfig.from_run_config(dict(items))
+    preflight(cfg, "client")  # what this client's machine must hold (its seed data, its packages), before any work
+    return method_for(cfg)
 
 
 def method_of(context: Context) -> Method:

@@ -21,55 +21,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
-FAULT_KINDS = ("raise", "timeout", "malformed", "nan")
-FAULT_SYNTAX = "empty, or <kind>[+<kind>...]:partition=<k> or <kind>[+<kind>...]:prob=<q> with kinds " + " | ".join(FAULT_KINDS)
+from fedagent_flwr.config.fault_plan import FaultPlan
+
 TIMEOUT_GRACE_S = 30.0
 
 
 class InjectedFault(RuntimeError):
     """Raised by a client on purpose (fault-injection=raise:...)."""
-
-
-@dataclass(frozen=True)
-class FaultPlan:
-    kinds: tuple[str, ...]
-    partition: int | None = None  # exactly one of partition / prob is set
-    prob: float | None = None
-
-    @classmethod
-    def parse(cls, spec: str) -> FaultPlan | None:
-        """None for an empty spec; ValueError naming the key and the syntax for a bad one."""
-        spec = spec.strip()
-        if not spec:
-            return None
-        bad = ValueError(f"fault-injection={spec!r} is not allowed: expected {FAULT_SYNTAX}")
-        kinds_part, sep, target = spec.partition(":")
-        kinds = tuple(k.strip() for k in kinds_part.split("+"))
-        if not sep or not all(k in FAULT_KINDS for k in kinds):
-            raise bad
-        name, eq, value = target.partition("=")
-        try:
-            if eq and name.strip() == "partition" and int(value) >= 0:
-                return cls(kinds, partition=int(value))
-            if eq and name.strip() == "prob" and 0.0 <= float(value) <= 1.0:
-                return cls(kinds, prob=float(value))
-        except ValueError:
-            pass
-        raise bad
-
-    def fault_for(self, seed: int, server_round: int, partition_id: int) -> str | None:
-        """The fault this client injects this round, or None."""
-        if self.partition is not None:
-            hit = partition_id == self.partition
-        else:  # a draw of its own, so the rollouts' RNG streams are the same with and without injection
-            u = np.random.default_rng([abs(seed), server_round, partition_id, 0xFA17]).random()
-            hit = u < self.prob
-        return self.kinds[(server_round - 1) % len(self.kinds)] if hit else None
 
 
 def before_training(kind: str | None, round_timeout: float) -> None:

@@ -1,4 +1,5 @@
-"""ServerApp: parse the run config once (bad input fails before any work), then run the federation."""
+"""ServerApp: parse the run config once and check what it needs of this machine (bad input fails before any work),
+then run the federation."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.federation import run_federation
+from fedagent_flwr.runs.preflight import preflight
 
 app = ServerApp()
 
@@ -14,4 +16,5 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_run_config(dict(context.run_config))  # fails fast on bad input
+    preflight(cfg, "server")
     run_federation(grid, cfg, context)

@@ -34,10 +34,10 @@ from typing import Any
 
 from flwr.common.config import parse_config_args
 
-from fedagent_flwr.agent.agenttraj import read_items
 from fedagent_flwr.agent.engine.memory import GB
 from fedagent_flwr.config import SECTIONS, RunConfig
 from fedagent_flwr.deployment import free_port
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.runs.run_folder import check_run_folder
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]  # the checkout this package sits in (editable install)
@@ -117,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # fail here, in one line, before Ray starts
         cfg = RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
         check_run_folder(cfg.output_path, cfg.run_name, cfg.resume)
-        if cfg.fedse_seed_data:  # the simulated clients read it on this machine: checked whole before Ray starts
-            read_items(cfg.fedse_seed_data)
+        preflight(cfg, "simulation")  # every role runs on this machine: all it needs of it, before Ray starts
     except ValueError as err:
         return refuse(str(err))
     if args.num_cpus_per_client < 1:

@@ -30,15 +30,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from strategies.communication import CommunicationLedger
-from strategies.transfer import TRANSFER_DTYPES, array_view, decode, encode, numpy_array
+from strategies.transfer import array_view, decode, encode, numpy_array
+from fedagent_flwr.config.choices import CLIENT_SAMPLING, TRANSFER_DTYPES
 
 log = logging.getLogger(__name__)
 
 
-# How a round's clients are drawn: "run-seed" = from one NumPy stream seeded by the run's seed; "reference" = as the
-# FedAgent reference's round_orchestrator.py draws them, Python's random.sample seeded with its data-sharding seed
-# (42) + round - 1, so every seed of a run trains the same clients in the same rounds.
-CLIENT_SAMPLING = ("run-seed", "reference")
 REFERENCE_SAMPLING_SEED = 42
 
 

@@ -27,11 +27,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
+from fedagent_flwr.config.choices import FEDSE_AGGREGATIONS
 from strategies.fedagent_avg import FedAgentAvg
 
 log = logging.getLogger(__name__)
 
-AGGREGATIONS = ("mean", "weighted", "exact")
 SUCCESS_METRIC = "fedse/new-successes"  # the client metric `weighted` reads
 RUN_KEY = "fedse-run-key"  # train-config entry naming the clients' buffer folders
 
@@ -127,8 +127,8 @@ def aggregate_adapters(
     mean's product against the exact mean of products, over all modules) always;
     `agg/svd-rank-r-rel-error` (the truncation error, over all modules) for `exact`.
     """
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+    if mode not in FEDSE_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {FEDSE_AGGREGATIONS}, got {mode!r}")
     if not adapters:
         raise ValueError("need at least one adapter")
     if mode == "weighted" and successes is None:
@@ -173,8 +173,8 @@ class FedSELoRA(FedAgentAvg):
         run_key: str | None = None,
         transfer_dtype: str = "fp32",
     ) -> None:
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"fedse-aggregation={aggregation!r} is not allowed: expected one of {', '.join(AGGREGATIONS)}")
+        if aggregation not in FEDSE_AGGREGATIONS:
+            raise ValueError(f"fedse-aggregation={aggregation!r} is not allowed: expected one of {', '.join(FEDSE_AGGREGATIONS)}")
         k = len(node_of_partition)
         super().__init__(node_of_partition, clients_per_round or k, seed, min(min_replies, clients_per_round or k), transfer_dtype)
         self.aggregation = aggregation

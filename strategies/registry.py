@@ -1,46 +1,17 @@
-"""The strategies' registry: every strategy's name, what it trains and which run-wide features it supports.
-
-The run config takes its `strategy` choices from here and asks these traits, never a name, whether a key applies
-(fedagent_flwr/config.py); the method registry (fedagent_flwr/methods/__init__.py) maps each name to its code.
-"""
+"""Which environments the QAvg / PAvg strategies run on (their traits, as every strategy's, are in
+fedagent_flwr/config/strategy_traits.py; runs/preflight.py checks a run's env against this table)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from fedrl.ddpg import CONTINUOUS_ENVS
 from fedrl.deep import ENV_NAMES as DISCRETE_ENVS
 from fedrl.mdps import TABULAR_ENVS
 
-# QAvg / PAvg (fedrl): strategies that train tabular or deep RL learners, not LLM agents, on these envs
 FEDRL_TABULAR_ENVS = TABULAR_ENVS
 FEDRL_DQN_ENVS = DISCRETE_ENVS  # qavg: DQNAvg (discrete actions)
 FEDRL_DDPG_ENVS = CONTINUOUS_ENVS  # pavg: DDPGAvg (continuous actions)
 FEDRL_ENVS = FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS
-
-
-@dataclass(frozen=True)
-class Traits:
-    """What a strategy trains and which run-wide features it supports."""
-
-    trains: str  # "llm": a language-model agent on text envs; "fedrl": RL tables or networks on FEDRL_ENVS
-    envs: tuple[str, ...] = ()  # fedrl: the envs this strategy runs on
-    resume: bool = False  # the server's state is saved after every round (runs/resume.py)
-    dp: bool = False  # Flower's DP wrappers apply (privacy/differential_privacy.py)
-    secure_aggregation: bool = False  # SecAgg+ applies (privacy/secure_aggregation.py)
-    baselines: bool = False  # the Table 1 baselines (baseline = centralized | local) apply
-    experience_buffer: bool = False  # Fed-SE: clients train on a buffer seeded by demonstrations
-    grpo: bool = False  # clients train with GRPO (finetuning, kl-reference apply)
-
-
-STRATEGIES = {
-    "fedagent-avg": Traits("llm", resume=True, dp=True, secure_aggregation=True, baselines=True, grpo=True),
-    "fedse-lora": Traits("llm", resume=True, dp=True, experience_buffer=True),
-    "qavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS),  # deep QAvg is DQNAvg: discrete actions
-    "pavg": Traits("fedrl", envs=FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS),  # deep PAvg is DDPGAvg: continuous actions
+FEDRL_STRATEGY_ENVS = {
+    "qavg": FEDRL_TABULAR_ENVS + FEDRL_DQN_ENVS,  # deep QAvg is DQNAvg: discrete actions
+    "pavg": FEDRL_TABULAR_ENVS + FEDRL_DDPG_ENVS,  # deep PAvg is DDPGAvg: continuous actions
 }
-
-
-def named(trait: str) -> str:
-    """The strategies that have `trait`, as a refusal names them ("fedagent-avg | fedse-lora")."""
-    return " | ".join(name for name, traits in STRATEGIES.items() if getattr(traits, trait))

@@ -19,8 +19,7 @@ import math
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
-
-TRANSFER_DTYPES = ("fp32", "bf16")
+from fedagent_flwr.config.choices import TRANSFER_DTYPES
 
 
 def numpy_array(values: np.ndarray) -> Array:

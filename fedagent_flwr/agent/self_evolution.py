@@ -45,11 +45,7 @@ from fedagent_flwr.agent.play.rollout import (
     run_episodes,
 )
 from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
-
-KEEP_MODES = ("successes", "all")
-HISTORY_MODES = ("cumulative", "round")
-STEP_MODES = ("all", "valid")
-LOSS_TOKENS = ("action", "completion")
+from fedagent_flwr.config.choices import FEDSE_HISTORY, FEDSE_KEEP, FEDSE_LOSS_TOKENS, FEDSE_STEPS
 
 
 @dataclass(frozen=True)
@@ -78,14 +74,14 @@ class SelfEvolutionConfig:
     sft_attention: str = "sdpa"  # the fine-tuning's attention kernel: sdpa | eager (agent/engine/attention.py)
 
     def __post_init__(self) -> None:
-        if self.keep not in KEEP_MODES:
-            raise ValueError(f"fedse-keep={self.keep!r} is not allowed: expected one of {', '.join(KEEP_MODES)}")
-        if self.history not in HISTORY_MODES:
-            raise ValueError(f"fedse-history={self.history!r} is not allowed: expected one of {', '.join(HISTORY_MODES)}")
-        if self.steps not in STEP_MODES:
-            raise ValueError(f"fedse-steps={self.steps!r} is not allowed: expected one of {', '.join(STEP_MODES)}")
-        if self.loss_tokens not in LOSS_TOKENS:
-            raise ValueError(f"fedse-loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(LOSS_TOKENS)}")
+        if self.keep not in FEDSE_KEEP:
+            raise ValueError(f"fedse-keep={self.keep!r} is not allowed: expected one of {', '.join(FEDSE_KEEP)}")
+        if self.history not in FEDSE_HISTORY:
+            raise ValueError(f"fedse-history={self.history!r} is not allowed: expected one of {', '.join(FEDSE_HISTORY)}")
+        if self.steps not in FEDSE_STEPS:
+            raise ValueError(f"fedse-steps={self.steps!r} is not allowed: expected one of {', '.join(FEDSE_STEPS)}")
+        if self.loss_tokens not in FEDSE_LOSS_TOKENS:
+            raise ValueError(f"fedse-loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(FEDSE_LOSS_TOKENS)}")
         if isinstance(self.seed_demos, str):
             per_env_numbers(self.seed_demos)  # a malformed entry raises, naming it
         for name in ("explore_samples", "sft_steps", "sft_epochs") + (() if isinstance(self.seed_demos, str) else ("seed_demos",)):
@@ -95,8 +91,8 @@ class SelfEvolutionConfig:
 
 def keep_trajectories(trajectories: Sequence[Trajectory], keep: str) -> list[Trajectory]:
     """Fed-SE's filter (eq. 5): binary success. `all` is the w/o-filtering ablation."""
-    if keep not in KEEP_MODES:
-        raise ValueError(f"keep must be one of {KEEP_MODES}, got {keep!r}")
+    if keep not in FEDSE_KEEP:
+        raise ValueError(f"keep must be one of {FEDSE_KEEP}, got {keep!r}")
     return list(trajectories) if keep == "all" else [t for t in trajectories if t.won]
 
 

@@ -13,13 +13,11 @@ import torch
 
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
-from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING
 from fedagent_flwr.agent.play.evaluation import evaluation_seed, play, summarize
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.pretrained import adapter_base
 from fedagent_flwr.agent.engine.placement import place, resolve_device
-from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, BF16_PRECISIONS, autocast, base_dtype
-from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
+from fedagent_flwr.agent.engine.precision import autocast, base_dtype
 from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
     PromptEncoder,
@@ -27,6 +25,7 @@ from fedagent_flwr.agent.play.rollout import (
 )
 from fedagent_flwr.agent.play.transcripts import write_transcripts
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config.choices import ACTION_MATCHING, ALL_PRECISIONS, ANSWER_PARSING, BF16_PRECISIONS, PROMPT_ROLES, PROMPT_TEMPLATES
 from fedagent_flwr.experiments.seed_statistics import paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
 from fedagent_flwr.methods import placement as run_placement

@@ -54,12 +54,13 @@ from envs.multi import env_names, per_env_spread, task_env
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.training.experience import ExperienceBuffer
 from fedagent_flwr.agent.models.loading import load_agent
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora, lora_spec
 from fedagent_flwr.agent.play.multi_env import ENV_PREFIX, MEAN_KEY
 from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
 from fedagent_flwr.atomic import atomic_write_text
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.simulation import parse_overrides, toml_value
 from fedagent_flwr.experiments.seed_statistics import (
     cell,
@@ -97,7 +98,7 @@ def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str |
     tasks = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), cfg.eval_tasks)  # per env with a spec
     if only_env is not None:  # a Local client is scored on its own environment's held-out tasks
         tasks = [t for t in tasks if task_env(t) == only_env]
-    spec = cfg.lora_spec()
+    spec = lora_spec(cfg)
     with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
         placement = place_run(cfg, "server", model=peft_model)  # as the run's server resolves it
@@ -396,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides = dict(preset) | parse_overrides(args.set)
     except ValueError as err:
         parser.error(str(err))
-    base = RunConfig.from_run_config(RunConfig().to_run_config() | overrides | {"strategy": "fedse-lora"})
+    try:  # every run of the protocol runs on this machine: what it needs of it is checked before the first
+        base = preflight(RunConfig.from_run_config(RunConfig().to_run_config() | overrides | {"strategy": "fedse-lora"}))
+    except ValueError as err:
+        parser.error(str(err))
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:

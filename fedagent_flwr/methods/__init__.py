@@ -1,13 +1,13 @@
 """The method registry: run-config `strategy` (and `baseline`) -> the code of one seed system.
 
 The apps look the method up here and never compare strategy names themselves; the allowed names
-and what each supports are defined once, in strategies/registry.py (STRATEGIES).
+and what each supports are defined once, in fedagent_flwr/config/strategy_traits.py (STRATEGIES).
 """
 
 from __future__ import annotations
 
 from fedagent_flwr.config import RunConfig
-from strategies.registry import STRATEGIES
+from fedagent_flwr.config.strategy_traits import STRATEGIES
 from fedagent_flwr.methods.base import Method
 from fedagent_flwr.methods.baselines import Baseline
 from fedagent_flwr.methods.fedagent import FedAgent
@@ -21,7 +21,7 @@ METHODS: dict[str, type[Method]] = {
     "pavg": PAvgMethod,
 }
 if set(METHODS) != set(STRATEGIES):  # a name added to one place but not the other
-    raise ImportError(f"strategies.registry.STRATEGIES {sorted(STRATEGIES)} and METHODS {sorted(METHODS)} disagree")
+    raise ImportError(f"config.strategy_traits.STRATEGIES {sorted(STRATEGIES)} and METHODS {sorted(METHODS)} disagree")
 
 
 def method_for(cfg: RunConfig) -> Method:

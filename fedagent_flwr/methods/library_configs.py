@@ -11,6 +11,7 @@ from fedagent_flwr.agent.engine.placement import Placement
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
 from fedagent_flwr.agent.training.grpo_config import GRPOConfig
+from fedagent_flwr.agent.training.lora import lora_spec
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.placement import new_tokens, place_run
 
@@ -60,7 +61,7 @@ def grpo_config(cfg: RunConfig, placement: Placement | None = None) -> GRPOConfi
 def self_evolution_config(cfg: RunConfig, placement: Placement | None = None) -> SelfEvolutionConfig:
     """A Fed-SE client's settings; `placement` as grpo_config takes it."""
     return SelfEvolutionConfig(
-        lora=cfg.lora_spec(), explore_samples=cfg.fedse_explore_samples, keep=cfg.fedse_keep,
+        lora=lora_spec(cfg), explore_samples=cfg.fedse_explore_samples, keep=cfg.fedse_keep,
         history=cfg.fedse_history, steps=cfg.fedse_steps, loss_tokens=cfg.fedse_loss_tokens,
         seed_demos=cfg.fedse_seed_demos,
         sft_steps=cfg.fedse_sft_steps, sft_epochs=cfg.fedse_sft_epochs, sft_batch_size=cfg.fedse_sft_batch_size,

@@ -24,6 +24,7 @@ from fedagent_flwr.agent.engine.memory import (
     server_plan,
 )
 from fedagent_flwr.agent.engine.placement import Placement
+from fedagent_flwr.agent.training.lora import lora_spec
 from fedagent_flwr.config import RunConfig
 
 KNOBS = ("ranks-per-client (full fine-tuning's weights, gradients and AdamW state sharded over a client's GPUs, with "
@@ -39,7 +40,7 @@ def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placemen
     rows in a generate call."""
     grpo = cfg.traits.grpo
     common = dict(finetuning="lora" if cfg.traits.experience_buffer else cfg.finetuning,  # Fed-SE: SFT of a LoRA adapter
-                  lora_rank=cfg.lora_rank, lora_targets=cfg.lora_spec().target_modules, precision=placement.precision,
+                  lora_rank=cfg.lora_rank, lora_targets=lora_spec(cfg).target_modules, precision=placement.precision,
                   context_tokens=context_tokens, static_decoder=placement.decode_engine == "static",
                   cuda_graphs=placement.on_cuda)
     if role == "server":
@@ -67,7 +68,7 @@ def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, client:
 def _adapter(cfg: RunConfig) -> tuple:
     """(targets, rank) of the adapter a client's passes train (Fed-SE's SFT trains one too), else ()."""
     lora = cfg.finetuning == "lora" or cfg.traits.experience_buffer
-    return (cfg.lora_spec().target_modules, cfg.lora_rank) if lora else ()
+    return (lora_spec(cfg).target_modules, cfg.lora_rank) if lora else ()
 
 
 def plan_layer_activations(cfg: RunConfig, shape: ModelShape, placement: Placement) -> LayerActivations:

@@ -18,13 +18,14 @@ from envs import Task, answer_token_budget, make_env
 from fedagent_flwr.agent.engine.cpu_rates import MatmulRates, cached_rates
 from fedagent_flwr.agent.engine.memory import GB, ModelShape
 from fedagent_flwr.agent.engine.placement import Machine, Placement, place, resolve_device
-from fedagent_flwr.agent.engine.precision import BF16_PRECISIONS, base_dtype
+from fedagent_flwr.agent.engine.precision import base_dtype
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.agent.models.model_cache import default_cache_root
 from fedagent_flwr.agent.models.pretrained import model_dims
 from fedagent_flwr.agent.play.prompts import build_prompt
 from fedagent_flwr.agent.play.rollout import PromptEncoder
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config.choices import BF16_PRECISIONS
 from fedagent_flwr.methods.memory import memory_budget, memory_plan
 
 

@@ -34,8 +34,7 @@ from flwr.serverapp.strategy import (
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from strategies.transfer import array_view
-
-DP_MODES = ("off", "server-side", "client-side")
+from fedagent_flwr.config.choices import DP_MODES
 
 
 def _updates(record: ArrayRecord, reference: ArrayRecord) -> dict[str, np.ndarray]:

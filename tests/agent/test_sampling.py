@@ -3,8 +3,9 @@ import torch
 from scipy import stats
 
 from fedagent_flwr.agent.play.rollout import stop_token_ids
-from fedagent_flwr.agent.engine.sampling import TOKEN_SAMPLERS, inverse_cdf_draw, pick_tokens, sample_batch
+from fedagent_flwr.agent.engine.sampling import inverse_cdf_draw, pick_tokens, sample_batch
 from fedagent_flwr.agent.engine.tokens import shared_prefix
+from fedagent_flwr.config.choices import TOKEN_SAMPLERS
 
 
 def _generate_one(model, prompt, stop_ids, pad_id, max_new):

@@ -8,7 +8,7 @@
    is "" takes "" (the defaults are a valid run config: test_config.py checks it), so its empty value is not bad:
    run-name, initial-evaluation, success-labels and fault-injection are exempted by that rule, not by name.
    Each value is given at every front door that turns text or TOML into a run config:
-     server-app  RunConfig.from_run_config(dict): what the ServerApp (server_app.py) and every ClientApp
+     server-app  RunConfig.from_run_config(dict) and the preflight: what the ServerApp (server_app.py) and every ClientApp
                  (client_app.py `_method`) call on Flower's context.run_config, typed values;
      toml        simulation.main(["--run-config", FILE, "--dry-run"]): a TOML file, as run_simulation.py reads it;
      flag        simulation.main(["--KEY=TEXT", "--dry-run"]): run_simulation.py's command line;
@@ -16,7 +16,8 @@
    The edge of every bound and choice is tried deterministically; Hypothesis adds generated values (newlines, control
    and non-ASCII characters, huge and non-finite numbers).
 2. Every rule. The rules are the `need(...)` calls in the sections' `check` methods and in `check_across`: a rule
-   that does not call `need` refuses nothing, so the `ast` of config.py lists them all, and a new rule joins the
+   that does not call `need` refuses nothing, so the `ast` of config/run_config.py and runs/preflight.py (the checks
+   that ask the machine, which every front door runs after the run config's) lists them all, and a new rule joins the
    list by itself. Some sites compute their key in a loop (the gigpo-* keys, the GRPO-only keys, the
    secure-aggregation table), so the keys each site can name are recorded at run time: every call of the real
    `need` (allowed or not) made while validating the table's combinations and the defaults, caught with
@@ -59,9 +60,11 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fedagent_flwr.config as config_module
+import fedagent_flwr.config.run_config as config_module
+import fedagent_flwr.runs.preflight as preflight_module
 from fedagent_flwr import simulation
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = fields(RunConfig)
@@ -240,9 +243,9 @@ def refusal(door: str, key: str, value: Any, folder: Path) -> str:
     what = f"{door} {key}={value!r}"
     TRIED[door] += 1
     if door == "server-app":
-        return _refused(lambda: RunConfig.from_run_config(DEFAULTS | {key: value}), what)
+        return _refused(lambda: preflight(RunConfig.from_run_config(DEFAULTS | {key: value}), "server"), what)
     if door == "set":
-        return _refused(lambda: RunConfig.from_run_config(DEFAULTS | simulation.parse_overrides([f"{key}={value}"])), what)
+        return _refused(lambda: preflight(RunConfig.from_run_config(DEFAULTS | simulation.parse_overrides([f"{key}={value}"]))), what)
     if door == "flag":
         return _refused_by_main([f"--{key}={value}", "--dry-run"], what)
     path = folder / f"{TRIED[door]}.toml"
@@ -349,24 +352,32 @@ def test_many_generated_bad_values_are_refused_in_one_line(door, folder):
 # ----- every rule: a table of violating combinations, checked complete against the need(...) sites -------------------
 
 
-def need_sites() -> dict[int, tuple[str, int, str]]:
-    """Every need(...) call in a section's check or in check_across: {first line: (function, last line, its key)}."""
-    tree = ast.parse(inspect.getsource(config_module))
+def need_sites() -> dict[tuple[str, int], tuple[str, int, str]]:
+    """Every need(...) call in a section's check, in check_across and in the preflight's checks: {(file, first line):
+    (function, last line, its key)}."""
     sites = {}
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__post_init__"):
+    for module in (config_module, preflight_module):
+        tree = ast.parse(inspect.getsource(module))
+        functions = [(f"{cls.name}.", fn) for cls in tree.body if isinstance(cls, ast.ClassDef) for fn in cls.body]
+        functions += [("", fn) for fn in tree.body]
+        for prefix, fn in functions:
+            if not isinstance(fn, ast.FunctionDef) or fn.name in ("__post_init__", "preflight"):
+                continue
             for call in ast.walk(fn):
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "need":
-                    sites[call.lineno] = (f"{cls.name}.{fn.name}", call.end_lineno, ast.unparse(call.args[1]))
+                    sites[(module.__file__, call.lineno)] = (f"{prefix}{fn.name}", call.end_lineno, ast.unparse(call.args[1]))
     return sites
 
 
 @contextlib.contextmanager
 def recording_need(calls: list):
-    """Record every call of RunConfig.__post_init__'s `need` as (line of the call, key, ok), calling nothing else."""
+    """Record every call of RunConfig.__post_init__'s and the preflight's `need` as ((file, line of the call), key, ok),
+    calling nothing else."""
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "need" and "__post_init__" in frame.f_code.co_qualname:
-            calls.append((frame.f_back.f_lineno, frame.f_locals["key"], bool(frame.f_locals["ok"])))
+        if event == "call" and frame.f_code.co_name == "need" and frame.f_code.co_qualname.split(".")[0] in (
+                "RunConfig", "preflight"):
+            calls.append(((frame.f_back.f_code.co_filename, frame.f_back.f_lineno), frame.f_locals["key"],
+                          bool(frame.f_locals["ok"])))
 
     previous = sys.getprofile()
     sys.setprofile(profile)
@@ -400,10 +411,10 @@ def violations(tmp: Path) -> list[Violation]:
         V({"round-timeout": 0.5}, "round-timeout"), V({"seed": -1}, "seed"),
         V({"num-clients": 1, "clients-per-round": 2}, "clients-per-round"), V({"min-replies": 3}, "min-replies"),
         # EnvironmentConfig
-        V({"env": "maze,chess"}, "env"), V({"env": "chess"}, "env"),
+        V({"env": "maze,chess"}, "env"), V({"env": "chess"}, "env"), V({"env": "maze,maze"}, "env"),
         V({"strategy": "pavg", "env": "hopper"}, "env", absent=("mujoco",)),
         # ModelConfig, SpeedConfig
-        V({"model": "tiny:chess"}, "model"), V({"device": "gpu"}, "device"), V({"server-device": "tpu"}, "server-device"),
+        V({"model": "tiny:chess"}, "model"), V({"model": " "}, "model"), V({"device": "gpu"}, "device"), V({"server-device": "tpu"}, "server-device"),
         V({"client-memory-gb": -1.0}, "client-memory-gb"), V({"server-memory-gb": -1.0}, "server-memory-gb"),
         V({"decode-kernels": "compile", "decode-engine": "hf"}, "decode-kernels"),
         V({"rollout-batch-size": -1}, "rollout-batch-size"),
@@ -440,13 +451,15 @@ def violations(tmp: Path) -> list[Violation]:
         V({"local-client": -1}, "local-client"),
         V({"local-updates": -1}, "local-updates"), V({"fedrl-step-size": -1.0}, "fedrl-step-size"),
         V({"fedse-sft-micro-batch-size": 3}, "fedse-sft-micro-batch-size"), V({"fedse-buffer-dir": "rel"}, "fedse-buffer-dir"),
+        V(fedse | {"fedse-buffer-dir": str(a_file / "buffers")}, "fedse-buffer-dir"),
         V({"fault-injection": "explode"}, "fault-injection"),
         # check_across
         V({"precision": "bf16-base"}, "precision"),
         V({"gigpo-gamma": 0.5}, "gigpo-gamma"), V({"gigpo-mode": "mean_std_norm"}, "gigpo-mode"),
         V({"gigpo-step-weight": 0.5}, "gigpo-step-weight"),
-        V({"model": "warm:Qwen/Qwen2.5-0.5B-Instruct", "history-length": 0}, "history-length"),
-        V({"model": "warm:Qwen/Qwen2.5-0.5B-Instruct", "history-length": 2, "prompt-roles": "system"}, "prompt-roles"),
+        V({"model": "warm:smollm2-135m-instruct", "history-length": 0}, "history-length"),
+        V({"model": "warm:smollm2-135m-instruct", "history-length": 2, "prompt-roles": "system"}, "prompt-roles"),
+        V({"model": "warm:smollm2-135m", "history-length": 2}, "model"),  # a hub id neither cached nor on a hub here
         V(fedse | {"training-kernels": "compile"}, "training-kernels"),
         V(qavg | {"initial-evaluation": str(evaluated)}, "initial-evaluation"),
         V(fedse | {"micro-batch-tokens": 64}, "micro-batch-tokens"),
@@ -467,7 +480,7 @@ def violations(tmp: Path) -> list[Violation]:
         V(qavg | {"local-updates": 0, "fedrl-clients": "sampled"}, "fedrl-clients"),
         V({"env": "random-mdp"}, "env"),
         V({"strategy": "pavg", "env": "hopper", "pavg-variant": "proj"}, "pavg-variant", present=("mujoco",)),
-        V({"env-embedding-dim": 4}, "env-embedding-dim"),
+        V({"env-embedding-dim": 4}, "env-embedding-dim"), V(qavg | {"env-embedding-dim": 4}, "env-embedding-dim"),
         V({"partition": "by-environment", "env": "maze,wordle", "num-clients": 3}, "num-clients"),
         V({"baseline": "local", "num-clients": 2, "local-client": 2}, "local-client"),
         V(fedse | {"fedse-explore-samples": 0, "fedse-seed-demos": 0}, "fedse-seed-demos"),
@@ -501,11 +514,11 @@ def _installed_as(monkeypatch, absent: tuple, present: tuple) -> None:
 
 def test_every_rule_has_a_combination_that_breaks_it_alone_and_is_refused_in_one_line(tmp_path, monkeypatch):
     sites = need_sites()
-    site_of = {line: first for first, (_, last, _) in sites.items() for line in range(first, last + 1)}
+    site_of = {(file, line): (file, first) for (file, first), (_, last, _) in sites.items() for line in range(first, last + 1)}
     seen, broken = set(), set()  # (site, key) pairs: called at all / refused
     calls: list = []
     with recording_need(calls):
-        RunConfig()
+        preflight(RunConfig())
     seen |= {(site_of[line], key) for line, key, _ in calls if line in site_of}
     for v in violations(tmp_path):
         calls = []
@@ -514,7 +527,7 @@ def test_every_rule_has_a_combination_that_breaks_it_alone_and_is_refused_in_one
             _installed_as(patch, v.absent, v.present)
             with recording_need(calls):
                 # the dataclass itself, not from_run_config: a wrong-typed value must reach its section's rule too
-                message = _refused(lambda: RunConfig(**values), f"{v.values}")
+                message = _refused(lambda: preflight(RunConfig(**values)), f"{v.values}")
         TRIED["rules"] += 1
         assert_one_line_naming(message, v.key, f"{v.values}")
         refused = {(site_of[line], key) for line, key, ok in calls if not ok and line in site_of}
@@ -523,7 +536,7 @@ def test_every_rule_has_a_combination_that_breaks_it_alone_and_is_refused_in_one
         broken |= refused
     unbroken_sites = sorted(set(sites) - {site for site, _ in broken})
     assert not unbroken_sites, "no combination in violations() breaks these rules: " + "; ".join(
-        f"config.py:{line} {sites[line][0]} need(..., {sites[line][2]}, ...)" for line in unbroken_sites)
+        f"{Path(site[0]).name}:{site[1]} {sites[site][0]} need(..., {sites[site][2]}, ...)" for site in unbroken_sites)
     assert not seen - broken, f"rules that can name these keys but no combination makes them: {sorted(seen - broken)}"
     print(f"bad-input sweep, rules: {len(sites)} need sites, {len(broken)} (site, key) pairs broken, "
           f"{TRIED['rules']} combinations tried")
@@ -579,7 +592,7 @@ SETS = [  # (--set items, the key the message must name)
 @pytest.mark.parametrize("items, key", SETS)
 def test_a_malformed_set_is_refused_in_one_line(items, key):
     what = f"--set {items}"
-    message = _refused(lambda: RunConfig.from_run_config(DEFAULTS | simulation.parse_overrides(items)), what)
+    message = _refused(lambda: preflight(RunConfig.from_run_config(DEFAULTS | simulation.parse_overrides(items))), what)
     assert_one_line_naming(message, key, what)
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.experiments.config_files import docs_tables
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
 
@@ -68,7 +69,7 @@ def test_every_table_row_of_the_run_config_docs_has_as_many_cells_as_its_header(
 )
 def test_bad_values_fail_with_a_message_naming_key_and_allowed_values(override, message):
     with pytest.raises(ValueError) as err:
-        RunConfig.from_run_config(RunConfig().to_run_config() | override)
+        preflight(RunConfig.from_run_config(RunConfig().to_run_config() | override))
     assert message in str(err.value) and "expected" in str(err.value)
 
 

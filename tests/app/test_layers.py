@@ -1,19 +1,22 @@
 """The layering the project keeps: every module imports only the layers below it (and its own package).
 
-apps -> federation / deployment -> methods -> runs -> config -> agent / privacy / faults -> atomic; experiments
-(and the evaluation command) on top;
-envs, partitions, fedrl and strategies never import the app. A function-level import counts too,
+apps -> federation / deployment -> methods -> runs -> agent / privacy / faults -> atomic / config; experiments
+(and the evaluation command) on top. The run config (fedagent_flwr/config) is the bottom: it imports no other
+module of the project and no torch, so every layer may import it, the libraries too;
+envs, partitions, fedrl and strategies import nothing else of the app. A function-level import counts too,
 so one cannot be used to dodge a circle.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # rank of each part of fedagent_flwr: a module may import parts of a lower rank, or its own part
-RANKS = {"atomic": 0, "agent": 1, "faults": 1, "privacy": 1, "config": 2, "runs": 3, "methods": 4, "federation": 5,
+RANKS = {"atomic": 0, "config": 0, "agent": 1, "faults": 1, "privacy": 1, "runs": 3, "methods": 4, "federation": 5,
          "deployment": 5, "server_app": 6, "client_app": 6, "simulation": 6, "experiments": 7, "evaluation": 8}
 LIBRARIES = ("envs", "partitions", "fedrl", "strategies")
 
@@ -49,8 +52,26 @@ def test_app_modules_import_only_lower_layers(path):
 
 @pytest.mark.parametrize("library", LIBRARIES)
 def test_libraries_never_import_the_app(library):
+    """Only the run config, the bottom layer, which imports nothing of the project: a library takes its choices from it."""
     for path in sorted((ROOT / library).rglob("*.py")):
-        assert not [m for m in _imports(path) if m.split(".")[0] == "fedagent_flwr"], path
+        assert not [m for m in _imports(path) if m.split(".")[0] == "fedagent_flwr" and _part(m) not in (None, "config")
+                    and m != "fedagent_flwr"], path
+
+
+def test_the_run_config_imports_nothing_of_the_project_and_no_torch():
+    """fedagent_flwr/config is the settings layer at the bottom: parsing a run config must not load the stack."""
+    for path in sorted((ROOT / "fedagent_flwr" / "config").rglob("*.py")):
+        imported = _imports(path)
+        foreign = sorted(m for m in imported if m.split(".")[0] in ("fedagent_flwr", *LIBRARIES)
+                         and not m.startswith("fedagent_flwr.config"))
+        assert not foreign, f"{path.relative_to(ROOT)} imports {foreign}"
+        assert not [m for m in imported if m.split(".")[0] in ("torch", "transformers", "peft", "trl", "flwr")], path
+    code = ("import sys, time; t = time.perf_counter(); from fedagent_flwr.config import RunConfig; RunConfig(); "
+            "print(time.perf_counter() - t); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'envs', 'strategies', 'partitions', 'fedrl') "
+            "or (m.startswith('fedagent_flwr.') and not m.startswith('fedagent_flwr.config'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split("\n")
+    assert out[1] == "[]", out[1]  # nothing of the stack loaded (the time, out[0], is the note's figure, not asserted)
 
 
 def test_the_app_package_keeps_a_short_top_level():

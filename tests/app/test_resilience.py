@@ -12,7 +12,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, MetricRecord, RecordDict
 
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.faults import FaultPlan, InjectedFault, corrupt_reply, train_with_faults
+from fedagent_flwr.config.fault_plan import FaultPlan
+from fedagent_flwr.faults import InjectedFault, corrupt_reply, train_with_faults
 from fedagent_flwr.runs.resume import ResumedStrategy, load_state, restore, save_state
 from strategies import FedAgentAvg
 from simulate import simulate

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.runs.reused_evaluation import IDENTITY, differences, reused_evaluation
 
 BASE = {"num-server-rounds": 1, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 6,
@@ -106,7 +107,7 @@ def test_a_record_without_identity_or_a_folder_without_records_is_refused(runs, 
         reused_evaluation(str(old), _episodes(a, 0)[IDENTITY])
     base = RunConfig().to_run_config()
     with pytest.raises(ValueError, match=r"initial-evaluation.*a run folder whose evaluation before round 1 finished"):
-        RunConfig.from_run_config(base | {"initial-evaluation": str(tmp_path / "nothing")})
+        preflight(RunConfig.from_run_config(base | {"initial-evaluation": str(tmp_path / "nothing")}), "server")
     with pytest.raises(ValueError, match=r"initial-evaluation.*an absolute path"):
         RunConfig.from_run_config(base | {"initial-evaluation": "runs/a"})
     with pytest.raises(ValueError, match=r"initial-evaluation=.* empty unless the strategy trains a language-model agent"):

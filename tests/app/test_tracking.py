@@ -13,6 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 
 
 def _run(tmp_path: Path, tracker: str, name: str) -> list[dict]:
@@ -186,7 +187,7 @@ def test_a_tracker_without_its_package_is_refused_with_the_install_command(monke
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tracker else real(name, *a))
     with pytest.raises(ValueError) as err:
-        RunConfig.from_run_config(RunConfig().to_run_config() | {"tracker": tracker})
+        preflight(RunConfig.from_run_config(RunConfig().to_run_config() | {"tracker": tracker}))
     assert f"tracker='{tracker}' is not allowed" in str(err.value) and f'pip install -e ".[{tracker}]"' in str(err.value)
 
 
@@ -210,7 +211,7 @@ def test_a_run_that_fails_midway_still_closes_its_tracker(tmp_path, run_identity
 
 
 def test_every_tracker_the_config_allows_has_a_backend():
-    from fedagent_flwr.config import TRACKERS
+    from fedagent_flwr.config.choices import TRACKERS
     from fedagent_flwr.runs.tracking import BACKENDS
 
     assert set(TRACKERS) == {"none", *BACKENDS}

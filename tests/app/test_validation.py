@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_GPU = not torch.cuda.is_available()
@@ -132,7 +133,7 @@ NO_GPU = not torch.cuda.is_available()
 )
 def test_bad_configurations_fail_with_a_clear_message(override, message):
     with pytest.raises(ValueError) as err:
-        RunConfig.from_run_config(RunConfig().to_run_config() | override)
+        preflight(RunConfig.from_run_config(RunConfig().to_run_config() | override))
     text = str(err.value)
     assert message in text and "expected" in text, text
     problems = text.splitlines()[1:] or [text]  # one problem is one line; several get a line each
@@ -151,7 +152,7 @@ def test_a_malformed_success_label_file_is_refused_up_front(tmp_path, content, m
     path = tmp_path / "labels.json"
     path.write_text(content)
     with pytest.raises(ValueError, match="success-labels=") as err:
-        RunConfig.from_run_config({"env": "maze", "partition": "hardness", "success-labels": str(path)})
+        preflight(RunConfig.from_run_config({"env": "maze", "partition": "hardness", "success-labels": str(path)}))
     assert message in str(err.value) and "\n" not in str(err.value), err.value
 
 
@@ -243,6 +244,23 @@ def test_a_seed_data_file_that_is_not_there_is_refused_before_the_simulation_sta
     missing.write_text("{not json")
     code, err = _refused(["--strategy", "fedse-lora", "--fedse-seed-data", str(missing)], capsys)
     assert code == 2 and "is not readable JSON" in err, err
+
+
+def test_what_the_machine_lacks_is_refused_by_run_simulation_before_the_simulation_starts(capsys, tmp_path):
+    """The preflight (runs/preflight.py): a warm: model whose base this machine can neither find in its Hugging Face
+    cache nor fetch, an unknown environment, a held-out count above the split, a Fed-SE buffer folder it cannot write,
+    each in one line with exit 2 (issue 94: the unknown warm: model failed late, inside the simulation)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for flags, message in (
+        (["--model", "warm:smollm2-135m", "--history-length", "2"], "model='warm:smollm2-135m' is not allowed"),
+        (["--env", "maze,chess"], "unknown environment 'chess'"),
+        (["--eval-tasks", "1000"], "eval-tasks=1000 is not allowed"),
+        (["--strategy", "fedse-lora", "--fedse-buffer-dir", str(a_file / "buffers")], "fedse-buffer-dir="),
+    ):
+        code, err = _refused(flags, capsys)
+        assert code == 2 and message in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
 def test_the_base_model_is_loaded_once_per_process_and_reused_across_rounds(tmp_path, monkeypatch):

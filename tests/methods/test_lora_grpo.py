@@ -9,7 +9,7 @@ from peft import get_peft_model_state_dict
 from fedagent_flwr.agent.engine.precision import base_dtype
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
-from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora, lora_spec
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from strategies.communication import payload_bytes
@@ -60,7 +60,7 @@ def test_a_lora_fedagent_run_sends_only_the_adapter(tmp_path, run_identity):
         summary = run_federation(grid, RunConfig.from_run_config(run_config))
         model = load_agent("tiny", "maze", "auto").model
         assert not any("lora_" in k for k in model.state_dict())  # the server's base is plain again
-        with attached_lora(model, RunConfig(lora_rank=4).lora_spec()) as peft_model:
+        with attached_lora(model, lora_spec(RunConfig(lora_rank=4))) as peft_model:
             adapter = sum(v.numel() for v in get_peft_model_state_dict(peft_model).values())
     finally:
         load_agent.cache_clear()

@@ -3,7 +3,7 @@
 import pytest
 
 from fedagent_flwr.config import RunConfig
-from strategies.registry import STRATEGIES
+from fedagent_flwr.config.strategy_traits import STRATEGIES
 from fedagent_flwr.methods import METHODS, method_for
 from fedagent_flwr.methods.baselines import Baseline
 from fedagent_flwr.methods.fedagent import FedAgent

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from loopback_grid import LoopbackGrid
 
 from fedagent_flwr.config import RunConfig
-from strategies.registry import STRATEGIES
+from fedagent_flwr.config.strategy_traits import STRATEGIES
 from fedagent_flwr.privacy.reply_filter import (
     CLIENT_FAILED,
     REPLY_BLOCKED,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from fedagent_flwr.config.choices import TRAINING_ATTENTIONS
 
 AVOID_CUDNN = True
 
@@ -30,10 +31,6 @@ def variable_shape_attention(device: torch.device) -> contextlib.AbstractContext
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-# The attention kernel of the passes that take a gradient (run-config key training-attention), by transformers' names.
-TRAINING_ATTENTIONS = ("sdpa", "eager")
 
 
 @contextlib.contextmanager

@@ -19,8 +19,7 @@ import contextlib
 import torch
 
 from fedagent_flwr.agent.engine.memory import LayerActivations, ModelShape, layer_activations, layers_to_checkpoint
-
-CHECKPOINTING = (False, True, "auto")
+from fedagent_flwr.config.choices import CHECKPOINTING
 
 
 class Checkpointing:

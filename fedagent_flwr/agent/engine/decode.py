@@ -58,6 +58,7 @@ import torch.nn.functional as F
 
 from fedagent_flwr.agent.engine.attention import variable_shape_attention
 from fedagent_flwr.agent.engine.prefill_plan import PrefillPlan, plan_prefill
+from fedagent_flwr.config.choices import KERNELS
 
 SUPPORTED = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 # The cache grows in steps of this many columns (a reallocation drops the CUDA graphs, which hold its address).
@@ -67,8 +68,6 @@ CAPACITY_STEP = 1024
 WINDOW_STEP = 256
 # Prefill processes the distinct prompts in chunks of about this many (padded) tokens, bounding its activations.
 PREFILL_TOKENS = 16384
-# How a token step runs its element-wise operations (the run-config key decode-kernels; _layer_halves).
-KERNELS = ("eager", "compile")
 # A layer's linear groups, each one matrix in the copy (q/k/v and gate/up fused): [weight, bias, lora_a, lora_b]
 _GROUPS = ("qkv", "out", "gate_up", "down")
 

@@ -26,8 +26,8 @@ import types
 import weakref
 
 import torch
+from fedagent_flwr.config.choices import TRAINING_KERNELS
 
-TRAINING_KERNELS = ("eager", "compile", "liger")
 # Liger's entry point per transformers model type: the architectures our models have (agent/models/pretrained.py).
 _LIGER_PATCHES = {"qwen2": "apply_liger_kernel_to_qwen2", "llama": "apply_liger_kernel_to_llama"}
 # One compiled forward per layer class, bound to each layer as it is switched on: every layer and every entry into

@@ -23,8 +23,6 @@ import contextlib
 
 import torch
 
-PARAM_DTYPES = ("fp32", "bf16")
-
 
 class Bf16WorkingCopy:
     """The trained model's parameters computing in bf16 over fp32 masters. Use as a context manager around the passes;

@@ -20,12 +20,10 @@ import torch
 
 from fedagent_flwr.agent.engine.cpu_rates import MatmulRates
 from fedagent_flwr.agent.engine.decode import UnsupportedModel, check_supported
-from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
 from fedagent_flwr.agent.engine.memory import ACTIVATIONS_ROW, UPDATE, MemoryPlan, rows_that_fit
-from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS, compute_precision
+from fedagent_flwr.agent.engine.precision import compute_precision
+from fedagent_flwr.config.choices import ALL_PRECISIONS, DEVICES, ENGINES, PARAM_DTYPES
 
-DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
-ENGINES = ("auto", "hf", "static")  # decode-engine (agent/engine/sampling.py runs them)
 # On a CPU, auto takes bf16-base only where bf16 runs the model's matmul at least this much faster than fp32: at or
 # near parity fp32 keeps its exact arithmetic, and a probe of a few calls can be off by some percent.
 BF16_CLEARLY_FASTER = 1.25

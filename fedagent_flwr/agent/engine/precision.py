@@ -20,13 +20,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
-
-PRECISIONS = ("auto", "fp32", "bf16-mixed")  # run-config `precision`; auto = bf16-mixed on CUDA, fp32 on CPU
-# bf16-base is accepted by everything here; the run config offers it (ALL_PRECISIONS) once config.py also checks
-# that it comes with finetuning='lora' and loads the base with base_dtype()
-ALL_PRECISIONS = (*PRECISIONS, "bf16-base")
-RESOLVED_PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
-BF16_PRECISIONS = ("bf16-mixed", "bf16-base")  # the forward passes under bf16 autocast
+from fedagent_flwr.config.choices import ALL_PRECISIONS, BF16_PRECISIONS, RESOLVED_PRECISIONS
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -30,15 +30,12 @@ import torch
 
 from fedagent_flwr.agent.engine.attention import variable_shape_attention
 from fedagent_flwr.agent.engine.decode import StaticDecoder, decoder_for
-from fedagent_flwr.agent.engine.placement import ENGINES, decode_engine_for
+from fedagent_flwr.agent.engine.placement import decode_engine_for
 from fedagent_flwr.agent.engine.tokens import MIN_SHARED_PREFIX, cache_name, last_logits_only, shared_prefix
+from fedagent_flwr.config.choices import ENGINES, TOKEN_SAMPLERS
+
 log = logging.getLogger(__name__)
 _REFUSED: weakref.WeakSet = weakref.WeakSet()  # models the static engine refused, so "auto" says so only once
-# How a token is drawn from a row's probabilities (the token-sampler key): multinomial = torch.multinomial, which
-# on a CPU draws an exponential number for every vocabulary entry of every row (49k a row for SmolLM2: 12-20 % of a
-# decode step there, docs/performance.md); inverse-cdf = one uniform number a row, placed among the cumulative
-# probabilities. The same distribution; for a seed, other tokens.
-TOKEN_SAMPLERS = ("multinomial", "inverse-cdf")
 
 def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float, sampler: str = "multinomial") -> torch.Tensor:
     """One token per row: greedy at temperature 0, else a sample from the (top-p) softmax, drawn by `sampler`."""

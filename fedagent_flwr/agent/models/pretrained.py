@@ -139,6 +139,31 @@ def model_name_problem(model: str) -> str | None:
     return None
 
 
+def hub_model_problem(model: str) -> str | None:
+    """Where `model` (or a warm: model's base) names a Hugging Face hub id: what it must be when this machine can load
+    it from neither the local Hugging Face cache nor a hub that answers; else None. One request of at most 5 s, made
+    only for an id not in the cache, so a typo is refused at start-up instead of inside the simulation."""
+    base = model[len(WARM_PREFIX):] if model.startswith(WARM_PREFIX) else model
+    if (base == "tiny" or base.startswith(("tiny:", SHAPE_PREFIX, WARM_PREFIX)) or is_gguf_model(base)
+            or looks_like_local_path(base) or not HUB_ID.fullmatch(base)):  # model_name_problem judges these
+        return None
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(base, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return f"a model in the local Hugging Face cache ({base!r} is not there, and HF_HUB_OFFLINE is set)"
+    try:
+        HfApi().model_info(base, timeout=5)
+    except RepositoryNotFoundError:
+        return f"a model on the Hugging Face hub (the hub has no {base!r}, or it is private), a folder, or tiny"
+    except Exception as err:  # no network, a timeout, a server error: the run could not download it either
+        return (f"a model in the local Hugging Face cache, or on a hub this machine reaches ({base!r} is not cached "
+                f"and the hub did not answer: {type(err).__name__})")
+    return None
+
+
 def tiny_model_env(env: str) -> str:
     """The env name, or the normalized multi-env spec (one model over all its envs), a tiny model is built for;
     ValueError for an unknown environment."""

@@ -36,7 +36,7 @@ from fedagent_flwr.agent.engine.precision import autocast, model_device
 from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.training.lora import LoRASpec
 from fedagent_flwr.agent.models.model_cache import MARKER, build_once, default_cache_root
-from fedagent_flwr.agent.play.prompts import PROMPT_ROLES, system_prompt
+from fedagent_flwr.agent.play.prompts import system_prompt
 from fedagent_flwr.agent.play.rollout import (
     ExpertPolicy,
     LMPolicy,
@@ -46,6 +46,7 @@ from fedagent_flwr.agent.play.rollout import (
     run_episodes,
 )
 from fedagent_flwr.agent.training.sft import quiet, step_losses, trainer_arguments
+from fedagent_flwr.config.choices import PROMPT_ROLES
 
 WARM_PREFIX = "warm:"
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 from thefuzz import fuzz, process
 
 from envs import TextEnv, normalize_action
-
-ACTION_MATCHING = ("exact", "closest")
+from fedagent_flwr.config.choices import ACTION_MATCHING
 
 
 def match_action(env: TextEnv, action: str, mode: str) -> tuple[str, bool]:

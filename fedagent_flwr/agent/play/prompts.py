@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from envs import TextEnv
+from fedagent_flwr.config.choices import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
 
 _ACTION_RE = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 _THINK_RE = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
@@ -18,17 +19,6 @@ _OPEN_ACTION_RE = re.compile(r"<action>(.*)", re.IGNORECASE | re.DOTALL)
 # Long admissible lists (e.g. every Wordle word) are summarised rather than listed.
 MAX_LISTED_ACTIONS = 50
 ANSWER_FORMAT = "Reason briefly in <think></think>, then give one admissible action in <action></action>."
-# Where the standing instructions (the environment's introduction and the answer format) go: all in the user
-# message (the FedAgent reference's single prompt), or in a system message, the way chat models are trained
-# to take instructions; the user message then holds what changes: task, observations, admissible actions.
-PROMPT_ROLES = ("user", "system")
-# The user message's layout: "compact" (ours, shorter) or "reference": the FedAgent reference's templates
-# (verl-agent's prompts/alfworld.py and webshop.py, filled by env_manager.py's build_text_obs) in our own words,
-# with the same information in the same order and format; reference_prompt says what departs.
-# "agentgym": AgentGym's ReAct form (the Fed-SE paper's environments and its seed data), in our own words: the
-# environment's introduction and task, the steps so far as observation / action lines, and the answer as
-# "Thought:\n...\n\nAction:\n...", read by answer-parsing = agentgym.
-PROMPT_TEMPLATES = ("compact", "reference", "agentgym")
 REFERENCE_ANSWER_FORMAT = ("It is your move now. Reason step by step about the situation first, and put that reasoning "
                            "inside <think> </think> tags. Then choose one admissible action for this step and put it "
                            "inside <action> </action> tags.")
@@ -152,7 +142,6 @@ class ParsedAction:
     well_formed: bool  # exactly one <think> block and one <action> block
 
 
-ANSWER_PARSING = ("strict", "lenient", "reference", "agentgym")
 # How AgentGym's clients (agentenv/envs/*.py) take the action out of "Thought: ... Action: ..." (TextEnv.agentgym_reading):
 # "line" (BabyAI, TextCraft): the first non-blank line after each "Action:", refused when there are several, then
 # only letters, digits, commas and spaces kept and runs of spaces collapsed; "last" (WebShop): all after the last

@@ -17,8 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from envs import Task, TextEnv
-from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING, match_action
-from fedagent_flwr.agent.engine.decode import KERNELS
+from fedagent_flwr.agent.play.action_matching import match_action
 from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.play.prompts import (
     PROMPT_ROLES,
@@ -28,7 +27,8 @@ from fedagent_flwr.agent.play.prompts import (
     parse_action,
     system_prompt,
 )
-from fedagent_flwr.agent.engine.sampling import ENGINES, TOKEN_SAMPLERS, sample_batch
+from fedagent_flwr.agent.engine.sampling import sample_batch
+from fedagent_flwr.config.choices import ACTION_MATCHING, ENGINES, INVALID_ACTIONS, KERNELS, PENALTY_SCOPES, REWARD_MODES, TOKEN_SAMPLERS
 
 
 @dataclass
@@ -79,18 +79,6 @@ class Policy(Protocol):
     def act(self, episodes: Sequence[Episode]) -> list[tuple]:
         """(completion token ids, completion text) for every episode, or (ids, text, each token's log-probability)
         where the policy knows them."""
-
-
-REWARD_MODES = ("success", "env", "score")
-# Which step draws the invalid-action penalty: "inadmissible" = one not well formed or whose action the environment
-# rejects (or that closest matching had to repair); "malformed" = one not well formed only, however the environment
-# takes the action (the reference's projection, verl-agent's env_package/*/projection.py: tags only).
-INVALID_ACTIONS = ("inadmissible", "malformed")
-# Where the penalty lands: "trajectory" = summed and taken off the trajectory's reward, which every step then
-# shares; "step" = each step's sample scores the episode's reward less that step's own penalty, and GRPO normalises
-# over the step samples of a group (the reference: verl-agent's apply_invalid_action_penalty per step row, then
-# compute_grpo_outcome_advantage over the group's rows).
-PENALTY_SCOPES = ("trajectory", "step")
 
 
 @dataclass

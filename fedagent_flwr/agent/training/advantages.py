@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedagent_flwr.agent.play.rollout import PENALTY_SCOPES, Trajectory
-from fedagent_flwr.agent.training.grpo_config import LOSS_AGGREGATIONS, SCALE_REWARDS, UNIFORM_GROUPS
+from fedagent_flwr.agent.play.rollout import Trajectory
+from fedagent_flwr.config.choices import LOSS_AGGREGATIONS, PENALTY_SCOPES, SCALE_REWARDS, UNIFORM_GROUPS
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6,

@@ -28,9 +28,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedagent_flwr.agent.play.rollout import Trajectory
+from fedagent_flwr.config.choices import GIGPO_MODES
 
-ADVANTAGE_ESTIMATORS = ("grpo", "gigpo")
-GIGPO_MODES = ("mean_norm", "mean_std_norm")
 EPS = 1e-6  # verl-agent's epsilon under the standard deviation
 
 

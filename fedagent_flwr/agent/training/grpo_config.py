@@ -4,33 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS
-from fedagent_flwr.agent.engine.checkpointing import CHECKPOINTING
-from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
-from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
-from fedagent_flwr.agent.engine.precision import RESOLVED_PRECISIONS
-from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
-
-# "micro-batch-token-mean": verl's token-mean under gradient accumulation (dp_actor.py: each micro-batch's token mean,
-# divided by the number of micro-batches), so a token in a short micro-batch weighs more than one in a long one.
-LOSS_AGGREGATIONS = ("trajectory-mean", "token-mean", "micro-batch-token-mean")
-STD_DDOFS = (0, 1)  # the group standard deviation's delta degrees of freedom: 0 = numpy's default, 1 = torch.std's
-UNIFORM_GROUPS = ("drop", "keep")  # what an epoch does with the steps of a group whose rewards are all equal
-# What a reward's deviation from its group's mean is divided by (TRL's GRPOConfig.scale_rewards, same names):
-# "group" = the group's standard deviation (GRPO's, verl's and the FedAgent reference's); "batch" = the standard
-# deviation of all the epoch's rewards; "none" = nothing (Dr. GRPO). Why it matters: under "group", a group of 4
-# failures of which one drew a 0.1 invalid-action penalty gets the advantages of a group of 1 win and 3 failures,
-# mirrored: its 3 penalty-free failures +0.58 each, as large as the won group's failures get -0.58
-# (docs/results-path.md, issue 34).
-SCALE_REWARDS = ("group", "batch", "none")
-KL_REFERENCES = ("round-start", "base")
-# Where the PPO ratio's denominator comes from: "recompute" = a no-grad pass of the round-start policy over every
-# sample before the first step (verl's and TRL's way); "rollout" = the log-probs the sampler drew each token with
-# (the same policy and the same tokens: the same numbers up to the decode passes' rounding), which saves that pass
-OLD_LOGPROBS = ("recompute", "rollout")
-# The epoch's samples before the update: "none" = as played, the last minibatch maybe short; "copy" = padded to a
-# multiple of the minibatch with copies of randomly drawn samples (verl-agent's adjust_batch, mode copy)
-BATCH_PADDINGS = ("none", "copy")
+from fedagent_flwr.config.choices import ADVANTAGE_ESTIMATORS, BATCH_PADDINGS, CHECKPOINTING, GIGPO_MODES, KL_REFERENCES, LOSS_AGGREGATIONS, OLD_LOGPROBS, PARAM_DTYPES, RESOLVED_PRECISIONS, SCALE_REWARDS, STD_DDOFS, TRAINING_ATTENTIONS, TRAINING_KERNELS, UNIFORM_GROUPS
 
 
 @dataclass

@@ -35,6 +35,8 @@ from fedagent_flwr.agent.training.weights import numpy_views
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
 
+    from fedagent_flwr.config import RunConfig
+
 
 @dataclass(frozen=True)
 class LoRASpec:
@@ -60,6 +62,11 @@ class LoRASpec:
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=self.dropout,
                           bias="none", task_type="CAUSAL_LM")
+
+
+def lora_spec(cfg: RunConfig) -> LoRASpec:
+    """The adapter the run config's lora-* keys describe."""
+    return LoRASpec(rank=cfg.lora_rank, alpha=cfg.lora_alpha, target_modules=LoRASpec.parse_targets(cfg.lora_target_modules))
 
 
 def keep_input_dtype(peft_model: torch.nn.Module) -> None:

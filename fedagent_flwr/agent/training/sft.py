@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS, training_attention, variable_shape_attention
+from fedagent_flwr.agent.engine.attention import training_attention, variable_shape_attention
 from fedagent_flwr.agent.engine.precision import model_device
+from fedagent_flwr.config.choices import LR_SCHEDULES, TRAINING_ATTENTIONS
 
-# How the learning rate moves over one supervised pass: held, or decayed to 0 along a half cosine (transformers'
-# "cosine"), with no warm-up either way.
-LR_SCHEDULES = ("constant", "cosine")
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback

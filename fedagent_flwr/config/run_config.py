@@ -1,18 +1,19 @@
-"""The run configuration: every run-config key, its default, what it allows, and the checks; nothing else.
+"""The run config's sections and `RunConfig`: every key, its default, what it allows, and the checks that need only
+the values; nothing else.
 
 Flower passes the run config as a flat dict of kebab-case keys (defaults in pyproject.toml's [tool.flwr.app.config],
 overrides from `--run-config`, a string or a TOML file such as configs/fedagent-cpu.toml). `RunConfig` turns it into a
 typed object before any work starts, so a bad value fails at once naming the key, the value and what is allowed. The
 keys are grouped in sections by concern, each checking its own fields (as TRL's configs do); `check_across` holds the
-rules that tie sections together. Whether a config is valid does not depend on the machine that checks it: what `auto`
-becomes is decided where the run runs, by agent/engine/placement.py (each process's placement: methods/placement.py),
-the library configs are built in methods/library_configs.py and the memory plan in methods/memory.py. After adding or
-changing a key run `python -m fedagent_flwr.experiments.config_files` (pyproject's table, docs/run-config.md).
+rules that tie sections together. Whether a config is valid does not depend on the machine that checks it: what the
+machine must offer is checked by runs/preflight.py, what `auto` becomes is decided where the run runs (each
+process's placement: methods/placement.py), the library configs are built in methods/library_configs.py and the
+memory plan in methods/memory.py. After adding or changing a key run `python -m fedagent_flwr.experiments.config_files`
+(pyproject's table, docs/run-config.md).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from collections.abc import Callable
@@ -20,51 +21,55 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from envs import available_envs, env_names, is_multi_spec, per_env_problem, split_size
-from fedagent_flwr.agent.engine.attention import TRAINING_ATTENTIONS
-from fedagent_flwr.agent.engine.decode import KERNELS
-from fedagent_flwr.agent.engine.kernels import TRAINING_KERNELS
-from fedagent_flwr.agent.engine.master_weights import PARAM_DTYPES
-from fedagent_flwr.agent.engine.placement import DEVICES, ENGINES
-from fedagent_flwr.agent.engine.precision import ALL_PRECISIONS
-from fedagent_flwr.agent.engine.sampling import TOKEN_SAMPLERS
-from fedagent_flwr.agent.models.pretrained import model_name_problem
-from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
-from fedagent_flwr.agent.play.action_matching import ACTION_MATCHING
-from fedagent_flwr.agent.play.prompts import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
-from fedagent_flwr.agent.play.rollout import INVALID_ACTIONS, PENALTY_SCOPES, REWARD_MODES
-from fedagent_flwr.agent.self_evolution import HISTORY_MODES as FEDSE_HISTORY
-from fedagent_flwr.agent.self_evolution import KEEP_MODES as FEDSE_KEEP
-from fedagent_flwr.agent.self_evolution import LOSS_TOKENS as FEDSE_LOSS_TOKENS
-from fedagent_flwr.agent.self_evolution import STEP_MODES as FEDSE_STEPS
-from fedagent_flwr.agent.training.gigpo import ADVANTAGE_ESTIMATORS, GIGPO_MODES
-from fedagent_flwr.agent.training.grpo_config import BATCH_PADDINGS, KL_REFERENCES, LOSS_AGGREGATIONS, OLD_LOGPROBS, SCALE_REWARDS, STD_DDOFS, UNIFORM_GROUPS
-from fedagent_flwr.agent.training.lora import LoRASpec
-from fedagent_flwr.agent.training.sft import LR_SCHEDULES
-from fedagent_flwr.atomic import unwritable_reason
-from fedagent_flwr.faults import FAULT_SYNTAX, FaultPlan
-from fedagent_flwr.privacy.differential_privacy import DP_MODES
-from strategies.fedse_lora import AGGREGATIONS as FEDSE_AGGREGATIONS
-from strategies.pavg import VARIANTS as PAVG_VARIANTS
-from strategies.registry import FEDRL_DDPG_ENVS, FEDRL_DQN_ENVS, FEDRL_ENVS, STRATEGIES, Traits, named
-from strategies.fedagent_avg import CLIENT_SAMPLING
-from strategies.transfer import TRANSFER_DTYPES
+from fedagent_flwr.config.choices import (
+    ACTION_MATCHING, ADVANTAGE_ESTIMATORS, ALL_PRECISIONS, ANSWER_PARSING, BASELINE_OPTIMIZERS, BASELINES,
+    BATCH_PADDINGS, CLIENT_SAMPLING, DEVICES, DP_MODES, ENGINES, FEDRL_CLIENT_MODES, FEDSE_AGGREGATIONS, FEDSE_HISTORY,
+    FEDSE_KEEP, FEDSE_LOSS_TOKENS, FEDSE_STEPS, FINETUNING, GIGPO_MODES, INVALID_ACTIONS, KERNELS, KL_REFERENCE_CHOICES,
+    KL_REFERENCES, LOSS_AGGREGATIONS, LR_SCHEDULES, OLD_LOGPROBS, PARAM_DTYPE_CHOICES, PARTITION_MODES, PAVG_VARIANTS,
+    PENALTY_SCOPES, PREFERENCE_MIXES, PROMPT_ROLES, PROMPT_TEMPLATES, REWARD_MODES, SCALE_REWARDS, STD_DDOFS,
+    TOKEN_SAMPLERS, TRACKERS, TRAINING_ATTENTIONS, TRAINING_KERNELS, TRANSFER_DTYPES, UNIFORM_GROUPS,
+)
+from fedagent_flwr.config.fault_plan import FAULT_SYNTAX, FaultPlan
+from fedagent_flwr.config.strategy_traits import STRATEGIES, Traits, named
 
-PARAM_DTYPE_CHOICES = (*PARAM_DTYPES, "auto")
-KL_REFERENCE_CHOICES = ("auto", *KL_REFERENCES)  # auto: resolved by agent/engine/placement.py
-
-FEDRL_CLIENT_MODES = ("all", "sampled")
-BASELINE_OPTIMIZERS = ("keep", "reset")
-TRACKERS = ("none", "tensorboard", "wandb", "mlflow")  # runs/tracking.py has one backend for each but none
-PARTITION_MODES = ("uniform", "uniform-windows", "preference", "coverage", "hardness", "by-environment")  # by-environment: client k owns env k of a multi-env spec
-PREFERENCE_MIXES = ("gaussian", "dirichlet")  # partitions/preference.py: Algorithm 2 as written, or the reference code's Dirichlet
-FINETUNING = ("full", "lora")  # what a GRPO client trains (methods/fedagent.py)
-BASELINES = ("none", "centralized", "local")  # fedagent_flwr/methods/tasks.py
 MIN_TEMPERATURE = 0.01  # logits / temperature in fp32 overflow to inf (NaN probabilities) far above 1e-30
 RUN_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]*")  # a folder name that needs no quoting anywhere
 
 
 Need = Callable[[bool, str, Any, str], None]  # need(ok, key, value, allowed): records a problem when not ok
+
+
+def spec_names(spec: str) -> list[str]:
+    """The environment names of an env spec ('babyai,maze'), in order, as written."""
+    return [part.strip() for part in str(spec).split(",")]
+
+
+def env_spec_problem(spec: str) -> str | None:
+    """What the env spec's form breaks (an empty or repeated name); whether each name is registered is a preflight
+    check (runs/preflight.py: the registry is the envs package's)."""
+    names = spec_names(spec)
+    if not all(names):
+        return "an env name, or env names separated by commas with none empty (e.g. 'babyai,maze')"
+    if repeated := sorted({n for n in names if names.count(n) > 1}):
+        return f"each environment named once (not {', '.join(repeated)} twice)"
+    return None
+
+
+def per_env_syntax_problem(value: int | str, spec: str) -> str | None:
+    """What a per-environment setting written "babyai=20,webshop=10" breaks in its form, or by naming an environment
+    the env spec does not list; None for a number or a good one."""
+    if not isinstance(value, str):
+        return None
+    seen: list[str] = []
+    for part in value.split(","):
+        name, _, number = (x.strip() for x in part.partition("="))
+        if not name or name in seen or not number.isdigit() or int(number) < 1:
+            return (f"an integer, or name=integer >= 1 for the envs of env, comma-separated, each env once (entry "
+                    f"{part.strip()!r} of {value!r}; e.g. 'babyai=20,webshop=10')")
+        seen.append(name)
+    if unlisted := sorted(set(seen) - set(spec_names(spec))):
+        return f"entries for the envs of env={spec!r} only (not {', '.join(unlisted)})"
+    return None
 
 
 def _key(default: Any, doc: str, allowed: str = "", words: tuple[str, ...] = (), choices: tuple[str, ...] = (),
@@ -130,19 +135,9 @@ class EnvironmentConfig:
     partition: str = _key("uniform", "how the train split is divided among clients: uniform = each client's tasks-per-client drawn independently (clients may share tasks); uniform-windows = the FedAgent reference's uniform split, a contiguous window of the pool shuffled by partition-seed (partitions/uniform.py); by-environment = client k owns env k of the env list (Fed-SE)", choices=PARTITION_MODES)
     tasks_per_client: int = _key(8, "tasks in each client's partition (overlap across clients allowed)", "1 .. train-split size", at_least=1)
 
-    def check(self, need: Need) -> None:
-        if is_multi_spec(self.env):  # several text envs, e.g. 'babyai,maze' (envs/multi.py): check each name
-            try:
-                env_names(self.env)
-            except ValueError as err:
-                need(False, "env", self.env, str(err))
-        else:
-            need(self.env in available_envs() or self.env in FEDRL_ENVS, "env", self.env,
-                 "one of " + ", ".join(available_envs()) + " (text envs) or " + ", ".join(FEDRL_ENVS) + " (qavg / pavg)")
-        if self.env in ("hopper", "half-cheetah"):
-            need(importlib.util.find_spec("mujoco") is not None, "env", self.env,
-                 "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
-        need((problem := per_env_problem(self.max_steps, self.env)) is None, "max-steps", self.max_steps, problem)
+    def check(self, need: Need) -> None:  # whether each name is registered: runs/preflight.py
+        need((problem := env_spec_problem(self.env)) is None, "env", self.env, problem)
+        need((problem := per_env_syntax_problem(self.max_steps, self.env)) is None, "max-steps", self.max_steps, problem)
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -150,9 +145,8 @@ class ModelConfig:
 
     model: str = _key("tiny", "HF model name or local path, or tiny / tiny:<env> (tiny = built for the run's env list), or shape:<name> (a published shape with random weights, for memory and transfer checks: docs/gpu.md), or a .gguf file, or smollm2-135m-instruct (a real instruct model shipped in a package: docs/agent.md), or warm:<one of those> (that model behaviour-cloned on the run's env once, cached: docs/agent.md)", "string")
 
-    def check(self, need: Need) -> None:
-        problem = model_name_problem(self.model)  # agent/models/pretrained.py: the names it loads
-        need(problem is None, "model", self.model, problem)
+    def check(self, need: Need) -> None:  # whether it names a model this machine can load: runs/preflight.py
+        need(self.model.strip() != "", "model", self.model, "a model name (docs/agent.md lists the kinds)")
 
 @dataclass(frozen=True)
 class SpeedConfig:
@@ -296,21 +290,12 @@ class EvaluationConfig:
     def check(self, need: Need) -> None:
         need(self.eval_temperature == 0 or self.eval_temperature >= MIN_TEMPERATURE, "eval-temperature",
              self.eval_temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}")
-        if self.tracker == "tensorboard":
-            need(importlib.util.find_spec("tensorboard") is not None, "tracker", self.tracker,
-                 "none, or tensorboard with the tensorboard package installed")
-        if self.tracker in ("wandb", "mlflow"):  # an optional extra each
-            need(importlib.util.find_spec(self.tracker) is not None, "tracker", self.tracker,
-                 f'none | tensorboard, or {self.tracker} once installed: pip install -e ".[{self.tracker}]"')
         need(self.run_name == "" or RUN_NAME.fullmatch(self.run_name) is not None, "run-name", self.run_name,
              "empty (a name is made up) or a folder name of letters, digits and . _ + - not starting with . or -")
-        need((problem := per_env_problem(self.eval_tasks, self.env, lambda name: split_size(name, "test"))) is None, "eval-tasks", self.eval_tasks, problem)
-        if self.initial_evaluation:
-            folder = self.initial_evaluation
-            need(folder.startswith("~") or Path(folder).is_absolute(), "initial-evaluation", folder,
-                 "empty, or an absolute path (or ~/...) to a run folder (run_simulation.py resolves relative paths)")
-            need((Path(folder).expanduser() / "episodes" / "round-0000.json").is_file(), "initial-evaluation", folder,
-                 "empty, or a run folder whose evaluation before round 1 finished (it holds episodes/round-0000.json)")
+        need((problem := per_env_syntax_problem(self.eval_tasks, self.env)) is None, "eval-tasks", self.eval_tasks, problem)
+        folder = self.initial_evaluation
+        need(not folder or folder.startswith("~") or Path(folder).is_absolute(), "initial-evaluation", folder,
+             "empty, or an absolute path (or ~/...) to a run folder (run_simulation.py resolves relative paths)")
         need(
             self.output_dir.startswith("~") or Path(self.output_dir).is_absolute(),
             "output-dir",
@@ -319,8 +304,6 @@ class EvaluationConfig:
             "directory, so a relative path would land somewhere unexpected; run_simulation.py resolves "
             "relative paths for you)",
         )
-        unwritable = unwritable_reason(Path(self.output_dir).expanduser())
-        need(unwritable is None, "output-dir", self.output_dir, f"a folder this process can write ({unwritable})")
 
 @dataclass(frozen=True)
 class PartitionConfig:
@@ -351,13 +334,6 @@ class PartitionConfig:
             labels = self.success_labels
             need(labels.startswith("~") or Path(labels).is_absolute(), "success-labels", labels,
                  "an absolute path (or ~/...) to a file from `python -m fedagent_flwr.experiments.success_labels` when partition='hardness'")
-            if labels.startswith("~") or Path(labels).is_absolute():
-                need(Path(labels).expanduser().is_file(), "success-labels", labels, "an existing file")
-            if Path(labels).expanduser().is_file() and self.env in available_envs():
-                from partitions.labels import label_file_problem  # here: the partitions package imports flwr-datasets
-
-                problem = label_file_problem(labels, self.env)
-                need(problem is None, "success-labels", labels, f"a success-label file of env {self.env!r} ({problem})")
 
 @dataclass(frozen=True)
 class BaselineConfig:
@@ -495,10 +471,6 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
     def to_run_config(self) -> dict[str, Any]:
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
 
-    # ----- the library configs, built from the run config in one place ---------------------------
-    def lora_spec(self) -> LoRASpec:
-        return LoRASpec(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=LoRASpec.parse_targets(self.lora_target_modules))
-
     def epoch_episodes(self) -> int:
         """The most episodes a client plays at once: an epoch's GRPO groups (rollout-batch-size=auto's cap)."""
         return self.tasks_per_epoch * self.group_size
@@ -532,10 +504,6 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
             need(self.adapter_only(), "precision", self.precision,
                  "fp32 | bf16-mixed | auto unless a LoRA adapter is all that trains: strategy='fedse-lora', or "
                  "'fedagent-avg' with finetuning='lora'")
-        if self.model.startswith(WARM_PREFIX):  # the warm start cloned the expert on prompts of one shape
-            for key in ("history_length", "prompt_roles"):
-                need(getattr(self, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(self, key),
-                     f"{WARM_RECIPE[key]!r} with model={self.model!r} (the warm start's prompts; agent/models/warm_start.py)")
         if self.initial_evaluation and traits:  # only a language-model method's server evaluates held-out episodes
             llm_strategies = " | ".join(n for n, t in STRATEGIES.items() if t.trains == "llm")
             need(traits.trains == "llm", "initial-evaluation", self.initial_evaluation,
@@ -565,8 +533,6 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.training_kernels == "liger":  # CUDA only (device auto: methods/placement.py checks it where it runs)
             need(self.device != "cpu", "training-kernels", self.training_kernels,
                  f"eager | compile with device={self.device!r} (Liger's kernels run on CUDA only)")
-            need(importlib.util.find_spec("liger_kernel") is not None, "training-kernels", self.training_kernels,
-                 "eager | compile where liger-kernel is not installed (pip install liger-kernel)")
         if self.finetuning != "full" and traits:
             need(traits.grpo, "finetuning", self.finetuning,
                  f"full unless the strategy trains with GRPO ({named('grpo')}); fedse-lora always trains a LoRA adapter")
@@ -597,28 +563,17 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
              "cpu | cuda | auto with ranks-per-client > 1 (rank r computes on the client's r-th visible GPU)")
 
     def _check_envs_across(self, need: Need, traits: Traits | None) -> None:
-        if traits and traits.trains == "fedrl":
-            need(self.env in traits.envs, "env", self.env, f"one of {', '.join(traits.envs)} with strategy={self.strategy!r} (QAvg / PAvg train RL tables or networks, not LLM agents; deep QAvg is DQNAvg: discrete actions, deep PAvg is DDPGAvg: continuous actions)")
-            if self.local_updates == 0:
-                need(self.fedrl_clients == "all", "fedrl-clients", self.fedrl_clients, "all when local-updates=0 (E = inf: every client trains on its own)")
-        elif traits:
-            need(self.env not in FEDRL_ENVS, "env", self.env, f"a text env ({', '.join(available_envs())}) with strategy={self.strategy!r}; {', '.join(FEDRL_ENVS)} need strategy qavg or pavg")
-        if self.env in FEDRL_DDPG_ENVS:
-            need(self.pavg_variant == "soft", "pavg-variant", self.pavg_variant,
-                 "soft (the default) with a deep env: the simplex projection applies to policy tables only")
-        if self.env_embedding_dim:
-            need(self.env in FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS, "env-embedding-dim", self.env_embedding_dim,
-                 "0 unless env is one of " + ", ".join(FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS) + " (PerDQNAvg / PerDDPGAvg)")
-        if self.partition == "by-environment" and self.num_clients:
-            try:
-                count = len(env_names(self.env))
-            except ValueError:
-                count = 0  # a bad env is reported by its section
-            need(not count or self.num_clients == count, "num-clients", self.num_clients,
+        """The rules between the env spec and the other keys that need no registry (which envs exist, and which a
+        QAvg / PAvg strategy runs on, are preflight checks: runs/preflight.py)."""
+        if traits and traits.trains == "fedrl" and self.local_updates == 0:
+            need(self.fedrl_clients == "all", "fedrl-clients", self.fedrl_clients, "all when local-updates=0 (E = inf: every client trains on its own)")
+        if self.partition == "by-environment" and self.num_clients and env_spec_problem(self.env) is None:
+            count = len(spec_names(self.env))
+            need(self.num_clients == count, "num-clients", self.num_clients,
                  f"{count} (one client per environment of env={self.env!r}) or 0 with partition='by-environment'")
         if self.num_clients and self.baseline == "local":
             need(self.local_client < self.num_clients, "local-client", self.local_client, f"< num-clients ({self.num_clients})")
-        need((problem := per_env_problem(self.fedse_seed_demos, self.env)) is None, "fedse-seed-demos", self.fedse_seed_demos, problem)
+        need((problem := per_env_syntax_problem(self.fedse_seed_demos, self.env)) is None, "fedse-seed-demos", self.fedse_seed_demos, problem)
         if traits and traits.experience_buffer:
             need(self.fedse_explore_samples > 0 or self.fedse_seed_demos != 0, "fedse-seed-demos", self.fedse_seed_demos,
                  "> 0 when fedse-explore-samples=0 (otherwise no client has anything to train on)")
@@ -672,7 +627,7 @@ class RunConfig(ResilienceConfig, FedSEConfig, FedRLConfig, BaselineConfig, Part
         if self.baseline == "local" and self.local_client >= k:
             raise ValueError(f"local-client={self.local_client} is not a partition-id of the K={k} clients (allowed: 0 .. {k - 1})")
         if self.partition == "by-environment":
-            names = env_names(self.env)
+            names = spec_names(self.env)
             if k != len(names):
                 raise ValueError(f"partition='by-environment' gives client k the k-th environment of env={self.env!r}, so it needs "
                                  f"{len(names)} clients, but the federation has K={k}; start {len(names)} SuperNodes "

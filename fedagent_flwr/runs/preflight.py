@@ -1,0 +1,148 @@
+"""What a valid run config needs of the machine it runs on, checked once at start-up, before any SuperLink, SuperNode
+or model: the environments and models it names exist here, the packages it asks for are installed, the files and
+folders it names open and parse, and per-environment numbers fit the environments' splits.
+
+The run config (fedagent_flwr/config) checks what the values say by themselves and never asks the machine; this
+module asks it. Each role checks what lives on its machine: run_simulation.py checks everything (every role runs
+here), the ServerApp what the server reads and writes, a ClientApp what its client reads (fedse-seed-data lives on the
+client's machine). A problem is one line naming the key, its value and what is allowed, as the run config's are.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+from envs import available_envs, env_names, per_env_problem, split_size
+from fedagent_flwr.agent.models.pretrained import hub_model_problem, model_name_problem
+from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
+from fedagent_flwr.atomic import unwritable_reason
+from fedagent_flwr.config import RunConfig, invalid
+from strategies.registry import FEDRL_DDPG_ENVS, FEDRL_DQN_ENVS, FEDRL_ENVS, FEDRL_STRATEGY_ENVS
+
+ROLES = ("simulation", "server", "client")  # simulation: every role on this machine
+Need = Callable[[bool, str, object, str], None]
+
+
+def preflight(cfg: RunConfig, role: str = "simulation") -> RunConfig:
+    """`cfg` where this machine gives it what it needs in `role`; else one ValueError, one line a problem as
+    RunConfig's."""
+    if role not in ROLES:
+        raise ValueError(f"preflight role {role!r}: expected one of {', '.join(ROLES)}")
+    problems: list[str] = []
+
+    def need(ok: bool, key: str, value: object, allowed: str) -> None:
+        if not ok and not any(p.startswith(f"{key}=") for p in problems):  # one line a key
+            problems.append(f"{key}={value!r} is not allowed: expected {allowed}")
+
+    envs_ok = _check_envs(cfg, need)
+    if envs_ok:  # the numbers per environment and the splits need the environments themselves
+        _check_env_numbers(cfg, need)
+    _check_model(cfg, need)
+    _check_packages(cfg, need, role)
+    _check_files(cfg, need, role, envs_ok)
+    if (problem := _seed_data_problem(cfg, role)) and not any(p.startswith("fedse-seed-data=") for p in problems):
+        problems.append(problem)
+    if problems:
+        raise ValueError(invalid(problems))
+    return cfg
+
+
+def _check_envs(cfg: RunConfig, need: Need) -> bool:
+    """The env spec names registered environments, of the kind the strategy trains on; True where it does."""
+    traits = cfg.traits
+    if traits.trains == "fedrl":
+        envs = FEDRL_STRATEGY_ENVS[cfg.strategy]
+        need(cfg.env in envs, "env", cfg.env, f"one of {', '.join(envs)} with strategy={cfg.strategy!r} (QAvg / PAvg "
+             "train RL tables or networks, not LLM agents; deep QAvg is DQNAvg: discrete actions, deep PAvg is DDPGAvg: "
+             "continuous actions)")
+        if cfg.env in ("hopper", "half-cheetah"):
+            need(importlib.util.find_spec("mujoco") is not None, "env", cfg.env,
+                 "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
+        if cfg.env in FEDRL_DDPG_ENVS:
+            need(cfg.pavg_variant == "soft", "pavg-variant", cfg.pavg_variant,
+                 "soft (the default) with a deep env: the simplex projection applies to policy tables only")
+        if cfg.env_embedding_dim:
+            need(cfg.env in FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS, "env-embedding-dim", cfg.env_embedding_dim,
+                 "0 unless env is one of " + ", ".join(FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS) + " (PerDQNAvg / PerDDPGAvg)")
+        return cfg.env in envs
+    if cfg.env in FEDRL_ENVS:
+        need(False, "env", cfg.env, f"a text env ({', '.join(available_envs())}) with strategy={cfg.strategy!r}; "
+             f"{', '.join(FEDRL_ENVS)} need strategy qavg or pavg")
+        return False
+    try:
+        env_names(cfg.env)
+    except ValueError as err:
+        need(False, "env", cfg.env, f"registered environments: {err}")
+        return False
+    need(cfg.env_embedding_dim == 0, "env-embedding-dim", cfg.env_embedding_dim,
+         "0 unless env is one of " + ", ".join(FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS) + " (PerDQNAvg / PerDDPGAvg)")
+    return True
+
+
+def _check_env_numbers(cfg: RunConfig, need: Need) -> None:
+    """Held-out tasks fit each environment's test split (the run config checked that per-environment numbers name
+    only the spec's environments, and _check_envs that those are registered)."""
+    if cfg.traits.trains == "fedrl":
+        return
+    problem = per_env_problem(cfg.eval_tasks, cfg.env, lambda name: split_size(name, "test"))
+    need(problem is None, "eval-tasks", cfg.eval_tasks, problem)
+
+
+def _check_model(cfg: RunConfig, need: Need) -> None:
+    if cfg.traits.trains == "fedrl":
+        return
+    problem = model_name_problem(cfg.model) or hub_model_problem(cfg.model)  # agent/models/pretrained.py: what it loads
+    need(problem is None, "model", cfg.model, problem)
+    if cfg.model.startswith(WARM_PREFIX):  # the warm start cloned the expert on prompts of one shape
+        for key in ("history_length", "prompt_roles"):
+            need(getattr(cfg, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(cfg, key),
+                 f"{WARM_RECIPE[key]!r} with model={cfg.model!r} (the warm start's prompts; agent/models/warm_start.py)")
+
+
+def _check_packages(cfg: RunConfig, need: Need, role: str) -> None:
+    if role != "client" and cfg.tracker != "none":  # the server logs the run
+        extra = "" if cfg.tracker == "tensorboard" else f': pip install -e ".[{cfg.tracker}]"'
+        need(importlib.util.find_spec(cfg.tracker) is not None, "tracker", cfg.tracker,
+             f"none, or {cfg.tracker} once installed{extra}")
+    if role != "server" and cfg.training_kernels == "liger":  # the clients train
+        need(importlib.util.find_spec("liger_kernel") is not None, "training-kernels", cfg.training_kernels,
+             "eager | compile where liger-kernel is not installed (pip install liger-kernel)")
+
+
+def _check_files(cfg: RunConfig, need: Need, role: str, envs_ok: bool) -> None:
+    """Every file or folder a key names, on the machine of the role that reads or writes it, opened and parsed."""
+    if role != "client":
+        unwritable = unwritable_reason(Path(cfg.output_dir).expanduser())
+        need(unwritable is None, "output-dir", cfg.output_dir, f"a folder this process can write ({unwritable})")
+        if cfg.initial_evaluation:
+            need((Path(cfg.initial_evaluation).expanduser() / "episodes" / "round-0000.json").is_file(), "initial-evaluation",
+                 cfg.initial_evaluation, "empty, or a run folder whose evaluation before round 1 finished (it holds "
+                 "episodes/round-0000.json)")
+    if cfg.partition == "hardness" and cfg.success_labels:  # the partitions are drawn by the server and each client
+        labels = Path(cfg.success_labels).expanduser()
+        need(labels.is_file(), "success-labels", cfg.success_labels, "an existing file (python -m "
+             "fedagent_flwr.experiments.success_labels writes one)")
+        if labels.is_file() and envs_ok and cfg.env in available_envs():
+            from partitions.labels import label_file_problem  # here: the partitions package imports flwr-datasets
+
+            problem = label_file_problem(labels, cfg.env)
+            need(problem is None, "success-labels", cfg.success_labels, f"a success-label file of env {cfg.env!r} ({problem})")
+    if role != "server" and cfg.traits.experience_buffer:  # Fed-SE's clients keep their buffers and read their seeds
+        unwritable = unwritable_reason(Path(cfg.fedse_buffer_dir).expanduser())
+        need(unwritable is None, "fedse-buffer-dir", cfg.fedse_buffer_dir, f"a folder this process can write ({unwritable})")
+
+
+def _seed_data_problem(cfg: RunConfig, role: str) -> str | None:
+    """Fed-SE's seed data, read whole and checked on the clients' machine: its reader's one line (naming the key, the
+    file, the item and what is wrong), or None."""
+    if role == "server" or not cfg.traits.experience_buffer or not cfg.fedse_seed_data:
+        return None
+    from fedagent_flwr.agent.agenttraj import read_items  # here: it reads and checks every item
+
+    try:
+        read_items(cfg.fedse_seed_data)
+    except ValueError as err:
+        return str(err)
+    return None
