@@ -427,7 +427,7 @@ def sample_flops(config, samples, chunk_tokens: int, passes: float) -> float:
     return model_flops(FlopShape.of(config), tokens, scored, passes)
 
 
-def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engine: str = "auto",
+def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
               bandwidth: float = H100_BANDWIDTH, peak_flops: float = H100_BF16_FLOPS) -> dict:
     env = make_env(cfg.env, cfg.max_steps)
     tokenizer = environment_tokenizer(cfg.env)
@@ -459,6 +459,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int, engin
         episodes = [t for t in chosen for _ in range(grpo.group_size)]
 
         sampler: dict[str, float] = defaultdict(float)
+        engine = placement.decode_engine  # decode-engine (--decode-engine) as the placement resolved it, with the model
         with memory.phase("rollout"), sampler_clock(engine, sampler):
             started = time.perf_counter()
             with autocast(grpo.precision, device):
@@ -707,7 +708,7 @@ def main(argv: list[str] | None = None) -> dict:
             pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
             played = {env: (pool.submit(played_prompt_tokens, values, args.shape, seed=args.seed), values, args.shape, args.seed)
                       for env in paper_envs() for values in [paper_settings(env, paper_overrides)[0]]}
-        result = run_round(cfg, args.shape, device, args.seed, args.decode_engine, args.bandwidth, args.peak_flops)
+        result = run_round(cfg, args.shape, device, args.seed, args.bandwidth, args.peak_flops)
         result["cudnn_attention"] = args.cudnn_attention
         result["settings"] = raw_output.settings(args)
         if args.paper_round:

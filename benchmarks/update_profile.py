@@ -239,7 +239,7 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
                                                                      grpo.logprob_micro_batch_tokens)]}
     update = max(rows * width for rows, width in passes[True])
     logprob = max((rows * width for rows, width in passes[False]), default=0)
-    if placement.gradient_checkpointing == "auto":  # within the room the placement left (auto without one: True)
+    if placement.gradient_checkpointing == "fitted":  # within the room the placement left (auto without one: True)
         layers = layers_to_checkpoint(shape, update, placement.activation_room_bytes, per_token)
     else:
         layers = shape.layers if placement.gradient_checkpointing else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 # ----- where and how the model computes (agent/engine) -----------------------------------------------------------
 DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
 ENGINES = ("auto", "hf", "static")  # decode-engine (agent/engine/sampling.py runs them)
+RESOLVED_ENGINES = ("hf", "static")  # what placement.py resolves decode-engine to
 # auto = bf16-mixed on CUDA; on a CPU fp32, or bf16-base where the processor's probe says so (agent/engine/placement.py)
 ALL_PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16-base")
 RESOLVED_PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
@@ -17,6 +18,9 @@ TRAINING_KERNELS = ("eager", "compile", "liger")  # the decoder layers' kernels 
 TRAINING_ATTENTIONS = ("sdpa", "eager")  # the attention of the passes that take a gradient, by transformers' names
 KERNELS = ("eager", "compile")  # how the static engine's token step runs its element-wise work (decode-kernels)
 CHECKPOINTING = (False, True, "auto")  # gradient-checkpointing
+# ... as the placement resolves it: "fitted" = in each micro-batch the fewest leading layers whose checkpointing makes
+# its activations fit the room the memory plan leaves (agent/engine/checkpointing.py); auto with no room known: True
+RESOLVED_CHECKPOINTING = (False, True, "fitted")
 # How rollouts draw a token: multinomial = torch.multinomial, which on a CPU draws an exponential number for every
 # vocabulary entry of every row (12-20 % of a SmolLM2 decode step there, docs/performance.md); inverse-cdf = one
 # uniform number a row, placed among the cumulative probabilities. The same distribution; for a seed, other tokens.

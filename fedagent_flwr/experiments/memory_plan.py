@@ -74,9 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     per = f"per rank ({cfg.ranks_per_client} a client)" if cfg.ranks_per_client > 1 else "per client"
     for gb in (24, 40, 80):
         print(f"fits a {gb} GiB GPU {per}: {'yes' if client.total <= gb * GB else 'no'}")
-    if cfg.traits.grpo:
+    if cfg.traits.grpo:  # what gradient-checkpointing = auto does in this budget, whatever the key says now
         print(token_budgets(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0, machine))
-    if cfg.gradient_checkpointing == "auto":
         print(auto_checkpointing(cfg, shape, args.context_tokens, cfg.client_memory_gb or 80.0, machine))
     return 0
 
@@ -98,7 +97,8 @@ def token_budgets(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: fl
 def auto_checkpointing(cfg: RunConfig, shape: ModelShape, context: int, budget_gb: float,
                        machine: Machine | None = None) -> str:
     """What gradient-checkpointing='auto' would do in `budget_gb`: the layers a micro-batch checkpoints, by width."""
-    placement = place_run(cfg, "client", machine, shape=shape, context_tokens=context, budget_bytes=budget_gb * GB)
+    placement = place_run(replace(cfg, gradient_checkpointing="auto"), "client", machine, shape=shape,
+                          context_tokens=context, budget_bytes=budget_gb * GB)
     room = placement.activation_room_bytes
     widths = sorted({w for w in (256, 512, 1024) if w < context} | {context})
     # rows a pass holds at each width: micro-batch-size, or as many as micro-batch-tokens allows (one at least, a

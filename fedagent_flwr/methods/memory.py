@@ -49,7 +49,7 @@ def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placemen
         rollout_rows = min(rollout_rows, -(-cfg.tasks_per_epoch // cfg.ranks_per_client) * cfg.group_size)
     return client_plan(
         shape, **common, kl_beta=cfg.kl_beta if grpo else 0.0, kl_reference=placement.kl_reference,
-        gradient_checkpointing=placement.gradient_checkpointing in (True, "auto"),
+        gradient_checkpointing=placement.gradient_checkpointing in (True, "fitted"),
         micro_batch_size=cfg.micro_batch_size if grpo else cfg.fedse_sft_micro_batch_size or cfg.fedse_sft_batch_size,
         micro_batch_tokens=cfg.micro_batch_tokens if grpo else 0, rollout_batch_size=rollout_rows,
         logprob_chunk_tokens=cfg.logprob_chunk_tokens if grpo else 0,

@@ -91,8 +91,8 @@ def _update(model, tokenizer, checkpointing, room=None, client_gb=0.0):
     cfg = RunConfig(device="cpu", learning_rate=1e-3, kl_beta=0.1, minibatch_size=8, micro_batch_size=2,
                     length_grouped_micro_batches=True, gradient_checkpointing=checkpointing, client_memory_gb=client_gb)
     samples = _samples(tokenizer, 8)
-    grpo = grpo_config(cfg)  # auto without a room resolves to every layer; with one, as place() leaves it
-    grpo = replace(grpo, gradient_checkpointing="auto", activation_room_bytes=room) if room is not None else grpo
+    grpo = grpo_config(cfg)  # auto without a room resolves to every layer; with one, as place() leaves it: fitted
+    grpo = replace(grpo, gradient_checkpointing="fitted", activation_room_bytes=room) if room is not None else grpo
     trainer = GRPOTrainer(model, tokenizer, grpo, RolloutConfig(history_length=0))
     stats = trainer.update(samples, np.random.default_rng(0))
     return stats, samples
@@ -175,7 +175,7 @@ def test_the_room_is_the_budget_less_the_rest_of_the_plan():
     placed = lambda c, budget: place_run(replace(c, rollout_batch_size=4), shape=shape, context_tokens=20,  # noqa: E731
                                          budget_bytes=budget)
     auto = placed(cfg, 10 * GB)
-    assert (auto.gradient_checkpointing, auto.activation_room_bytes) == ("auto", 10 * GB - others)
+    assert (auto.gradient_checkpointing, auto.activation_room_bytes) == ("fitted", 10 * GB - others)
     # the plan counts the worst case, every layer checkpointed, as with true
     assert plan == planned(RunConfig(device="cpu", gradient_checkpointing=True, micro_batch_size=2), shape, 20, 4).as_dict()
     unknown = placed(cfg, None)  # no memory known: every layer
@@ -256,11 +256,11 @@ def test_auto_counts_what_the_trained_model_keeps_its_precision_working_copy_and
 
     shape = ModelShape.of(deep_lm.config)
     for precision, param_dtype in (("fp32", "fp32"), ("bf16-mixed", "fp32"), ("bf16-mixed", "bf16")):
-        with activation_checkpointing(deep_lm, "auto", GB, precision, param_dtype) as ckpt:
+        with activation_checkpointing(deep_lm, "fitted", GB, precision, param_dtype) as ckpt:
             assert ckpt.per_token == layer_activations(shape, precision, param_dtype)
     assert layer_activations(shape, "bf16-mixed", "bf16") != layer_activations(shape, "bf16-mixed", "fp32")
     with attached_lora(deep_lm, LoRASpec(rank=4, target_modules=("q_proj", "down_proj"))) as peft_model:
-        with activation_checkpointing(peft_model, "auto", GB, "bf16-mixed") as ckpt:
+        with activation_checkpointing(peft_model, "fitted", GB, "bf16-mixed") as ckpt:
             assert ckpt.per_token == layer_activations(shape, "bf16-mixed", "fp32", ("down_proj", "q_proj"), 4)
-    with activation_checkpointing(deep_lm, "auto", None, "bf16-mixed") as ckpt:  # no room known: every layer, no count
+    with activation_checkpointing(deep_lm, "fitted", None, "bf16-mixed") as ckpt:  # no room known: every layer, no count
         assert ckpt.per_token is None and ckpt.fit(100) == LAYERS

@@ -4,7 +4,6 @@ What a GPU adds (bf16 copies, CUDA graphs) is not run here; the bucketed mode be
 window bookkeeping eagerly, so only the capture and replay themselves are left to a GPU session.
 """
 
-import logging
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Con
 import fedagent_flwr.agent.engine.decode as decode
 import fedagent_flwr.agent.engine.sampling as sampling
 from fedagent_flwr.agent.engine.decode import StaticDecoder, UnsupportedModel
+from fedagent_flwr.agent.engine.placement import Machine, place
 from fedagent_flwr.agent.play.rollout import stop_token_ids
 from fedagent_flwr.agent.engine.sampling import fast_sample_batch, hf_sample_batch, sample_batch
 from fedagent_flwr.methods.library_configs import rollout_config
@@ -315,7 +315,7 @@ def _gpt2():
     return AutoModelForCausalLM.from_config(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
 
 
-def test_unsupported_models_are_refused_by_name_and_auto_falls_back(monkeypatch, caplog):
+def test_unsupported_models_are_refused_by_name_and_auto_falls_back():
     gpt2 = _gpt2()
     with pytest.raises(UnsupportedModel, match="GPT2LMHeadModel is not supported"):
         sample_batch(gpt2, _prompts(), 0, [], 4, 0.0, engine="static")
@@ -326,13 +326,13 @@ def test_unsupported_models_are_refused_by_name_and_auto_falls_back(monkeypatch,
         StaticDecoder(scaled)
     with pytest.raises(ValueError, match="decode engine"):
         sample_batch(gpt2, _prompts(), 0, [], 4, 0.0, engine="vllm")
-    # "auto" on a GPU tries the static engine; a refused model falls back to the hf loop, with one warning.
-    monkeypatch.setattr(sampling, "_device_type", lambda model: "cuda")
-    with caplog.at_level(logging.WARNING, logger=sampling.__name__):
-        for _ in range(2):
-            got = sample_batch(gpt2, _prompts(), 0, [], 4, 0.0)
-    assert got == hf_sample_batch(gpt2, _prompts(), 0, [], 4, 0.0)
-    assert sum("GPT2LMHeadModel is not supported" in r.message for r in caplog.records) == 1
+    with pytest.raises(ValueError, match="decode engine"):  # the placement resolves auto; the sampler takes no auto
+        sample_batch(gpt2, _prompts(), 0, [], 4, 0.0, engine="auto")
+    # "auto" on a GPU tries the static engine; the placement, given the model, falls back to the hf loop and says why
+    placed = place(device="cuda", machine=Machine(cuda=True), decode_engine="auto", model=gpt2)
+    assert placed.decode_engine == "hf" and "GPT2LMHeadModel is not supported" in placed.engine_note
+    with pytest.raises(UnsupportedModel):  # asked for by name, it is refused
+        place(device="cuda", machine=Machine(cuda=True), decode_engine="static", model=gpt2)
 
 
 def test_auto_on_cpu_is_the_hf_loop(monkeypatch):
@@ -342,8 +342,9 @@ def test_auto_on_cpu_is_the_hf_loop(monkeypatch):
 
     monkeypatch.setattr(sampling, "fast_sample_batch", refuse)
     model, prompts = _model("qwen2"), _prompts()
+    engine = place(device="cpu", decode_engine="auto", model=model).decode_engine
     torch.manual_seed(4)
-    got = sample_batch(model, prompts, 0, [], 6, 1.0)
+    got = sample_batch(model, prompts, 0, [], 6, 1.0, engine=engine)
     torch.manual_seed(4)
     assert got == hf_sample_batch(model, prompts, 0, [], 6, 1.0)
 

@@ -118,7 +118,7 @@ def test_the_default_passes_reproduce_the_update_bit_for_bit(tiny_lm, maze_token
     run = RunConfig(learning_rate=1e-3, weight_decay=0.01, kl_beta=0.05, minibatch_size=4, micro_batch_size=2,
                     device="cpu", **settings)
     # auto with a room, as place() resolves it on a machine whose plan leaves 1e9 bytes to the activations
-    cfg = replace(grpo_config(run), **({"gradient_checkpointing": "auto", "activation_room_bytes": 1e9}
+    cfg = replace(grpo_config(run), **({"gradient_checkpointing": "fitted", "activation_room_bytes": 1e9}
                                        if run.gradient_checkpointing == "auto" else {}))
     samples = _samples(tiny_lm.config.vocab_size)
     trainers = [GRPOTrainer(copy.deepcopy(tiny_lm), maze_tokenizer, cfg, RolloutConfig(history_length=0)) for _ in range(2)]
@@ -135,9 +135,9 @@ def test_the_default_passes_reproduce_the_update_bit_for_bit(tiny_lm, maze_token
 
 def test_the_passes_take_the_configs_settings_and_default_to_what_runs_use(tiny_lm, maze_tokenizer):
     cfg = replace(grpo_config(RunConfig(device="cpu", training_kernels="compile", training_attention="eager")),
-                  gradient_checkpointing="auto", activation_room_bytes=5e8)
+                  gradient_checkpointing="fitted", activation_room_bytes=5e8)
     passes = GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).passes
-    assert passes == TrainingPasses(torch.device("cpu"), "fp32", "fp32", "compile", "auto", 5e8, attention="eager")
+    assert passes == TrainingPasses(torch.device("cpu"), "fp32", "fp32", "compile", "fitted", 5e8, attention="eager")
     assert (passes.fused_adamw, passes.host_waits, passes.padding_mask) == (True, False, False)
 
 
@@ -246,7 +246,7 @@ def test_the_log_prob_passes_inside_an_update_do_not_enter_the_kernels_again(tin
     ("param_dtype", "bf8", "param_dtype='bf8' is not allowed: expected fp32 | bf16"),
     ("kl_reference", "start", "kl_reference='start' is not allowed: expected round-start | base"),
     ("training_kernels", "fast", "training_kernels='fast' is not allowed: expected eager | compile | liger"),
-    ("gradient_checkpointing", 1, "gradient_checkpointing=1 is not allowed: expected False | True | auto"),
+    ("gradient_checkpointing", 1, "gradient_checkpointing=1 is not allowed: expected False | True | fitted"),
     ("precision", "auto", "precision='auto' is not allowed: expected fp32 | bf16-mixed | bf16-base"),
     ("loss_aggregation", "sum", "loss_aggregation='sum' is not allowed: expected trajectory-mean | token-mean"),
     ("param_dtype", "bf16", "param_dtype='bf16' needs precision 'bf16-mixed', got precision='fp32'"),

@@ -55,9 +55,9 @@ def test_auto_checkpointing_takes_the_room_the_rest_of_the_plan_leaves():
         return MemoryPlan("each client", [("fixed", 10 * GB), ("per row", rows * GB), (ACTIVATIONS_ROW, 3 * GB)])
 
     auto = place(gradient_checkpointing="auto", max_rows=4, plan_for=plan_for, budget_bytes=20 * GB)
-    assert asked == {"auto"}  # the plan is asked for auto's worst case (memory.py counts every layer checkpointed)
+    assert asked == {True}  # the plan is asked for auto's worst case, every layer checkpointed (never the word auto)
     # 4 rows fit (17 GiB); the activations may take what the other rows leave: 20 - (10 + 4)
-    assert (auto.rollout_rows, auto.gradient_checkpointing, auto.activation_room_bytes) == (4, "auto", 6 * GB)
+    assert (auto.rollout_rows, auto.gradient_checkpointing, auto.activation_room_bytes) == (4, "fitted", 6 * GB)
     unknown = place(gradient_checkpointing="auto", max_rows=4)  # no memory known: every layer, as true
     assert (unknown.gradient_checkpointing, unknown.activation_room_bytes) == (True, None)
     assert place(gradient_checkpointing=False, plan_for=plan_for, budget_bytes=20 * GB).activation_room_bytes is None

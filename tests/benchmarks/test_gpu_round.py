@@ -41,7 +41,7 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     assert r["plan_bytes"]["total"] > 0 and r["plan_bytes"]["weights (fp32)"] == 4 * r["parameters"]
     assert r["bytes_sent"] == 4 * r["parameters"]  # the tied head travels once
     # decode speed beside the bandwidth bound: fp32 on CPU, so 4 bytes a weight (the tied head read once)
-    assert r["decode_engine"] == "auto" and r["decode_kernels"] == "eager" and 0 < r["token_steps"] <= 2 * 16  # 2 sampler calls of at most 16 steps
+    assert r["decode_engine"] == "hf" and r["decode_kernels"] == "eager" and 0 < r["token_steps"] <= 2 * 16  # 2 sampler calls of at most 16 steps
     assert r["decode_ms_per_token_step"] > 0 and r["rows_per_step"] == 4
     bound = r["decode_bound"]
     assert bound["weight_bytes"] == 4 * r["parameters"] and bound["kv_bytes"] > 0

@@ -3,8 +3,8 @@ memory needs.
 
 transformers checkpoints all decoder layers or every n-th. A round's micro-batches differ widely in length, and a plan
 must fit the longest one at the run's full context, so checkpointing every layer makes the short ones, which most
-are, pay the recompute (a third more compute) for memory they do not need. With `mode = "auto"`, before each
-micro-batch `fit` checkpoints its first k layers only, k the fewest for which its activations (estimated as the memory
+are, pay the recompute (a third more compute) for memory they do not need. With `mode = "fitted"` (what the
+placement resolves gradient-checkpointing = auto to where it knows the memory), before each micro-batch `fit` checkpoints its first k layers only, k the fewest for which its activations (estimated as the memory
 plan estimates them, agent/engine/memory.py) fit `room_bytes`. The first layers are the ones checkpointed because backward
 reaches them last, when every later layer's activations are already freed, so their recompute adds nothing to the
 peak. Which layers are recomputed changes only float rounding at most: the update is the same (tests/agent/
@@ -19,7 +19,7 @@ import contextlib
 import torch
 
 from fedagent_flwr.agent.engine.memory import LayerActivations, ModelShape, layer_activations, layers_to_checkpoint
-from fedagent_flwr.config.choices import CHECKPOINTING
+from fedagent_flwr.config.choices import RESOLVED_CHECKPOINTING
 
 
 class Checkpointing:
@@ -49,11 +49,11 @@ class Checkpointing:
 @contextlib.contextmanager
 def activation_checkpointing(model, mode: bool | str, room_bytes: float | None, precision: str,
                              param_dtype: str = "fp32"):
-    """Checkpointing switched on for the block (mode True or "auto"), off again after it; yields a `Checkpointing`,
+    """Checkpointing switched on for the block (mode True or "fitted"), off again after it; yields a `Checkpointing`,
     or None for mode False. `precision` and `param_dtype` say what a layer keeps (memory.layer_activations). transformers checkpoints only in training mode; the models trained here have no dropout
     to switch on (a model with dropout is refused), so training mode changes nothing else."""
-    if mode not in CHECKPOINTING:
-        raise ValueError(f"gradient_checkpointing must be one of {CHECKPOINTING}, got {mode!r}")
+    if not any(mode is m if isinstance(m, bool) else mode == m for m in RESOLVED_CHECKPOINTING):
+        raise ValueError(f"gradient_checkpointing must be one of {RESOLVED_CHECKPOINTING} (as placed), got {mode!r}")
     if mode is False:
         yield None
         return
@@ -69,12 +69,12 @@ def activation_checkpointing(model, mode: bool | str, room_bytes: float | None, 
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    auto = mode == "auto" and room_bytes is not None and bool(layers)
-    shape = ModelShape.of(model.config) if auto else None
-    per_token = layer_activations(shape, precision, param_dtype, *lora_adapter(model)) if auto else None
+    fitted = mode == "fitted" and room_bytes is not None and bool(layers)
+    shape = ModelShape.of(model.config) if fitted else None
+    per_token = layer_activations(shape, precision, param_dtype, *lora_adapter(model)) if fitted else None
     model.train()
     try:
-        yield Checkpointing(layers, shape, room_bytes if auto else None, per_token)
+        yield Checkpointing(layers, shape, room_bytes if fitted else None, per_token)
     finally:
         getattr(model, disable)()
         model.eval()

@@ -61,7 +61,7 @@ class TrainingPasses:
 
     precision: fp32 | bf16-mixed | bf16-base (agent/engine/precision.py); param_dtype: fp32 | bf16, the latter a bf16
     working copy over fp32 masters (agent/engine/master_weights.py); training_kernels: eager | compile | liger
-    (agent/engine/kernels.py); gradient_checkpointing: False | True | "auto", auto within activation_room_bytes
+    (agent/engine/kernels.py); gradient_checkpointing: False | True | "fitted", fitted within activation_room_bytes
     (agent/engine/checkpointing.py); attention: the update's forward passes' attention kernel, sdpa | eager
     (attention.training_attention).
 
@@ -156,7 +156,7 @@ class UpdatePasses:
     @contextlib.contextmanager
     def forward(self, batch: dict[str, torch.Tensor]) -> Iterator[None]:
         """A micro-batch's forward context (TrainingPasses.forward) under the passes' attention kernel, checkpointing
-        fitted to it first: under "auto", only as many layers as this micro-batch's padded length needs. The backward
+        fitted to it first: under "fitted", only as many layers as this micro-batch's padded length needs. The backward
         needs no kernel set: autograd keeps what the forward ran."""
         if self.ckpt is not None:
             self.ckpt.fit(batch["input_ids"].numel())

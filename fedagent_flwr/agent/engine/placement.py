@@ -55,10 +55,10 @@ class Placement:
     rollout_rows: int  # episodes per generate call
     kl_reference: str = "round-start"  # round-start | base: what GRPO's KL term anchors to
     engine_note: str = ""  # why `auto` took the hf engine where a GPU would take the static one ("" otherwise)
-    # False | True (every layer) | "auto": per micro-batch the fewest leading layers whose activations fit
+    # False | True (every layer) | "fitted": per micro-batch the fewest leading layers whose activations fit
     # activation_room_bytes (agent/engine/checkpointing.py); auto with no memory known is True
     gradient_checkpointing: bool | str = False
-    activation_room_bytes: float | None = None  # what the update's activations may take under "auto"
+    activation_room_bytes: float | None = None  # what the update's activations may take under "fitted"
     context_tokens: int = 0  # the longest context the memory plan was made for (0: no plan)
     precision_note: str = ""  # on a CPU: how the precision was chosen, with the measured rates (cpu_rates.py)
 
@@ -104,7 +104,7 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
     - rollout rows: rollout-batch-size where it is set; 0 = the most rows up to `max_rows` whose plan
       (`plan_for(placement so far, rows)`, the process's memory plan) fits `budget_bytes`, or `max_rows` where no
       budget is known;
-    - gradient-checkpointing: auto = "auto" with the room the update's activations may take, `budget_bytes` less every
+    - gradient-checkpointing: auto = "fitted" with the room the update's activations may take, `budget_bytes` less every
       other row of the plan at those rows (which counts the rollout's KV cache too, though the update runs after it is
       freed: a margin); where no budget is known, True (every layer).
     """
@@ -118,9 +118,10 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
     engine, note = decode_engine_for(decode_engine, on_cuda, model)
     if kl_reference == "auto":
         kl_reference = "base" if single_learner else "round-start"
-    # the plan is asked with the checkpointing key as given: "auto" plans its worst case, every layer checkpointed
+    # the plan is asked with auto's worst case, every layer checkpointed
     placement = Placement(resolved_device, resolved_precision, param_dtype, engine, max_rows, kl_reference, note,
-                          gradient_checkpointing, None, context_tokens, precision_note)
+                          True if gradient_checkpointing == "auto" else gradient_checkpointing, None, context_tokens,
+                          precision_note)
     planned = plan_for is not None and bool(budget_bytes)
     if rollout_batch_size:
         rows = rollout_batch_size
@@ -133,9 +134,8 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
         plan = plan_for(placement, rows)
         kept = plan.as_dict().get(ACTIVATIONS_ROW)  # a client's plan has the row; a server's does not
         room = None if kept is None else budget_bytes - (plan.peak(UPDATE) - kept)  # beside the update's other rows
-    if gradient_checkpointing == "auto" and room is None:
-        gradient_checkpointing = True
-    return replace(placement, rollout_rows=rows, gradient_checkpointing=gradient_checkpointing, activation_room_bytes=room)
+    resolved = ("fitted" if room is not None else True) if gradient_checkpointing == "auto" else gradient_checkpointing
+    return replace(placement, rollout_rows=rows, gradient_checkpointing=resolved, activation_room_bytes=room)
 
 
 def resolve_device(device: str, machine: Machine | None = None) -> str:

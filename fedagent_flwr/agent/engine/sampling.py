@@ -16,26 +16,21 @@ warm SmolLM2-135M, 2 CPU cores): 2.2-2.5x the tokens/s on GRPO-shaped batches (4
 
 Two engines run that loop (`sample_batch(..., engine=)`): "hf" calls the transformers model's forward with its
 dynamic cache (the reference); "static" runs decode.py's preallocated-KV-cache decoder (CUDA graphs on a GPU),
-for Qwen2/Llama-shaped models. "auto" (the default) is "static" on CUDA, falling back to "hf" for a model the
-decoder refuses, and "hf" everywhere else, so CPU runs sample exactly what they sampled before.
+for Qwen2/Llama-shaped models. The caller passes the engine its placement resolved (decode-engine=auto: "static" on
+CUDA, "hf" for a model the decoder refuses and everywhere else; agent/engine/placement.py).
 """
 
 from __future__ import annotations
 
-import logging
-import weakref
 from collections.abc import Sequence
 
 import torch
 
 from fedagent_flwr.agent.engine.attention import variable_shape_attention
 from fedagent_flwr.agent.engine.decode import StaticDecoder, decoder_for
-from fedagent_flwr.agent.engine.placement import decode_engine_for
 from fedagent_flwr.agent.engine.tokens import MIN_SHARED_PREFIX, cache_name, last_logits_only, shared_prefix
-from fedagent_flwr.config.choices import ENGINES, TOKEN_SAMPLERS
+from fedagent_flwr.config.choices import RESOLVED_ENGINES, TOKEN_SAMPLERS
 
-log = logging.getLogger(__name__)
-_REFUSED: weakref.WeakSet = weakref.WeakSet()  # models the static engine refused, so "auto" says so only once
 
 def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float, sampler: str = "multinomial") -> torch.Tensor:
     """One token per row: greedy at temperature 0, else a sample from the (top-p) softmax, drawn by `sampler`."""
@@ -76,7 +71,7 @@ def sample_batch(
     max_new_tokens: int,
     temperature: float,
     top_p: float = 1.0,
-    engine: str = "auto",
+    engine: str = "hf",
     kernels: str = "eager",
     logprobs: list[list[float]] | None = None,
     sampler: str = "multinomial",
@@ -86,24 +81,15 @@ def sample_batch(
     `logprobs`: a list that receives, per prompt, each drawn token's log-probability under the temperature-scaled
     softmax (before top-p), the quantity GRPO's ratio divides by (engines' rounding included: these come from the
     decode passes, not a training forward)."""
-    if engine not in ENGINES:
-        raise ValueError(f"decode engine must be one of {ENGINES}, got {engine!r}")
+    if engine not in RESOLVED_ENGINES:  # placement.py resolves decode-engine=auto, with the model
+        raise ValueError(f"decode engine must be one of {RESOLVED_ENGINES}, got {engine!r}")
     if sampler not in TOKEN_SAMPLERS:
         raise ValueError(f"token sampler must be one of {TOKEN_SAMPLERS}, got {sampler!r}")
-    if engine == "auto":  # resolved where every auto is (placement.py), the model's refusal said once
-        engine, note = decode_engine_for(engine, _device_type(model) == "cuda", model)
-        if note and model not in _REFUSED:
-            log.warning("%s; sampling with the hf engine", note)
-            _REFUSED.add(model)
     if engine == "static":
         return fast_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, kernels=kernels,
                                  logprobs=logprobs, sampler=sampler)
     return hf_sample_batch(model, prompts, pad_id, stop_ids, max_new_tokens, temperature, top_p, logprobs=logprobs,
                            sampler=sampler)
-
-
-def _device_type(model) -> str:
-    return next(model.parameters()).device.type
 
 
 def rollout_dtype(device: torch.device) -> torch.dtype | None:

@@ -26,7 +26,7 @@ from transformers.utils import logging as transformers_logging
 
 from envs import available_envs, env_names, is_multi_spec
 from envs.multi import normalize_spec
-from fedagent_flwr.agent.engine.placement import Machine, place
+from fedagent_flwr.agent.engine.placement import Machine, place, resolve_device
 from fedagent_flwr.agent.engine.memory import SHAPES
 from fedagent_flwr.agent.models.gguf_models import INSTALL, ensure_plain_folder, gguf_file, is_gguf_model
 from fedagent_flwr.agent.models.shaped_model import PREFIX as SHAPE_PREFIX
@@ -180,7 +180,7 @@ def pick_device(device: str) -> torch.device:
     machine = Machine(cuda=torch.cuda.is_available())
     if device.startswith("cuda") and not machine.cuda:
         raise ValueError(f"device={device!r} but no CUDA GPU is visible here; use device='cpu' or 'auto'")
-    return place(device=device, machine=machine).torch_device
+    return torch.device(resolve_device(device, machine))
 
 
 # Classes that mean "the tokenizer.json as saved" (transformers 5 writes the second).

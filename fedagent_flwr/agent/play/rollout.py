@@ -28,7 +28,7 @@ from fedagent_flwr.agent.play.prompts import (
     system_prompt,
 )
 from fedagent_flwr.agent.engine.sampling import sample_batch
-from fedagent_flwr.config.choices import ACTION_MATCHING, ENGINES, INVALID_ACTIONS, KERNELS, PENALTY_SCOPES, REWARD_MODES, TOKEN_SAMPLERS
+from fedagent_flwr.config.choices import ACTION_MATCHING, INVALID_ACTIONS, KERNELS, PENALTY_SCOPES, RESOLVED_ENGINES, REWARD_MODES, TOKEN_SAMPLERS
 
 
 @dataclass
@@ -104,7 +104,7 @@ class RolloutConfig:
     prompt_template: str = "compact"  # see prompts.PROMPT_TEMPLATES
     invalid_action: str = "inadmissible"  # see INVALID_ACTIONS
     penalty_scope: str = "trajectory"  # see PENALTY_SCOPES; agent/training/grpo.py reads it
-    decode_engine: str = "auto"  # sampling.ENGINES: hf = the transformers loop; static = decode.py; auto = placement.py's choice
+    decode_engine: str = "hf"  # hf = the transformers loop; static = decode.py (as placement.py resolved decode-engine)
     decode_kernels: str = "eager"  # the static engine's token step: eager, or compile (decode.KERNELS)
     token_sampler: str = "multinomial"  # how a token is drawn from its softmax (sampling.TOKEN_SAMPLERS)
 
@@ -121,8 +121,8 @@ class RolloutConfig:
             raise ValueError(f"invalid_action must be one of {INVALID_ACTIONS}, got {self.invalid_action!r}")
         if self.penalty_scope not in PENALTY_SCOPES:
             raise ValueError(f"penalty_scope must be one of {PENALTY_SCOPES}, got {self.penalty_scope!r}")
-        if self.decode_engine not in ENGINES:
-            raise ValueError(f"decode_engine must be one of {ENGINES}, got {self.decode_engine!r}")
+        if self.decode_engine not in RESOLVED_ENGINES:
+            raise ValueError(f"decode_engine must be one of {RESOLVED_ENGINES}, got {self.decode_engine!r}")
         if self.decode_kernels not in KERNELS:
             raise ValueError(f"decode_kernels must be one of {KERNELS}, got {self.decode_kernels!r}")
         if self.token_sampler not in TOKEN_SAMPLERS:

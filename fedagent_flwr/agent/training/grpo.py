@@ -36,7 +36,6 @@ from fedagent_flwr.agent.engine import decode
 from fedagent_flwr.agent.engine.kernels import apply_liger, check_training_kernels
 from fedagent_flwr.agent.engine.micro_batches import balanced_micro_batches, by_length, chunks, micro_batches, padding_copies
 from fedagent_flwr.agent.engine.passes import TrainingPasses, UpdatePasses
-from fedagent_flwr.agent.engine.placement import decode_engine_for
 from fedagent_flwr.agent.engine.precision import autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.engine.sampling import rollout_dtype
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
@@ -180,8 +179,7 @@ class GRPOTrainer:
         so the static engine's copy gathers them as on N ranks."""
         if not fsdp_modules(self.model):
             return contextlib.nullcontext()
-        engine, _ = decode_engine_for(self.rollout.decode_engine, self.device.type == "cuda", self.model)
-        if engine == "static":
+        if self.rollout.decode_engine == "static":
             return decode.pinned(self.model, rollout_dtype(self.device), kernels=self.rollout.decode_kernels,
                                  gathered=gathered)
         return self.ranks.unsharded(self.model)

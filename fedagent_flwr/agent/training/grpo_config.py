@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedagent_flwr.config.choices import ADVANTAGE_ESTIMATORS, BATCH_PADDINGS, CHECKPOINTING, GIGPO_MODES, KL_REFERENCES, LOSS_AGGREGATIONS, OLD_LOGPROBS, PARAM_DTYPES, RESOLVED_PRECISIONS, SCALE_REWARDS, STD_DDOFS, TRAINING_ATTENTIONS, TRAINING_KERNELS, UNIFORM_GROUPS
+from fedagent_flwr.config.choices import ADVANTAGE_ESTIMATORS, BATCH_PADDINGS, GIGPO_MODES, KL_REFERENCES, LOSS_AGGREGATIONS, OLD_LOGPROBS, PARAM_DTYPES, RESOLVED_CHECKPOINTING, RESOLVED_PRECISIONS, SCALE_REWARDS, STD_DDOFS, TRAINING_ATTENTIONS, TRAINING_KERNELS, UNIFORM_GROUPS
 
 
 @dataclass
@@ -38,7 +38,7 @@ class GRPOConfig:
     # initial model, fixed for the whole run: for a LoRA model the adapter switched off (no second copy of the
     # model in memory), for full fine-tuning a frozen copy of the base weights the trainer is given.
     kl_reference: str
-    # recompute layer activations in backward (transformers' checkpointing): True = every layer; "auto" = per
+    # recompute layer activations in backward (transformers' checkpointing): True = every layer; "fitted" = per
     # micro-batch the fewest leading layers whose activations fit activation_room_bytes (agent/engine/checkpointing.py)
     gradient_checkpointing: bool | str
     # A group whose rewards are all equal has advantage 0: "drop" skips its steps (no policy-gradient signal, and
@@ -75,7 +75,7 @@ class GRPOConfig:
     # what the log-prob and update passes compute with under bf16 autocast: "fp32" = the fp32 weights, cast by
     # autocast in every forward; "bf16" = a bf16 working copy over fp32 masters (agent/engine/master_weights.py)
     param_dtype: str
-    # what the update's activations may take under gradient_checkpointing="auto" (placement.place decides it);
+    # what the update's activations may take under gradient_checkpointing="fitted" (placement.place decides it);
     # None = no memory known: every layer is checkpointed
     activation_room_bytes: float | None
     # grpo = one episode-level advantage for every step of a trajectory; gigpo adds GiGPO's step-level part
@@ -121,7 +121,7 @@ class GRPOConfig:
                               ("uniform_groups", UNIFORM_GROUPS), ("scale_rewards", SCALE_REWARDS),
                               ("precision", RESOLVED_PRECISIONS), ("training_kernels", TRAINING_KERNELS),
                               ("training_attention", TRAINING_ATTENTIONS),
-                              ("param_dtype", PARAM_DTYPES), ("gradient_checkpointing", CHECKPOINTING)):
+                              ("param_dtype", PARAM_DTYPES), ("gradient_checkpointing", RESOLVED_CHECKPOINTING)):
             value = getattr(self, name)
             # `is` for the booleans: 1 == True would pass a membership test
             if not any(value is a if isinstance(a, bool) else value == a for a in allowed):
