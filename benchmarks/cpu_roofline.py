@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> dict:
             metrics = train_locally(agent, cfg, tasks, 1, 0, model=model, placement=placement)
         server = process_placement(cfg, agent, held_out, "server", model=model)
         evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
-                                    rollout_config(cfg, True, server), cfg.eval_samples_per_task, cfg.seed,
+                                    rollout_config(cfg, True, placement=server), cfg.eval_samples_per_task, cfg.seed,
                                     precision=server.precision)
         evaluation = evaluator.evaluate(0)
     wall = time.perf_counter() - started

@@ -55,7 +55,7 @@ def one_round(cfg: RunConfig, eval_tasks: int, train: bool = True) -> dict[str, 
         metrics = train_locally(agent, cfg, tasks, 1, 0, model=model) if train else None
         placement = process_placement(cfg, agent, held_out, "server", model=model)  # as the run's server resolves it
         evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
-                                    rollout_config(cfg, True, placement),
+                                    rollout_config(cfg, True, placement=placement),
                                     cfg.eval_samples_per_task, cfg.seed, precision=placement.precision)
         evaluation = evaluator.evaluate(0)
         eval_tokens = sum(len(s.completion_ids) for t in evaluator.last_trajectories for s in t.steps)

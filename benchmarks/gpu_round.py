@@ -251,7 +251,8 @@ def played_prompt_tokens(values: dict, shape: str, tasks: int = 8, seed: int = 0
     tokenizer = environment_tokenizer(cfg.env)
     name = SHAPE_NAMES[shape]
     vocab = SHAPES[name]["vocab_size"] if name else len(tokenizer)  # build_model's vocabulary for this shape
-    rollout = rollout_config(replace(cfg, rollout_batch_size=tasks))
+    sampled = replace(cfg, rollout_batch_size=tasks)
+    rollout = rollout_config(sampled, placement=place_run(sampled))
     pool = make_env(cfg.env, cfg.max_steps).tasks_of_split("train")
     chosen = [pool[i] for i in np.random.default_rng(seed).choice(len(pool), size=tasks, replace=True)]
     trajectories = run_episodes(_Babbler(tokenizer, vocab, rollout.max_new_tokens, seed),

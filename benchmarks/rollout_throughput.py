@@ -25,6 +25,7 @@ from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, run_episodes
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import rollout_config
+from fedagent_flwr.methods.placement import place_run
 
 
 class GeneratePolicy(LMPolicy):
@@ -84,7 +85,7 @@ def main() -> None:
     tasks = [pool[i % len(pool)] for i in range(args.episodes // args.group_size) for _ in range(args.group_size)]
     # The default run's prompt and generation settings, all episodes in one generate call.
     run_cfg = RunConfig.from_run_config({"temperature": args.temperature, "rollout-batch-size": max(1, args.episodes)})
-    cfg = rollout_config(run_cfg)
+    cfg = rollout_config(run_cfg, placement=place_run(run_cfg))
     encoder = PromptEncoder(agent.tokenizer)
     policy = LMPolicy(agent.model, agent.tokenizer, cfg)
     factory = lambda: make_env(args.env, args.max_steps)

@@ -30,7 +30,7 @@ from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, run_episodes
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import rollout_config
-from fedagent_flwr.methods.placement import run_base_dtype
+from fedagent_flwr.methods.placement import place_run, run_base_dtype
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 
 
@@ -45,7 +45,7 @@ def real_logits(cfg: RunConfig, tasks: int, rows: int, seed: int) -> torch.Tenso
             kept.append(logits.float().clone())
         return pick(logits, *args)
 
-    played = rollout_config(cfg)
+    played = rollout_config(cfg, placement=place_run(cfg))  # this process's one placement
     sampling.pick_tokens = keep
     try:
         torch.manual_seed(seed)

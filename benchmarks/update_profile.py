@@ -253,7 +253,7 @@ def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device
     """One micro-batch's forward (completion log-probs) and backward under torch.profiler; the forward and the backward
     also timed apart (wall, unprofiled), and the backward's autograd nodes ranked by the CPU time spent under them
     (each node's own op and the kernels it calls: which part of the layer's backward costs most)."""
-    grpo = grpo_config(cfg)
+    grpo = grpo_config(cfg, place_run(cfg))
     batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in update_micro_batches(samples, grpo)[0]], 0)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":

@@ -44,6 +44,7 @@ from fedagent_flwr.config import RunConfig
 from gpu_round import PAPER_ROUND, SHAPE_NAMES, TINY
 from update_profile import parse_variant, synthetic_samples
 from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.placement import place_run
 
 MATMULS = ("mm", "addmm", "bmm")
 # operators that return a view of their input (or nothing new): no bytes move
@@ -107,7 +108,8 @@ def count_update(cfg: RunConfig, config, tokenizer, samples, seed: int) -> dict:
     # two 1.5B-width models with their AdamW states and logits outgrow a 24 GiB machine
     gc.collect()
     model = random_model(config, "cpu", seed)
-    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg), rollout_config(cfg))
+    placement = place_run(cfg)
+    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
     counter = TrafficCount()
     # the optimizer's share (gradient clipping, AdamW, the working copy's views and refresh) is counted apart: it
     # scales with the optimizer steps, the passes with the tokens

@@ -52,7 +52,7 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
     from fedagent_flwr.agent.play.rollout import RolloutConfig
     from fedagent_flwr.agent.training.grpo import GRPOTrainer
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.methods.library_configs import grpo_config
+    from placed import grpo_config
 
     from fedagent_flwr.agent.fsdp.ranks import shard
     from copy import deepcopy

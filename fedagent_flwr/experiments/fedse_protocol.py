@@ -103,7 +103,7 @@ def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str |
         arrays_to_adapter(peft_model, adapter)
         placement = place_run(cfg, "server", model=peft_model)  # as the run's server resolves it
         evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), tasks,
-                                    rollout_config(cfg, True, placement), cfg.eval_samples_per_task, cfg.seed,
+                                    rollout_config(cfg, True, placement=placement), cfg.eval_samples_per_task, cfg.seed,
                                     precision=placement.precision)
         return evaluator.evaluate(server_round)
 
@@ -397,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = dict(preset) | parse_overrides(args.set)
     except ValueError as err:
         parser.error(str(err))
-    try:  # every run of the protocol runs on this machine: what it needs of it is checked before the first
-        base = preflight(RunConfig.from_run_config(RunConfig().to_run_config() | overrides | {"strategy": "fedse-lora"}))
+    try:
+        base = RunConfig.from_run_config(RunConfig().to_run_config() | overrides | {"strategy": "fedse-lora"})
     except ValueError as err:
         parser.error(str(err))
     methods = [m for m in args.methods.split(",") if m]
@@ -406,9 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
     ranks = [int(r) for r in args.ranks.split(",") if r]
-    if args.dry_run:
+    if args.dry_run:  # a plan, which may be made on another machine than the one that runs it
         print_plan(base, methods, ranks, args.seeds or [base.seed])
         return 0
+    try:  # every run of the protocol runs on this machine: what it needs of it is checked before the first
+        preflight(base)
+    except ValueError as err:
+        parser.error(str(err))
     several = args.seeds is not None and len(args.seeds) > 1
     if args.seeds and not several:
         # One seed writes its methods into --out itself; beside another run's seed-<s>/ folders it would mix with them

@@ -77,7 +77,7 @@ class LanguageAgentMethod(Method):
                            for role, budget in (("client", cfg.client_memory_gb * GB),
                                                 ("server", memory_budget(cfg, self.agent.device, "server")))}
         self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
-                                         eval_tasks, rollout_config(cfg, True, self.placements["server"]),
+                                         eval_tasks, rollout_config(cfg, True, placement=self.placements["server"]),
                                          cfg.eval_samples_per_task, cfg.seed, precision=self.placements["server"].precision)
         self.memory = memory_plans(cfg, shape, context, self.placements["client"], self.placements["server"])
         self._stack = contextlib.ExitStack()

@@ -1,6 +1,7 @@
 """The library configs a method's clients and server run with (RolloutConfig, GRPOConfig, SelfEvolutionConfig), built
 from the run config and the process's placement here and nowhere else: the run config declares and checks keys, the
-placement (methods/placement.py) says what their `auto` became on this machine, rows and checkpointing included.
+placement (methods/placement.py) says what their `auto` became on this machine, rows and checkpointing included. Each
+takes the placement its process built once; none builds one of its own.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
 from fedagent_flwr.agent.training.grpo_config import GRPOConfig
 from fedagent_flwr.agent.training.lora import lora_spec
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.placement import new_tokens, place_run
+from fedagent_flwr.methods.placement import new_tokens
 
 
-def rollout_config(cfg: RunConfig, evaluation: bool = False, placement: Placement | None = None) -> RolloutConfig:
+def rollout_config(cfg: RunConfig, evaluation: bool = False, *, placement: Placement) -> RolloutConfig:
     """How episodes are played: training rollouts, or (evaluation=True) the server's held-out play. `placement`: this
-    process's (methods/placement.py), whose decode engine and rollout rows it takes; without one, the run config's as
-    place_run resolves them on this machine with no model or memory plan (the engine unchecked against a model, an
-    epoch's rows under rollout-batch-size = 0)."""
-    placement = placement or place_run(cfg, "server" if evaluation else "client")
+    process's (methods/placement.py, built once a process), whose decode engine and rollout rows it takes."""
     return RolloutConfig(
         history_length=cfg.history_length,
         max_context_tokens=cfg.max_context_tokens,
@@ -47,18 +45,17 @@ def rollout_config(cfg: RunConfig, evaluation: bool = False, placement: Placemen
 PLACED = ("precision", "param_dtype", "kl_reference", "gradient_checkpointing", "activation_room_bytes")
 
 
-def grpo_config(cfg: RunConfig, placement: Placement | None = None) -> GRPOConfig:
+def grpo_config(cfg: RunConfig, placement: Placement) -> GRPOConfig:
     """GRPO's settings: every GRPOConfig field is the run-config key of its name (declared and checked once, in
-    config.py), or one the placement resolved (PLACED: `placement` as rollout_config takes it); the fields with
+    config/), or one the placement resolved (PLACED: `placement` as rollout_config takes it); the fields with
     defaults are no keys (agent/training/grpo_config.py)."""
-    placement = placement or place_run(cfg)
     keys = {f.name for f in fields(RunConfig)}
     settings = {f.name: getattr(cfg, f.name) for f in fields(GRPOConfig) if f.name in keys and f.name not in PLACED}
     settings["logprob_micro_batch_size"] = cfg.logprob_micro_batch_size or cfg.micro_batch_size  # 0: the update's
     return GRPOConfig(**settings, **{name: getattr(placement, name) for name in PLACED})
 
 
-def self_evolution_config(cfg: RunConfig, placement: Placement | None = None) -> SelfEvolutionConfig:
+def self_evolution_config(cfg: RunConfig, placement: Placement) -> SelfEvolutionConfig:
     """A Fed-SE client's settings; `placement` as grpo_config takes it."""
     return SelfEvolutionConfig(
         lora=lora_spec(cfg), explore_samples=cfg.fedse_explore_samples, keep=cfg.fedse_keep,
@@ -66,6 +63,6 @@ def self_evolution_config(cfg: RunConfig, placement: Placement | None = None) ->
         seed_demos=cfg.fedse_seed_demos,
         sft_steps=cfg.fedse_sft_steps, sft_epochs=cfg.fedse_sft_epochs, sft_batch_size=cfg.fedse_sft_batch_size,
         sft_micro_batch_size=cfg.fedse_sft_micro_batch_size,
-        learning_rate=cfg.fedse_learning_rate, lr_schedule=cfg.fedse_lr_schedule, seed=cfg.seed, precision=(placement or place_run(cfg)).compute_precision,
+        learning_rate=cfg.fedse_learning_rate, lr_schedule=cfg.fedse_lr_schedule, seed=cfg.seed, precision=placement.compute_precision,
         sft_attention=cfg.training_attention,
     )

@@ -26,7 +26,7 @@ from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
 from conftest import planned
 from fedagent_flwr.methods.placement import place_run
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 LAYERS = 4
 

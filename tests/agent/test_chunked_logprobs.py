@@ -15,7 +15,7 @@ from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 TEMPERATURE = 0.7  # the rollout temperature scales the logits on both paths
 CHUNK = 5  # the samples below hold 21 completion tokens: four full chunks and a remainder

@@ -15,7 +15,7 @@ from fedagent_flwr.agent.engine.decode import StaticDecoder, UnsupportedModel
 from fedagent_flwr.agent.engine.placement import Machine, place
 from fedagent_flwr.agent.play.rollout import stop_token_ids
 from fedagent_flwr.agent.engine.sampling import fast_sample_batch, hf_sample_batch, sample_batch
-from fedagent_flwr.methods.library_configs import rollout_config
+from placed import rollout_config
 
 VOCAB = 96
 

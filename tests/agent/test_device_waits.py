@@ -25,7 +25,7 @@ from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 aten = torch.ops.aten
 # ops whose result the host needs at once: the value itself, or a size that depends on the values

@@ -11,7 +11,7 @@ from fedagent_flwr.agent.training.grpo_loss import grpo_loss
 from fedagent_flwr.agent.play.rollout import RolloutConfig, StepRecord, Trajectory
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def test_group_advantages_are_normalised_within_each_group():

@@ -15,7 +15,7 @@ from fedagent_flwr.agent.engine.kernels import check_training_kernels, decoder_l
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def _model(layers: int = 3, vocab: int = 211) -> torch.nn.Module:

@@ -13,7 +13,7 @@ from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from conftest import planned
 from fedagent_flwr.methods.placement import place_run
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def _samples(tokenizer, n: int) -> list[StepSample]:

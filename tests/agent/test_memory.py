@@ -13,7 +13,7 @@ from fedagent_flwr.config import RunConfig
 from conftest import both_plans, planned
 from fedagent_flwr.methods.memory import plan_layer_activations
 from fedagent_flwr.methods.placement import place_run
-from fedagent_flwr.methods.library_configs import rollout_config
+from placed import rollout_config
 
 
 def test_the_papers_shapes_have_their_published_sizes():

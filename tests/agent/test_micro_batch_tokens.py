@@ -26,7 +26,7 @@ from fedagent_flwr.config import RunConfig
 from conftest import planned
 from fedagent_flwr.methods.memory import plan_layer_activations
 from fedagent_flwr.methods.placement import place_run
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def test_micro_batches_hold_as_many_consecutive_samples_as_the_padded_budget_allows():

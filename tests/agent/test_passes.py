@@ -26,7 +26,7 @@ from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.micro_batches import by_length, micro_batches
 from fedagent_flwr.agent.training.grpo_loss import grpo_loss
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def _samples(vocab: int, n: int = 8, seed: int = 7) -> list[StepSample]:

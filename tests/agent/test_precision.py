@@ -18,7 +18,7 @@ from fedagent_flwr.agent.engine.placement import resolve_precision
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config, self_evolution_config
+from placed import grpo_config, self_evolution_config
 
 STEPS = 10
 

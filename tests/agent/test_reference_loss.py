@@ -16,7 +16,7 @@ from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample, group_advantages
 from fedagent_flwr.agent.training.grpo_loss import grpo_loss
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 ONE = torch.tensor([[True]])
 

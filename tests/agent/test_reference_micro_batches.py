@@ -14,7 +14,7 @@ from fedagent_flwr.agent.training import grpo
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def _sums(parts, lengths):

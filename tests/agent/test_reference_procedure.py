@@ -15,7 +15,7 @@ from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample, step_advantages, trajectories_to_samples
 from fedagent_flwr.agent.play.rollout import PromptEncoder, RolloutConfig, StepRecord, Trajectory, run_episodes
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from placed import grpo_config, rollout_config
 
 
 def _trajectory(won: bool, penalties: list[float]) -> Trajectory:

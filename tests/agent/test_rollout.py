@@ -161,7 +161,7 @@ def test_the_run_configs_token_sampler_draws_the_rollouts_and_the_evaluations_to
                                                                                      monkeypatch):
     from fedagent_flwr.agent.engine import sampling
     from fedagent_flwr.config import RunConfig
-    from fedagent_flwr.methods.library_configs import rollout_config
+    from placed import rollout_config
 
     drawn_by, pick = [], sampling.pick_tokens
     monkeypatch.setattr(sampling, "pick_tokens", lambda *a: drawn_by.append(a[3]) or pick(*a))

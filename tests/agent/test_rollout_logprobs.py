@@ -15,7 +15,7 @@ from fedagent_flwr.agent.training import grpo
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import trajectories_to_samples
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def _play(model, tokenizer, temperature: float, seed: int = 0):

@@ -7,7 +7,7 @@ import pytest
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.experiments.config_files import docs_tables
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from placed import grpo_config, rollout_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 standard error), what moved and when."""
 
 from fedagent_flwr.runs.reporting import round_line
-from fedagent_flwr.methods.library_configs import rollout_config
+from placed import rollout_config
 
 
 def test_a_round_line_has_clients_training_held_out_success_with_its_error_bytes_and_time():

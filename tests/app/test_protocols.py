@@ -15,7 +15,7 @@ from fedagent_flwr.experiments import protocols
 from fedagent_flwr.methods.tasks import all_partitions
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.atomic import write_json_atomic
-from fedagent_flwr.methods.library_configs import rollout_config
+from placed import rollout_config
 
 
 def full(run) -> RunConfig:

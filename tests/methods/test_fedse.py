@@ -23,7 +23,7 @@ from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig, keep_traject
 from strategies import FedAgentAvg, FedSELoRA
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.fedse_lora import aggregate_adapters, clients_for_fraction, mean_of_products, refactorise
-from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
+from placed import rollout_config, self_evolution_config
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_A = "base_model.model.layers.0.q_proj.lora_A.weight"

@@ -13,7 +13,7 @@ from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora, lora_spec
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from strategies.communication import payload_bytes
-from fedagent_flwr.methods.library_configs import grpo_config
+from placed import grpo_config
 
 
 def _samples(tokenizer, n=8):
