@@ -399,6 +399,8 @@ def violations(tmp: Path) -> list[Violation]:
     """One combination per rule (per key for rules in a loop), each breaking that rule alone."""
     a_file = tmp / "a-file"
     a_file.write_text("x")
+    a_model = tmp / "a-model"  # a folder: a model name that needs neither a hub nor a package to pass the preflight
+    a_model.mkdir(exist_ok=True)
     bad_labels = tmp / "labels.json"
     bad_labels.write_text("not json")
     evaluated = tmp / "evaluated-run"
@@ -457,8 +459,8 @@ def violations(tmp: Path) -> list[Violation]:
         V({"precision": "bf16-base"}, "precision"),
         V({"gigpo-gamma": 0.5}, "gigpo-gamma"), V({"gigpo-mode": "mean_std_norm"}, "gigpo-mode"),
         V({"gigpo-step-weight": 0.5}, "gigpo-step-weight"),
-        V({"model": "warm:smollm2-135m-instruct", "history-length": 0}, "history-length"),
-        V({"model": "warm:smollm2-135m-instruct", "history-length": 2, "prompt-roles": "system"}, "prompt-roles"),
+        V({"model": f"warm:{a_model}", "history-length": 0}, "history-length"),
+        V({"model": f"warm:{a_model}", "history-length": 2, "prompt-roles": "system"}, "prompt-roles"),
         V({"model": "warm:smollm2-135m", "history-length": 2}, "model"),  # a hub id neither cached nor on a hub here
         V(fedse | {"training-kernels": "compile"}, "training-kernels"),
         V(qavg | {"initial-evaluation": str(evaluated)}, "initial-evaluation"),
