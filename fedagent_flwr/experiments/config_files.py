@@ -1,5 +1,5 @@
 """`python -m fedagent_flwr.experiments.config_files`: rewrite the files that list every run-config key from the
-dataclasses in config.py, so they never drift: pyproject's [tool.flwr.app.config] (the defaults Flower reads) and
+dataclasses in config/run_config.py, so they never drift: pyproject's [tool.flwr.app.config] (the defaults Flower reads) and
 the key tables of docs/run-config.md, one per section. Run it after adding or changing a key; the tests fail while
 either file is stale.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from fedagent_flwr.config import SECTIONS, RunConfig
 from fedagent_flwr.simulation import toml_value
 
-BEGIN = "<!-- key tables: written by python -m fedagent_flwr.experiments.config_files from config.py; edit there -->"
+BEGIN = "<!-- key tables: written by python -m fedagent_flwr.experiments.config_files from config/run_config.py; edit there -->"
 END = "<!-- end of the key tables -->"
 
 

@@ -2,7 +2,8 @@
 the memory plan that decides the rollout rows and the room of the update's activations, then passed alone to what the
 process builds (library configs, trainer, evaluator).
 
-Whether a run config is valid does not depend on the machine that checks it (config.py); whether it can run here does:
+Whether a run config is valid does not depend on the machine that checks it (fedagent_flwr/config); what it needs of
+the machine is checked by the preflight (runs/preflight.py); whether its resolved `auto` values can run here:
 `check_placement` says so at start-up, before round 1, in one line naming the key (the server's prepare and every
 client's round call `place_run`, which checks).
 """

@@ -7,6 +7,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.methods import method_for
 from fedrl_grid import LocalGrid, build_problem, strategy_for
 from fedrl.engine import Cell, run_cells
@@ -170,7 +171,7 @@ def test_a_client_that_built_another_problem_is_refused(run_identity):
 )
 def test_bad_qavg_pavg_configs_fail_before_work_starts(override, message):
     with pytest.raises(ValueError) as err:
-        _cfg(**override)
+        preflight(_cfg(**override))  # the run config's checks, then the machine's (which envs exist, which need what)
     assert message in str(err.value) and "expected" in str(err.value)
 
 
@@ -180,8 +181,8 @@ def test_mujoco_envs_need_mujoco_before_work_starts(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mujoco" else real(name, *a))
     with pytest.raises(ValueError, match=r"env='hopper'.*mujoco"):
-        _cfg(strategy="pavg", env="hopper")
-    assert _cfg(strategy="pavg", env="pendulum").env == "pendulum"
+        preflight(_cfg(strategy="pavg", env="hopper"))
+    assert preflight(_cfg(strategy="pavg", env="pendulum")).env == "pendulum"
 
 
 def test_strategy_registry_and_arguments():
@@ -281,8 +282,8 @@ def test_deep_env_lists_agree_with_the_config():
     assert config.FEDRL_DQN_ENVS == fedrl_deep.DQN_ENVS and config.FEDRL_DDPG_ENVS == fedrl_deep.DDPG_ENVS
     # every env the config lets qavg / pavg run on is one the method can build
     assert set(config.FEDRL_ENVS) == set(fedrl_deep.DEEP_ENVS) | set(config.FEDRL_TABULAR_ENVS)
-    for name, traits in config.STRATEGIES.items():
-        assert set(traits.envs) <= set(config.FEDRL_ENVS), name
+    for name, envs in config.FEDRL_STRATEGY_ENVS.items():
+        assert set(envs) <= set(config.FEDRL_ENVS), name
     problem = fedrl_deep.build_deep_problem(_cfg(strategy="pavg", env="pendulum", **{"max-steps": 50}), 3)
     assert problem.name == "DDPGAvg" and len(problem.train_params) == 3 and all(len(p) == 2 for p in problem.train_params)
     assert problem.make_env(problem.train_params[0]).spec.max_episode_steps == 50

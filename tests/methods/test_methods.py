@@ -3,6 +3,7 @@
 import pytest
 
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.config.strategy_traits import STRATEGIES
 from fedagent_flwr.methods import METHODS, method_for
 from fedagent_flwr.methods.baselines import Baseline
@@ -58,7 +59,7 @@ def test_server_device_puts_the_servers_model_apart_from_the_clients():
 ])
 def test_a_model_that_cannot_be_had_is_refused_before_any_work(model, allowed):
     with pytest.raises(ValueError, match=f"model='{model}' is not allowed: expected {allowed}"):
-        RunConfig(model=model)
+        preflight(RunConfig(model=model))
 
 
 @pytest.mark.parametrize("overrides, carried", [

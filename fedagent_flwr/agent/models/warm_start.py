@@ -12,7 +12,7 @@ loss covers the completion only. With LoRA the adapter is merged before saving, 
 `model = "warm:<base>"` (e.g. `warm:smollm2-135m-instruct`) builds that model once per (base weights, environment,
 recipe) into the model cache, like the tiny models (model_cache.build_once: a lock, checksums, an atomic rename),
 with progress lines and the time left, and every later run loads it. The recipe is WARM_RECIPE; its history length
-is the run's `history-length` must match (config.py checks it).
+is the run's `history-length` must match (runs/preflight.py checks it).
 """
 
 from __future__ import annotations
