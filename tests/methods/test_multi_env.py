@@ -15,6 +15,7 @@ from envs.maze import MazeEnv
 from envs.multi import per_env_spread, per_env_sample
 from envs.wordle import WordleEnv
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.methods.tasks import learner_tasks as client_tasks
 from fedagent_flwr.agent.play.multi_env import environment_table, format_row, per_env_summary
@@ -42,9 +43,11 @@ def test_spec_names_are_checked_one_by_one():
     with pytest.raises(ValueError, match="maze more than once"):
         env_names("maze,babyai,maze")
     with pytest.raises(ValueError, match=r"env='maze,chess' is not allowed: .*unknown environment 'chess'"):
-        RunConfig.from_run_config({"env": "maze,chess"})
+        preflight(RunConfig.from_run_config({"env": "maze,chess"}))  # the registry is asked at start-up
+    with pytest.raises(ValueError, match=r"env='maze,,wordle' is not allowed: .*none empty"):
+        RunConfig.from_run_config({"env": "maze,,wordle"})  # the spec's form, by the run config itself
     with pytest.raises(ValueError, match=r"model='tiny:maze,chess'"):
-        RunConfig.from_run_config({"model": "tiny:maze,chess"})
+        preflight(RunConfig.from_run_config({"model": "tiny:maze,chess"}))
     with pytest.raises(ValueError, match=r"num-clients=4 is not allowed: expected 3 \(one client per environment"):
         RunConfig.from_run_config({"env": SPEC, "partition": "by-environment", "num-clients": 4, "clients-per-round": 2})
     cfg = RunConfig.from_run_config({"env": SPEC, "partition": "by-environment"})
@@ -156,11 +159,11 @@ def test_horizons_and_caps_may_be_set_per_environment(pool):
     ("max-steps", "babyai:20", "name=integer >= 1"),
     ("max-steps", "", "name=integer >= 1"),
     ("eval-tasks", "wordle=100000", "per env at most its size"),
-    ("eval-tasks", "chess=3", "name=integer >= 1"),
+    ("eval-tasks", "chess=3", "entries for the envs of env='babyai,maze,wordle' only (not chess)"),
 ])
 def test_a_bad_per_environment_value_is_refused_in_one_line_naming_the_key(key, value, allowed):
-    with pytest.raises(ValueError) as err:
-        RunConfig.from_run_config({"env": SPEC, key: value})
+    with pytest.raises(ValueError) as err:  # the form by the run config, the split sizes by the preflight
+        preflight(RunConfig.from_run_config({"env": SPEC, key: value}))
     assert str(err.value).count("\n") == 0 and f"{key}={value!r} is not allowed" in str(err.value) and allowed in str(err.value)
     with pytest.raises(ValueError, match="max-steps='maze=3'"):  # a table-RL environment takes one number
         RunConfig.from_run_config({"env": "cartpole", "strategy": "qavg", "max-steps": "maze=3"})

@@ -13,6 +13,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from envs import make_env
 from fedagent_flwr.methods.tasks import all_partitions, baseline_learner, learner_tasks, union_of
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.agent.play.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig
 from fedagent_flwr.experiments.success_labels import label_tasks
 from fedagent_flwr.atomic import write_json_atomic
@@ -78,7 +79,7 @@ def test_hardness_needs_a_labels_file_for_this_env(tmp_path):
     with pytest.raises(ValueError, match="success-labels=''"):
         cfg(partition="hardness")
     with pytest.raises(ValueError, match="an existing file"):
-        cfg(partition="hardness", **{"success-labels": str(tmp_path / "missing.json")})
+        preflight(cfg(partition="hardness", **{"success-labels": str(tmp_path / "missing.json")}))
     other = write_labels(tmp_path / "w.json", set(), env="wordle")
     with pytest.raises(ValueError, match="labels env 'wordle'"):
         all_partitions(cfg(partition="hardness", **{"success-labels": other}), 2)
