@@ -204,10 +204,12 @@ def warm_recipe(env: str) -> dict:
 
 
 def base_identity(base_source: str) -> str:
-    """What names the base weights in the cache key: a built folder's checksums (its files' SHA-256), else the name."""
+    """What names the base weights in the cache key: a built folder's files by their SHA-256 (not their times, so the
+    same conversion on another machine or day keys alike), else the name."""
     checksums = Path(base_source) / "checksums.json"
     if checksums.is_file():
-        return hashlib.sha256(checksums.read_bytes()).hexdigest()[:16]
+        files = {name: entry["sha256"] for name, entry in json.loads(checksums.read_text()).items()}
+        return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
     return base_source
 
 
