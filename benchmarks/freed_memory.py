@@ -32,8 +32,8 @@ from rank_memory import baseline, measured_round, round_inputs  # benchmarks/ is
 
 
 def one_round(cfg: RunConfig, tensors, tasks, threshold: int) -> dict:
-    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.rank_timeout_s,
-                  mmap_threshold=threshold) as pool:
+    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.round_timeout,
+                  mmap_threshold=threshold, collective_timeout_s=cfg.rank_timeout_s or None) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
         _, out = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
     peaks = [max(out["records"][str(r)]["peaks_mib"].values()) - info["rss_mib"][str(r)]

@@ -198,8 +198,8 @@ def main() -> None:
     agent, tasks, tensors, placement = round_inputs(cfg)
     shape = ModelShape.of(agent.model.config)
     plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows)
-    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.rank_timeout_s,
-                  ranked_round.mmap_threshold(cfg)) as pool:
+    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.round_timeout,
+                  ranked_round.mmap_threshold(cfg), collective_timeout_s=cfg.rank_timeout_s or None) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
         _, round_info = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
     print(plan.table().replace(f"{plan.who}:", f"{plan.who} (the run's plan, {plan.total / MIB:.0f} MiB):"), flush=True)

@@ -76,13 +76,14 @@ def main() -> None:
     tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
     backend = backend_for(pick_device(cfg.device))
     rounds: dict[str, list[dict[str, float]]] = {"kept": [], "new": []}
-    with RankPool(cfg.ranks_per_client, backend, cfg.rank_timeout_s) as kept:
+    deadlines = {"timeout_s": cfg.round_timeout, "collective_timeout_s": cfg.rank_timeout_s or None}
+    with RankPool(cfg.ranks_per_client, backend, **deadlines) as kept:
         for r in range(1, args.rounds + 1):
             for variant in (("kept", "new") if r % 2 else ("new", "kept")):
                 if variant == "kept":
                     rounds["kept"].append(timed_round(cfg, kept, sent, tasks, r))
                 else:
-                    with RankPool(cfg.ranks_per_client, backend, cfg.rank_timeout_s) as fresh:
+                    with RankPool(cfg.ranks_per_client, backend, **deadlines) as fresh:
                         rounds["new"].append(timed_round(cfg, fresh, sent, tasks, r))
         peak_mb = [status_mib(p.pid) for p in kept.processes]  # the kept ranks' high-water mark over every round
     later = {v: np.array([x["overhead_s"] for x in rounds[v][1:]]) for v in rounds}

@@ -75,13 +75,16 @@ _POOL: list[RankPool] = []  # this client process's ranks, kept between its roun
 
 def client_ranks(cfg: RunConfig) -> RankPool:
     """This process's ranks for `cfg`: the ones kept from an earlier round where they still run with the same count,
-    backend, deadline and allocator setting, else new ones (those of another shape ended first, so their memory is free)."""
+    backend, deadlines and allocator setting, else new ones (those of another shape ended first, so their memory is
+    free). A round on them may take round-timeout, as long as the server waits for it; a collective, torch's own limit
+    or rank-timeout-s where that is set."""
     backend, threshold = backend_for(pick_device(cfg.device)), mmap_threshold(cfg)
-    if _POOL and _POOL[0].alive and (_POOL[0].world, _POOL[0].backend, _POOL[0].timeout_s, _POOL[0].mmap_threshold) == (
-            cfg.ranks_per_client, backend, cfg.rank_timeout_s, threshold):
+    shape = (cfg.ranks_per_client, backend, cfg.round_timeout, threshold, cfg.rank_timeout_s or None)
+    if _POOL and _POOL[0].alive and (_POOL[0].world, _POOL[0].backend, _POOL[0].timeout_s, _POOL[0].mmap_threshold,
+                                     _POOL[0].collective_timeout_s) == shape:
         return _POOL[0]
     end_client_ranks()
-    _POOL.append(RankPool(cfg.ranks_per_client, backend, cfg.rank_timeout_s, threshold))
+    _POOL.append(RankPool(*shape[:4], collective_timeout_s=shape[4]))
     return _POOL[0]
 
 

@@ -417,7 +417,7 @@ def violations(tmp: Path) -> list[Violation]:
         V({"strategy": "pavg", "env": "hopper"}, "env", absent=("mujoco",)),
         # ModelConfig, SpeedConfig
         V({"model": "tiny:chess"}, "model"), V({"model": " "}, "model"), V({"device": "gpu"}, "device"), V({"server-device": "tpu"}, "server-device"),
-        V({"client-memory-gb": -1.0}, "client-memory-gb"), V({"server-memory-gb": -1.0}, "server-memory-gb"),
+        V({"client-memory-gb": -1.0}, "client-memory-gb"), V({"rank-timeout-s": 30.0}, "rank-timeout-s"), V({"server-memory-gb": -1.0}, "server-memory-gb"),
         V({"decode-kernels": "compile", "decode-engine": "hf"}, "decode-kernels"),
         V({"rollout-batch-size": -1}, "rollout-batch-size"),
         V({"micro-batch-tokens": -1}, "micro-batch-tokens"), V({"logprob-micro-batch-size": -1}, "logprob-micro-batch-size"),

@@ -97,6 +97,29 @@ def test_ranks_give_back_what_they_free_when_the_run_config_says_so():
         assert (held["held_mib"] < 10) if value else (held["held_mib"] > 60), (value, held)
 
 
+def test_the_ranks_deadlines_are_the_rounds_and_torchs_own_unless_the_run_config_shortens_a_collectives():
+    """A round on the ranks may take round-timeout (the server waits that long); each collective keeps torch's own
+    limit (NCCL 10 minutes, gloo 30) unless rank-timeout-s sets a shorter one; NCCL's group is bound to the rank's GPU."""
+    import datetime
+
+    from fedagent_flwr.agent.fsdp.launch import group_options
+
+    assert group_options(1, "gloo", None) == {}  # torch's own timeout, no device
+    assert group_options(1, "gloo", 120.0) == {"timeout": datetime.timedelta(seconds=120)}
+    assert group_options(1, "cpu:gloo,cuda:nccl", None) == {"device_id": torch.device("cuda", 1)}
+    assert RunConfig().rank_timeout_s == 0  # the default keeps torch's limits
+    with pytest.raises(ValueError, match="rank-timeout-s=30.0 is not allowed"):
+        RunConfig(rank_timeout_s=30.0)
+    try:
+        pool = client_ranks(RunConfig(ranks_per_client=2, round_timeout=600.0))
+        assert (pool.timeout_s, pool.collective_timeout_s) == (600.0, None)
+        assert client_ranks(RunConfig(ranks_per_client=2, round_timeout=600.0)) is pool  # the same deadlines: kept
+        shorter = client_ranks(RunConfig(ranks_per_client=2, round_timeout=600.0, rank_timeout_s=90.0))
+        assert shorter is not pool and shorter.collective_timeout_s == 90.0
+    finally:
+        end_client_ranks()
+
+
 def test_a_ranks_weights_are_mapped_from_the_file_not_copied(tmp_path):
     path = tmp_path / "in-1.safetensors"
     save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(path))

@@ -14,8 +14,11 @@ What this module does beyond starting the processes:
 - ranks that end when the client process dies: a SIGKILLed client runs no atexit hook, so each rank watches its
   parent's pid and exits when it changes, the first to see it removing the client's folder (a round's weights, in
   memory on a tmpfs); a folder still left (all ranks killed too) is removed by the next client that starts ranks;
-- a deadline (run-config rank-timeout-s) for the round and for every collective, so a hung rank fails the client
-  instead of blocking it for gloo's 30 or NCCL's 10 minutes, or forever in a teardown;
+- a deadline for the round (run-config round-timeout: the server stops waiting then anyway), so a hung rank fails the
+  client instead of blocking it forever, in a teardown too; every collective keeps torch's own limit (NCCL's 10
+  minutes, gloo's 30) unless run-config rank-timeout-s sets a shorter one;
+- on a GPU, each rank's process group bound to its device (init_process_group's device_id: NCCL then connects eagerly
+  and knows the device of every collective);
 - the ranks' sockets on loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo) unless the user names an interface:
   a client's ranks are all on its own machine;
 - where the run config asks (ranks-return-memory), memory a rank frees given back to the system
@@ -72,8 +75,10 @@ class RankPool:
     `mmap_threshold`: the bytes from which each rank's C library maps a block on its own (return_freed_memory;
     run-config ranks-return-memory); 0 leaves glibc's own moving threshold (benchmarks/freed_memory.py compares them)."""
 
-    def __init__(self, world: int, backend: str, timeout_s: float | None = None, mmap_threshold: int = 0):
+    def __init__(self, world: int, backend: str, timeout_s: float | None = None, mmap_threshold: int = 0,
+                 collective_timeout_s: float | None = None):
         self.world, self.backend, self.timeout_s, self.mmap_threshold = world, backend, timeout_s, mmap_threshold
+        self.collective_timeout_s = collective_timeout_s
         remove_orphaned_folders()
         self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
         (self.folder / "client.pid").write_text(str(os.getpid()))
@@ -83,8 +88,8 @@ class RankPool:
         self._rounds = 0
         self.failure: RankFailed | None = None
         self.processes = [context.Process(target=_rank_serve, daemon=True,
-                                          args=(rank, world, backend, str(self.folder), os.getpid(), timeout_s,
-                                                mmap_threshold, self._requests[rank], self._done))
+                                          args=(rank, world, backend, str(self.folder), os.getpid(),
+                                                collective_timeout_s, mmap_threshold, self._requests[rank], self._done))
                           for rank in range(world)]
         for p in self.processes:
             p.start()
@@ -252,7 +257,18 @@ def return_freed_memory(threshold: int = MMAP_THRESHOLD) -> bool:
         return False
 
 
-def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, timeout_s: float | None,
+def group_options(rank: int, backend: str, collective_timeout_s: float | None) -> dict[str, Any]:
+    """init_process_group's options for `rank`: a collective's timeout where one is set (else torch's own per backend),
+    and where NCCL runs, the rank's GPU (rank r computes on the client's r-th visible GPU)."""
+    options: dict[str, Any] = {}
+    if collective_timeout_s:
+        options["timeout"] = datetime.timedelta(seconds=collective_timeout_s)
+    if "nccl" in backend:
+        options["device_id"] = torch.device("cuda", rank)
+    return options
+
+
+def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, collective_timeout_s: float | None,
                 mmap_threshold: int, requests, done) -> None:
     """A rank's life: the process group joined once, then each request (round number, target, args) answered until
     None; rank 0 writes the round's results and says so once every rank has finished it."""
@@ -262,8 +278,8 @@ def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, t
     loopback_bootstrap()
     if mmap_threshold:
         return_freed_memory(mmap_threshold)
-    deadline = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}  # every collective's
-    dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world, **deadline)
+    dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
+                            **group_options(rank, backend, collective_timeout_s))
     try:
         while (request := requests.get()) is not None:
             number, target, args = request
