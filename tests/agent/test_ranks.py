@@ -32,6 +32,9 @@ BY_TOKENS = {"minibatch_size": 8, "micro_batch_size": 8, "micro_batch_tokens": 6
 # chunks); a tied head and embedding, as SmolLM2's, trained through both
 CHUNKED = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base", "logprob_chunk_tokens": 4,
            "tied": True}
+# every layer's activations recomputed in backward (the 7B plan's assumption), each layer an FSDP unit of its own
+CHECKPOINTED = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base",
+                "gradient_checkpointing": True}
 
 
 # every loss aggregation once; the aggregation is the trainer's, so one model kind each suffices for the newer two.
@@ -39,9 +42,9 @@ CHUNKED = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_refe
 @pytest.mark.parametrize("lora, settings", [
     pytest.param(False, NO_KL, marks=pytest.mark.slow), (True, NO_KL), (False, KL_TO_BASE),
     pytest.param(True, KL_TO_BASE, marks=pytest.mark.slow), (False, PER_MICRO_BATCH), (True, BY_TOKENS),
-    (False, CHUNKED), (True, CHUNKED),
+    (False, CHUNKED), (True, CHUNKED), (False, CHECKPOINTED),
 ], ids=["no-kl-full", "no-kl-lora", "kl-to-base-full", "kl-to-base-lora", "micro-batch-token-mean-full",
-        "token-mean-by-tokens-lora", "chunked-tied-full", "chunked-tied-lora"])
+        "token-mean-by-tokens-lora", "chunked-tied-full", "chunked-tied-lora", "checkpointed-full"])
 def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):
     rank_workers.update(lora, settings, str(tmp_path / "one.pt"))
     _on_ranks(lora, settings, str(tmp_path / "two.pt"), 2)
@@ -53,3 +56,5 @@ def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):
         torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=0, atol=1e-5, msg=k)
     assert two["stats"]["loss"] == pytest.approx(one["stats"]["loss"], abs=1e-5)
     assert two["stats"]["optimizer_steps"] == one["stats"]["optimizer_steps"] == 2
+    if settings.get("gradient_checkpointing"):  # recomputed on the ranks too, not silently left off
+        assert two["stats"]["checkpointed_layers"] == one["stats"]["checkpointed_layers"] == 1.0
