@@ -41,6 +41,11 @@ from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.runs.run_folder import check_run_folder
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]  # the checkout this package sits in (editable install)
+# A simulation's seconds to round 1: about START_S, plus NODE_S a simulated SuperNode (its registration, the handshake,
+# its partition), as benchmarks/federation_start.py measured them on a 2-core AMD EPYC: 49.2 s at 1,000 SuperNodes and
+# 74.6 s at 4,000 (benchmarks/results/2026-12-07-cpu/federation_start.large.amd.json). A federation whose SuperNodes
+# alone would take more than LARGE_START_S is announced with its estimate before it starts.
+START_S, NODE_S, LARGE_START_S = 41.0, 0.0085, 60.0
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -146,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                           "or auto")
 
     num_nodes = overrides.get("num-clients") or 2
+    if num_nodes * NODE_S > LARGE_START_S:  # else a large federation sits for minutes without a word
+        print(f"[run_simulation] {num_nodes:,} simulated SuperNodes: about {(START_S + num_nodes * NODE_S) / 60:.0f} "
+              f"minutes before round 1 (on a 2-core AMD EPYC: {START_S:.0f} s and {NODE_S * 1000:.1f} ms a SuperNode; "
+              "benchmarks/federation_start.py measures this machine)", flush=True)
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
     federation = (f"num-supernodes={num_nodes} client-resources-num-cpus={args.num_cpus_per_client} "
                   f"client-resources-num-gpus={args.num_gpus_per_client}")

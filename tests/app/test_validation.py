@@ -263,6 +263,18 @@ def test_what_the_machine_lacks_is_refused_by_run_simulation_before_the_simulati
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
+def test_a_large_federation_says_how_long_it_will_take_to_start(capsys):
+    """100,000 simulated SuperNodes sat for minutes without a word (issue 94): the launcher now says, before it
+    starts, about how long the SuperNodes will take; a small federation gets no such line."""
+    from fedagent_flwr.simulation import main
+
+    for clients, said in ((100_000, "100,000 simulated SuperNodes: about 15 minutes before round 1"), (4, None)):
+        capsys.readouterr()
+        assert main(["--num-clients", str(clients), "--clients-per-round", "2", "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert (said in out) if said else ("simulated SuperNodes" not in out), out
+
+
 def test_the_base_model_is_loaded_once_per_process_and_reused_across_rounds(tmp_path, monkeypatch):
     """Two rounds, three clients in one worker process and the server in its own: one load each."""
     from flwr.supercore.task_identity import TaskIdentity
