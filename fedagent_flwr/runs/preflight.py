@@ -11,7 +11,6 @@ client's machine). A problem is one line naming the key, its value and what is a
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from pathlib import Path
 
 from envs import available_envs, env_names, per_env_problem, split_size
@@ -19,10 +18,10 @@ from fedagent_flwr.agent.models.pretrained import hub_model_problem, model_name_
 from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
 from fedagent_flwr.atomic import unwritable_reason
 from fedagent_flwr.config import RunConfig, invalid
+from fedagent_flwr.config.run_config import Need
 from strategies.registry import FEDRL_DDPG_ENVS, FEDRL_DQN_ENVS, FEDRL_ENVS, FEDRL_STRATEGY_ENVS
 
 ROLES = ("simulation", "server", "client")  # simulation: every role on this machine
-Need = Callable[[bool, str, object, str], None]
 
 
 def preflight(cfg: RunConfig, role: str = "simulation") -> RunConfig:
