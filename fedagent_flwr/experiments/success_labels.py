@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from envs import Task, answer_token_budget, available_envs, make_env
+from fedagent_flwr.agent.engine.placement import place
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.play.rollout import (
     LMPolicy,
@@ -87,8 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = env.tasks() if args.split == "all" else env.tasks_of_split(args.split)
     agent = load_agent(args.model, args.env, args.device)
     max_new_tokens = args.max_new_tokens or answer_token_budget(args.env)
+    engine = place(device=args.device, model=agent.model).decode_engine  # this process's one placement: its engine
     config = RolloutConfig(history_length=args.history_length, invalid_penalty=0.0, max_new_tokens=max_new_tokens,
-                           temperature=args.temperature, top_p=1.0, batch_size=args.batch_size, reward="success")
+                           temperature=args.temperature, top_p=1.0, batch_size=args.batch_size, reward="success",
+                           decode_engine=engine)
     labels, rates = label_tasks(LMPolicy(agent.model, agent.tokenizer, config), PromptEncoder(agent.tokenizer), args.env,
                                 tasks, config, args.samples, args.threshold, args.seed, args.max_steps)
     payload = {
