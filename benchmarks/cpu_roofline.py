@@ -3,7 +3,7 @@
 their rate as a share of the cores' measured matmul peak, in one call.
 
 The round is the run's own code (`methods/local_round.train_locally` on partition 0's tasks, then `--eval-tasks`
-held-out tasks played `eval-samples-per-task` times as the server's evaluator plays them), on `--threads` threads (1:
+held-out tasks played `eval.samples-per-task` times as the server's evaluator plays them), on `--threads` threads (1:
 what a simulated client with client-resources-num-cpus=1 gets). Its phases are timed by wrapping the functions that
 run them (no profiler):
 - rollout prefill / decode, and the same two in the evaluation: the hf engine's sampler (engine/sampling.py), its
@@ -177,7 +177,7 @@ class PhaseMeter:
         self.scoring = "old-policy log-probs"
         self.context: list[float] = []  # each sampler call's mean prompt length (attention's share)
         self.prefill_done: float | None = None  # when the running sampler call's prefill ended
-        self.head_everywhere = False  # logprob-chunk-tokens = 0: the passes' head runs at every position
+        self.head_everywhere = False  # engine.logprob-chunk-tokens = 0: the passes' head runs at every position
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -277,10 +277,10 @@ def instrumented(meter: PhaseMeter):
         def wrapper(model, batch, *args, **kwargs):
             rows, width = batch["input_ids"].shape
             phase = "update forward" if torch.is_grad_enabled() else meter.scoring
-            prefix = len(batch["prefix_ids"]) if "prefix_ids" in batch else 0  # shared-prompt-prefix: its pass once
+            prefix = len(batch["prefix_ids"]) if "prefix_ids" in batch else 0  # engine.shared-prompt-prefix: its pass once
             meter.body_computed[phase] += rows * width + prefix
             meter.body_model[phase] += float(batch["attention_mask"].sum()) + prefix
-            # chunked log-probs score the completion targets only; logprob-chunk-tokens = 0 builds every position's logits
+            # chunked log-probs score the completion targets only; engine.logprob-chunk-tokens = 0 builds every position's logits
             meter.head[phase] += rows * width if meter.head_everywhere else float(batch["completion_mask"].sum())
             meter.counts[f"{phase} passes"] += 1
             return inner(model, batch, *args, **kwargs)
@@ -482,13 +482,13 @@ def main(argv: list[str] | None = None) -> dict:
         return peaks_only(cfg, args)
 
     meter = PhaseMeter()
-    meter.head_everywhere = cfg.logprob_chunk_tokens == 0
+    meter.head_everywhere = cfg.engine.logprob_chunk_tokens == 0
     agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
-    held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), args.eval_tasks)
+    held_out = per_env_spread(make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("test"), args.eval_tasks)
     fedse = cfg.strategy == "fedse-lora"
-    engine_error = ("decode-engine resolved to {!r}: this benchmark splits the hf engine's prefill from its token "
-                    "steps (set decode-engine=hf)")
+    engine_error = ("rollout.name resolved to {!r}: this benchmark splits the hf engine's prefill from its token "
+                    "steps (set rollout.name=hf)")
     started = time.perf_counter()
     if fedse:  # the client's round attaches its own adapter, as the run's does; the evaluation plays the result
         placement = process_placement(cfg, agent, tasks)
@@ -507,8 +507,8 @@ def main(argv: list[str] | None = None) -> dict:
                 parser.error(engine_error.format(placement.decode_engine))
             metrics = train_locally(agent, cfg, tasks, 1, 0, model=model, placement=placement)
         server = process_placement(cfg, agent, held_out, "server", model=model)
-        evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
-                                    rollout_config(cfg, True, placement=server), cfg.eval_samples_per_task, cfg.seed,
+        evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.rollout.max_steps), held_out,
+                                    rollout_config(cfg, True, placement=server), cfg.eval.samples_per_task, cfg.seed,
                                     precision=server.precision)
         evaluation = evaluator.evaluate(0)
     wall = time.perf_counter() - started
@@ -516,12 +516,12 @@ def main(argv: list[str] | None = None) -> dict:
     decode_rows = max(1, round(meter.counts["rollout row steps"] / max(meter.counts["rollout token steps"], 1)))
     peaks = measured_peaks(config, decode_rows)
     recomputed = float(metrics.get("checkpointed_layers", 0.0) or 0.0)
-    table = phase_table(meter, FlopShape.of(config), placement.precision, fedse or cfg.finetuning == "lora", peaks,
+    table = phase_table(meter, FlopShape.of(config), placement.precision, fedse or cfg.grpo.finetuning == "lora", peaks,
                         recomputed, SFT_PHASES if fedse else PHASES)
     context = sum(meter.context) / max(len(meter.context), 1)
     report = {
         "run_config": args.run_config, "overrides": args.set, "threads": args.threads, "eval_tasks": args.eval_tasks,
-        "cpu": cpu_facts(), "model": cfg.model, "precision": placement.precision, "finetuning": cfg.finetuning,
+        "cpu": cpu_facts(), "model": cfg.model, "precision": placement.precision, "finetuning": cfg.grpo.finetuning,
         "decode_engine": placement.decode_engine, "gradient_checkpointing": placement.gradient_checkpointing,
         "body_parameters": FlopShape.of(config).body, "head_parameters": FlopShape.of(config).head,
         "peaks": peaks, **table, "wall_seconds": wall,
@@ -555,7 +555,7 @@ def fedse_client_rounds(cfg: RunConfig, agent, tasks, placement, rounds: int, me
             with measured:
                 adapter, metrics = self_evolution.self_evolution_round(
                     agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
-                    lambda: make_env(cfg.env, cfg.max_steps), tasks, server_round, buffer, adapter)
+                    lambda: make_env(cfg.env, cfg.rollout.max_steps), tasks, server_round, buffer, adapter)
     return adapter, metrics
 
 

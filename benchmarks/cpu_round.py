@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """A client's round and a held-out evaluation of a run config, setting by setting, side by side in one process.
 
-Each variant (run-config values over the run config, e.g. `precision=bf16-mixed` or `decode-engine=static`) loads
+Each variant (run-config values over the run config, e.g. `precision=bf16-mixed` or `rollout.name=static`) loads
 the model as a client does (its base dtype), attaches the run's LoRA adapter, trains one round with the client's own
 code (`methods/local_round.train_locally`: rollouts, then the GRPO update) on partition 0's tasks, and plays
-`--eval-tasks` held-out tasks `eval-samples-per-task` times as the server's evaluator does (`--eval-only`: that
-evaluation alone, of the model as loaded: how fast a setting such as decode-engine plays the held-out episodes). The
+`--eval-tasks` held-out tasks `eval.samples-per-task` times as the server's evaluator does (`--eval-only`: that
+evaluation alone, of the model as loaded: how fast a setting such as rollout.name plays the held-out episodes). The
 variants alternate repeat by repeat, so drift in the machine falls on all of them. Printed per variant: the
 rollout's, the update's and the evaluation's seconds, and milliseconds per generated token (rollout, evaluation) and per trained step (update)
 (mean and standard error over repeats), each as a ratio to the first variant's (per repeat, mean and standard
@@ -50,13 +50,13 @@ def one_round(cfg: RunConfig, eval_tasks: int, train: bool = True) -> dict[str, 
     with `train=False` the evaluation's alone, of the model as loaded (its adapter attached, not yet trained)."""
     agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
-    held_out = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), eval_tasks)
+    held_out = per_env_spread(make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("test"), eval_tasks)
     with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as model:
         metrics = train_locally(agent, cfg, tasks, 1, 0, model=model) if train else None
         placement = process_placement(cfg, agent, held_out, "server", model=model)  # as the run's server resolves it
-        evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), held_out,
+        evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.rollout.max_steps), held_out,
                                     rollout_config(cfg, True, placement=placement),
-                                    cfg.eval_samples_per_task, cfg.seed, precision=placement.precision)
+                                    cfg.eval.samples_per_task, cfg.seed, precision=placement.precision)
         evaluation = evaluator.evaluate(0)
         eval_tokens = sum(len(s.completion_ids) for t in evaluator.last_trajectories for s in t.steps)
     played = {"eval_s": evaluation["seconds"], "eval_ms_per_token": 1000 * evaluation["seconds"] / max(1, eval_tokens),

@@ -85,7 +85,7 @@ def run_model(parser: argparse.ArgumentParser, run_config: str, overrides: list[
     resolved, _ = device_and_precision(parser, cfg.device_key("client"), cfg.precision)
     precision = place_run(cfg).precision  # as the run's clients resolve it (on a CPU, measured: cpu_rates.py)
     model = load_agent(cfg.model, cfg.env, str(resolved), run_base_dtype(cfg)).model
-    if cfg.finetuning == "lora" or cfg.traits.experience_buffer:
+    if cfg.grpo.finetuning == "lora" or cfg.traits.experience_buffer:
         model = stack.enter_context(attached_lora(model, lora_spec(cfg), seed=cfg.seed))
     return model.eval(), resolved, precision, cfg.model
 
@@ -219,7 +219,7 @@ def format_report(r: dict) -> str:
     lines.append(f"static engine {r['replay_gap_between']}, fed the same tokens with rows dropping: max log-prob "
                  f"difference {r['replay_logprob_gap']:.2e}")
     if r.get("compile_logprob_gap") is not None:
-        lines.append(f"static engine with decode-kernels=compile vs eager kernels, the same check: max log-prob difference "
+        lines.append(f"static engine with rollout.kernels=compile vs eager kernels, the same check: max log-prob difference "
                      f"{r['compile_logprob_gap']:.2e} (that first check took {r['compile_check_s']:.1f} s, compilation included)")
     names = [e["engine"] for e in engines]
     fields = [("self_cpu_us", "self CPU")] + ([("self_device_us", "self device")] if r["device"] != "cpu" else [])
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="CPU threads for torch (tiny operators on a busy machine time best on 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action="store_true",
-                        help="also the static engine with decode-kernels=compile (its token step's element-wise work "
+                        help="also the static engine with rollout.kernels=compile (its token step's element-wise work "
                              "fused by torch.compile; on CUDA in graphs too), timed after its compilation")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the tables")
     args = parser.parse_args(argv)
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
             started = time.perf_counter()
             compile_gap = replay_gap(prompts, fused, StaticDecoder(model, dtype))
             compile_s = time.perf_counter() - started  # the compilation, for the first bucket sizes
-            print(f"decode-kernels=compile vs eager: {compile_gap:.2e} ({compile_s:.1f} s, compilation included)",
+            print(f"rollout.kernels=compile vs eager: {compile_gap:.2e} ({compile_s:.1f} s, compilation included)",
                   file=sys.stderr, flush=True)
         for name, run in engines.items():
             results.append(measure(name, run, device, new, args.repeats, args.profile_tokens))

@@ -1,8 +1,8 @@
 """Print the value of one run-config key in the fastest variant of an update_profile.py --json result, or with
 `--sets` the whole fastest variant as gpu_round.py arguments.
 
-    python benchmarks/fastest_variant.py RESULT.json training-kernels
-    python benchmarks/fastest_variant.py RESULT.json --sets          # --set micro-batch-tokens=24576 --set ...
+    python benchmarks/fastest_variant.py RESULT.json engine.training-kernels
+    python benchmarks/fastest_variant.py RESULT.json --sets          # --set grpo.ppo-max-token-len-per-gpu=24576 --set ...
 
 "Fastest" is the smallest log-prob plus update time; variants that ran out of memory or failed do not count. A variant
 without the key ran with the run config's default, so that default is printed: gpu_checks.sh passes the value on

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAST_WORK = ["--clients-per-round", "1", "--tasks-per-client", "1", "--num-server-rounds", "1", "--eval-tasks", "1",
-              "--eval-samples-per-task", "1", "--eval-every", "1", "--eval-transcripts", "0"]
+LEAST_WORK = ["--clients-per-round", "1", "--partition.tasks-per-client", "1", "--num-server-rounds", "1", "--eval.tasks", "1",
+              "--eval.samples-per-task", "1", "--eval.test-freq", "1", "--eval.transcripts", "0"]
 
 
 def time_start(clients: int, out: Path) -> dict:

@@ -11,7 +11,7 @@ memory above what it held before any model (benchmarks/rank_memory.py's measurem
 variant to the first with its standard error over the paired repeats.
 
     python benchmarks/freed_memory.py --repeats 3
-    python benchmarks/freed_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set tasks-per-epoch=2 --repeats 3
+    python benchmarks/freed_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set grpo.tasks-per-epoch=2 --repeats 3
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
@@ -32,12 +32,12 @@ from rank_memory import baseline, measured_round, round_inputs  # benchmarks/ is
 
 
 def one_round(cfg: RunConfig, tensors, tasks, threshold: int) -> dict:
-    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.round_timeout,
-                  mmap_threshold=threshold, collective_timeout_s=cfg.rank_timeout_s or None) as pool:
+    with RankPool(cfg.engine.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.federation.round_timeout,
+                  mmap_threshold=threshold, collective_timeout_s=cfg.engine.rank_timeout_s or None) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
         _, out = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
     peaks = [max(out["records"][str(r)]["peaks_mib"].values()) - info["rss_mib"][str(r)]
-             for r in range(cfg.ranks_per_client)]
+             for r in range(cfg.engine.ranks_per_client)]
     return {"seconds": out["metrics"]["seconds"], "peak_mib": peaks, "episodes": out["metrics"].get("episodes")}
 
 
@@ -50,14 +50,14 @@ def main() -> None:
                         help="comma-separated mmap thresholds in bytes, the first the reference (0 = glibc's own)")
     parser.add_argument("--json", action="store_true", help="one JSON line on stdout")
     args = parser.parse_args()
-    values = {"ranks-per-client": 2} | (read_run_config_file(args.run_config) if args.run_config else {})
+    values = {"engine.ranks-per-client": 2} | (read_run_config_file(args.run_config) if args.run_config else {})
     values |= parse_overrides(args.set)
     thresholds = [int(t) for t in args.thresholds.split(",")]
     try:
         cfg = RunConfig.from_run_config(values)
     except ValueError as err:
         parser.error(str(err))
-    if cfg.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu" or args.repeats < 2 or len(thresholds) < 2:
+    if cfg.engine.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu" or args.repeats < 2 or len(thresholds) < 2:
         parser.error("CPU ranks (at least 2), --repeats at least 2 and at least two --thresholds")
     _, tasks, tensors, _ = round_inputs(cfg)
     runs: dict[int, list[dict]] = {t: [] for t in thresholds}
@@ -81,7 +81,7 @@ def main() -> None:
               f"{v['time_ratio_se']:.3f} of the first), peaks {', '.join(f'{p:.0f}' for p in v['peak_mib_mean'])} MiB",
               flush=True)
     if args.json:
-        print(json.dumps({"settings": {"ranks": cfg.ranks_per_client, "model": cfg.model, "run_config": values,
+        print(json.dumps({"settings": {"ranks": cfg.engine.ranks_per_client, "model": cfg.model, "run_config": values,
                                        "repeats": args.repeats, "thresholds": thresholds},
                           "variants": variants, "episodes": runs[thresholds[0]][0]["episodes"]}))
 

@@ -20,14 +20,14 @@
 #                 FAST's settings without and with the old waits put back (host-waits=true), and without again (the
 #                 order's effect); then an optimizer step every micro-batch (minibatch 16, 8 steps) with the fused
 #                 AdamW and with PyTorch's default (fused-adamw=false); then every layer checkpointed (the paper
-#                 preset's gradient-checkpointing=true), gradient-checkpointing=auto, and a bf16 working copy over fp32
-#                 master weights instead of autocast (param-dtype=bf16)
+#                 preset's engine.gradient-checkpointing=true), engine.gradient-checkpointing=auto, and a bf16 working copy over fp32
+#                 master weights instead of autocast (engine.param-dtype=bf16)
 #   decode        decode_profile.py: ms per token step of each engine, the numerical gaps, an operator table of 8 steps
-#   decode-compile step_kernels.py: the static engine's token steps alone (CUDA graphs) with decode-kernels=compile
+#   decode-compile step_kernels.py: the static engine's token steps alone (CUDA graphs) with rollout.kernels=compile
 #                 (element-wise work fused by torch.compile) and eager, alternating over 6 runs: ms with standard
 #                 errors, a paired test, the first run's seconds (compilation); then decode_profile.py --compile: the
 #                 same beside the hf loop, with an operator table of 4 steps each
-#   round-compile round-fast with decode-kernels=compile: the compilation lands in capture_s, the token steps apart
+#   round-compile round-fast with rollout.kernels=compile: the compilation lands in capture_s, the token steps apart
 #   prefill       prefill_profile.py: a later turn's prefill of 16 tasks x 8 episodes, each group's shared prefix computed
 #                 once (what the rollout runs) beside every prompt whole, and the log-prob gap between the two
 #   update        update_profile.py: log-prob and update MFU by micro-batch setting and attention kernel, one micro-batch
@@ -36,19 +36,19 @@
 #   round-hf      the same with the transformers loop
 #   round-fast    round-static with the update settings that measured fastest (FAST below): log-prob passes of 64 rows,
 #                 update micro-batches of 16, length-grouped
-#   kernels       training-kernels (agent/engine/kernels.py): its tests (Liger's against eager on the GPU), then update_profile.py
+#   kernels       engine.training-kernels (agent/engine/kernels.py): its tests (Liger's against eager on the GPU), then update_profile.py
 #                 with FAST's settings under eager, compile and liger (liger needs the liger-kernel wheel in .whl/)
-#   round-kernels round-fast with the training-kernels choice that kernels measured fastest (log-probs + update);
+#   round-kernels round-fast with the engine.training-kernels choice that kernels measured fastest (log-probs + update);
 #                 run it after kernels, in the same call
-#   round-auto    a whole paper-size epoch (64 tasks x 8 = 512 episodes) at FAST's settings with rollout-batch-size=0
-#                 and gradient-checkpointing=auto: the rows the memory plan fits in the card's free memory (up to 512),
+#   round-auto    a whole paper-size epoch (64 tasks x 8 = 512 episodes) at FAST's settings with rollout.generation-batch-size=0
+#                 and engine.gradient-checkpointing=auto: the rows the memory plan fits in the card's free memory (up to 512),
 #                 the layers each micro-batch checkpoints in the room the plan leaves, the plan against the peak there,
 #                 and the paper-round estimate at those rows (about 4 minutes on an H100, estimated)
 #   passes        update_profile.py at FAST's settings with fewer, fuller update passes: micro-batches of 16 rows (FAST)
-#                 and 32, micro-batch-tokens (passes cut by padded tokens) of 12,288 (4 passes of the 128 samples, no
+#                 and 32, grpo.ppo-max-token-len-per-gpu (passes cut by padded tokens) of 12,288 (4 passes of the 128 samples, no
 #                 layer checkpointed in the plan), also with the log-prob passes cut at 65,536 tokens
-#                 (logprob-micro-batch-tokens: one pass of the 128 samples, against two of 64 rows), and of 28,672
-#                 under gradient-checkpointing=auto (one pass a minibatch of 64), also with param-dtype=bf16 (on an
+#                 (grpo.log-prob-max-token-len-per-gpu: one pass of the 128 samples, against two of 64 rows), and of 28,672
+#                 under engine.gradient-checkpointing=auto (one pass a minibatch of 64), also with engine.param-dtype=bf16 (on an
 #                 H100 the update's MFU rose from 13.5 % to about 21 % when micro-batches went from 8 rows to 16,
 #                 across calls)
 #   round-passes  round-fast with the pass setting that passes measured fastest (log-probs + update); run it after
@@ -57,9 +57,9 @@
 #                 the bf16 working copy's master weights)
 #   levers        one update_profile.py process with every lever built since the last GPU measurement, side by side at
 #                 FAST's settings: FAST; the old host waits put back; the old 4-D padding mask put back;
-#                 param-dtype=bf16; micro-batches of 32 rows;
-#                 micro-batch-tokens=12288 with log-prob passes of 65,536 tokens, in fp32 and bf16 working weights;
-#                 28,672 under gradient-checkpointing=auto, fp32 and bf16; 32 rows in bf16; FAST again (the order's
+#                 engine.param-dtype=bf16; micro-batches of 32 rows;
+#                 grpo.ppo-max-token-len-per-gpu=12288 with log-prob passes of 65,536 tokens, in fp32 and bf16 working weights;
+#                 28,672 under engine.gradient-checkpointing=auto, fp32 and bf16; 32 rows in bf16; FAST again (the order's
 #                 effect); bf16 with Liger's kernels (last: Liger patches the model for good; left out without the
 #                 liger-kernel wheel in .whl/, which the run config needs for it). Built for a session with one call's device time: it
 #                 stands for waits' and passes' profiles in one process
@@ -70,9 +70,9 @@
 # kernels stage about 165 s on a fresh machine (its tests 90 s). 2026-11-28 (H100): wait-tests 20-25 s, levers (11
 # variants then) 60-65 s, a round about 100 s; `wait-tests levers round-levers round-fast` 291 s after the wheels' install.
 # On a lent machine, carry the wheels scripts/gpu_wheels.sh downloads (.whl) and install them first (docs/gpu.md).
-# ROUND_SET sets run-config values in every round, over the stage's own, e.g. ROUND_SET="--set micro-batch-size=32".
+# ROUND_SET sets run-config values in every round, over the stage's own, e.g. ROUND_SET="--set grpo.ppo-micro-batch-size-per-gpu=32".
 # A round's --paper-round estimates a round on ALFWorld (configs/fedagent-paper.toml) and on WebShop (no preset: that
-# file with WebShop's 15 steps of 128 tokens) at tasks-per-epoch=64, each with a table of the settings it used where the
+# file with WebShop's 15 steps of 128 tokens) at grpo.tasks-per-epoch=64, each with a table of the settings it used where the
 # preset's differ; without the alfworld package (a lent machine's image) ALFWorld's is marked skipped.
 # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers (tests/benchmarks/test_gpu_checks.py).
 set -u
@@ -93,22 +93,22 @@ python3 -c "import fedagent_flwr.simulation, fedagent_flwr.server_app, fedagent_
 T0=$(date +%s)
 SHAPE=${SHAPE:-1.5b}  # SHAPE=tiny runs every stage on a CPU in seconds: the plumbing, not the numbers
 # update_profile.py's passes at the precision a GPU resolves auto to (bf16-mixed), also on a CPU, where auto is fp32
-# and the run config refuses the bf16 working copy (param-dtype=bf16) that several variants set
+# and the run config refuses the bf16 working copy (engine.param-dtype=bf16) that several variants set
 PROFILE_SHAPE="--shape $SHAPE"
 [ "$SHAPE" = tiny ] && PROFILE_SHAPE="--shape tiny --set precision=bf16-mixed"
-ROUND="--shape $SHAPE --set tasks-per-epoch=16 --set group-size=8 --set logprob-chunk-tokens=1024 --paper-round --paper-set tasks-per-epoch=64 --json"
-UPDATE_PASSES8="logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
-UPDATE_COMMON="micro-batch-size=8,$UPDATE_PASSES8"
+ROUND="--shape $SHAPE --set grpo.tasks-per-epoch=16 --set grpo.num-generations=8 --set engine.logprob-chunk-tokens=1024 --paper-round --paper-set grpo.tasks-per-epoch=64 --json"
+UPDATE_PASSES8="engine.logprob-chunk-tokens=1024,grpo.group-by-length=true"
+UPDATE_COMMON="grpo.ppo-micro-batch-size-per-gpu=8,$UPDATE_PASSES8"
 UPDATE_VARIANTS=(--variant $UPDATE_COMMON,cudnn-attention=true
                  --variant $UPDATE_COMMON
-                 --variant micro-batch-size=16,$UPDATE_PASSES8
-                 --variant $UPDATE_COMMON,logprob-micro-batch-size=64)
+                 --variant grpo.ppo-micro-batch-size-per-gpu=16,$UPDATE_PASSES8
+                 --variant $UPDATE_COMMON,grpo.log-prob-micro-batch-size-per-gpu=64)
 # FAST's passes but their rows: update_profile.py refuses a key set twice, so a variant of other rows starts from here
-UPDATE_PASSES="logprob-micro-batch-size=64,logprob-chunk-tokens=1024,length-grouped-micro-batches=true"
-UPDATE_FAST="micro-batch-size=16,$UPDATE_PASSES"
-FAST="--set logprob-micro-batch-size=64 --set micro-batch-size=16 --set length-grouped-micro-batches=true"
+UPDATE_PASSES="grpo.log-prob-micro-batch-size-per-gpu=64,engine.logprob-chunk-tokens=1024,grpo.group-by-length=true"
+UPDATE_FAST="grpo.ppo-micro-batch-size-per-gpu=16,$UPDATE_PASSES"
+FAST="--set grpo.log-prob-micro-batch-size-per-gpu=64 --set grpo.ppo-micro-batch-size-per-gpu=16 --set grpo.group-by-length=true"
 # Liger's variants only where its package is installed (LIGER=1 scripts/gpu_wheels.sh): the run config refuses
-# training-kernels=liger without it, and with it the whole update_profile.py call
+# engine.training-kernels=liger without it, and with it the whole update_profile.py call
 python3 -c "import liger_kernel" 2>/dev/null && LIGER=1 || LIGER=
 liger() { [ -n "$LIGER" ] && echo "--variant $1"; }
 # bench NAME SECONDS ARGS...: `python3 ARGS` within SECONDS through raw_output.py, its raw output to $DIR/NAME.json
@@ -161,13 +161,13 @@ run_stage() {
       bench decode-compile 150 benchmarks/step_kernels.py --shape $SHAPE --rows 128 --prompt-tokens 512 --steps 32 --runs 6 --json
       bench decode-compile.profile 200 benchmarks/decode_profile.py --shape $SHAPE --compile --profile-tokens 4 --json ;;
     round-compile)
-      round_bench round-compile 240 $FAST --set decode-kernels=compile --decode-engine static ;;
+      round_bench round-compile 240 $FAST --set rollout.kernels=compile --decode-engine static ;;
     waits)
       wait_tests waits.tests
       bench waits 240 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
-        --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST --variant $UPDATE_FAST,minibatch-size=16 \
-        --variant $UPDATE_FAST,minibatch-size=16,fused-adamw=false --variant $UPDATE_FAST,gradient-checkpointing=true \
-        --variant $UPDATE_FAST,gradient-checkpointing=auto --variant $UPDATE_FAST,param-dtype=bf16 --json ;;
+        --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST --variant $UPDATE_FAST,grpo.mini-batch-size=16 \
+        --variant $UPDATE_FAST,grpo.mini-batch-size=16,fused-adamw=false --variant $UPDATE_FAST,engine.gradient-checkpointing=true \
+        --variant $UPDATE_FAST,engine.gradient-checkpointing=auto --variant $UPDATE_FAST,engine.param-dtype=bf16 --json ;;
     decode)
       bench decode 120 benchmarks/decode_profile.py --shape $SHAPE --json ;;
     prefill)
@@ -181,16 +181,16 @@ run_stage() {
     kernels)
       bench kernels.tests 120 -m pytest -q -p no:cacheprovider tests/agent/test_kernels.py
       bench kernels 300 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
-        --variant $UPDATE_FAST,training-kernels=compile $(liger $UPDATE_FAST,training-kernels=liger) --json ;;
+        --variant $UPDATE_FAST,engine.training-kernels=compile $(liger $UPDATE_FAST,engine.training-kernels=liger) --json ;;
     profile-fast)
       bench profile-fast 150 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --profile --top 25 \
         --variant $UPDATE_FAST --json ;;
     passes)
       bench passes 240 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
-        --variant micro-batch-size=32,$UPDATE_PASSES --variant $UPDATE_FAST,micro-batch-tokens=12288 \
-        --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
-        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
-        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 --json ;;
+        --variant grpo.ppo-micro-batch-size-per-gpu=32,$UPDATE_PASSES --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=12288 \
+        --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=12288,grpo.log-prob-max-token-len-per-gpu=65536 \
+        --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=28672,engine.gradient-checkpointing=auto \
+        --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=28672,engine.gradient-checkpointing=auto,engine.param-dtype=bf16 --json ;;
     round-passes)
       round_at_fastest passes "$DIR/passes.json" ;;
     wait-tests)
@@ -198,23 +198,23 @@ run_stage() {
     levers)
       bench levers 270 benchmarks/update_profile.py $PROFILE_SHAPE --prompt-tokens 180 --variant $UPDATE_FAST \
         --variant $UPDATE_FAST,host-waits=true --variant $UPDATE_FAST,padding-mask=true \
-        --variant $UPDATE_FAST,param-dtype=bf16 --variant micro-batch-size=32,$UPDATE_PASSES \
-        --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536 \
-        --variant $UPDATE_FAST,micro-batch-tokens=12288,logprob-micro-batch-tokens=65536,param-dtype=bf16 \
-        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto \
-        --variant $UPDATE_FAST,micro-batch-tokens=28672,gradient-checkpointing=auto,param-dtype=bf16 \
-        --variant micro-batch-size=32,$UPDATE_PASSES,param-dtype=bf16 --variant $UPDATE_FAST \
-        $(liger $UPDATE_FAST,param-dtype=bf16,training-kernels=liger) --json ;;
+        --variant $UPDATE_FAST,engine.param-dtype=bf16 --variant grpo.ppo-micro-batch-size-per-gpu=32,$UPDATE_PASSES \
+        --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=12288,grpo.log-prob-max-token-len-per-gpu=65536 \
+        --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=12288,grpo.log-prob-max-token-len-per-gpu=65536,engine.param-dtype=bf16 \
+        --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=28672,engine.gradient-checkpointing=auto \
+        --variant $UPDATE_FAST,grpo.ppo-max-token-len-per-gpu=28672,engine.gradient-checkpointing=auto,engine.param-dtype=bf16 \
+        --variant grpo.ppo-micro-batch-size-per-gpu=32,$UPDATE_PASSES,engine.param-dtype=bf16 --variant $UPDATE_FAST \
+        $(liger $UPDATE_FAST,engine.param-dtype=bf16,engine.training-kernels=liger) --json ;;
     round-levers)
       round_at_fastest levers "$DIR/levers.json" ;;
     round-auto)
-      round_bench round-auto 330 $FAST --set tasks-per-epoch=64 --set rollout-batch-size=0 \
-        --set gradient-checkpointing=auto --paper-set rollout-batch-size=0 --paper-set gradient-checkpointing=auto \
+      round_bench round-auto 330 $FAST --set grpo.tasks-per-epoch=64 --set rollout.generation-batch-size=0 \
+        --set engine.gradient-checkpointing=auto --paper-set rollout.generation-batch-size=0 --paper-set engine.gradient-checkpointing=auto \
         --decode-engine static ;;
     round-kernels)
-      best=$(python3 benchmarks/fastest_variant.py "$DIR/kernels.json" training-kernels) || { echo "no kernels result to pick from"; return; }
-      echo "fastest training-kernels: $best"
-      round_bench round-kernels 200 $FAST --set training-kernels=$best --decode-engine static ;;
+      best=$(python3 benchmarks/fastest_variant.py "$DIR/kernels.json" engine.training-kernels) || { echo "no kernels result to pick from"; return; }
+      echo "fastest engine.training-kernels: $best"
+      round_bench round-kernels 200 $FAST --set engine.training-kernels=$best --decode-engine static ;;
   esac
 }
 for stage in $STAGES; do

@@ -8,8 +8,8 @@ FedAgent paper's WebShop settings unless `--set` says otherwise: 64 tasks x G = 
 15 steps, 128 new tokens per step, rollout batch 128, minibatch 64, micro-batch 8, lr 1e-6, KL 0.01.
 
 What is forced, and why: a random-init model never emits its end-of-turn token and never writes a valid
-action, so every completion runs to `max-new-tokens` (the WebShop answer budget: a plausible length, and the
-worst case) and every episode to `max-steps`. All its rewards tie, so GRPO would drop every group; the
+action, so every completion runs to `rollout.max-completion-length` (the WebShop answer budget: a plausible length, and the
+worst case) and every episode to `rollout.max-steps`. All its rewards tie, so GRPO would drop every group; the
 benchmark gives each step sample a random advantage instead, so the update runs on every step (what a round
 with informative groups costs). The model and its small BPE tokenizer are built as `model="shape:<name>"` builds
 them (agent/models/shaped_model.py); ids the model samples outside the tokenizer decode to nothing.
@@ -31,10 +31,10 @@ Model FLOP utilisation counts the FLOPs the passes compute for the samples (mode
 every sample token, the output head at the positions it scores (the completion tokens with chunked log-probs, every
 token without), padding and recomputation left out (their share is reported apart, as padding).
 
-    python benchmarks/gpu_round.py --shape tiny --set tasks-per-epoch=4 --set group-size=2   # CPU, seconds
+    python benchmarks/gpu_round.py --shape tiny --set grpo.tasks-per-epoch=4 --set grpo.num-generations=2   # CPU, seconds
     python benchmarks/gpu_round.py --shape 1.5b                                               # one GPU
     python benchmarks/gpu_round.py --shape 1.5b --decode-engine hf --paper-round              # today's sampler
-    python benchmarks/gpu_round.py --shape 7b --set finetuning=lora --set gradient-checkpointing=true
+    python benchmarks/gpu_round.py --shape 7b --set grpo.finetuning=lora --set engine.gradient-checkpointing=true
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ import multiprocessing
 import resource
 import sys
 import time
-from dataclasses import replace
 import tomllib
 from collections import defaultdict
 from pathlib import Path
@@ -79,20 +78,21 @@ from fedagent_flwr.agent.models.shaped_model import (
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.config.choices import ENGINES
+from flwr.common.config import flatten_dict  # a preset's sections as the dotted keys Flower reads
 from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.methods.memory import memory_budget
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.transfer import decode, encode
 from fedagent_flwr.methods.memory import memory_plan
 from fedagent_flwr.methods.placement import context_tokens, place_run
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.library_configs import rollout_config
 import raw_output
 
 SHAPE_NAMES = {"tiny": None, "0.5b": "qwen2.5-0.5b", "1.5b": "qwen2.5-1.5b", "3b": "qwen2.5-3b", "7b": "qwen2.5-7b"}
 # The FedAgent paper's settings on WebShop (FedAgentGym §5 and the reference runs), as run-config values.
-PAPER_ROUND = {"env": "webshop", "tasks-per-epoch": 64, "group-size": 8, "history-length": 2, "max-steps": 15,
-               "max-new-tokens": 128, "rollout-batch-size": 128, "minibatch-size": 64, "micro-batch-size": 8,
-               "learning-rate": 1e-6, "kl-beta": 0.01, "temperature": 0.4, "local-epochs": 1}
+PAPER_ROUND = {"env": "webshop", "grpo.tasks-per-epoch": 64, "grpo.num-generations": 8, "rollout.history-length": 2, "rollout.max-steps": 15,
+               "rollout.max-completion-length": 128, "rollout.generation-batch-size": 128, "grpo.mini-batch-size": 64, "grpo.ppo-micro-batch-size-per-gpu": 8,
+               "grpo.learning-rate": 1e-6, "grpo.beta": 0.01, "rollout.temperature": 0.4, "grpo.local-epochs": 1}
 # A shape small enough for a CPU test: the script's every path, in seconds.
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
             tie_word_embeddings=True)
@@ -101,21 +101,21 @@ H100_BF16_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM: the us
 PAPER_PRESET = Path(__file__).resolve().parents[1] / "configs" / "fedagent-paper.toml"
 # the settings that change how long the log-prob and update passes take, not what they compute: the paper-round
 # estimate says which of them the measured run did not share with the preset
-UPDATE_KEYS = ("gradient-checkpointing", "micro-batch-size", "micro-batch-tokens", "logprob-micro-batch-size",
-               "logprob-micro-batch-tokens", "logprob-chunk-tokens",
-               "length-grouped-micro-batches", "training-kernels", "precision", "param-dtype")
+UPDATE_KEYS = ("engine.gradient-checkpointing", "grpo.ppo-micro-batch-size-per-gpu", "grpo.ppo-max-token-len-per-gpu", "grpo.log-prob-micro-batch-size-per-gpu",
+               "grpo.log-prob-max-token-len-per-gpu", "engine.logprob-chunk-tokens",
+               "grpo.group-by-length", "engine.training-kernels", "precision", "engine.param-dtype")
 # ... and those that change how long a token step takes, or what a pass computes per token: the estimate takes the
 # measured run's times, so it runs at the measured run's values of all of these (its table says where the preset's differ)
-TIMING_KEYS = UPDATE_KEYS + ("finetuning", "decode-engine", "decode-kernels")
+TIMING_KEYS = UPDATE_KEYS + ("grpo.finetuning", "rollout.name", "rollout.kernels")
 # the keys the estimate counts its work by (episodes, token steps, samples, passes): its own values, the preset's
 # unless --paper-set or an environment's settings below say otherwise
-WORK_KEYS = ("env", "tasks-per-epoch", "group-size", "max-steps", "max-new-tokens", "history-length",
-             "rollout-batch-size", "minibatch-size", "kl-beta", "local-epochs", "clients-per-round")
+WORK_KEYS = ("env", "grpo.tasks-per-epoch", "grpo.num-generations", "rollout.max-steps", "rollout.max-completion-length", "rollout.history-length",
+             "rollout.generation-batch-size", "grpo.mini-batch-size", "grpo.beta", "grpo.local-epochs", "clients-per-round")
 # The FedAgent paper's two environments as a round plays them. configs/fedagent-paper.toml is ALFWorld's preset (50
 # steps, 512 new tokens); there is no WebShop preset, so WebShop's round is that file with env = webshop and WebShop's
 # 15 steps of 128 new tokens (PAPER_ROUND's). The estimate says which values came from where.
-PAPER_ENVS = {"alfworld": {"env": "alfworld", "max-steps": 50, "max-new-tokens": 512},
-              "webshop": {k: PAPER_ROUND[k] for k in ("env", "max-steps", "max-new-tokens")}}
+PAPER_ENVS = {"alfworld": {"env": "alfworld", "rollout.max-steps": 50, "rollout.max-completion-length": 512},
+              "webshop": {k: PAPER_ROUND[k] for k in ("env", "rollout.max-steps", "rollout.max-completion-length")}}
 
 
 def decode_bound(facts: ModelShape, tied: bool, rows: float, context: float, value_bytes: int,
@@ -133,7 +133,7 @@ def decode_bound(facts: ModelShape, tied: bool, rows: float, context: float, val
 def sampler_clock(engine: str, record: dict):
     """Time every sampler call of the rollout and count its token steps, with the sampler on `engine`.
 
-    `--decode-engine` wins over the run config's decode-engine here, around LMPolicy's call, so that one flag
+    `--decode-engine` wins over the run config's rollout.name here, around LMPolicy's call, so that one flag
     compares engines on the same settings. On the static engine it also times the decoder's `start` (the prefill,
     and on CUDA the graphs captured in it, each timed apart) with the device synchronised around it, and adds up
     the positions its prefill computed (padding included) beside what prefilling each distinct prompt whole
@@ -198,13 +198,13 @@ def resolved_settings(values: dict, device_type: str) -> dict:
     `device_type` (cpu or cuda) resolves it (agent/engine/placement.py)."""
     full = RunConfig().to_run_config() | values
     placement = place_run(RunConfig.from_run_config(full | {"device": device_type}))
-    return {k: full[k] for k in TIMING_KEYS} | {"precision": placement.precision, "param-dtype": placement.param_dtype,
-                                                "decode-engine": placement.decode_engine}
+    return {k: full[k] for k in TIMING_KEYS} | {"precision": placement.precision, "engine.param-dtype": placement.param_dtype,
+                                                "rollout.name": placement.decode_engine}
 
 
 def paper_envs(preset_path: Path = PAPER_PRESET) -> list[str]:
     """The environments a paper round is estimated for: the preset's first, then the others of PAPER_ENVS."""
-    own = tomllib.loads(preset_path.read_text()).get("env")
+    own = flatten_dict(tomllib.loads(preset_path.read_text())).get("env")
     return [own] + [env for env in PAPER_ENVS if env != own] if own in PAPER_ENVS else list(PAPER_ENVS)
 
 
@@ -212,9 +212,9 @@ def paper_settings(env: str, overrides: dict | None = None, preset_path: Path = 
     """The run-config values a round of `env` is estimated at: the preset's, `env`'s own steps and answer budget where
     the preset is another environment's (PAPER_ENVS: no preset file exists for it), then `overrides` (--paper-set).
     Returns those values, the preset's, and for each key that is not the preset's where it came from."""
-    preset = tomllib.loads(preset_path.read_text())
-    if preset.get("max-steps") == 0:  # the environment's own horizon: the count below needs the number
-        preset["max-steps"] = env_class(preset["env"]).default_max_steps
+    preset = flatten_dict(tomllib.loads(preset_path.read_text()))
+    if preset.get("rollout.max-steps") == 0:  # the environment's own horizon: the count below needs the number
+        preset["rollout.max-steps"] = env_class(preset["env"]).default_max_steps
     own = {} if preset.get("env") == env else PAPER_ENVS[env]
     source = {k: f"{env}'s settings: no {env} preset exists ({preset_path.name} is {preset.get('env')}'s)" for k in own}
     source |= {k: "--paper-set" for k in overrides or {}}
@@ -225,7 +225,7 @@ class _Babbler:
     """A random model's completions without the model: `max_new_tokens` ids drawn uniformly from a vocabulary of
     `vocab`, cut at the first stop id, decoded as LMPolicy decodes them (ids past the tokenizer's decode to nothing,
     as a shape model's do). A random-init model's next-token distribution is close to uniform; its text never parses
-    as an action, so the whole of it lands in the prompts' history, and every episode runs max-steps."""
+    as an action, so the whole of it lands in the prompts' history, and every episode runs rollout.max-steps."""
 
     def __init__(self, tokenizer, vocab: int, max_new_tokens: int, seed: int) -> None:
         self.tokenizer, self.vocab, self.max_new_tokens = tokenizer, vocab, max_new_tokens
@@ -251,12 +251,12 @@ def played_prompt_tokens(values: dict, shape: str, tasks: int = 8, seed: int = 0
     tokenizer = environment_tokenizer(cfg.env)
     name = SHAPE_NAMES[shape]
     vocab = SHAPES[name]["vocab_size"] if name else len(tokenizer)  # build_model's vocabulary for this shape
-    sampled = replace(cfg, rollout_batch_size=tasks)
+    sampled = cfg.updated({"rollout.generation-batch-size": tasks})
     rollout = rollout_config(sampled, placement=place_run(sampled))
-    pool = make_env(cfg.env, cfg.max_steps).tasks_of_split("train")
+    pool = make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("train")
     chosen = [pool[i] for i in np.random.default_rng(seed).choice(len(pool), size=tasks, replace=True)]
     trajectories = run_episodes(_Babbler(tokenizer, vocab, rollout.max_new_tokens, seed),
-                                lambda: make_env(cfg.env, cfg.max_steps), chosen, PromptEncoder(tokenizer), rollout)
+                                lambda: make_env(cfg.env, cfg.rollout.max_steps), chosen, PromptEncoder(tokenizer), rollout)
     lengths = [len(step.prompt_ids) for t in trajectories for step in t.steps]
     return sum(lengths) / max(len(lengths), 1)
 
@@ -266,40 +266,40 @@ def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPE
     """A round of `env` (default: the preset's own) at the preset's settings (paper_settings), estimated from the
     measured phases of `r`.
 
-    Assumptions (printed with it): every episode runs max-steps and every completion max-new-tokens (what a
+    Assumptions (printed with it): every episode runs rollout.max-steps and every completion rollout.max-completion-length (what a
     random model does: the worst case); a token step costs what it cost here (at this run's rows per step and
     context: a longer context costs more); log-probs and update cost in proportion to their model FLOPs
     (sample_flops: a completion token costs more than a prompt token where the head scores completions only), at
     prompts of `prompt_tokens` on average (played_prompt_tokens; default: this run's mean); an old-policy pass where an
-    epoch holds more than one minibatch and a KL-reference pass where kl-beta > 0; each client sends once. Server
+    epoch holds more than one minibatch and a KL-reference pass where grpo.beta > 0; each client sends once. Server
     evaluation and Flower's messaging are not in it. The phases' times are this run's, so the estimate runs at this
     run's TIMING_KEYS: the table it returns names every key whose value it used is not the preset's.
-    rollout-batch-size = 0 (auto) takes the rows this run resolved, capped at the preset's epoch."""
+    rollout.generation-batch-size = 0 (auto) takes the rows this run resolved, capped at the preset's epoch."""
     env = env or paper_envs(preset_path)[0]
     p, preset, source = paper_settings(env, overrides, preset_path)
     defaults = RunConfig().to_run_config()
-    episodes = p["tasks-per-epoch"] * p["group-size"]
-    rows = p["rollout-batch-size"] or min(r["rollout_rows"], episodes)
-    token_steps = p["max-steps"] * math.ceil(episodes / rows) * p["max-new-tokens"]
-    samples = episodes * p["max-steps"]
+    episodes = p["grpo.tasks-per-epoch"] * p["grpo.num-generations"]
+    rows = p["rollout.generation-batch-size"] or min(r["rollout_rows"], episodes)
+    token_steps = p["rollout.max-steps"] * math.ceil(episodes / rows) * p["rollout.max-completion-length"]
+    samples = episodes * p["rollout.max-steps"]
     prompt = r["mean_prompt_tokens"] if prompt_tokens is None else prompt_tokens
     f = r["flop_count"]
     shape = FlopShape(f["body_parameters"], f["head_parameters"])
-    new = p["max-new-tokens"]
+    new = p["rollout.max-completion-length"]
     sample = model_flops(shape, prompt + new, new if f["head_scores"] == "completion tokens" else prompt + new, 1.0)
-    logprob_passes = int(samples > p["minibatch-size"]) + int(p["kl-beta"] > 0)
+    logprob_passes = int(samples > p["grpo.mini-batch-size"]) + int(p["grpo.beta"] > 0)
     rollout = token_steps * r["rollout_s"] / max(r["token_steps"], 1)
     logprobs = samples * sample * logprob_passes * r["logprobs_s"] / f["logprob_flops"] if f["logprob_flops"] else 0.0
     update = samples * sample * f["update_passes"] * r["update_s"] / max(f["update_flops"], 1.0)
-    client = p["local-epochs"] * (rollout + logprobs + update) + r["transfer_s"]
+    client = p["grpo.local-epochs"] * (rollout + logprobs + update) + r["transfer_s"]
 
     table = []
     for k in WORK_KEYS:  # what the estimate counts: its own values
-        used, was = (rows if k == "rollout-batch-size" else p.get(k, defaults[k])), preset.get(k, defaults[k])
+        used, was = (rows if k == "rollout.generation-batch-size" else p.get(k, defaults[k])), preset.get(k, defaults[k])
         if used != was:
             why = source.get(k, "the preset")
             table.append({"key": k, "preset": was, "used": used, "from": why if used == p.get(k) else
-                          f"{why}: rollout-batch-size = 0 (auto) takes the rows the measured run resolved"})
+                          f"{why}: rollout.generation-batch-size = 0 (auto) takes the rows the measured run resolved"})
     if r.get("env") and r["env"] != env:  # the phases' times: the measured run's
         table.append({"key": "env", "preset": preset.get("env"), "used": r["env"],
                       "from": f"the measured run: its token steps and passes, timed on {r['env']}, priced {env}'s counts "
@@ -318,8 +318,8 @@ def paper_round(r: dict, overrides: dict | None = None, preset_path: Path = PAPE
             f"{env} played with random tokens for the model (played_prompt_tokens)",
             "timed_on": {"env": r.get("env"), "rollout_rows": r["rollout_rows"], "mean_prompt_tokens": r["mean_prompt_tokens"]},
             "clients": p["clients-per-round"],
-            "local_epochs": p["local-epochs"], "episodes_per_epoch": episodes, "max_steps": p["max-steps"],
-            "max_new_tokens": p["max-new-tokens"],
+            "local_epochs": p["grpo.local-epochs"], "episodes_per_epoch": episodes, "max_steps": p["rollout.max-steps"],
+            "max_new_tokens": p["rollout.max-completion-length"],
             "rollout_batch_size": rows, "rollout_rows_as_measured": rows == r["rollout_rows"],
             "token_steps_per_epoch": token_steps, "logprob_passes_per_epoch": logprob_passes,
             "samples_per_epoch": samples, "epoch_rollout_s": round(rollout, 1), "epoch_logprobs_s": round(logprobs, 1),
@@ -430,7 +430,7 @@ def sample_flops(config, samples, chunk_tokens: int, passes: float) -> float:
 
 def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
               bandwidth: float = H100_BANDWIDTH, peak_flops: float = H100_BF16_FLOPS) -> dict:
-    env = make_env(cfg.env, cfg.max_steps)
+    env = make_env(cfg.env, cfg.rollout.max_steps)
     tokenizer = environment_tokenizer(cfg.env)
     model = build_model(shape, tokenizer, device, seed)
     if base_dtype(cfg.precision) != torch.float32:  # precision=bf16-base set: the base as load_agent would load it
@@ -438,33 +438,32 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
     shape_facts = ModelShape.of(model.config)
     eval_tasks = env.tasks_of_split("test")[:16]
     plan_context = context_tokens(cfg, tokenizer, env, eval_tasks)
-    # every auto resolved as a client resolves it (methods/placement.py): rollout-batch-size=0 the most rows the memory
-    # plan fits in client-memory-gb, or else in the GPU memory free now, up to an epoch's episodes; auto checkpointing
+    # every auto resolved as a client resolves it (methods/placement.py): rollout.generation-batch-size=0 the most rows the memory
+    # plan fits in engine.client-memory-gb, or else in the GPU memory free now, up to an epoch's episodes; auto checkpointing
     # within the room the plan leaves
     placement = place_run(cfg, model=model, shape=shape_facts, context_tokens=plan_context,
                           budget_bytes=memory_budget(cfg, device))
     rows = placement.rollout_rows
     client_plan = memory_plan(cfg, shape_facts, plan_context, placement, rows)
 
-    lora = attached_lora(model, lora_spec(cfg), seed=seed) if cfg.finetuning == "lora" else contextlib.nullcontext()
+    lora = attached_lora(model, lora_spec(cfg), seed=seed) if cfg.grpo.finetuning == "lora" else contextlib.nullcontext()
     with lora as peft_model:
         trained = peft_model if peft_model is not None else model
         memory = PeakMemory(device)
-        trainer = GRPOTrainer(trained, tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
+        trainer = GRPOTrainer(trained, tokenizer, cfg.grpo, rollout_config(cfg, placement=placement), engine=cfg.engine, placement=placement)
         clock: dict[str, float] = defaultdict(float)
         timed_method(trainer, "_logprobs", clock)
         rng = np.random.default_rng(seed)
-        grpo = trainer.config
         pool = env.tasks_of_split("train")
-        chosen = [pool[i] for i in rng.choice(len(pool), size=grpo.tasks_per_epoch, replace=True)]
-        episodes = [t for t in chosen for _ in range(grpo.group_size)]
+        chosen = [pool[i] for i in rng.choice(len(pool), size=cfg.grpo.tasks_per_epoch, replace=True)]
+        episodes = [t for t in chosen for _ in range(cfg.grpo.num_generations)]
 
         sampler: dict[str, float] = defaultdict(float)
-        engine = placement.decode_engine  # decode-engine (--decode-engine) as the placement resolved it, with the model
+        engine = placement.decode_engine  # rollout.name (--decode-engine) as the placement resolved it, with the model
         with memory.phase("rollout"), sampler_clock(engine, sampler):
             started = time.perf_counter()
-            with autocast(grpo.precision, device):
-                trajectories = run_episodes(trainer.policy, lambda: make_env(cfg.env, cfg.max_steps), episodes,
+            with autocast(placement.precision, device):
+                trajectories = run_episodes(trainer.policy, lambda: make_env(cfg.env, cfg.rollout.max_steps), episodes,
                                             trainer.encoder, trainer.rollout)
             release_decoder(trainer.policy.model)  # as GRPOTrainer.train_epoch does before its update
             rollout_s = time.perf_counter() - started
@@ -480,9 +479,9 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
 
         with memory.phase("transfer"):
             started = time.perf_counter()
-            sent = encode(adapter_to_arrays(peft_model) if peft_model is not None else model_to_arrays(model), cfg.transfer_dtype)
+            sent = encode(adapter_to_arrays(peft_model) if peft_model is not None else model_to_arrays(model), cfg.federation.transfer_dtype)
             sent_payload, sent_wire = payload_bytes(sent), wire_bytes(sent)
-            received = decode(sent, cfg.transfer_dtype)
+            received = decode(sent, cfg.federation.transfer_dtype)
             if peft_model is not None:
                 arrays_to_adapter(peft_model, received)
             else:
@@ -497,10 +496,10 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
     # What the update and log-prob passes compute for the samples, against the card's peak (sample_flops: the head
     # where it scores, padding and recomputation left out)
     flop_shape = FlopShape.of(model.config)
-    update_passes = 2.0 if cfg.finetuning == "lora" else 3.0
+    update_passes = 2.0 if cfg.grpo.finetuning == "lora" else 3.0
     logprob_passes = int(clock["_logprobs_calls"])
-    logprob_flops = sample_flops(model.config, samples, cfg.logprob_chunk_tokens, logprob_passes)
-    update_flops = sample_flops(model.config, samples, cfg.logprob_chunk_tokens, update_passes)
+    logprob_flops = sample_flops(model.config, samples, cfg.engine.logprob_chunk_tokens, logprob_passes)
+    update_flops = sample_flops(model.config, samples, cfg.engine.logprob_chunk_tokens, update_passes)
     update_only_s = max(update_s - logprob_s, 1e-9)
     # The prefill runs the layers at each position holding a token (its padding left out, as the passes' is) and the
     # head at each distinct prompt's last position. The group prefixes' pass stops after the last layer's q/k/v (the
@@ -525,8 +524,8 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
                          value_bytes, bandwidth)
     return {
         "shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.finetuning, "precision": placement.precision,
-        "gradient_checkpointing": cfg.gradient_checkpointing, "transfer_dtype": cfg.transfer_dtype,
+        "parameters": shape_facts.parameters, "body_parameters": body_parameters, "finetuning": cfg.grpo.finetuning, "precision": placement.precision,
+        "gradient_checkpointing": cfg.engine.gradient_checkpointing, "transfer_dtype": cfg.federation.transfer_dtype,
         "env": cfg.env, "run_config": cfg.to_run_config(),
         # the settings the phases' times depend on, every auto resolved as it ran, so that the paper round compares
         # like with like
@@ -534,7 +533,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
         "episodes": len(episodes), "rollout_rows": rows, "agent_steps": len(steps), "generated_tokens": generated,
         "rollout_s": round(rollout_s, 3), "logprobs_s": round(logprob_s, 3), "update_s": round(update_s - logprob_s, 3),
         "transfer_s": round(transfer_s, 3), "generated_tokens_per_s": round(generated / max(rollout_s, 1e-9), 1),
-        "decode_engine": engine, "decode_kernels": cfg.decode_kernels, "token_steps": token_steps, "sampler_s": round(sampler["sampler_s"], 3),
+        "decode_engine": engine, "decode_kernels": cfg.rollout.kernels, "token_steps": token_steps, "sampler_s": round(sampler["sampler_s"], 3),
         "decode_ms_per_token_step": round(sampler["sampler_s"] / max(token_steps, 1) * 1e3, 3),
         "rollout_ms_per_token_step": round(rollout_s / max(token_steps, 1) * 1e3, 3),
         # the static engine's start (prefill and graph capture) apart from its token steps; 0 on the hf engine
@@ -571,7 +570,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
         # token a pass, the head included at prompt positions it never scores) made of the same passes
         "flop_count": {
             "body_parameters": flop_shape.body, "head_parameters": flop_shape.head,
-            "head_scores": "completion tokens" if cfg.logprob_chunk_tokens > 0 else "every token",
+            "head_scores": "completion tokens" if cfg.engine.logprob_chunk_tokens > 0 else "every token",
             "padding": "left out (update_padding_fraction, logprob_padding_fraction)",
             "sample_tokens": sample_tokens, "completion_tokens": generated,
             "update_passes": update_passes, "logprob_passes": logprob_passes,
@@ -653,7 +652,7 @@ def format_paper_round(p: dict, measured_rows: int) -> list[str]:
         f"update {p['epoch_update_s']:,.0f} s ({p['samples_per_epoch']:,} samples)",
         f"            per client {p['client_s']:,.0f} s (transfer included); round {p['round_s_clients_in_turn']:,.0f} s "
         f"with the clients in turn on one card, {p['round_s_one_card_each']:,.0f} s with a card each",
-        "            assumed: every episode runs max-steps and every completion max-new-tokens (a random model's "
+        "            assumed: every episode runs rollout.max-steps and every completion rollout.max-completion-length (a random model's "
         "worst case); a token step costs what it cost here (this batch and context); log-probs and update "
         "scale with their model FLOPs; server evaluation and Flower's messaging left out",
     ]
@@ -674,7 +673,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=list(SHAPE_NAMES), default="tiny")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a run-config value over the paper's round (repeatable), e.g. --set finetuning=lora")
+                        help="a run-config value over the paper's round (repeatable), e.g. --set grpo.finetuning=lora")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
@@ -691,12 +690,12 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"also estimate a round on each of {', '.join(PAPER_ENVS)} at {PAPER_PRESET.name}'s settings "
                              "from the measured phases")
     parser.add_argument("--paper-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a preset value for the --paper-round estimate (repeatable), e.g. tasks-per-epoch=64")
+                        help="a preset value for the --paper-round estimate (repeatable), e.g. grpo.tasks-per-epoch=64")
     args = parser.parse_args(argv)
     try:
         overrides = parse_overrides(args.set)
         paper_overrides = parse_overrides(args.paper_set)
-        cfg = RunConfig.from_run_config(PAPER_ROUND | overrides | {"device": args.device, "decode-engine": args.decode_engine})
+        cfg = RunConfig.from_run_config(PAPER_ROUND | overrides | {"device": args.device, "rollout.name": args.decode_engine})
         device = pick_device(args.device)
     except ValueError as err:
         parser.error(str(err))

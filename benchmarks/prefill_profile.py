@@ -4,9 +4,9 @@ prefix computed once (agent/engine/prefill_plan.py, what the rollout runs) and e
 
 The batch: `--tasks` tasks x `--group` episodes, every prompt the same system text (`--system` tokens), then its
 task's text (`--task`), then a history of its own (uniform in [history / 2, 3 history / 2] tokens). The defaults
-follow the issue-35 round (`gpu_round.py --shape 1.5b --set tasks-per-epoch=16 --set group-size=8`): 16 x 8
+follow the issue-35 round (`gpu_round.py --shape 1.5b --set grpo.tasks-per-epoch=16 --set grpo.num-generations=8`): 16 x 8
 episodes; a task's episodes share 100 tokens, the mean group prefix that gpu_round printed for its WebShop prompts
-on CPU (`--shape tiny ... --set max-new-tokens=16 --decode-engine static`); on an H100 those prompts averaged about
+on CPU (`--shape tiny ... --set rollout.max-completion-length=16 --decode-engine static`); on an H100 those prompts averaged about
 180 tokens (history 80; docs/gpu.md). A later turn's batch, that is: on the first turn a group's prompts are identical and are
 prefilled once anyway.
 

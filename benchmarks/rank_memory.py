@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Each CPU rank's peak resident memory in a client's round against the memory plan of a rank (ranks-per-client = N).
+"""Each CPU rank's peak resident memory in a client's round against the memory plan of a rank (engine.ranks-per-client = N).
 
 The plan counts what the model and the round hold (a rank's shards, the whole weights gathered to decode, AdamW's
 moments, the KV cache, logits and activations, the larger of the rollout and the update: agent/engine/memory.py).
@@ -8,7 +8,7 @@ measures that first, once the round's code is imported and the tokenizer loaded,
 (the run config's initial weights, partition 0's tasks), and each rank's peak (VmHWM) less that baseline is compared
 with two plans:
 - the run's plan (what placement checks against the memory given): every pass at the longest context the tasks allow,
-  the rollout at rollout-batch-size rows, every rank as loaded as the busiest;
+  the rollout at rollout.generation-batch-size rows, every rank as loaded as the busiest;
 - the rank's own plan: the same planner given what that rank ran, as the round recorded it: the longest sample it
   trained (prompt and completion), the episodes it played at once, the rows of its largest update pass (1 where it ran
   only spare passes) and of its largest no-grad log-prob pass. This one says whether the planner counts what a pass
@@ -24,8 +24,8 @@ within a segment, so the true value lies between), against the baseline's privat
 (the round's weights the ranks map) stay counted: they cannot be dropped.
 
     python benchmarks/rank_memory.py                                  # the default job's model and settings, 2 ranks
-    python benchmarks/rank_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set tasks-per-epoch=2
-    python benchmarks/rank_memory.py --set ranks-return-memory=true   # ranks that give what they free back
+    python benchmarks/rank_memory.py --run-config configs/smollm2-fedagent-cpu.toml --set grpo.tasks-per-epoch=2
+    python benchmarks/rank_memory.py --set engine.ranks-return-memory=true   # ranks that give what they free back
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -161,8 +160,7 @@ def measured_round(rank: int, world: int, tensors: dict, *args):
 
 def own_plan(cfg: RunConfig, shape: ModelShape, placement, ran: dict):
     """The planner given what a rank ran: its longest sample as the context, its passes' rows, its episodes."""
-    ran_cfg = replace(cfg, micro_batch_size=max(1, ran["update_rows"]), micro_batch_tokens=0,
-                      logprob_micro_batch_size=max(1, ran["logprob_rows"]), logprob_micro_batch_tokens=0)
+    ran_cfg = cfg.updated({"grpo.ppo-micro-batch-size-per-gpu": max(1, ran["update_rows"]), "grpo.ppo-max-token-len-per-gpu": 0, "grpo.log-prob-micro-batch-size-per-gpu": max(1, ran["logprob_rows"]), "grpo.log-prob-max-token-len-per-gpu": 0})
     return memory_plan(ran_cfg, shape, ran["longest"], placement, min(placement.rollout_rows, ran["episodes"]))
 
 
@@ -171,7 +169,7 @@ def round_inputs(cfg: RunConfig):
     tensors as train_on_ranks sends them, and the client's placement."""
     agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
-    if cfg.finetuning == "lora":
+    if cfg.grpo.finetuning == "lora":
         with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
             sent = adapter_to_arrays(peft_model)
             placement = process_placement(cfg, agent, tasks, model=peft_model)
@@ -187,24 +185,24 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config value over it")
     parser.add_argument("--json", action="store_true", help="one JSON line on stdout")
     args = parser.parse_args()
-    values = {"ranks-per-client": 2} | (read_run_config_file(args.run_config) if args.run_config else {})
+    values = {"engine.ranks-per-client": 2} | (read_run_config_file(args.run_config) if args.run_config else {})
     values |= parse_overrides(args.set)
     try:
         cfg = RunConfig.from_run_config(values)
     except ValueError as err:
         parser.error(str(err))
-    if cfg.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu":
-        parser.error(f"ranks-per-client={cfg.ranks_per_client}, device={cfg.device}: CPU ranks, at least 2")
+    if cfg.engine.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu":
+        parser.error(f"engine.ranks-per-client={cfg.engine.ranks_per_client}, device={cfg.device}: CPU ranks, at least 2")
     agent, tasks, tensors, placement = round_inputs(cfg)
     shape = ModelShape.of(agent.model.config)
     plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows)
-    with RankPool(cfg.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.round_timeout,
-                  ranked_round.mmap_threshold(cfg), collective_timeout_s=cfg.rank_timeout_s or None) as pool:
+    with RankPool(cfg.engine.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.federation.round_timeout,
+                  ranked_round.mmap_threshold(cfg), collective_timeout_s=cfg.engine.rank_timeout_s or None) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
         _, round_info = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
     print(plan.table().replace(f"{plan.who}:", f"{plan.who} (the run's plan, {plan.total / MIB:.0f} MiB):"), flush=True)
     ranks = []
-    for r in range(cfg.ranks_per_client):
+    for r in range(cfg.engine.ranks_per_client):
         base, ran = info["baseline"][str(r)], round_info["records"][str(r)]
         held = {k: v - base["rss_mib"] for k, v in ran["peaks_mib"].items()}
         # private: less the file-backed pages at the segment's start (at most) or its end (at least)
@@ -235,8 +233,8 @@ def main() -> None:
               f"{peak_private:.0f} MiB, {x['private_least_over_own_plan']:.2f}-{x['private_over_own_plan']:.2f}x its "
               f"own plan; rollout {private_least['rollout']:.0f}-{private['rollout']:.0f}, update "
               f"{private_least['update']:.0f}-{private['update']:.0f}", flush=True)
-    result = {"settings": {"ranks": cfg.ranks_per_client, "model": cfg.model, "env": cfg.env,
-                           "finetuning": cfg.finetuning, "precision": placement.precision, "run_config": values},
+    result = {"settings": {"ranks": cfg.engine.ranks_per_client, "model": cfg.model, "env": cfg.env,
+                           "finetuning": cfg.grpo.finetuning, "precision": placement.precision, "run_config": values},
               "plan": plan.as_dict(), "plan_mib": plan.total / MIB, "ranks": ranks,
               "episodes": round_info["metrics"].get("episodes")}
     if args.json:

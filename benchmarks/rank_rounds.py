@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What a client's round on N ranks costs beyond its training: ranks kept between rounds against ranks started anew.
 
-A client with `ranks-per-client = N` answers each round through its ranks (agent/fsdp/launch.py's RankPool). Kept,
+A client with `engine.ranks-per-client = N` answers each round through its ranks (agent/fsdp/launch.py's RankPool). Kept,
 they were started (a fresh interpreter each, torch and transformers imported, the process group joined, the model
 loaded and sharded) once, in the client's first round; started anew, every round pays for all of that again. Both
 variants train the same round (the run config's initial weights, partition 0's tasks, the same server round) and
@@ -11,7 +11,7 @@ each variant's overhead over rounds 2.. (mean and standard error), the kept rank
 and the kept ranks' peak resident memory.
 
     python benchmarks/rank_rounds.py --rounds 4                      # the default job's model and settings, 2 ranks
-    python benchmarks/rank_rounds.py --run-config configs/smollm2-fedagent-cpu.toml --set ranks-per-client=2 --rounds 3
+    python benchmarks/rank_rounds.py --run-config configs/smollm2-fedagent-cpu.toml --set engine.ranks-per-client=2 --rounds 3
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
@@ -59,16 +59,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per variant (at least 2)")
     parser.add_argument("--json", action="store_true", help="one JSON line on stdout")
     args = parser.parse_args()
-    values = {"ranks-per-client": 2} | (read_run_config_file(args.run_config) if args.run_config else {})
+    values = {"engine.ranks-per-client": 2} | (read_run_config_file(args.run_config) if args.run_config else {})
     try:
         cfg = RunConfig.from_run_config(values | parse_overrides(args.set))
     except ValueError as err:
         parser.error(str(err))
     values |= parse_overrides(args.set)
-    if cfg.ranks_per_client < 2 or args.rounds < 2:
-        parser.error(f"ranks-per-client={cfg.ranks_per_client} and --rounds {args.rounds}: both must be at least 2")
+    if cfg.engine.ranks_per_client < 2 or args.rounds < 2:
+        parser.error(f"engine.ranks-per-client={cfg.engine.ranks_per_client} and --rounds {args.rounds}: both must be at least 2")
     agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
-    if cfg.finetuning == "lora":
+    if cfg.grpo.finetuning == "lora":
         with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
             sent = adapter_to_arrays(peft_model)
     else:
@@ -76,21 +76,21 @@ def main() -> None:
     tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
     backend = backend_for(pick_device(cfg.device))
     rounds: dict[str, list[dict[str, float]]] = {"kept": [], "new": []}
-    deadlines = {"timeout_s": cfg.round_timeout, "collective_timeout_s": cfg.rank_timeout_s or None}
-    with RankPool(cfg.ranks_per_client, backend, **deadlines) as kept:
+    deadlines = {"timeout_s": cfg.federation.round_timeout, "collective_timeout_s": cfg.engine.rank_timeout_s or None}
+    with RankPool(cfg.engine.ranks_per_client, backend, **deadlines) as kept:
         for r in range(1, args.rounds + 1):
             for variant in (("kept", "new") if r % 2 else ("new", "kept")):
                 if variant == "kept":
                     rounds["kept"].append(timed_round(cfg, kept, sent, tasks, r))
                 else:
-                    with RankPool(cfg.ranks_per_client, backend, **deadlines) as fresh:
+                    with RankPool(cfg.engine.ranks_per_client, backend, **deadlines) as fresh:
                         rounds["new"].append(timed_round(cfg, fresh, sent, tasks, r))
         peak_mb = [status_mib(p.pid) for p in kept.processes]  # the kept ranks' high-water mark over every round
     later = {v: np.array([x["overhead_s"] for x in rounds[v][1:]]) for v in rounds}
     se = {v: float(later[v].std(ddof=1) / np.sqrt(len(later[v]))) if len(later[v]) > 1 else float("nan") for v in later}
     result = {
-        "settings": {"rounds": args.rounds, "ranks": cfg.ranks_per_client, "model": cfg.model, "env": cfg.env,
-                     "finetuning": cfg.finetuning, "run_config": values},
+        "settings": {"rounds": args.rounds, "ranks": cfg.engine.ranks_per_client, "model": cfg.model, "env": cfg.env,
+                     "finetuning": cfg.grpo.finetuning, "run_config": values},
         "rounds": rounds,
         "overhead_later_rounds_s": {v: {"mean": float(later[v].mean()), "se": se[v]} for v in later},
         "kept_first_round_overhead_s": rounds["kept"][0]["overhead_s"],

@@ -84,7 +84,7 @@ def main() -> None:
         parser.error(f"--group-size={args.group_size} is not allowed: expected a divisor of --episodes={args.episodes}")
     tasks = [pool[i % len(pool)] for i in range(args.episodes // args.group_size) for _ in range(args.group_size)]
     # The default run's prompt and generation settings, all episodes in one generate call.
-    run_cfg = RunConfig.from_run_config({"temperature": args.temperature, "rollout-batch-size": max(1, args.episodes)})
+    run_cfg = RunConfig.from_run_config({"rollout.temperature": args.temperature, "rollout.generation-batch-size": max(1, args.episodes)})
     cfg = rollout_config(run_cfg, placement=place_run(run_cfg))
     encoder = PromptEncoder(agent.tokenizer)
     policy = LMPolicy(agent.model, agent.tokenizer, cfg)

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Peak memory and seconds of Fed-SE's fine-tuning steps by setting, on the model and LoRA adapter of a run config:
-the micro-batch (one batch in one pass against the same batch accumulated over passes, `fedse-sft-micro-batch-size`),
+the micro-batch (one batch in one pass against the same batch accumulated over passes, `fedse.sft-micro-batch-size`),
 where TRL's loss head projects (`--head loss`: the completions' positions, as `agent/training/sft.py` has it; `every`:
 every position of the padded batch, TRL's own choice on CPU) and the precision (fp32, bf16-mixed, or bf16-base: the
 frozen base loaded in bf16 under the same autocast, as a run with that precision loads it) and the attention kernel
-(`--attention`, the run-config key training-attention: sdpa or eager).
+(`--attention`, the run-config key engine.attn-implementation: sdpa or eager).
 
 Each setting runs in a fresh process of its own, since a process's peak resident memory (ru_maxrss) only grows; with
 `--repeats` R the settings take turns R times, so that a drift of the machine's speed reaches each alike. The samples
@@ -40,6 +40,7 @@ import numpy as np
 from fedagent_flwr.agent.training.lora import lora_spec
 from fedagent_flwr.config.choices import TRAINING_ATTENTIONS
 from fedagent_flwr.methods.memory import memory_plan
+from flwr.common.config import flatten_dict  # a preset's sections as the dotted keys Flower reads
 
 
 HEADS = ("loss", "every")
@@ -58,25 +59,25 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
     from fedagent_flwr.methods.placement import place_run, process_placement, run_base_dtype
 
     # the setting's precision is the run's: its base dtype (bf16-base) and its memory plan follow it
-    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse-sft-micro-batch-size": micro,
+    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | run_config | {"fedse.sft-micro-batch-size": micro,
                                                                                 "precision": precision,
-                                                                                "training-attention": attention})
+                                                                                "engine.attn-implementation": attention})
     agent = load_agent(cfg.model, cfg.env, place_run(cfg).device, run_base_dtype(cfg))  # as a run's client loads it here
-    placement = process_placement(cfg, agent, make_env(cfg.env, cfg.max_steps).tasks_of_split("test"))
+    placement = process_placement(cfg, agent, make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("test"))
     plan = memory_plan(cfg, ModelShape.of(agent.model.config), placement.context_tokens, placement, placement.rollout_rows)
     rng = np.random.default_rng(seed)
     vocab = agent.model.config.vocab_size
     lo, hi = int(prompt_tokens * 0.9), int(prompt_tokens * 1.1) + 1
     samples = [(rng.integers(10, vocab, size=int(rng.integers(lo, hi))).tolist(), rng.integers(10, vocab, size=completion_tokens).tolist())
-               for _ in range(steps * cfg.fedse_sft_batch_size)]
+               for _ in range(steps * cfg.fedse.sft_batch_size)]
     if head == "every":  # TRL's own path: its fused head at every position of the padded batch
         sft.head_at_loss_positions = contextlib.nullcontext
     started = time.perf_counter()
     with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as model:
         losses = supervised_finetune(model, samples, agent.tokenizer, SupervisedConfig(
-            steps=steps, batch_size=cfg.fedse_sft_batch_size, micro_batch_size=micro, learning_rate=cfg.fedse_learning_rate,
-            precision=placement.compute_precision, attention=cfg.training_attention))
-    return {"micro_batch_size": micro or cfg.fedse_sft_batch_size, "batch_size": cfg.fedse_sft_batch_size,
+            steps=steps, batch_size=cfg.fedse.sft_batch_size, micro_batch_size=micro, learning_rate=cfg.fedse.learning_rate,
+            precision=placement.compute_precision, attention=cfg.engine.attn_implementation))
+    return {"micro_batch_size": micro or cfg.fedse.sft_batch_size, "batch_size": cfg.fedse.sft_batch_size,
             "head": head, "precision": precision, "attention": attention,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "plan_gib": plan.total / GB,
             "seconds": time.perf_counter() - started, "losses": losses}
@@ -86,13 +87,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-config", type=Path, required=True, help="a TOML file of run-config keys (a Fed-SE preset)")
     parser.add_argument("--micro", type=int, action="append", default=[],
-                        help="fedse-sft-micro-batch-size to measure (repeatable; 0 = the whole batch in one pass)")
+                        help="fedse.sft-micro-batch-size to measure (repeatable; 0 = the whole batch in one pass)")
     parser.add_argument("--head", action="append", default=[], choices=HEADS,
                         help="where TRL's loss head projects (repeatable; default loss, the project's)")
     parser.add_argument("--precision", action="append", default=[], choices=PRECISIONS,
                         help="the fine-tuning's precision (repeatable; default fp32)")
     parser.add_argument("--attention", action="append", default=[], choices=TRAINING_ATTENTIONS,
-                        help="the fine-tuning's attention kernel, training-attention (repeatable; default sdpa)")
+                        help="the fine-tuning's attention kernel, engine.attn-implementation (repeatable; default sdpa)")
     parser.add_argument("--repeats", type=int, default=1, help="turns of every setting (default 1)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads of each measuring process (0 = torch's default)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
-        run_config = tomllib.loads(args.run_config.read_text())
+        run_config = flatten_dict(tomllib.loads(args.run_config.read_text()))
     except (OSError, tomllib.TOMLDecodeError) as err:
         parser.error(f"--run-config {args.run_config}: {err}")
     if args.repeats < 1:

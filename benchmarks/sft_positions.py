@@ -69,14 +69,14 @@ def main(argv: list[str] | None = None) -> dict:
     config = json.loads((args.run_dir / "config.json").read_text())
     if config.get("strategy") != "fedse-lora":
         raise SystemExit(f"--run-dir: strategy={config.get('strategy')!r}, expected a fedse-lora run")
-    if config.get("fedse-loss-tokens", "completion") != "completion":
-        raise SystemExit(f"fedse-loss-tokens={config['fedse-loss-tokens']!r}: only 'completion' rows are counted here")
+    if config.get("fedse.loss-tokens", "completion") != "completion":
+        raise SystemExit(f"fedse.loss-tokens={config['fedse.loss-tokens']!r}: only 'completion' rows are counted here")
     run_key = json.loads((args.run_dir / "state" / "server.json").read_text())["strategy"]["run_key"]  # kept on resume
-    micro = args.micro_batch or int(config["fedse-sft-micro-batch-size"]) or int(config["fedse-sft-batch-size"])
+    micro = args.micro_batch or int(config["fedse.sft-micro-batch-size"]) or int(config["fedse.sft-batch-size"])
     rng = random.Random(args.seed)
     clients = {}
     for partition in range(int(config["num-clients"])):
-        samples = ExperienceBuffer(client_buffer_dir(config["fedse-buffer-dir"], run_key, partition)).samples()
+        samples = ExperienceBuffer(client_buffer_dir(config["fedse.buffer-dir"], run_key, partition)).samples()
         if samples:
             clients[partition] = {"samples": len(samples), **micro_batches(samples, micro, args.draws, rng)}
     every = list(clients.values())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The static engine's token step with eager and with compiled kernels (`decode-kernels`), side by side in one process.
+"""The static engine's token step with eager and with compiled kernels (`rollout.kernels`), side by side in one process.
 
 Only the token steps are timed: each run prefills the same prompts, then feeds `--steps` fixed tokens to every row
 (no sampling, no stop), device synchronised around the steps. The two decoders alternate run by run, so drift in the

@@ -5,23 +5,23 @@ The run config's model is loaded as a client loads it (its base dtype, the run's
 the config's rollouts on partition 0's tasks, once. Every agent step then gets a random advantage, so that every
 variant trains on all of them (a real epoch keeps only the steps of groups a reward split, a number that would vary
 with the sampling), and `--samples` of them are kept. Each `--variant` (run-config values over the run config, e.g.
-`shared-prompt-prefix=true,old-logprobs=rollout`) then times `GRPOTrainer.update` on exactly those samples from a
+`engine.shared-prompt-prefix=true,grpo.old-logprobs=rollout`) then times `GRPOTrainer.update` on exactly those samples from a
 fresh adapter and optimizer; the variants alternate repeat by repeat, so drift in the machine falls on all of them.
 The benchmark's own variant key `peft-input-cast=true` lets PEFT cast each adapter's input to the adapter's fp32, as
 it did before agent/training/lora.py's keep_input_dtype (under bf16 autocast the same numbers, two copies more);
 `attention=causal|math|causal-math` runs the passes' attention otherwise than the run does (ATTENTION below).
 Printed per variant: the update's seconds (mean and standard error over repeats), their ratio to the first variant's
-(per repeat), and, where old-logprobs = rollout, how far the rollout's log-probs lie from a training pass's (mean
+(per repeat), and, where grpo.old-logprobs = rollout, how far the rollout's log-probs lie from a training pass's (mean
 absolute difference per completion token, `rollout_logprob_gap`). Unlike cpu_round.py, every variant does the same
 work, so the ratio is one of speed alone; what a setting changes in what is learnt is for paired runs to show.
 `--profile` then runs one micro-batch of the first variant under torch.profiler (update_profile.py's profile: the
 forward and backward timed apart, the top operators, and the backward's autograd nodes by the time under them).
 
     python benchmarks/update_passes.py --run-config configs/smollm2-fedagent-cpu.toml --samples 96 --repeats 2 \\
-        --variant shared-prompt-prefix=false,old-logprobs=recompute --variant shared-prompt-prefix=true \\
-        --variant shared-prompt-prefix=true,old-logprobs=rollout
+        --variant engine.shared-prompt-prefix=false,grpo.old-logprobs=recompute --variant engine.shared-prompt-prefix=true \\
+        --variant engine.shared-prompt-prefix=true,grpo.old-logprobs=rollout
     python benchmarks/update_passes.py --run-config configs/smollm2-fedagent-cpu.toml --samples 96 --repeats 3 \\
-        --threads 1 --variant peft-input-cast=true --variant peft-input-cast=false --variant training-kernels=compile
+        --threads 1 --variant peft-input-cast=true --variant peft-input-cast=false --variant engine.training-kernels=compile
 
 With `--json` (one JSON line) under `python benchmarks/raw_output.py run OUT.json -- ...` the result is kept with the
 machine, versions and commit it ran on (benchmarks/results/README.md).
@@ -34,7 +34,6 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -47,7 +46,7 @@ from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import attached_lora, lora_spec
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.placement import place_run, process_placement, run_base_dtype
 from fedagent_flwr.methods.tasks import learner_tasks
 
@@ -60,11 +59,11 @@ def epoch_samples(cfg: RunConfig, agent, model, n: int, seed: int) -> list[StepS
     of them in a seeded shuffle (all if fewer)."""
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
     placement = process_placement(cfg, agent, tasks, model=model)  # as a run's client resolves it
-    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
+    trainer = GRPOTrainer(model, agent.tokenizer, cfg.grpo, rollout_config(cfg, placement=placement), engine=cfg.engine, placement=placement)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
-    played = trainer._play(lambda: make_env(cfg.env, cfg.max_steps), chosen, rng, False)
+    chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.grpo.tasks_per_epoch, replace=True)]
+    played = trainer._play(lambda: make_env(cfg.env, cfg.rollout.max_steps), chosen, rng, False)
     steps = [(s, 1.0 / max(1, sum(len(x.completion_ids) for x in t.steps))) for t in played for s in t.steps
              if s.completion_ids]
     order = rng.permutation(len(steps))[:n]
@@ -122,7 +121,7 @@ def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int, pe
             if peft_casts and hasattr(module, "cast_input_dtype_enabled"):
                 module.cast_input_dtype_enabled = True
         placement = place_run(cfg, model=model)
-        trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
+        trainer = GRPOTrainer(model, agent.tokenizer, cfg.grpo, rollout_config(cfg, placement=placement), engine=cfg.engine, placement=placement)
         started = time.perf_counter()
         with attention_as(attention):
             stats = trainer.update(samples, np.random.default_rng(seed))
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     with attached_lora(agent.model, lora_spec(first), seed=args.seed) as model:
         # played with the logprobs kept (the rollout keeps them at any temperature > 0), whatever a variant uses
-        samples = epoch_samples(replace(first, old_logprobs="rollout"), agent, model, args.samples, args.seed)
+        samples = epoch_samples(first.updated({"grpo.old-logprobs": "rollout"}), agent, model, args.samples, args.seed)
     play_s = time.perf_counter() - started
     print(f"[update_passes] played {len(samples)} samples in {play_s:.0f} s", file=sys.stderr, flush=True)
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}

@@ -4,7 +4,7 @@
 The model is a Qwen2.5-shaped random model built as gpu_round.py builds it (`--shape`). The samples are synthetic
 agent steps of the lengths a paper-settings round produces: prompts of `--prompt-tokens` on average (spread uniformly
 over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random advantages, so
-every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g. `micro-batch-size=32`;
+every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g. `grpo.ppo-micro-batch-size-per-gpu=32`;
 the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/engine/attention.py
 keeps out of them; and GRPOConfig's diagnostic switches (agent/engine/passes.py), set on the trainer's config:
 `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the passes did before
@@ -15,21 +15,21 @@ and is timed over one call of `GRPOTrainer.update` (its old-policy and KL-refere
 does). The variants' samples differ only in their lengths' remainder modulo the number of variants, so no variant
 reuses a shape another has met: shape-dependent setup (cuDNN's plans, autotuning) is paid by each, as in a round.
 Printed per variant: seconds and MFU of the no-grad log-prob passes and of the update, the share of computed tokens
-that are padding, the peak memory (CUDA allocator), and the share of layer passes checkpointed (gradient-checkpointing
-true: all; auto: as many as the room the plan leaves in client-memory-gb, or else in the card's free memory, needs)
-and the update's forward/backward passes (micro-batches; `micro-batch-tokens` cuts them by padded tokens, each pass
+that are padding, the peak memory (CUDA allocator), and the share of layer passes checkpointed (engine.gradient-checkpointing
+true: all; auto: as many as the room the plan leaves in engine.client-memory-gb, or else in the card's free memory, needs)
+and the update's forward/backward passes (micro-batches; `grpo.ppo-max-token-len-per-gpu` cuts them by padded tokens, each pass
 as full as that allows). `--profile` adds, for the first variant, one micro-batch's
 forward and backward under torch.profiler: CPU time against device time (is the host the bottleneck?) and the top
-operators. A variant with `training-kernels=compile` or `=liger` (agent/engine/kernels.py) is warmed up on its own before it
+operators. A variant with `engine.training-kernels=compile` or `=liger` (agent/engine/kernels.py) is warmed up on its own before it
 is timed, so its compile is reported apart (`warmup_s`, per kernel choice) and not counted in its passes; Liger
 patches the model for good, so its variants come last.
 
     python benchmarks/update_profile.py --shape tiny                        # CPU, seconds
-    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=8 --variant micro-batch-size=32
-    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=16 \
-        --variant micro-batch-size=16,host-waits=true
-    python benchmarks/update_profile.py --shape 1.5b --variant micro-batch-size=16 \
-        --variant micro-batch-tokens=16384,gradient-checkpointing=auto
+    python benchmarks/update_profile.py --shape 1.5b --variant grpo.ppo-micro-batch-size-per-gpu=8 --variant grpo.ppo-micro-batch-size-per-gpu=32
+    python benchmarks/update_profile.py --shape 1.5b --variant grpo.ppo-micro-batch-size-per-gpu=16 \
+        --variant grpo.ppo-micro-batch-size-per-gpu=16,host-waits=true
+    python benchmarks/update_profile.py --shape 1.5b --variant grpo.ppo-micro-batch-size-per-gpu=16 \
+        --variant grpo.ppo-max-token-len-per-gpu=16384,engine.gradient-checkpointing=auto
 """
 
 from __future__ import annotations
@@ -40,14 +40,13 @@ import json
 import sys
 import time
 from collections import defaultdict
-from dataclasses import replace
 
 import numpy as np
 import torch
 from torch._dynamo.utils import counters
 
 from fedagent_flwr.agent.engine import attention
-from fedagent_flwr.agent.training.grpo_config import GRPOConfig
+from fedagent_flwr.agent.engine.passes import PassSwitches
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.micro_batches import by_length, micro_batches
@@ -65,14 +64,14 @@ from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.agent.engine.precision import autocast, base_dtype
 from fedagent_flwr.agent.models.shaped_model import environment_tokenizer
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
-from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config import GRPOSection, RunConfig
 from fedagent_flwr.simulation import parse_overrides
 from fedagent_flwr.methods.memory import memory_budget
 from decode_profile import LAUNCH_NAMES, device_us
 from gpu_round import H100_BF16_FLOPS, PAPER_ROUND, SHAPE_NAMES, build_model, recorded_passes, sample_flops, timed_method
 from fedagent_flwr.methods.memory import memory_plan, plan_layer_activations, plan_no_grad_pass_bytes
 from fedagent_flwr.methods.placement import place_run
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.library_configs import rollout_config
 
 
 def synthetic_samples(n: int, prompt_tokens: int, completion_tokens: int, vocab: int, rng: np.random.Generator,
@@ -89,7 +88,7 @@ def synthetic_samples(n: int, prompt_tokens: int, completion_tokens: int, vocab:
 
 
 # the benchmark's own variant key: true = the passes may use cuDNN's attention (attention.py's module switch, which the
-# rollout's passes read too: no GRPOConfig field)
+# rollout's passes read too: no PassSwitches field)
 CUDNN_KEY = "cudnn-attention"
 # the benchmark's own variant key: true = the host waits for the device before and after every micro-batch's
 # log-prob forward, as the passes did before they queued all their micro-batches (docs/gpu.md); the next forward's
@@ -103,7 +102,7 @@ FUSED_KEY = "fused-adamw"
 # mapping of agent/engine/tokens.py: the causal kernel)
 MASK_KEY = "padding-mask"
 OWN_KEYS = (CUDNN_KEY, WAITS_KEY, FUSED_KEY, MASK_KEY)
-# the own keys that are GRPOConfig's diagnostic switches (agent/engine/passes.py), by the field each sets
+# the own keys that are the trainer's diagnostic switches (agent/engine/passes.py PassSwitches), by the field each sets
 SWITCHES = {WAITS_KEY: "host_waits", FUSED_KEY: "fused_adamw", MASK_KEY: "padding_mask"}
 
 
@@ -122,7 +121,7 @@ def parse_variant(text: str) -> dict:
 
 
 def switches(variant: dict) -> dict[str, bool]:
-    """The GRPOConfig fields a variant's own keys set (SWITCHES), for dataclasses.replace on the trainer's config."""
+    """The PassSwitches fields a variant's own keys set (SWITCHES), for the trainer's `switches`."""
     return {field: variant[key] for key, field in SWITCHES.items() if key in variant}
 
 
@@ -130,13 +129,13 @@ def switches(variant: dict) -> dict[str, bool]:
 AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 
 
-def update_micro_batches(samples: list[StepSample], grpo: GRPOConfig) -> list[list[int]]:
+def update_micro_batches(samples: list[StepSample], grpo: GRPOSection) -> list[list[int]]:
     """The micro-batches the trainer would cut the samples into taken as one minibatch, in this order or by length
-    (micro-batch-size rows, or micro-batch-tokens padded tokens): the profiled micro-batch is the first of them."""
+    (grpo.ppo-micro-batch-size-per-gpu rows, or grpo.ppo-max-token-len-per-gpu padded tokens): the profiled micro-batch is the first of them."""
     order = list(range(len(samples)))
-    if grpo.length_grouped_micro_batches:
+    if grpo.group_by_length:
         order = by_length(order, [s.length for s in samples])
-    return micro_batches(order, [s.length for s in samples], grpo.micro_batch_size, grpo.micro_batch_tokens)
+    return micro_batches(order, [s.length for s in samples], grpo.ppo_micro_batch_size_per_gpu, grpo.ppo_max_token_len_per_gpu)
 
 
 def sync(device: torch.device) -> None:
@@ -146,14 +145,14 @@ def sync(device: torch.device) -> None:
 
 def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device: torch.device, seed: int,
             peak_flops: float, config_switches: dict[str, bool] | None = None) -> dict:
-    """One variant timed; `config_switches`: GRPOConfig's diagnostic switches for its trainer (switches())."""
+    """One variant timed; `config_switches`: the trainer's diagnostic switches (switches())."""
     # The previous variant's trainer (AdamW moments, KL reference copy) sits in a reference cycle (timed_method wraps
     # its own bound method): collect it, or every variant after the first measures its peak on top of ~19 GiB of it.
     gc.collect()
     graphs = counters["stats"]["unique_graphs"]
     placement = client_placement(model, cfg, samples, device)
-    trainer = GRPOTrainer(model, tokenizer, replace(grpo_config(cfg, placement), **(config_switches or {})),
-                          rollout_config(cfg, placement=placement))
+    trainer = GRPOTrainer(model, tokenizer, cfg.grpo, rollout_config(cfg, placement=placement), engine=cfg.engine,
+                          placement=placement, switches=PassSwitches(**(config_switches or {})))
     clock: dict[str, float] = defaultdict(float)
     timed_method(trainer, "_logprobs", clock)
     if device.type == "cuda":
@@ -171,16 +170,16 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
     computed = sum(rows * width for rows, width in passes_run)  # padding included
     update_s = max(total - clock["_logprobs"], 1e-9)
     passes = clock["_logprobs_calls"]
-    lora = cfg.finetuning == "lora"
+    lora = cfg.grpo.finetuning == "lora"
     result = {
-        "variant": {}, "micro_batch_size": grpo.micro_batch_size, "micro_batch_tokens": grpo.micro_batch_tokens,
+        "variant": {}, "micro_batch_size": grpo.ppo_micro_batch_size_per_gpu, "micro_batch_tokens": grpo.ppo_max_token_len_per_gpu,
         "micro_batches": len(passes_run), "largest_pass_tokens": max(rows * width for rows, width in passes_run),
         "samples": len(samples), "tokens": tokens,
         "padding_share": 1 - tokens / computed if computed else 0.0,
         "logprob_passes": int(passes), "logprobs_s": round(clock["_logprobs"], 3), "update_s": round(update_s, 3),
         "optimizer_steps": int(stats["optimizer_steps"]),
-        "logprobs_mfu": sample_flops(model.config, samples, cfg.logprob_chunk_tokens, passes) / max(clock["_logprobs"], 1e-9) / peak_flops if passes else 0.0,
-        "update_mfu": sample_flops(model.config, samples, cfg.logprob_chunk_tokens, 2.0 if lora else 3.0) / update_s / peak_flops,
+        "logprobs_mfu": sample_flops(model.config, samples, cfg.engine.logprob_chunk_tokens, passes) / max(clock["_logprobs"], 1e-9) / peak_flops if passes else 0.0,
+        "update_mfu": sample_flops(model.config, samples, cfg.engine.logprob_chunk_tokens, 2.0 if lora else 3.0) / update_s / peak_flops,
         "peak_bytes": int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None,
         # the memory plan's count of that peak, at the passes as run (planned_peak): the check of the plan on a card
         "planned_peak_bytes": planned_peak(model, cfg, samples, device, {k: list(v) for k, v in passes_all.items()}),
@@ -196,13 +195,13 @@ def measure(model, tokenizer, cfg: RunConfig, samples: list[StepSample], device:
 def client_placement(model, cfg: RunConfig, samples: list[StepSample], device: torch.device):
     """The placement a client would resolve for these samples: the plan at their longest context, in the budget a client
     would have on `device` (it counts the rollout's KV cache and decoder copy, which this benchmark does not hold: a
-    margin for gradient-checkpointing=auto's room)."""
+    margin for engine.gradient-checkpointing=auto's room)."""
     return place_run(cfg, model=model, shape=ModelShape.of(model.config), context_tokens=max(s.length for s in samples),
                      budget_bytes=memory_budget(cfg, device))
 
 
 def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.device) -> dict | None:
-    """What the memory plan decided for a gradient-checkpointing=auto variant, so that a peak (or an out-of-memory) can be
+    """What the memory plan decided for a engine.gradient-checkpointing=auto variant, so that a peak (or an out-of-memory) can be
     set beside it: the budget, the room it left the activations, and at the largest pass the trainer cuts from these
     samples the layers checkpointed and the activations planned; the plan's rows too (it counts a rollout's KV cache
     and decoder copy, which this benchmark does not hold). None for other variants or without a known budget."""
@@ -211,7 +210,7 @@ def auto_plan(model, cfg: RunConfig, samples: list[StepSample], device: torch.de
     if room is None:
         return None
     largest = max(len(micro) * max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)
-                  for micro in update_micro_batches(samples, grpo_config(cfg, placement)))
+                  for micro in update_micro_batches(samples, cfg.grpo))
     per_token = plan_layer_activations(cfg, shape, placement)
     layers = layers_to_checkpoint(shape, largest, room, per_token)
     plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows).as_dict()
@@ -230,13 +229,13 @@ def planned_peak(model, cfg: RunConfig, samples: list[StepSample], device: torch
     shape, placement = ModelShape.of(model.config), client_placement(model, cfg, samples, device)
     plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows).as_dict()
     per_token = plan_layer_activations(cfg, shape, placement)
-    grpo = grpo_config(cfg, placement)
+    grpo = cfg.grpo
     if passes is None:
-        order = by_length(list(range(len(samples))), [s.length for s in samples]) if grpo.length_grouped_micro_batches else list(range(len(samples)))
+        order = by_length(list(range(len(samples))), [s.length for s in samples]) if grpo.group_by_length else list(range(len(samples)))
         width = lambda micro: max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in micro)  # noqa: E731
         passes = {True: [(len(m), width(m)) for m in update_micro_batches(samples, grpo)],
-                  False: [(len(m), width(m)) for m in micro_batches(order, [s.length for s in samples], grpo.logprob_micro_batch_size,
-                                                                     grpo.logprob_micro_batch_tokens)]}
+                  False: [(len(m), width(m)) for m in micro_batches(order, [s.length for s in samples], grpo.log_prob_rows(),
+                                                                     grpo.log_prob_max_token_len_per_gpu)]}
     update = max(rows * width for rows, width in passes[True])
     logprob = max((rows * width for rows, width in passes[False]), default=0)
     if placement.gradient_checkpointing == "fitted":  # within the room the placement left (auto without one: True)
@@ -253,7 +252,7 @@ def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device
     """One micro-batch's forward (completion log-probs) and backward under torch.profiler; the forward and the backward
     also timed apart (wall, unprofiled), and the backward's autograd nodes ranked by the CPU time spent under them
     (each node's own op and the kernels it calls: which part of the layer's backward costs most)."""
-    grpo = grpo_config(cfg, place_run(cfg))
+    grpo, placement = cfg.grpo, place_run(cfg)
     batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in update_micro_batches(samples, grpo)[0]], 0)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -261,8 +260,8 @@ def profile_micro_batch(model, cfg: RunConfig, samples: list[StepSample], device
 
     def once() -> tuple[float, float]:
         started = time.perf_counter()
-        with autocast(grpo.precision, device), training_kernels(model, grpo.training_kernels):
-            logprobs, mask = completion_logprobs(model, batch, 1.0, grpo.logprob_chunk_tokens)
+        with autocast(placement.precision, device), training_kernels(model, cfg.engine.training_kernels):
+            logprobs, mask = completion_logprobs(model, batch, 1.0, cfg.engine.logprob_chunk_tokens)
         loss = logprobs.sum() / mask.sum()
         sync(device)
         forward = time.perf_counter() - started
@@ -333,7 +332,7 @@ def format_report(r: dict) -> str:
     if shared:
         lines.append("  every variant: " + ",".join(f"{k}={x}" for k, x in shared.items()))
     if r.get("warmup_s"):
-        lines.append("  warm-up seconds by training-kernels (compile included): "
+        lines.append("  warm-up seconds by engine.training-kernels (compile included): "
                      + ", ".join(f"{k} {x:.1f}" for k, x in r["warmup_s"].items())
                      + "; graphs compiled while timed: " + ", ".join(str(v.get("compiled_graphs", "-")) for v in r["variants"]))
     if r.get("profile"):
@@ -365,10 +364,10 @@ def main(argv: list[str] | None = None) -> dict:
         configs = [RunConfig.from_run_config(base | {k: x for k, x in v.items() if k not in OWN_KEYS}) for v in variants]
     except ValueError as err:
         parser.error(str(err))
-    kernels = [c.training_kernels for c in configs]
+    kernels = [c.engine.training_kernels for c in configs]
     first_liger = kernels.index("liger") if "liger" in kernels else len(kernels)
     if any(k != "liger" for k in kernels[first_liger:]):
-        parser.error("--variant: training-kernels=liger patches the model for good; list the liger variants last")
+        parser.error("--variant: engine.training-kernels=liger patches the model for good; list the liger variants last")
     cuda = device.type == "cuda"
     n = args.samples or (128 if cuda else 16)
     prompt = args.prompt_tokens or (256 if cuda else 32)
@@ -386,16 +385,16 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"shape": args.shape, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
               "parameters": ModelShape.of(model.config).parameters, "samples": n, "prompt_tokens": prompt,
               "completion_tokens": completion, "peak_flops": args.peak_flops, "variants": []}
-    if configs[0].finetuning == "lora":
+    if configs[0].grpo.finetuning == "lora":
         parser.error("update_profile measures full fine-tuning (gpu_round.py measures LoRA)")
     # warm-up: cuBLAS handles, allocator pools, autotuning, on a few samples; and per kernel choice its compile
     warmed: dict[str, float] = {}
 
     def warm_up(cfg: RunConfig) -> None:
-        if cfg.training_kernels not in warmed:
+        if cfg.engine.training_kernels not in warmed:
             started = time.perf_counter()
             measure(model, tokenizer, cfg, warm, device, args.seed, args.peak_flops)
-            warmed[cfg.training_kernels] = round(time.perf_counter() - started, 2)
+            warmed[cfg.engine.training_kernels] = round(time.perf_counter() - started, 2)
 
     result["warmup_s"] = warmed
     warm_up(configs[0])

@@ -14,11 +14,11 @@ kernel a GPU runs. A lookup or a gather is charged its whole input, an over-coun
 The model is the shape's width (hidden, heads, vocabulary: the tied 151,936 x 1,536 embedding of the 1.5B shape
 included) at two depths (`--layers`, default 2 and 4), so the cost of one decoder layer is the difference and the
 whole shape's depth is extrapolated linearly. Samples are synthetic agent steps as update_profile.py makes them.
-Each `--variant` (run-config values, e.g. `param-dtype=bf16`) gets its own copy of the same model and samples.
+Each `--variant` (run-config values, e.g. `engine.param-dtype=bf16`) gets its own copy of the same model and samples.
 This is a count, not a time: what the GPU makes of it is measured by update_profile.py and gpu_round.py.
 
-    python benchmarks/update_traffic.py --variant param-dtype=fp32 --variant param-dtype=bf16     # 1.5B width, ~3 min
-    python benchmarks/update_traffic.py --shape tiny --variant param-dtype=fp32 --variant param-dtype=bf16
+    python benchmarks/update_traffic.py --variant engine.param-dtype=fp32 --variant engine.param-dtype=bf16     # 1.5B width, ~3 min
+    python benchmarks/update_traffic.py --shape tiny --variant engine.param-dtype=fp32 --variant engine.param-dtype=bf16
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from fedagent_flwr.agent.models.shaped_model import environment_tokenizer, rando
 from fedagent_flwr.config import RunConfig
 from gpu_round import PAPER_ROUND, SHAPE_NAMES, TINY
 from update_profile import parse_variant, synthetic_samples
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.placement import place_run
 
 MATMULS = ("mm", "addmm", "bmm")
@@ -109,7 +109,7 @@ def count_update(cfg: RunConfig, config, tokenizer, samples, seed: int) -> dict:
     gc.collect()
     model = random_model(config, "cpu", seed)
     placement = place_run(cfg)
-    trainer = GRPOTrainer(model, tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement))
+    trainer = GRPOTrainer(model, tokenizer, cfg.grpo, rollout_config(cfg, placement=placement), engine=cfg.engine, placement=placement)
     counter = TrafficCount()
     # the optimizer's share (gradient clipping, AdamW, the working copy's views and refresh) is counted apart: it
     # scales with the optimizer steps, the passes with the tokens
@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> dict:
     if not 1 <= args.layers[0] < args.layers[1]:
         parser.error(f"--layers {args.layers[0]} {args.layers[1]}: expected two depths, 1 <= first < second")
     # the paper's round at bf16 compute on a CPU, one minibatch per update (so no old-policy pass: the KL reference's)
-    base = PAPER_ROUND | {"device": "cpu", "precision": "bf16-mixed", "micro-batch-size": args.micro_batch_size,
-                          "logprob-micro-batch-size": args.micro_batch_size, "minibatch-size": args.samples,
-                          "logprob-chunk-tokens": 1024, "length-grouped-micro-batches": True}
+    base = PAPER_ROUND | {"device": "cpu", "precision": "bf16-mixed", "grpo.ppo-micro-batch-size-per-gpu": args.micro_batch_size,
+                          "grpo.log-prob-micro-batch-size-per-gpu": args.micro_batch_size, "grpo.mini-batch-size": args.samples,
+                          "engine.logprob-chunk-tokens": 1024, "grpo.group-by-length": True}
     try:
         variants = [parse_variant(v) for v in args.variant] or [{}]
         configs = [RunConfig.from_run_config(base | v) for v in variants]

@@ -10,7 +10,7 @@ from .registry import ENVIRONMENTS, available_envs, env_class
 
 
 def answer_token_budget(spec: str) -> int:
-    """Default max-new-tokens for an env or a multi-env spec: the largest its envs need."""
+    """Default rollout.max-completion-length for an env or a multi-env spec: the largest its envs need."""
     return max(env_class(name).default_max_new_tokens for name in env_names(spec))
 
 

@@ -46,17 +46,17 @@ class TextEnv(ABC):
     #: horizon used when the caller does not set one
     default_max_steps: ClassVar[int] = 20
     #: tokens an answer (<think>...</think><action>...</action>) may take when run-config
-    #: max-new-tokens is 0; long free-text actions (a WebShop search) need more
+    #: rollout.max-completion-length is 0; long free-text actions (a WebShop search) need more
     default_max_new_tokens: ClassVar[int] = 32
     #: raised when what the agent is shown changes (instruction, observations), so that models
     #: behaviour-cloned on the old text (tiny models) are built again rather than reused
     prompt_revision: ClassVar[int] = 0
-    #: answer-parsing=reference: characters of an answer without <action> tags that the reference's parser hands
+    #: rollout.answer-parsing=reference: characters of an answer without <action> tags that the reference's parser hands
     #: the environment, lowercased (verl-agent's projection.py: ALFWorld 30, WebShop 20; ALFWorld's elsewhere)
     reference_tail_chars: ClassVar[int] = 30
-    #: prompt-template=reference: the admissible actions one per line (WebShop's template) or ALFWorld's layout
+    #: rollout.prompt-template=reference: the admissible actions one per line (WebShop's template) or ALFWorld's layout
     reference_actions_per_line: ClassVar[bool] = False
-    #: answer-parsing=agentgym: how AgentGym's client for this environment takes the action out of the answer
+    #: rollout.answer-parsing=agentgym: how AgentGym's client for this environment takes the action out of the answer
     #: (agent/play/prompts.py AGENTGYM_READINGS: line = BabyAI's and TextCraft's, last = WebShop's, first = the others')
     agentgym_reading: ClassVar[str] = "first"
 

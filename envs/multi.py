@@ -116,7 +116,7 @@ def per_env_spread(tasks: Sequence[Task], n: int | str) -> list[Task]:
     """`n` evenly spaced tasks of every environment, in pool order; n = 0 keeps all. `n` may be per environment
     ("webshop=200,babyai=90": for_env), an environment not named keeping all its tasks.
 
-    Used for `eval-tasks`: a cap never leaves an environment out, and since pools are
+    Used for `eval.tasks`: a cap never leaves an environment out, and since pools are
     ordered by category (ALFWorld lists all its pick-and-place games first), evenly
     spaced picks keep every category that the first `n` would miss.
     """

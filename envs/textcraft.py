@@ -27,7 +27,7 @@ expert crafts recursively from the listed recipes. Category: the goal's recipe d
 
 The crafting commands are part of the task (`instruction()`), which every prompt repeats, and the first
 observation is the empty inventory. The package shows them once, in the first observation, for an agent that
-keeps its whole history; an agent that sees only the last few steps (history-length 0-2, this project's presets)
+keeps its whole history; an agent that sees only the last few steps (rollout.history-length 0-2, this project's presets)
 would lose them after step 1 and could only guess recipes from then on.
 """
 

@@ -59,7 +59,7 @@ def _partition(context: Context) -> tuple[int, int]:
 
 
 def _agent_loader(cfg: RunConfig):
-    if cfg.ranks_per_client > 1:
+    if cfg.engine.ranks_per_client > 1:
         return lambda: fingerprint_agent(cfg.model, cfg.env, run_base_dtype(cfg))
     return lambda: load_agent(cfg.model, cfg.env, cfg.device, run_base_dtype(cfg))  # cached per process (agent/models/loading.py)
 
@@ -94,8 +94,8 @@ def train(msg: Message, context: Context) -> Message:
 
 def train_plain(msg: Message, context: Context) -> Message:
     cfg = method_of(context).cfg
-    # run-config fault-injection (faults.py) makes chosen clients fail on purpose; a no-op when empty
-    return train_with_faults(_train_round, msg, context, FaultPlan.parse(cfg.fault_injection), cfg.seed, cfg.round_timeout)
+    # run-config resilience.fault-injection (faults.py) makes chosen clients fail on purpose; a no-op when empty
+    return train_with_faults(_train_round, msg, context, FaultPlan.parse(cfg.resilience.fault_injection), cfg.seed, cfg.federation.round_timeout)
 
 
 def _train_round(msg: Message, context: Context) -> Message:

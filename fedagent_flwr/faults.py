@@ -1,6 +1,6 @@
 """Fault injection: make chosen clients fail on purpose, to test that rounds survive it.
 
-Run-config `fault-injection` (empty = off) is `<kinds>:<target>`:
+Run-config `resilience.fault-injection` (empty = off) is `<kinds>:<target>`:
 
   kinds   one of raise | timeout | malformed | nan, or several joined by `+`,
           used in turn by round (round r uses kinds[(r - 1) % len(kinds)])
@@ -9,11 +9,11 @@ Run-config `fault-injection` (empty = off) is `<kinds>:<target>`:
                           from (seed, round, partition-id) so reruns fail alike
 
   raise      the ClientApp raises: the reply is an error message
-  timeout    the ClientApp sleeps round-timeout + 30 s first: its reply is late
+  timeout    the ClientApp sleeps federation.round-timeout + 30 s first: its reply is late
   malformed  the reply's arrays miss one tensor and carry one of the wrong shape
   nan        the reply's arrays are NaN
 
-e.g. `fault-injection="raise+malformed+nan:partition=0"`. The injection sits in
+e.g. `resilience.fault-injection="raise+malformed+nan:partition=0"`. The injection sits in
 the ClientApp only; the server treats these replies like real failures.
 """
 
@@ -31,13 +31,13 @@ TIMEOUT_GRACE_S = 30.0
 
 
 class InjectedFault(RuntimeError):
-    """Raised by a client on purpose (fault-injection=raise:...)."""
+    """Raised by a client on purpose (resilience.fault-injection=raise:...)."""
 
 
 def before_training(kind: str | None, round_timeout: float) -> None:
     """Raise or stall as the fault asks; nothing for the faults that corrupt the reply."""
     if kind == "raise":
-        raise InjectedFault("fault-injection: this client raises on purpose")
+        raise InjectedFault("resilience.fault-injection: this client raises on purpose")
     if kind == "timeout":
         time.sleep(round_timeout + TIMEOUT_GRACE_S)
 
@@ -62,7 +62,7 @@ def corrupt_reply(kind: str | None, arrays: ArrayRecord) -> ArrayRecord:
 
 def train_with_faults(handler: Callable[[Message, Context], Message], msg: Message, context: Context,
                       plan: FaultPlan | None, seed: int, round_timeout: float) -> Message:
-    """Run a ClientApp train handler with run-config `fault-injection` in effect (`plan` None: just the handler)."""
+    """Run a ClientApp train handler with run-config `resilience.fault-injection` in effect (`plan` None: just the handler)."""
     config = msg.content.config_records.get("config")
     if plan is None or config is None or "server-round" not in config:
         return handler(msg, context)

@@ -69,7 +69,7 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
          saved: ServerState | None, saved_config: dict[str, Any]) -> dict[str, Any]:
     nodes = wait_for_nodes(grid, cfg.num_clients)
     fingerprint = method.fingerprint(cfg.num_clients or len(nodes))
-    node_of_partition = handshake(grid, nodes, fingerprint, cfg.round_timeout)
+    node_of_partition = handshake(grid, nodes, fingerprint, cfg.federation.round_timeout)
     num_clients = cfg.check_federation(len(node_of_partition))
     method.check_federation(num_clients)
     state_config = cfg.to_run_config() | {"resolved-num-clients": num_clients}
@@ -111,20 +111,20 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
             return MetricRecord(metrics) if metrics else None
 
         train_config = ConfigRecord({"fingerprint": fingerprint})
-        if cfg.secure_aggregation:  # Flower's SecAgg+ runs in its legacy workflow, which returns no Result
+        if cfg.privacy.secure_aggregation:  # Flower's SecAgg+ runs in its legacy workflow, which returns no Result
             if context is None:
-                raise ValueError("secure-aggregation=true needs the ServerApp's Context (Flower's legacy workflow)")
+                raise ValueError("privacy.secure-aggregation=true needs the ServerApp's Context (Flower's legacy workflow)")
             run_secure_rounds(grid, context, SecureFedAgentAvg(strategy, initial_arrays, train_config, evaluate_fn),
-                              cfg.num_server_rounds, cfg.round_timeout, cfg.secagg_shares_fraction,
-                              cfg.secagg_threshold_fraction, cfg.secagg_clipping_range)
+                              cfg.num_server_rounds, cfg.federation.round_timeout, cfg.privacy.secagg_shares_fraction,
+                              cfg.privacy.secagg_threshold_fraction, cfg.privacy.secagg_clipping_range)
             history = evaluations(reporter.rows)
         else:
             # The DP wrapper screens, clips and noises the replies; `strategy` keeps the bookkeeping read below.
-            private = with_differential_privacy(strategy, cfg.dp_mode, cfg.dp_noise_multiplier, cfg.dp_clipping_norm,
+            private = with_differential_privacy(strategy, cfg.privacy.dp_mode, cfg.privacy.noise_multiplier, cfg.privacy.clipping_norm,
                                                 strategy.clients_per_round)
             with trimmed_flower_log():  # the round lines and the summary below say it in the project's words
                 result = resumable(private, done).start(grid=grid, initial_arrays=initial_arrays,
-                                                        num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
+                                                        num_rounds=cfg.num_server_rounds, timeout=cfg.federation.round_timeout,
                                                         train_config=train_config, evaluate_fn=evaluate_fn)
             # A resumed strategy counts its rounds from 1 again: shift them back to the run's rounds.
             history |= {r + done: dict(m) for r, m in result.evaluate_metrics_serverapp.items()}

@@ -1,7 +1,7 @@
 """Run the Flower app in simulation from the command line (`python run_simulation.py` or `python -m fedagent_flwr.simulation`).
 
-Every run-config key is a flag (`--clients-per-round 3` sets `clients-per-round`),
-`--num-clients` also sets the number of simulated SuperNodes, and
+Every run-config key is a flag named as the key (`--clients-per-round 3`, `--grpo.num-generations 8`; a key's
+old flat name is refused naming its new one), `--num-clients` also sets the number of simulated SuperNodes, and
 `--num-cpus-per-client` / `--num-gpus-per-client` become Ray's client resources.
 Under the hood this is `flwr run <app> --run-config ... --federation-config ...`,
 so a run started here is the same app a deployment runs. Each run gets a local
@@ -28,14 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from flwr.common.config import parse_config_args
 
 from fedagent_flwr.agent.engine.memory import GB
-from fedagent_flwr.config import SECTIONS, RunConfig
+from fedagent_flwr.config import RENAMED, SECTIONS, RunConfig
 from fedagent_flwr.deployment import free_port
 from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.runs.run_folder import check_run_folder
@@ -58,13 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
                            usage="%(prog)s [--run-config FILE] [--<run-config-key> VALUE ...] [--num-cpus-per-client N] ...")
     parser.add_argument("--run-config", dest="run_config_file", default=None, metavar="FILE",
                         help="a TOML file of run-config keys (e.g. configs/fedagent-cpu.toml); flags given here override it")
+    groups = {None: parser.add_argument_group("top-level keys", "The everyday keys.")}
     for section in SECTIONS:  # --help lists the keys under the config section that owns them
-        title = section.__name__.removesuffix("Config").removesuffix("Section").lower() + " keys"
-        group = parser.add_argument_group(title, section.__doc__.splitlines()[0])
-        for f in fields(section):
-            kind = type(f.default)
-            group.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(kind, f.metadata["words"], f.metadata["per_env"]), default=None,
-                               help=f"{f.metadata['doc']} (default {f.default!r}; {f.metadata['allowed']})")
+        groups[section] = parser.add_argument_group(f"{section.NAME}.* keys", section.__doc__.splitlines()[0])
+    for key, f, section in RunConfig.keys():  # a flag a key, named as the key: --grpo.num-generations 8
+        groups[section].add_argument("--" + key, dest=key, default=None, metavar=type(f.default).__name__.upper(), help=f"{f.metadata['doc']} (default "
+                                     f"{f.default!r}; {f.metadata['allowed']})",
+                                     type=_flag_type(type(f.default), f.metadata["words"], f.metadata["per_env"]))
     sim = parser.add_argument_group("simulation resources")
     sim.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this checkout)")
     sim.add_argument("--num-cpus-per-client", type=int, default=1, help="Ray CPUs per client (integer >= 1; default 1)")
@@ -75,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _flag_type(kind: type, words: tuple[str, ...], per_env: bool = False):
-    """A flag's argparse type: its key's type, also taking the words the key allows (gradient-checkpointing's auto), and
+    """A flag's argparse type: its key's type, also taking the words the key allows (engine.gradient-checkpointing's auto), and
     for a per-environment key its text ("babyai=20,webshop=10"; the run config checks it)."""
     plain = _bool if kind is bool else kind
     if not words and not per_env:
@@ -97,7 +96,7 @@ def _bool(text: str) -> bool:
 
 
 def share_of_card(gpus_per_client: float, client_memory_gb: float, card_bytes: int) -> float:
-    """client-memory-gb for clients that share one card (0 < --num-gpus-per-client < 1) where none is given: their
+    """engine.client-memory-gb for clients that share one card (0 < --num-gpus-per-client < 1) where none is given: their
     share of the card's memory, rounded down to 0.1 GiB. Without it each would size its rollout rows and checkpointing
     by the memory free at the moment it starts, which its neighbours are about to take. 0 = leave it as it is."""
     if not 0 < gpus_per_client < 1 or client_memory_gb:
@@ -105,17 +104,28 @@ def share_of_card(gpus_per_client: float, client_memory_gb: float, card_bytes: i
     return math.floor(gpus_per_client * card_bytes / GB * 10) / 10
 
 
+def renamed_flag(argv: list[str]) -> str | None:
+    """The refusal of the first flag that is a key's old name (config/renames.py), naming its new flag; else None."""
+    for arg in argv:
+        name = arg.removeprefix("--").partition("=")[0]
+        if arg.startswith("--") and name in RENAMED:
+            return f"--{name} is a key's old name: write --{RENAMED[name]} (docs/run-config.md lists every renamed key)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if old := renamed_flag(argv):
+        return refuse(old)
     args = build_parser().parse_args(argv)
     try:
         overrides = read_run_config_file(args.run_config_file) if args.run_config_file else {}
     except ValueError as err:
         return refuse(str(err))
-    for f in fields(RunConfig):
-        value = getattr(args, f.name)
-        if value is not None:
-            overrides[f.name.replace("_", "-")] = value
-    for key in ("output-dir", "success-labels", "initial-evaluation"):  # relative to where you run this
+    for key, _, _ in RunConfig.keys():
+        if (value := getattr(args, key)) is not None:
+            overrides[key] = value
+    for key in ("output-dir", "partition.success-labels", "eval.initial-evaluation"):  # relative to where you run this
         value = overrides.get(key)
         if isinstance(value, str) and value and not value.startswith("~"):  # "" or a wrong type: RunConfig refuses it
             overrides[key] = str(Path(value).resolve())
@@ -129,19 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"--num-cpus-per-client={args.num_cpus_per_client} is not allowed: expected an integer >= 1")
     if args.num_gpus_per_client < 0:
         return refuse(f"--num-gpus-per-client={args.num_gpus_per_client:g} is not allowed: expected a number >= 0")
-    if cfg.ranks_per_client > 1 and args.num_gpus_per_client > 0 and args.num_gpus_per_client != cfg.ranks_per_client:
-        return refuse(f"--num-gpus-per-client={args.num_gpus_per_client:g} but ranks-per-client={cfg.ranks_per_client}: "
-                      f"each rank computes on a GPU of its own; give --num-gpus-per-client {cfg.ranks_per_client} (or 0 "
+    if cfg.engine.ranks_per_client > 1 and args.num_gpus_per_client > 0 and args.num_gpus_per_client != cfg.engine.ranks_per_client:
+        return refuse(f"--num-gpus-per-client={args.num_gpus_per_client:g} but engine.ranks-per-client={cfg.engine.ranks_per_client}: "
+                      f"each rank computes on a GPU of its own; give --num-gpus-per-client {cfg.engine.ranks_per_client} (or 0 "
                       "for ranks on the CPU)")
     if args.num_gpus_per_client > 0:
         import torch
 
         if not torch.cuda.is_available():
             return refuse(f"--num-gpus-per-client={args.num_gpus_per_client:g} but no CUDA GPU is visible on this machine")
-        share = share_of_card(args.num_gpus_per_client, cfg.client_memory_gb, torch.cuda.get_device_properties(0).total_memory)
+        share = share_of_card(args.num_gpus_per_client, cfg.engine.client_memory_gb, torch.cuda.get_device_properties(0).total_memory)
         if share:  # clients that share a card plan with their share of it, not with what is free when each starts
-            overrides["client-memory-gb"] = share
-            print(f"run_simulation.py: client-memory-gb={share:g} (--num-gpus-per-client {args.num_gpus_per_client:g} of a "
+            overrides["engine.client-memory-gb"] = share
+            print(f"run_simulation.py: engine.client-memory-gb={share:g} (--num-gpus-per-client {args.num_gpus_per_client:g} of a "
                   f"{torch.cuda.get_device_properties(0).total_memory / GB:.1f} GiB card)", flush=True)
     if str(overrides.get("device", "")).startswith("cuda"):
         import torch
@@ -319,6 +329,9 @@ def read_run_config_file(path: str) -> dict:
         raise ValueError(f"--run-config {path}: not valid TOML ({err})" + (f" in {line[:80]!r}" if line else "")) from None
     except OSError as err:
         raise ValueError(f"--run-config {path}: cannot be read ({err.strerror or err})") from None
+    if renamed := sorted(set(flat) & set(RENAMED)):
+        raise ValueError(f"--run-config {path}: {renamed[0]} is a key's old name: write {RENAMED[renamed[0]]} "
+                         "(docs/run-config.md lists every renamed key)")
     unknown = sorted(set(flat) - set(RunConfig().to_run_config()))
     if unknown:
         raise ValueError(f"--run-config {path}: unknown run-config key(s) {unknown}")
@@ -329,12 +342,14 @@ def read_run_config_file(path: str) -> dict:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """Run-config values from KEY=VALUE texts (the experiment commands' --set), each typed as its key's default."""
-    known = {f.name.replace("_", "-"): f for f in fields(RunConfig)}
+    known = {key: f for key, f, _ in RunConfig.keys()}
     out = {}
     for item in items:
         key, sep, raw = item.partition("=")
+        if key in RENAMED:
+            raise ValueError(f"--set {item!r}: {key} is a key's old name: write {RENAMED[key]}")
         if not sep or key not in known:
-            raise ValueError(f"--set {item!r}: expected key=value with a run-config key (e.g. learning-rate=1e-5)")
+            raise ValueError(f"--set {item!r}: expected key=value with a run-config key (e.g. grpo.learning-rate=1e-5)")
         if key in out:  # the later would silently win
             raise ValueError(f"--set {item!r}: {key} is already set")
         kind, words = type(known[key].default), known[key].metadata["words"]

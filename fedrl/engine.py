@@ -156,7 +156,7 @@ def run_batched(
 class Cell:
     """One table cell: an algorithm run at one heterogeneity level.
 
-    kappa=None runs the family's ``sample_uniform`` task (WindyCliffs, Figure 2).
+    fedrl.kappa=None runs the family's ``sample_uniform`` task (WindyCliffs, Figure 2).
     """
 
     algorithm: str

@@ -1,5 +1,5 @@
 """Step-size presets of the tabular QAvg / PAvg experiments: total local steps and step-size rule per
-(family, algorithm). Shared by the Flower app (`fedrl-step-size = 0` picks "fast") and the Table 1 command
+(family, algorithm). Shared by the Flower app (`fedrl.step-size = 0` picks "fast") and the Table 1 command
 (fedagent_flwr/experiments/fedrl_table1.py, `--preset`).
 """
 

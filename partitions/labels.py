@@ -15,23 +15,23 @@ def load_labels(path: str | Path, env: str, tasks: Sequence) -> list[bool]:
     """The success label of each of `tasks` (in order) from a success-label file; raises on a mismatch."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ValueError(f"success-labels={str(path)!r}: no such file (write one with `python -m fedagent_flwr.experiments.success_labels`)")
+        raise ValueError(f"partition.success-labels={str(path)!r}: no such file (write one with `python -m fedagent_flwr.experiments.success_labels`)")
     try:
         data = json.loads(path.read_text())
         labels = data["labels"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"success-labels={str(path)!r} is not a success-label file ({exc})") from None
+        raise ValueError(f"partition.success-labels={str(path)!r} is not a success-label file ({exc})") from None
     if not isinstance(labels, dict):
-        raise ValueError(f"success-labels={str(path)!r} is not a success-label file (\"labels\" must map task ids to "
+        raise ValueError(f"partition.success-labels={str(path)!r} is not a success-label file (\"labels\" must map task ids to "
                          f"true/false, found a {type(labels).__name__})")
     if data.get("env") != env:
-        raise ValueError(f"success-labels={str(path)!r} labels env {data.get('env')!r}, but the run's env is {env!r}")
+        raise ValueError(f"partition.success-labels={str(path)!r} labels env {data.get('env')!r}, but the run's env is {env!r}")
     missing = [t.id for t in tasks if t.id not in labels]
     if missing:
-        raise ValueError(f"success-labels={str(path)!r} has no label for {len(missing)} task(s), e.g. {missing[:3]}")
+        raise ValueError(f"partition.success-labels={str(path)!r} has no label for {len(missing)} task(s), e.g. {missing[:3]}")
     bad = [t.id for t in tasks if not isinstance(labels[t.id], bool)]
     if bad:
-        raise ValueError(f"success-labels={str(path)!r}: labels must be true/false, e.g. task {bad[0]!r} has {labels[bad[0]]!r}")
+        raise ValueError(f"partition.success-labels={str(path)!r}: labels must be true/false, e.g. task {bad[0]!r} has {labels[bad[0]]!r}")
     return [labels[t.id] for t in tasks]
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run the app on a real SuperLink and SuperNodes on this machine (loopback), then stop them all.
 
-    python scripts/deploy_local.py --nodes 2 --secure --run-config "num-server-rounds=2 eval-tasks=1"
+    python scripts/deploy_local.py --nodes 2 --secure --run-config "num-server-rounds=2 eval.tasks=1"
 
 --secure: TLS with a CA generated for the run and SuperNode authentication
 (every SuperNode's key registered with `flwr supernode register`). Certificates,

@@ -5,7 +5,7 @@
 # x86-64, at the versions this checkout's own environment runs (so the GPU runs the code the CPU tests ran).
 #
 #   bash scripts/gpu_wheels.sh [FOLDER]          # default .whl (git-ignored through .git/info/exclude)
-#   LIGER=1 bash scripts/gpu_wheels.sh           # also liger-kernel, for training-kernels=liger
+#   LIGER=1 bash scripts/gpu_wheels.sh           # also liger-kernel, for engine.training-kernels=liger
 #
 # Then each device call carries the folder (carry [".whl"]) and begins with
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site

@@ -226,7 +226,7 @@ class FedAgentAvg(Strategy):
     def enough_replies(self, server_round: int, good: Sequence[ArrayRecord]) -> bool:
         if len(good) >= self.min_replies:
             return True
-        log.warning("round %d: %d good replies < min-replies=%d; global model unchanged", server_round, len(good), self.min_replies)
+        log.warning("round %d: %d good replies < federation.min-replies=%d; global model unchanged", server_round, len(good), self.min_replies)
         return False
 
     def last_train_metrics(self, server_round: int) -> dict[str, float] | None:
@@ -241,7 +241,7 @@ class FedAgentAvg(Strategy):
         return None
 
     def summary(self) -> None:
-        log.info("FedAgentAvg: K=%d clients, M=%d per round, min-replies=%d", self.num_clients, self.clients_per_round, self.min_replies)
+        log.info("FedAgentAvg: K=%d clients, M=%d per round, federation.min-replies=%d", self.num_clients, self.clients_per_round, self.min_replies)
 
 
 def merge_metrics(metrics: Sequence[MetricRecord], replies: int, failures: int) -> MetricRecord:

@@ -174,7 +174,7 @@ class FedSELoRA(FedAgentAvg):
         transfer_dtype: str = "fp32",
     ) -> None:
         if aggregation not in FEDSE_AGGREGATIONS:
-            raise ValueError(f"fedse-aggregation={aggregation!r} is not allowed: expected one of {', '.join(FEDSE_AGGREGATIONS)}")
+            raise ValueError(f"fedse.aggregation={aggregation!r} is not allowed: expected one of {', '.join(FEDSE_AGGREGATIONS)}")
         k = len(node_of_partition)
         super().__init__(node_of_partition, clients_per_round or k, seed, min(min_replies, clients_per_round or k), transfer_dtype)
         self.aggregation = aggregation

@@ -1,7 +1,7 @@
 """The dtype weights travel in: fp32, or bf16 (half the bytes); the server always averages in fp32 or wider.
 
 numpy (and so Flower's Array) has no bfloat16, so a bf16 tensor travels as the uint16 of its bits.
-Both ends read `transfer-dtype` from the run config: the sender encodes, the receiver decodes before
+Both ends read `federation.transfer-dtype` from the run config: the sender encodes, the receiver decodes before
 anything else looks at the arrays. Rounding to bf16 is round-to-nearest-even, as torch rounds.
 
 `numpy_array` and `array_view` convert between numpy and Flower's Array (.npy bytes) with one copy of the
@@ -64,7 +64,7 @@ def encode(arrays: ArrayRecord, dtype: str) -> ArrayRecord:
     if dtype == "fp32":
         return arrays
     if dtype != "bf16":
-        raise ValueError(f"transfer-dtype={dtype!r} is not allowed: expected {' | '.join(TRANSFER_DTYPES)}")
+        raise ValueError(f"federation.transfer-dtype={dtype!r} is not allowed: expected {' | '.join(TRANSFER_DTYPES)}")
     out = ArrayRecord()
     for key in arrays.keys():
         a = array_view(arrays[key])
@@ -89,7 +89,7 @@ def decode(arrays: ArrayRecord, dtype: str, template: ArrayRecord | None = None)
             want = np.dtype(template[key].dtype) if key in template else None
         if want is not None and want.kind == "f":
             if a.dtype != np.uint16:
-                raise ValueError(f"array {key!r} has dtype {a.dtype}; with transfer-dtype=bf16 it must be bf16 bits (uint16)")
+                raise ValueError(f"array {key!r} has dtype {a.dtype}; with federation.transfer-dtype=bf16 it must be bf16 bits (uint16)")
             out[key] = numpy_array(from_bf16_bits(a).astype(want, copy=False))
         else:
             out[key] = arrays[key]  # as it came: nothing to convert, nothing to copy

@@ -47,12 +47,10 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    from dataclasses import replace
 
     from fedagent_flwr.agent.play.rollout import RolloutConfig
-    from fedagent_flwr.agent.training.grpo import GRPOTrainer
     from fedagent_flwr.config import RunConfig
-    from placed import grpo_config
+    from placed import grpo_trainer
 
     from fedagent_flwr.agent.fsdp.ranks import shard
     from copy import deepcopy
@@ -61,12 +59,12 @@ def update(lora: bool, settings: dict, out: str, rank: int = 0, world: int = 1, 
 
     model, tokenizer = tiny_model(lora, tied=settings.get("tied", False))
     settings = {k: v for k, v in settings.items() if k != "tied"}
-    base = frozen(deepcopy(model)) if not lora and settings.get("kl_reference") == "base" else None
+    base = frozen(deepcopy(model)) if not lora and settings.get("grpo.kl-reference") == "base" else None
     if world > 1:
         model = shard(model)
         base = shard(base) if base is not None else None
-    cfg = replace(grpo_config(RunConfig(device="cpu", learning_rate=1e-2, **settings)), tasks_per_epoch=1)
-    stats = GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0), base_model=base).update(
+    cfg = RunConfig.from_run_config({"device": "cpu", "grpo.learning-rate": 1e-2, "grpo.tasks-per-epoch": 1, **settings})
+    stats = grpo_trainer(model, tokenizer, cfg, RolloutConfig(history_length=0), base_model=base).update(
         samples(len(tokenizer)), np.random.default_rng(0))
     full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
     if rank == 0:

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def simulate(tmp_path, out, run_name, *extra):
     """(CompletedProcess, log tail); later flags in `extra` override the small defaults here."""
-    cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--tasks-per-epoch", "1", "--group-size", "2",
-           "--eval-samples-per-task", "1", "--eval-every", "1", "--output-dir", str(out), "--run-name", run_name,
+    cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--grpo.tasks-per-epoch", "1", "--grpo.num-generations", "2",
+           "--eval.samples-per-task", "1", "--eval.test-freq", "1", "--output-dir", str(out), "--run-name", run_name,
            "--seed", "4", *extra]
     # A SuperLink of our own (FLWR_HOME, ports): `flwr run` reuses any local SuperLink on the default
     # port, and another run stopping that one would take this run down with it.

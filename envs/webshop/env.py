@@ -4,7 +4,7 @@ Tasks are WebShop goals (category = the product's top-level category). An episod
 starts on the search page; `search[query]` and `click[name]` move through the
 pages (see site.py); `click[buy now]` ends the episode and scores the purchase
 with goal.py's rule (reward.py). As in the FedAgent reference, the step reward is
-10 when that score is exactly 1.0 and 0 otherwise (`reward="score"` gives the raw
+10 when that score is exactly 1.0 and 0 otherwise (`rollout.reward="score"` gives the raw
 score instead); the raw score is kept as `task_score` and in `info["score"]`.
 
 Two uses of the TextEnv hooks:

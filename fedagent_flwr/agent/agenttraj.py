@@ -1,4 +1,4 @@
-"""AgentGym's AgentTraj trajectories as a Fed-SE client's seed data D_k^0 (run-config fedse-seed-data).
+"""AgentGym's AgentTraj trajectories as a Fed-SE client's seed data D_k^0 (run-config fedse.seed-data).
 
 AgentTraj (the seed data of Fed-SE's second version) is a JSON list, or a JSON Lines file, of items
 `{"item_id": "<env>_<n>", "conversations": [{"from": "human" | "gpt", "value": text, "loss": bool?}, ...]}`: one
@@ -30,11 +30,11 @@ FORMAT = ('AgentTraj JSON: a list (or one object a line, .jsonl) of {"item_id": 
 
 def read_items(path: str | Path) -> list[dict]:
     """Every item of an AgentTraj file, or of the .json / .jsonl files of a folder (in name order), checked; a
-    ValueError naming fedse-seed-data, the file, the item and what is wrong."""
+    ValueError naming fedse.seed-data, the file, the item and what is wrong."""
     root = Path(path).expanduser()
     files = sorted(f for f in root.iterdir() if f.suffix in (".json", ".jsonl")) if root.is_dir() else [root]
     if not root.exists() or not files:
-        raise ValueError(f"fedse-seed-data={str(path)!r}: no such file, or a folder without .json / .jsonl files; "
+        raise ValueError(f"fedse.seed-data={str(path)!r}: no such file, or a folder without .json / .jsonl files; "
                          f"allowed: {FORMAT}")
     items = []
     for f in files:
@@ -42,14 +42,14 @@ def read_items(path: str | Path) -> list[dict]:
             text = f.read_text()
             loaded = [json.loads(line) for line in text.splitlines() if line.strip()] if f.suffix == ".jsonl" else json.loads(text)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"fedse-seed-data={str(path)!r}: {f.name} is not readable JSON ({err}); allowed: {FORMAT}") from None
+            raise ValueError(f"fedse.seed-data={str(path)!r}: {f.name} is not readable JSON ({err}); allowed: {FORMAT}") from None
         if not isinstance(loaded, list):
-            raise ValueError(f"fedse-seed-data={str(path)!r}: {f.name} holds a {type(loaded).__name__}, not a list of "
+            raise ValueError(f"fedse.seed-data={str(path)!r}: {f.name} holds a {type(loaded).__name__}, not a list of "
                              f"items; allowed: {FORMAT}")
         for i, item in enumerate(loaded):
             problem = item_problem(item)
             if problem:
-                raise ValueError(f"fedse-seed-data={str(path)!r}: {f.name} item {i}: {problem}; allowed: {FORMAT}")
+                raise ValueError(f"fedse.seed-data={str(path)!r}: {f.name} item {i}: {problem}; allowed: {FORMAT}")
         items.extend(loaded)
     return items
 

@@ -75,13 +75,13 @@ class SelfEvolutionConfig:
 
     def __post_init__(self) -> None:
         if self.keep not in FEDSE_KEEP:
-            raise ValueError(f"fedse-keep={self.keep!r} is not allowed: expected one of {', '.join(FEDSE_KEEP)}")
+            raise ValueError(f"fedse.keep={self.keep!r} is not allowed: expected one of {', '.join(FEDSE_KEEP)}")
         if self.history not in FEDSE_HISTORY:
-            raise ValueError(f"fedse-history={self.history!r} is not allowed: expected one of {', '.join(FEDSE_HISTORY)}")
+            raise ValueError(f"fedse.history={self.history!r} is not allowed: expected one of {', '.join(FEDSE_HISTORY)}")
         if self.steps not in FEDSE_STEPS:
-            raise ValueError(f"fedse-steps={self.steps!r} is not allowed: expected one of {', '.join(FEDSE_STEPS)}")
+            raise ValueError(f"fedse.steps={self.steps!r} is not allowed: expected one of {', '.join(FEDSE_STEPS)}")
         if self.loss_tokens not in FEDSE_LOSS_TOKENS:
-            raise ValueError(f"fedse-loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(FEDSE_LOSS_TOKENS)}")
+            raise ValueError(f"fedse.loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(FEDSE_LOSS_TOKENS)}")
         if isinstance(self.seed_demos, str):
             per_env_numbers(self.seed_demos)  # a malformed entry raises, naming it
         for name in ("explore_samples", "sft_steps", "sft_epochs") + (() if isinstance(self.seed_demos, str) else ("seed_demos",)):

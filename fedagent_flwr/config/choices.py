@@ -6,8 +6,8 @@ from __future__ import annotations
 
 # ----- where and how the model computes (agent/engine) -----------------------------------------------------------
 DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
-ENGINES = ("auto", "hf", "static")  # decode-engine (agent/engine/sampling.py runs them)
-RESOLVED_ENGINES = ("hf", "static")  # what placement.py resolves decode-engine to
+ENGINES = ("auto", "hf", "static")  # rollout.name (agent/engine/sampling.py runs them)
+RESOLVED_ENGINES = ("hf", "static")  # what placement.py resolves rollout.name to
 # auto = bf16-mixed on CUDA; on a CPU fp32, or bf16-base where the processor's probe says so (agent/engine/placement.py)
 ALL_PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16-base")
 RESOLVED_PRECISIONS = ("fp32", "bf16-mixed", "bf16-base")
@@ -16,8 +16,8 @@ PARAM_DTYPES = ("fp32", "bf16")  # the weights the log-prob and update passes co
 PARAM_DTYPE_CHOICES = (*PARAM_DTYPES, "auto")
 TRAINING_KERNELS = ("eager", "compile", "liger")  # the decoder layers' kernels in GRPO's passes (agent/engine/kernels.py)
 TRAINING_ATTENTIONS = ("sdpa", "eager")  # the attention of the passes that take a gradient, by transformers' names
-KERNELS = ("eager", "compile")  # how the static engine's token step runs its element-wise work (decode-kernels)
-CHECKPOINTING = (False, True, "auto")  # gradient-checkpointing
+KERNELS = ("eager", "compile")  # how the static engine's token step runs its element-wise work (rollout.kernels)
+CHECKPOINTING = (False, True, "auto")  # engine.gradient-checkpointing
 # ... as the placement resolves it: "fitted" = in each micro-batch the fewest leading layers whose checkpointing makes
 # its activations fit the room the memory plan leaves (agent/engine/checkpointing.py); auto with no room known: True
 RESOLVED_CHECKPOINTING = (False, True, "fitted")
@@ -36,7 +36,7 @@ ANSWER_PARSING = ("strict", "lenient", "reference", "agentgym")
 PROMPT_ROLES = ("user", "system")
 # The user message's layout: ours, the FedAgent reference's templates in our words, or AgentGym's ReAct form.
 PROMPT_TEMPLATES = ("compact", "reference", "agentgym")
-# Which step draws the invalid-action penalty: one not well formed or whose action the environment rejects, or one
+# Which step draws the rollout.invalid-action penalty: one not well formed or whose action the environment rejects, or one
 # not well formed only (the reference's projection, verl-agent's env_package/*/projection.py: tags only).
 INVALID_ACTIONS = ("inadmissible", "malformed")
 # Where the penalty lands: summed and taken off the trajectory's reward, or on each step's own sample (the reference).

@@ -1,4 +1,4 @@
-"""The syntax of run-config `fault-injection` and the plan it parses to: which clients fail on purpose, and how
+"""The syntax of run-config `resilience.fault-injection` and the plan it parses to: which clients fail on purpose, and how
 (fedagent_flwr/faults.py injects the faults; its docstring gives the syntax)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class FaultPlan:
         spec = spec.strip()
         if not spec:
             return None
-        bad = ValueError(f"fault-injection={spec!r} is not allowed: expected {FAULT_SYNTAX}")
+        bad = ValueError(f"resilience.fault-injection={spec!r} is not allowed: expected {FAULT_SYNTAX}")
         kinds_part, sep, target = spec.partition(":")
         kinds = tuple(k.strip() for k in kinds_part.split("+"))
         if not sep or not all(k in FAULT_KINDS for k in kinds):

@@ -20,7 +20,7 @@ class Traits:
     secure_aggregation: bool = False  # SecAgg+ applies (privacy/secure_aggregation.py)
     baselines: bool = False  # the Table 1 baselines (baseline = centralized | local) apply
     experience_buffer: bool = False  # Fed-SE: clients train on a buffer seeded by demonstrations
-    grpo: bool = False  # clients train with GRPO (finetuning, kl-reference apply)
+    grpo: bool = False  # clients train with GRPO (finetuning, grpo.kl-reference apply)
 
 
 STRATEGIES = {

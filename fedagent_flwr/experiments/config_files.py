@@ -1,15 +1,15 @@
 """`python -m fedagent_flwr.experiments.config_files`: rewrite the files that list every run-config key from the
-dataclasses in config/run_config.py, so they never drift: pyproject's [tool.flwr.app.config] (the defaults Flower reads) and
-the key tables of docs/run-config.md, one per section. Run it after adding or changing a key; the tests fail while
-either file is stale.
+dataclasses in config/run_config.py, so they never drift: pyproject's [tool.flwr.app.config] (the defaults Flower reads,
+as dotted keys the way FlowerTune's templates write them) and the key tables of docs/run-config.md, one for the
+top-level keys, one per section and one of the renamed keys (config/renames.py). Run it after adding or changing a
+key; the tests fail while either file is stale.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
-from fedagent_flwr.config import SECTIONS, RunConfig
+from fedagent_flwr.config import RENAMED, SECTIONS, RunConfig
 from fedagent_flwr.simulation import toml_value
 
 BEGIN = "<!-- key tables: written by python -m fedagent_flwr.experiments.config_files from config/run_config.py; edit there -->"
@@ -17,6 +17,7 @@ END = "<!-- end of the key tables -->"
 
 
 HEADINGS = {"grpo": "GRPO", "lora": "LoRA", "fedrl": "QAvg / PAvg", "fedse": "Fed-SE"}  # the rest: capitalized
+TOP_DOC = "The everyday keys, at the top level of the run config."
 
 
 def cell(text: str) -> str:
@@ -24,23 +25,38 @@ def cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-def section_title(section: type) -> str:
-    """The section's name as the docs and run_simulation.py's --help groups show it: SpeedConfig -> speed."""
-    return section.__name__.removesuffix("Config").removesuffix("Section").lower()
+def _table(heading: str, doc: str, rows: list) -> list[str]:
+    out = [f"### {heading}", "", " ".join(doc.split()), "", "| key | default | allowed | meaning |", "| --- | --- | --- | --- |"]
+    for key, f in rows:
+        default = f.default if f.default != "" else '""'
+        out.append(f"| `{key}` | `{cell(default)}` | {cell(f.metadata['allowed'])} | {cell(f.metadata['doc'])} |")
+    return out + [""]
 
 
 def docs_tables() -> str:
-    """One table per section, under a heading with the section's docstring, every row as many cells as its header."""
-    out = []
+    """A table of the top-level keys, one per section under a heading with its docstring, and the renamed keys; every
+    row as many cells as its header."""
+    keys = list(RunConfig.keys())
+    out = _table("Top-level keys", TOP_DOC, [(key, f) for key, f, section in keys if section is None])
     for section in SECTIONS:
-        out += [f"### {HEADINGS.get(section_title(section), section_title(section).capitalize())} keys", "", " ".join(section.__doc__.split()), "",
-                "| key | default | allowed | meaning |", "| --- | --- | --- | --- |"]
-        for f in fields(section):
-            default = f.default if f.default != "" else '""'
-            out.append(f"| `{f.name.replace('_', '-')}` | `{cell(default)}` | {cell(f.metadata['allowed'])} | "
-                       f"{cell(f.metadata['doc'])} |")
-        out.append("")
+        heading = HEADINGS.get(section.NAME, section.NAME.capitalize())
+        out += _table(f"{heading} keys (`{section.NAME}.*`)", section.__doc__,
+                      [(key, f) for key, f, owner in keys if owner is section])
+    out += ["### Renamed keys", "", "The flat names of the keys before they moved into sections (December 2026), and "
+            "their new names. A run config that uses an old name is refused in one line that names the new key.", "",
+            "| old name | new name |", "| --- | --- |"]
+    out += [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
     return "\n".join(out).rstrip("\n")
+
+
+def pyproject_table() -> str:
+    """[tool.flwr.app.config]'s body: the top-level keys, then each section's keys as dotted keys under a comment."""
+    values = RunConfig().to_run_config()
+    lines = [f"{key} = {toml_value(values[key])}" for key, _, section in RunConfig.keys() if section is None]
+    for section in SECTIONS:
+        lines += ["", f"# {HEADINGS.get(section.NAME, section.NAME.capitalize())} keys (docs/run-config.md)"]
+        lines += [f"{key} = {toml_value(values[key])}" for key, _, owner in RunConfig.keys() if owner is section]
+    return "\n".join(lines) + "\n"
 
 
 def sync_files(root: Path) -> None:
@@ -50,8 +66,7 @@ def sync_files(root: Path) -> None:
     if not sep:
         raise ValueError(f"{pyproject} has no [tool.flwr.app.config] table")
     rest = tail.split("\n[", 1)  # the table ends where the next one starts
-    body = "".join(f"{k} = {toml_value(v)}\n" for k, v in RunConfig().to_run_config().items())
-    pyproject.write_text(head + sep + body + ("\n[" + rest[1] if len(rest) > 1 else ""))
+    pyproject.write_text(head + sep + pyproject_table() + ("\n[" + rest[1] if len(rest) > 1 else ""))
 
     doc = root / "docs" / "run-config.md"
     text = doc.read_text()

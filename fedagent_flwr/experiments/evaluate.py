@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prompt-roles", choices=PROMPT_ROLES, default="user",
                    help="user: instructions in the user message (reference); system: in a system message")
     p.add_argument("--prompt-template", choices=PROMPT_TEMPLATES, default="compact",
-                   help="the user message's layout: compact (ours) or reference (a run config's prompt-template)")
+                   help="the user message's layout: compact (ours) or reference (a run config's rollout.prompt-template)")
     p.add_argument("--seed", type=int, default=0,
                    help="the run's seed: with the run's evaluation settings this replays the server's evaluation")
     p.add_argument("--out", type=Path, help="also write the metrics as JSON to this file")

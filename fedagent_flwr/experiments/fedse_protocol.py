@@ -16,7 +16,7 @@ same fine-tuning steps per round, same held-out tasks and evaluation seed):
   fed-se         explore, keep successes, cumulative buffer, unweighted A/B mean
   fedavg-static  federated, each client tunes on its static demonstrations D_k^0 only
   local          each client tunes its own adapter on D_k^0, no communication; mean success of the K adapters,
-                 each on its own environment's held-out tasks when partition='by-environment'
+                 each on its own environment's held-out tasks when partition.scheme='by-environment'
   centralized    one adapter tuned on the union of all D_k^0
   no-history     fed-se, buffer = D_k^0 + this round's successes (w/o history)
   no-filter      fed-se, failed trajectories kept too (w/o filtering)
@@ -80,13 +80,13 @@ from fedagent_flwr.methods.placement import place_run, run_base_dtype
 CPU_PRESET = read_run_config_file(str(APP_DIR / "configs" / "fedse-cpu.toml"))
 METHODS = {
     "fed-se": {},
-    "fedavg-static": {"fedse-explore-samples": 0},
-    "local": {"fedse-explore-samples": 0},
-    "centralized": {"fedse-explore-samples": 0},
-    "no-history": {"fedse-history": "round"},
-    "no-filter": {"fedse-keep": "all"},
-    "weighted": {"fedse-aggregation": "weighted"},
-    "fed-se-valid-steps": {"fedse-steps": "valid"},  # not in the paper: see self_evolution.valid_steps_only
+    "fedavg-static": {"fedse.explore-samples": 0},
+    "local": {"fedse.explore-samples": 0},
+    "centralized": {"fedse.explore-samples": 0},
+    "no-history": {"fedse.history": "round"},
+    "no-filter": {"fedse.keep": "all"},
+    "weighted": {"fedse.aggregation": "weighted"},
+    "fed-se-valid-steps": {"fedse.steps": "valid"},  # not in the paper: see self_evolution.valid_steps_only
 }
 RANKS = (2, 4, 16)  # plus the preset's rank 8, which is fed-se itself
 # Keys the methods set above change only what happens in training; every method's round-0 evaluation scores the
@@ -95,15 +95,15 @@ TRAINING_ONLY_KEYS = frozenset(key for overrides in METHODS.values() for key in 
 
 
 def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str | None = None) -> dict[str, float]:
-    tasks = per_env_spread(make_env(cfg.env, cfg.max_steps).tasks_of_split("test"), cfg.eval_tasks)  # per env with a spec
+    tasks = per_env_spread(make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("test"), cfg.eval.tasks)  # per env with a spec
     if only_env is not None:  # a Local client is scored on its own environment's held-out tasks
         tasks = [t for t in tasks if task_env(t) == only_env]
     spec = lora_spec(cfg)
     with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
         placement = place_run(cfg, "server", model=peft_model)  # as the run's server resolves it
-        evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps), tasks,
-                                    rollout_config(cfg, True, placement=placement), cfg.eval_samples_per_task, cfg.seed,
+        evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.rollout.max_steps), tasks,
+                                    rollout_config(cfg, True, placement=placement), cfg.eval.samples_per_task, cfg.seed,
                                     precision=placement.precision)
         return evaluator.evaluate(server_round)
 
@@ -123,7 +123,7 @@ def own_environment_scores(evals: list[dict[str, float]], envs: list[str]) -> di
 
 
 def _due(cfg: RunConfig, r: int) -> bool:
-    return r == 0 or r % cfg.eval_every == 0 or r == cfg.num_server_rounds
+    return r == 0 or r % cfg.eval.test_freq == 0 or r == cfg.num_server_rounds
 
 
 def finished_rows(method: str, cfg: RunConfig, out: Path) -> list[dict] | None:
@@ -167,7 +167,7 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
     placement = place_run(cfg, model=agent.model)  # every auto of the clients, once
     se = self_evolution_config(cfg, placement)
     rollout = rollout_config(cfg, placement=placement)
-    env_factory = lambda: make_env(cfg.env, cfg.max_steps)  # noqa: E731
+    env_factory = lambda: make_env(cfg.env, cfg.rollout.max_steps)  # noqa: E731
     buffers_root = out / method / "buffers"
     shutil.rmtree(buffers_root, ignore_errors=True)
     tasks = [learner_tasks(cfg, p, k) for p in range(k)]
@@ -176,7 +176,7 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
         initial = adapter_to_arrays(peft_model)
     adapter_bytes = payload_bytes(initial)
     # One environment per client (Fed-SE's setting): client p's Local adapter is scored on environment p alone.
-    own_envs = env_names(cfg.env) if cfg.partition == "by-environment" else None
+    own_envs = env_names(cfg.env) if cfg.partition.scheme == "by-environment" else None
     rows: list[dict] = []
     started = time.time()
 
@@ -233,7 +233,7 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
             continue
         numpy_adapters = [{key: a[key].numpy() for key in a.keys()} for a, _ in results]
         successes = [m["fedse/new-successes"] for m in metrics]
-        aggregated, agg = aggregate_adapters(numpy_adapters, cfg.fedse_aggregation, successes)
+        aggregated, agg = aggregate_adapters(numpy_adapters, cfg.fedse.aggregation, successes)
         global_adapter = ArrayRecord({key: Array(aggregated[key]) for key in initial.keys()})
         adapters = [global_adapter] * k
         agg["comm/bytes-per-client-round"] = float(2 * adapter_bytes)  # down + up
@@ -297,7 +297,7 @@ def print_plan(base: RunConfig, methods: list[str], ranks: list[int], seeds: lis
     """What each method would run: its run-config keys that differ from the defaults (every config checked first)."""
     defaults = RunConfig().to_run_config()
     plans = [(m, base.to_run_config() | METHODS[m]) for m in methods]
-    plans += [(f"rank-{r}", base.to_run_config() | {"lora-rank": r, "lora-alpha": 2.0 * r}) for r in ranks]
+    plans += [(f"rank-{r}", base.to_run_config() | {"lora.r": r, "lora.lora-alpha": 2.0 * r}) for r in ranks]
     for name, values in plans:
         RunConfig.from_run_config(values)
         changed = " ".join(f"{k}={toml_value(v)}" for k, v in values.items() if v != defaults[k] and k != "seed")
@@ -316,9 +316,9 @@ def run_seed(out: Path, base: RunConfig, methods: list[str], ranks: list[int]) -
             starts.setdefault(start_key(cfg), start)
         write_tables(out, results, sweep, base)
     if "fed-se" in results and ranks:
-        sweep[base.lora_rank] = results["fed-se"]
+        sweep[base.lora.r] = results["fed-se"]
         for rank in ranks:
-            cfg = RunConfig.from_run_config(base.to_run_config() | {"lora-rank": rank, "lora-alpha": 2.0 * rank})
+            cfg = RunConfig.from_run_config(base.to_run_config() | {"lora.r": rank, "lora.lora-alpha": 2.0 * rank})
             sweep[rank] = run_method(f"rank-{rank}", cfg, out)
             write_tables(out, results, sweep, base)
     return results
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--tables-only: no method's metrics.jsonl under {args.out}")
         sweep = {r: rows for r in ranks if (rows := _read_rows(args.out / f"rank-{r}"))}
         if sweep and "fed-se" in results:
-            sweep[base.lora_rank] = results["fed-se"]
+            sweep[base.lora.r] = results["fed-se"]
         write_tables(args.out, results, sweep, base)
         return 0
     torch.set_num_threads(1)  # the cores are shared; one thread is the fast setting under contention

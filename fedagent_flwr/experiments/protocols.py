@@ -9,7 +9,7 @@ Every configuration is one real federated run of this app (`python -m fedagent_f
 -> `flwr run`), in OUT/runs/<name>/; a run whose summary.json exists is reused, and one
 left without it is moved aside (kept) and run again, so an interrupted protocol continues
 where it stopped. Baselines take the evaluation before round 1 from their seed's FedAgent
-run (`initial-evaluation`); on CPUs `--parallel 2` runs one-core learners two at a time. Then:
+run (`eval.initial-evaluation`); on CPUs `--parallel 2` runs one-core learners two at a time. Then:
 
 - table1: FedAgent vs Local(k) vs Centralized with the same rounds and local
   epochs (the baselines are run-config `baseline`), and a compute-matched Local
@@ -84,18 +84,18 @@ FILE_PRESET_LOCAL_CLIENTS = (0, 1)  # a preset given as a file: clients 0 and 1 
 
 # §6 / Figure 3. The cpu values keep the paper's ratios (1 : 5 : 10 tasks per client scaled to 2 : 4 : 8).
 DECENTRALIZED = {
-    "cpu": {"tasks-per-client": (2, 4, 8), "clients-per-round": (1, 2, 4), "local-epochs": (1, 2, 3), "total-epochs": 6},
-    "paper": {"tasks-per-client": (100, 500, 1000), "clients-per-round": (1, 2, 4), "local-epochs": (1, 3, 5), "total-epochs": 210},
+    "cpu": {"partition.tasks-per-client": (2, 4, 8), "clients-per-round": (1, 2, 4), "grpo.local-epochs": (1, 2, 3), "total-epochs": 6},
+    "paper": {"partition.tasks-per-client": (100, 500, 1000), "clients-per-round": (1, 2, 4), "grpo.local-epochs": (1, 3, 5), "total-epochs": 210},
 }
 # §7 / Figure 4: low vs high heterogeneity. Coverage hands out r * N task slots in all, so its clients' sizes follow
 # the pool: cpu 1.3 x 512 Gridworld rooms over 8 clients, about 83 each (20..160); paper: the reference defaults
 # (100..1000 around 500, r = 1.3; needs N >= K * 100 / 1.3 tasks, e.g. real WebShop).
 HETEROGENEITY = {
-    "cpu": {"coverage": {"coverage-r": 1.3, "coverage-l-min": 20, "coverage-l-avg": 83.2, "coverage-l-max": 160}},
-    "paper": {"coverage": {"coverage-r": 1.3, "coverage-l-min": 100, "coverage-l-avg": 500.0, "coverage-l-max": 1000}},
+    "cpu": {"coverage": {"partition.coverage-r": 1.3, "partition.coverage-l-min": 20, "partition.coverage-l-avg": 83.2, "partition.coverage-l-max": 160}},
+    "paper": {"coverage": {"partition.coverage-r": 1.3, "partition.coverage-l-min": 100, "partition.coverage-l-avg": 500.0, "partition.coverage-l-max": 1000}},
 }
-HET_VALUES = {"preference": ("preference-omega", (0.1, 0.9)), "coverage": ("coverage-xi", (256.0, 1.0)),
-              "hardness": ("hardness-xi", (256.0, 1.0))}
+HET_VALUES = {"preference": ("partition.preference-omega", (0.1, 0.9)), "coverage": ("partition.coverage-xi", (256.0, 1.0)),
+              "hardness": ("partition.hardness-xi", (256.0, 1.0))}
 
 
 def resolve_preset(text: str) -> tuple[str, dict[str, Any]]:
@@ -125,10 +125,10 @@ class Run:
 
 
 # Table 1 compares methods on one federation's data. At the cpu preset its partitions do not move with the seed
-# (partition-seed 42), so "Local (client k)" is one data set and each seed pairs the methods up. The paper preset
-# splits as the reference does (partition uniform-windows, partition-seed -1): its uniform split cuts a task list
+# (partition.seed 42), so "Local (client k)" is one data set and each seed pairs the methods up. The paper preset
+# splits as the reference does (partition uniform-windows, partition.seed -1): its uniform split cuts a task list
 # its environments reshuffle with the run's seed (shuffle_seed), so client data moves with the seed there, while a
-# round's clients are drawn seeded 42 + round - 1 (client-sampling reference); 42 + k seeds client k only in the
+# round's clients are drawn seeded 42 + round - 1 (federation.client-sampling reference); 42 + k seeds client k only in the
 # reference's other partitions (preference, coverage, hardness).
 TABLE1_PARTITION_SEED = 42
 
@@ -141,24 +141,24 @@ def federation_share(base: dict) -> int:
 
 def compute_matched(base: dict, k: int, seed: int) -> dict[str, Any]:
     """Local (client k) given a round's worth of the whole federation's work: the clients a round trains times the
-    episodes (tasks-per-epoch x group-size) and, through the same minibatch-size, about as many AdamW steps, all
+    episodes (grpo.tasks-per-epoch x grpo.num-generations) and, through the same grpo.mini-batch-size, about as many AdamW steps, all
     played from the round-start policy as each client's are. It tells "more kinds of rooms" from "more compute"."""
     share = federation_share(base)
-    return base | {"seed": seed, "baseline": "local", "local-client": k,
-                   "tasks-per-epoch": int(base.get("tasks-per-epoch", RunConfig().tasks_per_epoch)) * share}
+    return base | {"seed": seed, "baseline.name": "local", "baseline.local-client": k,
+                   "grpo.tasks-per-epoch": int(base.get("grpo.tasks-per-epoch", RunConfig().grpo.tasks_per_epoch)) * share}
 
 
 def table1_runs(preset: str, seeds: list[int], base: dict, local_clients: tuple[int, ...],
                 matched: bool = True) -> list[Run]:
     """Per seed: FedAgent, each Local(k), Centralized and (with `matched`) the compute-matched Local of the first k."""
-    base = {"partition-seed": TABLE1_PARTITION_SEED} | base  # a preset or --set may still choose another
+    base = {"partition.seed": TABLE1_PARTITION_SEED} | base  # a preset or --set may still choose another
     runs = []
     for s in seeds:
         runs.append(Run(f"table1-fedagent-s{s}", "FedAgent", "FedAgent", s, base | {"seed": s}))
         for k in local_clients:
             runs.append(Run(f"table1-local{k}-s{s}", f"Local (client {k})", f"Local {k}", s,
-                            base | {"seed": s, "baseline": "local", "local-client": k}))
-        runs.append(Run(f"table1-centralized-s{s}", "Centralized", "Centralized", s, base | {"seed": s, "baseline": "centralized"}))
+                            base | {"seed": s, "baseline.name": "local", "baseline.local-client": k}))
+        runs.append(Run(f"table1-centralized-s{s}", "Centralized", "Centralized", s, base | {"seed": s, "baseline.name": "centralized"}))
         if matched and local_clients:
             k = local_clients[0]
             runs.append(Run(f"table1-local{k}-matched-s{s}", f"Local (client {k}), compute-matched",
@@ -170,17 +170,17 @@ def decentralized_runs(preset: str, seeds: list[int], base: dict) -> list[Run]:
     spec = DECENTRALIZED[preset]
     runs = []
     for s in seeds:
-        for key in ("tasks-per-client", "clients-per-round"):
+        for key in ("partition.tasks-per-client", "clients-per-round"):
             for v in spec[key]:
                 runs.append(Run(f"dec-{key}-{v}-s{s}", key, f"{key} = {v}", s, base | {"seed": s, key: v}))
-        for tau in spec["local-epochs"]:
+        for tau in spec["grpo.local-epochs"]:
             rounds = spec["total-epochs"] // tau
-            runs.append(Run(f"dec-local-epochs-{tau}-s{s}", "local-epochs", f"local-epochs = {tau} ({rounds} rounds)", s,
-                            base | {"seed": s, "local-epochs": tau, "num-server-rounds": rounds,
-                                    "eval-every": max(1, rounds // 3)}))
+            runs.append(Run(f"dec-local-epochs-{tau}-s{s}", "grpo.local-epochs", f"grpo.local-epochs = {tau} ({rounds} rounds)", s,
+                            base | {"seed": s, "grpo.local-epochs": tau, "num-server-rounds": rounds,
+                                    "eval.test-freq": max(1, rounds // 3)}))
     for r in runs:
-        if r.group != "local-epochs":  # curves need a few points: about three evaluations per run
-            r.config["eval-every"] = max(1, r.config["num-server-rounds"] // 3)
+        if r.group != "grpo.local-epochs":  # curves need a few points: about three evaluations per run
+            r.config["eval.test-freq"] = max(1, r.config["num-server-rounds"] // 3)
     return runs
 
 
@@ -193,11 +193,11 @@ def heterogeneity_runs(preset: str, seeds: list[int], base: dict, labels: str | 
                 continue
             extra = dict(HETEROGENEITY[preset].get(partition, {}))
             if partition == "hardness":
-                extra["success-labels"] = labels
+                extra["partition.success-labels"] = labels
             for v in values:
                 runs.append(Run(f"het-{partition}-{v:g}-s{s}", partition, f"{key} = {v:g}", s,
-                                base | extra | {"seed": s, "partition": partition, key: v,
-                                                "eval-every": max(1, base["num-server-rounds"] // 3)}))
+                                base | extra | {"seed": s, "partition.scheme": partition, key: v,
+                                                "eval.test-freq": max(1, base["num-server-rounds"] // 3)}))
     return runs
 
 
@@ -242,18 +242,18 @@ def set_aside(folder: Path) -> Path | None:
 
 
 def first_evaluation_source(run: Run, runs: list[Run], out: Path) -> Path | None:
-    """The same seed's FedAgent run, whose evaluation before round 1 a baseline takes (`initial-evaluation`: the same
+    """The same seed's FedAgent run, whose evaluation before round 1 a baseline takes (`eval.initial-evaluation`: the same
     model, seed and held-out episodes; runs/reused_evaluation.py refuses it in one line if anything differs)."""
-    if run.config.get("baseline", "none") == "none":
+    if run.config.get("baseline.name", "none") == "none":
         return None
-    source = next((r for r in runs if r.seed == run.seed and r.config.get("baseline", "none") == "none"), None)
+    source = next((r for r in runs if r.seed == run.seed and r.config.get("baseline.name", "none") == "none"), None)
     folder = out / "runs" / source.name if source else None
     return folder if folder and (folder / "episodes" / "round-0000.json").is_file() else None
 
 
 def shares_the_cores(run: Run, num_gpus: float) -> bool:
     """A run that may go beside another on CPUs: one learner on one core (Local, Centralized)."""
-    return num_gpus == 0 and run.cores == 1 and run.config.get("baseline", "none") != "none"
+    return num_gpus == 0 and run.cores == 1 and run.config.get("baseline.name", "none") != "none"
 
 
 def waves(runs: list[Run], parallel: int, num_gpus: float) -> list[list[Run]]:
@@ -271,7 +271,7 @@ def waves(runs: list[Run], parallel: int, num_gpus: float) -> list[list[Run]]:
 def execute(runs: list[Run], out: Path, num_cpus: int, num_gpus: float, dry_run: bool, parallel: int = 1,
             reuse_first_evaluation: bool = True) -> None:
     for cfg in runs:  # every configuration is validated before the first run starts
-        if dry_run and cfg.config.get("partition") == "hardness" and not Path(cfg.config["success-labels"]).exists():
+        if dry_run and cfg.config.get("partition.scheme") == "hardness" and not Path(cfg.config["partition.success-labels"]).exists():
             continue  # a dry run does not make the labels file the real run would
         RunConfig.from_run_config(RunConfig().to_run_config() | cfg.config | {"output-dir": str(out / "runs")})
     number = {run.name: i for i, run in enumerate(runs, 1)}
@@ -320,7 +320,7 @@ def final_metrics(out: Path, run: Run) -> dict[str, float]:
 
 def curve(out: Path, run: Run) -> tuple[list[int], list[float]]:
     """(training epochs so far, held-out success) at every evaluation of the run."""
-    tau = int(run.config["local-epochs"])
+    tau = int(run.config["grpo.local-epochs"])
     xs, ys = [], []
     for line in (out / "runs" / run.name / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -420,13 +420,13 @@ def table1_report(out: Path, runs: list[Run], title: str) -> dict:
                  + " | 0 | 0 |")
     # What each learner trains on explains its row (a skewed partition leaves a Local categories it never sees).
     first = [r for r in runs if r.seed == runs[0].seed]
-    clients = next((run_holdings(r) for r in first if r.config.get("baseline", "none") == "none"), {})
-    held = {r.group: run_holdings(r) for r in first if r.config.get("baseline") == "local"}
+    clients = next((run_holdings(r) for r in first if r.config.get("baseline.name", "none") == "none"), {})
+    held = {r.group: run_holdings(r) for r in first if r.config.get("baseline.name") == "local"}
     result["local_tasks"] = {g: next(iter(h.values())) for g, h in held.items()}
     result["client_tasks"] = clients
     if clients or held:
-        # With partition-seed = -1 (a --set may choose it) each seed holds other tasks: say which seed is listed.
-        moves = int(runs[0].config.get("partition-seed", -1)) < 0
+        # With partition.seed = -1 (a --set may choose it) each seed holds other tasks: say which seed is listed.
+        moves = int(runs[0].config.get("partition.seed", -1)) < 0
         where = f" (seed {runs[0].seed}; the partition moves with the seed)" if moves else ""
         lines += ["", f"Training tasks by category{where}: {holdings_line(clients | result['local_tasks'])}."]
     # The orderings Table 1 is read for, each with its paired test over seeds (experiments/seed_statistics.py), and
@@ -526,8 +526,8 @@ def ensure_labels(out: Path, base: dict, given: str | None, dry_run: bool) -> st
     if path.exists() or dry_run:
         return str(path)
     args = [sys.executable, "-m", "fedagent_flwr.experiments.success_labels", "--env", base["env"], "--model", base["model"],
-            "--out", str(path), "--samples", "4", "--history-length", str(base.get("history-length", 0)),
-            "--max-new-tokens", str(base.get("max-new-tokens", 32)), "--seed", "0"]
+            "--out", str(path), "--samples", "4", "--history-length", str(base.get("rollout.history-length", 0)),
+            "--max-new-tokens", str(base.get("rollout.max-completion-length", 32)), "--seed", "0"]
     print("[protocol] success labels: " + " ".join(args), flush=True)
     subprocess.run(args, check=True, cwd=APP_DIR)
     return str(path)

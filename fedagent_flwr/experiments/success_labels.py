@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out = Path(args.out).expanduser().resolve()
     write_json_atomic(out, payload)
-    print(f"[success-labels] {payload['num_successful']}/{len(tasks)} tasks solved -> {out}", flush=True)
+    print(f"[partition.success-labels] {payload['num_successful']}/{len(tasks)} tasks solved -> {out}", flush=True)
     return payload
 
 

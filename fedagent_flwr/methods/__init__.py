@@ -26,7 +26,7 @@ if set(METHODS) != set(STRATEGIES):  # a name added to one place but not the oth
 
 def method_for(cfg: RunConfig) -> Method:
     """The method a validated run config asks for (a Table 1 baseline replaces FedAgent's averaging)."""
-    if cfg.baseline != "none":
+    if cfg.baseline.name != "none":
         return Baseline(cfg)
     return METHODS[cfg.strategy](cfg)
 

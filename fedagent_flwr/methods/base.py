@@ -76,7 +76,7 @@ class Method:
 
     def evaluation_due(self, server_round: int) -> bool:
         cfg = self.cfg
-        return server_round == 0 or server_round % cfg.eval_every == 0 or server_round == cfg.num_server_rounds
+        return server_round == 0 or server_round % cfg.eval.test_freq == 0 or server_round == cfg.num_server_rounds
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         """Score the global model held in `arrays`; the metrics of one evaluation."""

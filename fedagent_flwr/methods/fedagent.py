@@ -60,41 +60,41 @@ class LanguageAgentMethod(Method):
     def trains_adapter(self) -> bool:
         """Whether the global model is a LoRA adapter (the server injects it into its copy of the base once,
         so the evaluation generates with base + global adapter) rather than the full weights."""
-        return self.cfg.finetuning == "lora"
+        return self.cfg.grpo.finetuning == "lora"
 
     def prepare(self) -> None:
         cfg = self.cfg
         self.agent = load_agent(cfg.model, cfg.env, cfg.device_key("server"), run_base_dtype(cfg))  # builds a tiny model first if needed
-        env = make_env(cfg.env, cfg.max_steps)
-        eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval_tasks)  # a multi-env spec: eval-tasks per env
-        # Every auto resolved once, with the model in hand: decode-engine='static' for a model the static engine refuses
+        env = make_env(cfg.env, cfg.rollout.max_steps)
+        eval_tasks = per_env_spread(env.tasks_of_split("test"), cfg.eval.tasks)  # a multi-env spec: eval.tasks per env
+        # Every auto resolved once, with the model in hand: rollout.name='static' for a model the static engine refuses
         # stops the run here, and auto's fall-back to hf is named on the console at start-up (clients resolve alike on
-        # their machines). The server plans its own rows in server-memory-gb (or the GPU memory free here); a client's
-        # rows are planned here only as client-memory-gb allows, for the plan checked before round 1.
+        # their machines). The server plans its own rows in engine.server-memory-gb (or the GPU memory free here); a client's
+        # rows are planned here only as engine.client-memory-gb allows, for the plan checked before round 1.
         shape, context = ModelShape.of(self.agent.model.config), context_tokens(cfg, self.agent.tokenizer, env, eval_tasks)
         self.placements = {role: place_run(cfg, role, model=self.agent.model, shape=shape, context_tokens=context,
                                            budget_bytes=budget)
-                           for role, budget in (("client", cfg.client_memory_gb * GB),
+                           for role, budget in (("client", cfg.engine.client_memory_gb * GB),
                                                 ("server", memory_budget(cfg, self.agent.device, "server")))}
-        self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.max_steps),
+        self.evaluator = GlobalEvaluator(self.agent.model, self.agent.tokenizer, lambda: make_env(cfg.env, cfg.rollout.max_steps),
                                          eval_tasks, rollout_config(cfg, True, placement=self.placements["server"]),
-                                         cfg.eval_samples_per_task, cfg.seed, precision=self.placements["server"].precision)
+                                         cfg.eval.samples_per_task, cfg.seed, precision=self.placements["server"].precision)
         self.memory = memory_plans(cfg, shape, context, self.placements["client"], self.placements["server"])
         self._stack = contextlib.ExitStack()
         self.peft_model = None
         if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model
             self.peft_model = self._stack.enter_context(attached_lora(self.agent.model, lora_spec(cfg), seed=cfg.seed))
         self.initial_identity: dict[str, Any] = {}  # what the evaluation before round 1 depends on, once known
-        self.reused = None  # initial-evaluation: another run's evaluation of exactly these weights, checked before round 1
-        if cfg.initial_evaluation:
-            self.reused = reused_evaluation(cfg.initial_evaluation, self.evaluation_identity(self.initial_arrays()))
+        self.reused = None  # eval.initial-evaluation: another run's evaluation of exactly these weights, checked before round 1
+        if cfg.eval.initial_evaluation:
+            self.reused = reused_evaluation(cfg.eval.initial_evaluation, self.evaluation_identity(self.initial_arrays()))
 
     def evaluation_identity(self, arrays: ArrayRecord) -> dict[str, Any]:
         """What the server's evaluation of `arrays` depends on (runs/reused_evaluation.py)."""
         cfg, evaluator = self.cfg, self.evaluator
         return evaluation_identity(
             model=cfg.model, base_fingerprint=self.agent.base_fingerprint, weights=arrays, env=cfg.env,
-            max_steps=cfg.max_steps, task_ids=[t.id for t in evaluator.tasks], samples_per_task=evaluator.samples_per_task,
+            max_steps=cfg.rollout.max_steps, task_ids=[t.id for t in evaluator.tasks], samples_per_task=evaluator.samples_per_task,
             evaluation_seed=evaluation_seed(evaluator.seed), rollout=evaluator.config, precision=evaluator.precision,
             device=str(evaluator.device), weights_dtype=str(next(self.agent.model.parameters()).dtype))
 
@@ -108,8 +108,8 @@ class LanguageAgentMethod(Method):
     def check_federation(self, num_clients: int) -> None:
         # An infeasible partition (or bad success labels) stops the run before round 1; else say what each learner holds.
         held = holdings(self.cfg, all_partitions(self.cfg, num_clients))
-        print(f"[fedagent] training tasks by category ({self.cfg.partition} partition): {holdings_line(held)}", flush=True)
-        check_memory(self.memory, self.cfg.client_memory_gb, self.cfg.server_memory_gb)
+        print(f"[fedagent] training tasks by category ({self.cfg.partition.scheme} partition): {holdings_line(held)}", flush=True)
+        check_memory(self.memory, self.cfg.engine.client_memory_gb, self.cfg.engine.server_memory_gb)
 
     def config_facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"model-source": self.agent.spec.source,
@@ -139,7 +139,7 @@ class LanguageAgentMethod(Method):
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         if server_round == 0 and self.reused is not None:  # checked in prepare: the same weights and episodes
             self.evaluator.last_trajectories = []
-            print(f"[fedagent] round 0: the evaluation before round 1 taken from {self.cfg.initial_evaluation} (the same "
+            print(f"[fedagent] round 0: the evaluation before round 1 taken from {self.cfg.eval.initial_evaluation} (the same "
                   "initial weights, held-out episodes, settings, sources and libraries; not played again)", flush=True)
             return {**self.reused[0], "seconds": 0.0}
         if server_round == 0:
@@ -158,23 +158,23 @@ class LanguageAgentMethod(Method):
         self.checkpoint(reporter, server_round)  # the round's console line is federation.py's
         episodes = reporter.run_dir / "episodes" / f"round-{server_round:04d}.json"
         if server_round == 0 and self.reused is not None:  # the source run's record, saying where it came from
-            write_json_atomic(episodes, self.reused[1] | {"taken-from": self.cfg.initial_evaluation})
-            transcript = Path(self.cfg.initial_evaluation).expanduser() / "episodes" / "round-0000.txt"
+            write_json_atomic(episodes, self.reused[1] | {"taken-from": self.cfg.eval.initial_evaluation})
+            transcript = Path(self.cfg.eval.initial_evaluation).expanduser() / "episodes" / "round-0000.txt"
             if transcript.is_file():
                 atomic_write_text(episodes.with_suffix(".txt"), transcript.read_text())
         elif self.evaluator.last_trajectories:
             # every episode's outcome, so two evaluations of a run compare room by room without playing them again
             # (python -m fedagent_flwr.experiments.paired_rounds); the first also says what it depends on, so that a
-            # later run from the same weights may take it (initial-evaluation)
+            # later run from the same weights may take it (eval.initial-evaluation)
             record = evaluation_record(self.evaluator.last_trajectories, server_round, self.cfg)
             if server_round == 0:
                 record[IDENTITY] = self.initial_identity
             write_json_atomic(episodes, record)
-        if self.cfg.eval_transcripts and self.evaluator.last_trajectories:
+        if self.cfg.eval.transcripts and self.evaluator.last_trajectories:
             path = write_transcripts(reporter.run_dir / "episodes" / f"round-{server_round:04d}.txt",
-                                     self.evaluator.last_trajectories, self.cfg.eval_transcripts,
+                                     self.evaluator.last_trajectories, self.cfg.eval.transcripts,
                                      header=f"held-out episodes after round {server_round} (model {self.cfg.model}, "
-                                            f"eval-temperature {self.cfg.eval_temperature:g})")
+                                            f"eval.temperature {self.cfg.eval.temperature:g})")
             reporter.text("episodes", path.read_text(), server_round)
             print(f"[fedagent] round {server_round} example: {short_example(self.evaluator.last_trajectories)} "
                   f"(more: {path})", flush=True)
@@ -188,7 +188,7 @@ class LanguageAgentMethod(Method):
             "final_success_rate": history[final]["success_rate"],
             "initial": history[0],
             "final": history[final],
-            "clients_per_round": strategy.clients_per_round,  # fedse-lora sets its own (fedse-client-fraction)
+            "clients_per_round": strategy.clients_per_round,  # fedse-lora sets its own (fedse.fraction-train)
             "model": cfg.model,
             "model_source": self.agent.spec.source,
             "env": cfg.env,
@@ -220,8 +220,8 @@ class FedAgent(LanguageAgentMethod):
 
     def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
         cfg = self.cfg
-        return FedAgentAvg(node_of_partition, clients_per_round=cfg.clients_per_round, seed=cfg.seed, min_replies=cfg.min_replies,
-                           transfer_dtype=cfg.transfer_dtype, client_sampling=cfg.client_sampling)
+        return FedAgentAvg(node_of_partition, clients_per_round=cfg.clients_per_round, seed=cfg.seed, min_replies=cfg.federation.min_replies,
+                           transfer_dtype=cfg.federation.transfer_dtype, client_sampling=cfg.federation.client_sampling)
 
     def carried_optimizer(self, context: Context) -> dict[str, np.ndarray] | None:
         """The AdamW state a client continues from (None: a fresh optimizer each round, as a FedAgent client starts
@@ -231,23 +231,23 @@ class FedAgent(LanguageAgentMethod):
     def train(self, msg: Message, context: Context, partition_id: int, num_partitions: int,
               load_agent: AgentLoader) -> Message:
         cfg = self.cfg
-        sent = decode(msg.content.array_records["arrays"], cfg.transfer_dtype)
+        sent = decode(msg.content.array_records["arrays"], cfg.federation.transfer_dtype)
         tasks = learner_tasks(cfg, partition_id, num_partitions)
         server_round = int(msg.content.config_records["config"]["server-round"])
         optimizer = self.carried_optimizer(context)
-        if cfg.ranks_per_client > 1:  # the client's ranks, each in a process of its own (methods/ranked_round.py)
+        if cfg.engine.ranks_per_client > 1:  # the client's ranks, each in a process of its own (methods/ranked_round.py)
             trained, metrics = train_on_ranks(cfg, sent, tasks, server_round, partition_id, optimizer)
         else:
             trained, metrics = local_round(cfg, load_agent(), sent, tasks, server_round, partition_id, optimizer)
         if optimizer is not None:  # kept on the client (Flower's per-node state), never sent
             context.state[OPTIMIZER_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in optimizer.items()})
         metrics["update_norm"] = update_norm(trained, sent)  # what a DP clipping norm is compared with
-        return Message(RecordDict({"arrays": encode(trained, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
+        return Message(RecordDict({"arrays": encode(trained, cfg.federation.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 def evaluation_record(trajectories, server_round: int, cfg: RunConfig) -> dict[str, Any]:
     """One evaluation's episodes as plain data: task, category, won, reward and steps of each, in play order."""
     return {"round": server_round, "env": cfg.env, "model": cfg.model, "seed": cfg.seed,
-            "eval-temperature": cfg.eval_temperature, "eval-samples-per-task": cfg.eval_samples_per_task,
+            "eval.temperature": cfg.eval.temperature, "eval.samples-per-task": cfg.eval.samples_per_task,
             "episodes": [{"task": t.task.id, "category": t.task.category, "won": bool(t.won),
                           "reward": float(t.reward), "steps": len(t.steps)} for t in trajectories]}

@@ -39,9 +39,9 @@ class FedSE(LanguageAgentMethod):
 
     def make_strategy(self, node_of_partition: Mapping[int, int]) -> Strategy:
         cfg = self.cfg
-        m = clients_for_fraction(len(node_of_partition), cfg.fedse_client_fraction)
-        return FedSELoRA(node_of_partition, clients_per_round=m, seed=cfg.seed, min_replies=min(cfg.min_replies, m),
-                         aggregation=cfg.fedse_aggregation, transfer_dtype=cfg.transfer_dtype)
+        m = clients_for_fraction(len(node_of_partition), cfg.fedse.fraction_train)
+        return FedSELoRA(node_of_partition, clients_per_round=m, seed=cfg.seed, min_replies=min(cfg.federation.min_replies, m),
+                         aggregation=cfg.fedse.aggregation, transfer_dtype=cfg.federation.transfer_dtype)
 
     def train(self, msg: Message, context: Context, partition_id: int, num_partitions: int,
               load_agent: AgentLoader) -> Message:
@@ -49,25 +49,25 @@ class FedSE(LanguageAgentMethod):
         config = msg.content.config_records["config"]
         server_round = int(config["server-round"])
         seed_everything(cfg.seed, server_round, partition_id)  # exploration sampling is reproducible per (round, client)
-        buffer = ExperienceBuffer(client_buffer_dir(cfg.fedse_buffer_dir, str(config[RUN_KEY]), partition_id), agent.base_fingerprint)
+        buffer = ExperienceBuffer(client_buffer_dir(cfg.fedse.buffer_dir, str(config[RUN_KEY]), partition_id), agent.base_fingerprint)
         tasks = learner_tasks(cfg, partition_id, num_partitions)
         placement = process_placement(cfg, agent, tasks)  # every auto of this client, once
-        seed_data = (lambda: agenttraj_seed(cfg, agent.tokenizer, partition_id, num_partitions)) if cfg.fedse_seed_data else None
+        seed_data = (lambda: agenttraj_seed(cfg, agent.tokenizer, partition_id, num_partitions)) if cfg.fedse.seed_data else None
         adapter, metrics = self_evolution_round(
             agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
-            lambda: make_env(cfg.env, cfg.max_steps), tasks, server_round, buffer,
-            decode(msg.content.array_records["arrays"], cfg.transfer_dtype), seed_data)
-        return Message(RecordDict({"arrays": encode(adapter, cfg.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
+            lambda: make_env(cfg.env, cfg.rollout.max_steps), tasks, server_round, buffer,
+            decode(msg.content.array_records["arrays"], cfg.federation.transfer_dtype), seed_data)
+        return Message(RecordDict({"arrays": encode(adapter, cfg.federation.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 def agenttraj_seed(cfg: RunConfig, tokenizer, partition_id: int, num_partitions: int) -> tuple[list[StoredTrajectory], int]:
-    """Client `partition_id`'s D_k^0 from fedse-seed-data: its share of the items of each environment its training
+    """Client `partition_id`'s D_k^0 from fedse.seed-data: its share of the items of each environment its training
     tasks come from (the holders of an environment: every client whose tasks include it), capped per environment
-    where fedse-seed-demos names environments."""
+    where fedse.seed-demos names environments."""
     holders: dict[str, list[int]] = {}
     for p in range(num_partitions):
         for env in sorted({task_env(t) or cfg.env for t in learner_tasks(cfg, p, num_partitions)}):
             holders.setdefault(env, []).append(p)
-    caps = per_env_numbers(cfg.fedse_seed_demos) if isinstance(cfg.fedse_seed_demos, str) else None
-    items = client_share(read_items(cfg.fedse_seed_data), holders, partition_id, caps)
-    return seed_trajectories(items, tokenizer, cfg.max_context_tokens)
+    caps = per_env_numbers(cfg.fedse.seed_demos) if isinstance(cfg.fedse.seed_demos, str) else None
+    items = client_share(read_items(cfg.fedse.seed_data), holders, partition_id, caps)
+    return seed_trajectories(items, tokenizer, cfg.rollout.max_context_tokens)

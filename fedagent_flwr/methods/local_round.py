@@ -21,7 +21,7 @@ from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapt
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.agent.engine.placement import Placement
-from fedagent_flwr.methods.library_configs import grpo_config, rollout_config
+from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.placement import process_placement
 
 
@@ -31,7 +31,7 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     """tau epochs of GRPO from the weights currently in `model` (default `agent.model`; a LoRA-wrapped
     base trains its adapter only); returns round metrics. With `optimizer` (a dict, empty in the first round)
     AdamW continues from the state in it, and the state it ends in is written back. `base_model`: the frozen base
-    weights a full fine-tuning's KL term anchors to with kl-reference='base'. `placement`: this client's
+    weights a full fine-tuning's KL term anchors to with grpo.kl-reference='base'. `placement`: this client's
     (default: process_placement's, over `tasks` with `model`)."""
     if not tasks:
         raise ValueError(f"client {partition_id} has no training tasks")
@@ -39,13 +39,13 @@ def train_locally(agent: Agent, cfg: RunConfig, tasks: Sequence[Task], server_ro
     rng = seed_everything(cfg.seed, server_round, partition_id)
     model = model if model is not None else agent.model
     placement = placement or process_placement(cfg, agent, tasks, model=model)
-    trainer = GRPOTrainer(model, agent.tokenizer, grpo_config(cfg, placement), rollout_config(cfg, placement=placement),
-                          base_model=base_model)
+    trainer = GRPOTrainer(model, agent.tokenizer, cfg.grpo, rollout_config(cfg, placement=placement), engine=cfg.engine,
+                          placement=placement, base_model=base_model)
     if optimizer:
         trainer.load_optimizer_arrays(optimizer)
-    env_factory = lambda: make_env(cfg.env, cfg.max_steps)
+    env_factory = lambda: make_env(cfg.env, cfg.rollout.max_steps)
     epochs = [trainer.train_epoch(env_factory, tasks, rng, ProgressLines(f"client {partition_id} rollout, round {server_round}"))
-              for _ in range(cfg.local_epochs)]
+              for _ in range(cfg.grpo.local_epochs)]
     if optimizer is not None:
         optimizer.clear()
         optimizer.update(trainer.optimizer_arrays())
@@ -63,11 +63,11 @@ def local_round(cfg: RunConfig, agent: Agent, sent: ArrayRecord, tasks: Sequence
                 partition_id: int, optimizer: dict[str, np.ndarray] | None = None) -> tuple[ArrayRecord, dict[str, float]]:
     """The weights the server sent (the full model, or a LoRA adapter on the base), trained by `train_locally` in this
     process; the trained weights in the same form, and the round's metrics."""
-    if cfg.finetuning == "lora":
+    if cfg.grpo.finetuning == "lora":
         with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
             return train_sent(cfg, agent, peft_model, sent, tasks, server_round, partition_id, optimizer)
     placement = process_placement(cfg, agent, tasks)
-    anchor = placement.kl_reference if cfg.kl_beta > 0 else None  # round-start: the trainer keeps its own copy
+    anchor = placement.kl_reference if cfg.grpo.beta > 0 else None  # round-start: the trainer keeps its own copy
     base = load_frozen_base(cfg.model, cfg.env, cfg.device) if anchor == "base" else None
     return train_sent(cfg, agent, agent.model, sent, tasks, server_round, partition_id, optimizer, base, placement)
 
@@ -78,7 +78,7 @@ def train_sent(cfg: RunConfig, agent: Agent, model: torch.nn.Module, sent: Array
     """The sent weights loaded into `model` (into its adapter where it is a LoRA-wrapped base; a model sharded over
     ranks takes each rank's part), trained by `train_locally`, and read back in the same form (gathered whole; on ranks,
     kept by rank 0 alone)."""
-    lora = cfg.finetuning == "lora"
+    lora = cfg.grpo.finetuning == "lora"
     arrays_to_adapter(model, sent) if lora else arrays_to_model(model, sent)
     metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer,
                             base_model=base, placement=placement)

@@ -1,7 +1,7 @@
 """A run's memory plan: the planner's inputs (agent/engine/memory.py) read from the run config and a resolved placement,
 and the check before round 1 that each plan fits the memory it is given.
 
-A plan is made for a `Placement` (precision, param-dtype, decode engine, KL reference and checkpointing as resolved),
+A plan is made for a `Placement` (precision, engine.param-dtype, decode engine, KL reference and checkpointing as resolved),
 never resolving an `auto` itself: agent/engine/placement.py's place() asks `memory_plan` while it decides the rows and
 the activation room (methods/placement.py passes it), and a placement for another machine (the memory plan's
 `--device cuda` on a CPU) plans what a GPU run will hold.
@@ -27,11 +27,11 @@ from fedagent_flwr.agent.engine.placement import Placement
 from fedagent_flwr.agent.training.lora import lora_spec
 from fedagent_flwr.config import RunConfig
 
-KNOBS = ("ranks-per-client (full fine-tuning's weights, gradients and AdamW state sharded over a client's GPUs, with "
+KNOBS = ("engine.ranks-per-client (full fine-tuning's weights, gradients and AdamW state sharded over a client's GPUs, with "
          "num-gpus-per-client as many), "
-         "finetuning='lora' with a small lora-rank, gradient-checkpointing=true, micro-batch-size, rollout-batch-size, kl-reference='base' "
-         "(with lora), precision, num-gpus-per-client (a larger GPU share), server-device (e.g. cpu, to keep the server off the "
-         "clients' GPU) and client-memory-gb / server-memory-gb")
+         "grpo.finetuning='lora' with a small lora.r, engine.gradient-checkpointing=true, grpo.ppo-micro-batch-size-per-gpu, rollout.generation-batch-size, grpo.kl-reference='base' "
+         "(with lora), precision, num-gpus-per-client (a larger GPU share), engine.server-device (e.g. cpu, to keep the server off the "
+         "clients' GPU) and engine.client-memory-gb / engine.server-memory-gb")
 
 
 def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placement: Placement, rollout_rows: int,
@@ -39,23 +39,23 @@ def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placemen
     """`role`'s (client or server) memory plan for a model of this shape placed as `placement`, with `rollout_rows`
     rows in a generate call."""
     grpo = cfg.traits.grpo
-    common = dict(finetuning="lora" if cfg.traits.experience_buffer else cfg.finetuning,  # Fed-SE: SFT of a LoRA adapter
-                  lora_rank=cfg.lora_rank, lora_targets=lora_spec(cfg).target_modules, precision=placement.precision,
+    common = dict(finetuning="lora" if cfg.traits.experience_buffer else cfg.grpo.finetuning,  # Fed-SE: SFT of a LoRA adapter
+                  lora_rank=cfg.lora.r, lora_targets=lora_spec(cfg).target_modules, precision=placement.precision,
                   context_tokens=context_tokens, static_decoder=placement.decode_engine == "static",
                   cuda_graphs=placement.on_cuda)
     if role == "server":
         return server_plan(shape, **common, eval_batch_size=rollout_rows)
     if grpo:  # a generate call holds at most the episodes its process plays: an epoch's, or on N ranks a rank's groups
-        rollout_rows = min(rollout_rows, -(-cfg.tasks_per_epoch // cfg.ranks_per_client) * cfg.group_size)
+        rollout_rows = min(rollout_rows, -(-cfg.grpo.tasks_per_epoch // cfg.engine.ranks_per_client) * cfg.grpo.num_generations)
     return client_plan(
-        shape, **common, kl_beta=cfg.kl_beta if grpo else 0.0, kl_reference=placement.kl_reference,
+        shape, **common, kl_beta=cfg.grpo.beta if grpo else 0.0, kl_reference=placement.kl_reference,
         gradient_checkpointing=placement.gradient_checkpointing in (True, "fitted"),
-        micro_batch_size=cfg.micro_batch_size if grpo else cfg.fedse_sft_micro_batch_size or cfg.fedse_sft_batch_size,
-        micro_batch_tokens=cfg.micro_batch_tokens if grpo else 0, rollout_batch_size=rollout_rows,
-        logprob_chunk_tokens=cfg.logprob_chunk_tokens if grpo else 0,
-        logprob_micro_batch_size=(cfg.logprob_micro_batch_size or cfg.micro_batch_size) if grpo else 0,
-        logprob_micro_batch_tokens=cfg.logprob_micro_batch_tokens if grpo else 0, param_dtype=placement.param_dtype,
-        ranks=cfg.ranks_per_client, eager_attention=cfg.training_attention == "eager")
+        micro_batch_size=cfg.grpo.ppo_micro_batch_size_per_gpu if grpo else cfg.fedse.sft_micro_batch_size or cfg.fedse.sft_batch_size,
+        micro_batch_tokens=cfg.grpo.ppo_max_token_len_per_gpu if grpo else 0, rollout_batch_size=rollout_rows,
+        logprob_chunk_tokens=cfg.engine.logprob_chunk_tokens if grpo else 0,
+        logprob_micro_batch_size=(cfg.grpo.log_prob_micro_batch_size_per_gpu or cfg.grpo.ppo_micro_batch_size_per_gpu) if grpo else 0,
+        logprob_micro_batch_tokens=cfg.grpo.log_prob_max_token_len_per_gpu if grpo else 0, param_dtype=placement.param_dtype,
+        ranks=cfg.engine.ranks_per_client, eager_attention=cfg.engine.attn_implementation == "eager")
 
 
 def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, client: Placement,
@@ -67,34 +67,34 @@ def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, client:
 
 def _adapter(cfg: RunConfig) -> tuple:
     """(targets, rank) of the adapter a client's passes train (Fed-SE's SFT trains one too), else ()."""
-    lora = cfg.finetuning == "lora" or cfg.traits.experience_buffer
-    return (lora_spec(cfg).target_modules, cfg.lora_rank) if lora else ()
+    lora = cfg.grpo.finetuning == "lora" or cfg.traits.experience_buffer
+    return (lora_spec(cfg).target_modules, cfg.lora.r) if lora else ()
 
 
 def plan_layer_activations(cfg: RunConfig, shape: ModelShape, placement: Placement) -> LayerActivations:
     """What a decoder layer of a client's training passes keeps for backward per token (memory.layer_activations):
-    the placement's precision and param-dtype, and its adapter's targets where a LoRA adapter learns."""
+    the placement's precision and engine.param-dtype, and its adapter's targets where a LoRA adapter learns."""
     return layer_activations(shape, placement.precision, placement.param_dtype, *_adapter(cfg))
 
 
 def plan_no_grad_pass_bytes(cfg: RunConfig, shape: ModelShape, placement: Placement, tokens: int) -> int:
     """The most a client's no-grad log-prob pass over `tokens` padded positions holds at once (memory.no_grad_pass_bytes),
-    with the run's log-prob chunk, the placement's precision and param-dtype, and its adapter's targets."""
-    chunk = cfg.logprob_chunk_tokens
+    with the run's log-prob chunk, the placement's precision and engine.param-dtype, and its adapter's targets."""
+    chunk = cfg.engine.logprob_chunk_tokens
     return no_grad_pass_bytes(shape, tokens, min(chunk, tokens) if chunk > 0 else tokens, placement.precision,
                               placement.param_dtype, *_adapter(cfg))
 
 
 def memory_budget(cfg: RunConfig, device: torch.device, who: str = "client") -> float | None:
-    """Bytes `who` (client or server) may plan with: client-memory-gb (server-memory-gb) where given, or else the
+    """Bytes `who` (client or server) may plan with: engine.client-memory-gb (engine.server-memory-gb) where given, or else the
     GPU memory free now (memory.device_budget; None on a CPU)."""
-    return (cfg.client_memory_gb if who == "client" else cfg.server_memory_gb) * GB or device_budget(device)
+    return (cfg.engine.client_memory_gb if who == "client" else cfg.engine.server_memory_gb) * GB or device_budget(device)
 
 
 def check_memory(plans, client_gb: float, server_gb: float) -> None:
     """Raise before round 1 when a plan exceeds the memory it is given (0 GiB = not checked)."""
     problems = [f"{plan.who} needs about {plan.total / GB:.1f} GiB but {key}={gb:g}"
-                for plan, gb, key in zip(plans, (client_gb, server_gb), ("client-memory-gb", "server-memory-gb"))
+                for plan, gb, key in zip(plans, (client_gb, server_gb), ("engine.client-memory-gb", "engine.server-memory-gb"))
                 if gb and plan.total > gb * GB]
     if problems:
         raise ValueError("the memory plan does not fit: " + "; ".join(problems) + "\n"

@@ -32,7 +32,7 @@ from fedagent_flwr.methods.memory import memory_budget, memory_plan
 
 def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = None, model: torch.nn.Module | None = None,
               shape: ModelShape | None = None, context_tokens: int = 0, budget_bytes: float | None = None) -> Placement:
-    """Every `auto` of this run resolved for `role` (client, or server: server-device) on `machine` (default: this
+    """Every `auto` of this run resolved for `role` (client, or server: engine.server-device) on `machine` (default: this
     process's). With the model's `shape` and the longest `context_tokens`, the rows and the activation room are planned
     in `budget_bytes` (None or 0: no budget known, an epoch's rows and every layer checkpointed under auto)."""
     grpo_client = role == "client" and cfg.traits.grpo  # only a GRPO client's update checkpoints
@@ -47,11 +47,11 @@ def place_run(cfg: RunConfig, role: str = "client", machine: Machine | None = No
     # measured where the precision has a choice to make (auto over an adapter) or a bf16 setting to check; not
     # otherwise, so a full fine-tune under auto (the tiny default job) stays fp32 with nothing measured
     measure = on_cpu and (adapter_only or cfg.precision in BF16_PRECISIONS)
-    placement = place(device=cfg.device_key(role), precision=cfg.precision, param_dtype=cfg.param_dtype,
-                      decode_engine=cfg.decode_engine, kl_reference=cfg.kl_reference,
-                      gradient_checkpointing=cfg.gradient_checkpointing if grpo_client else False,
-                      single_learner=cfg.baseline != "none", full_grpo=cfg.finetuning == "full" and cfg.traits.grpo,
-                      machine=machine, model=model, rollout_batch_size=cfg.rollout_batch_size,
+    placement = place(device=cfg.device_key(role), precision=cfg.precision, param_dtype=cfg.engine.param_dtype,
+                      decode_engine=cfg.rollout.name, kl_reference=cfg.grpo.kl_reference,
+                      gradient_checkpointing=cfg.engine.gradient_checkpointing if grpo_client else False,
+                      single_learner=cfg.baseline.name != "none", full_grpo=cfg.grpo.finetuning == "full" and cfg.traits.grpo,
+                      machine=machine, model=model, rollout_batch_size=cfg.rollout.generation_batch_size,
                       max_rows=cfg.epoch_episodes(), plan_for=plan_for, budget_bytes=budget_bytes,
                       context_tokens=context_tokens, adapter_only=adapter_only,
                       cpu_rates=run_cpu_rates(cfg, shape) if measure else None)
@@ -93,38 +93,38 @@ def _rates(hidden: int, intermediate: int) -> MatmulRates:
 
 def memory_key_placements(cfg: RunConfig, shape: ModelShape, context_tokens: int,
                           machine: Machine | None = None) -> tuple[Placement, Placement]:
-    """(client, server) placements with each role's rows planned in its memory key (client-memory-gb,
-    server-memory-gb; 0: an epoch's rows), as the memory plan checked before round 1 plans them."""
+    """(client, server) placements with each role's rows planned in its memory key (engine.client-memory-gb,
+    engine.server-memory-gb; 0: an epoch's rows), as the memory plan checked before round 1 plans them."""
     client, server = (place_run(cfg, role, machine, shape=shape, context_tokens=context_tokens, budget_bytes=gb * GB)
-                      for role, gb in (("client", cfg.client_memory_gb), ("server", cfg.server_memory_gb)))
+                      for role, gb in (("client", cfg.engine.client_memory_gb), ("server", cfg.engine.server_memory_gb)))
     return client, server
 
 
 def process_placement(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], role: str = "client",
                       model: torch.nn.Module | None = None) -> Placement:
     """This process's placement, with its agent loaded: the context estimated once over `tasks`, rows and activation
-    room planned in client-memory-gb (server-memory-gb), or else the GPU memory free now; the engine checked against
+    room planned in engine.client-memory-gb (engine.server-memory-gb), or else the GPU memory free now; the engine checked against
     `model` (default: the agent's)."""
-    context = context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.max_steps), tasks)
+    context = context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.rollout.max_steps), tasks)
     return place_run(cfg, role, model=model if model is not None else agent.model, shape=ModelShape.of(agent.model.config),
                      context_tokens=context, budget_bytes=memory_budget(cfg, agent.device, role))
 
 
 def new_tokens(cfg: RunConfig) -> int:
-    """Tokens generated per agent step: max-new-tokens, or the environment's need."""
-    return cfg.max_new_tokens or answer_token_budget(cfg.env)
+    """Tokens generated per agent step: rollout.max-completion-length, or the environment's need."""
+    return cfg.rollout.max_completion_length or answer_token_budget(cfg.env)
 
 
 def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int:
     """An estimate of the longest context of the run's episodes, for the memory plan: the longest first-step
     prompt over up to 16 tasks, once more for every step of history shown, plus the generated tokens; at most
-    max-context-tokens where the prompts are cut to it."""
+    rollout.max-context-tokens where the prompts are cut to it."""
     encoder, lengths = PromptEncoder(tokenizer), []
     for task in list(tasks)[:16]:
         observation, _ = env.reset(task)
-        lengths.append(len(encoder(build_prompt(env, observation, [], 0, template=cfg.prompt_template))))
-    estimate = max(lengths, default=0) * (1 + cfg.history_length) + new_tokens(cfg)
-    return min(estimate, cfg.max_context_tokens) if cfg.max_context_tokens else estimate
+        lengths.append(len(encoder(build_prompt(env, observation, [], 0, template=cfg.rollout.prompt_template))))
+    estimate = max(lengths, default=0) * (1 + cfg.rollout.history_length) + new_tokens(cfg)
+    return min(estimate, cfg.rollout.max_context_tokens) if cfg.rollout.max_context_tokens else estimate
 
 
 def check_placement(cfg: RunConfig, placement: Placement, role: str = "client") -> None:
@@ -132,22 +132,22 @@ def check_placement(cfg: RunConfig, placement: Placement, role: str = "client") 
     key."""
     traits = cfg.traits
     if placement.param_dtype == "bf16":  # a working copy of every weight under bf16 compute
-        _need(traits.grpo and cfg.finetuning == "full" and placement.precision == "bf16-mixed", "param-dtype",
-              cfg.param_dtype, f"fp32 unless a GRPO strategy trains every weight (finetuning='full') under precision "
-              f"'bf16-mixed' (here strategy={cfg.strategy!r}, finetuning={cfg.finetuning!r}, precision resolves to "
+        _need(traits.grpo and cfg.grpo.finetuning == "full" and placement.precision == "bf16-mixed", "engine.param-dtype",
+              cfg.engine.param_dtype, f"fp32 unless a GRPO strategy trains every weight (grpo.finetuning='full') under precision "
+              f"'bf16-mixed' (here strategy={cfg.strategy!r}, grpo.finetuning={cfg.grpo.finetuning!r}, precision resolves to "
               f"{placement.precision!r} on {'a GPU' if placement.on_cuda else 'a CPU'})")
-        _need(cfg.ranks_per_client == 1, "param-dtype", cfg.param_dtype,
-              "fp32 with ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for full "
+        _need(cfg.engine.ranks_per_client == 1, "engine.param-dtype", cfg.engine.param_dtype,
+              "fp32 with engine.ranks-per-client > 1 (a bf16 working copy is not yet run under FSDP2; auto takes it for full "
               "fine-tuning on CUDA)")
-    if traits.grpo and cfg.old_logprobs == "rollout" and role == "client":  # a client samples what it trains
+    if traits.grpo and cfg.grpo.old_logprobs == "rollout" and role == "client":  # a client samples what it trains
         # The static engine samples from a bf16 copy with the LoRA delta merged in, where a small delta rounds away:
         # its log-probs are not the trained weights', so the PPO ratio would not start at 1 (no test shows they agree).
-        _need(placement.decode_engine == "hf", "old-logprobs", cfg.old_logprobs,
-              f"recompute where rollouts decode with the static engine (decode-engine={cfg.decode_engine!r} resolves to "
+        _need(placement.decode_engine == "hf", "grpo.old-logprobs", cfg.grpo.old_logprobs,
+              f"recompute where rollouts decode with the static engine (rollout.name={cfg.rollout.name!r} resolves to "
               f"'static' on {'a GPU' if placement.on_cuda else 'this machine'}: it samples from a bf16 copy of the weights, "
-              "not the ones trained), or decode-engine='hf'")
-    if cfg.training_kernels == "liger":
-        _need(placement.on_cuda, "training-kernels", cfg.training_kernels,
+              "not the ones trained), or rollout.name='hf'")
+    if cfg.engine.training_kernels == "liger":
+        _need(placement.on_cuda, "engine.training-kernels", cfg.engine.training_kernels,
               f"eager | compile with device={cfg.device!r} resolving to {placement.device!r} (Liger's kernels run on "
               "CUDA only)")
 

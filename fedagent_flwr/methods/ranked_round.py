@@ -1,4 +1,4 @@
-"""A FedAgent client's local round on its N ranks (run-config ranks-per-client): one process a rank, each with its own
+"""A FedAgent client's local round on its N ranks (run-config engine.ranks-per-client): one process a rank, each with its own
 device (a card of the client's, or a share of the CPU), the model sharded over them by FSDP2.
 
 Every rank runs methods/local_round.py's round on the same tasks and seed: it plays a stride of the epoch's groups
@@ -43,7 +43,7 @@ SENT, TRAINED, OPTIMIZER = "sent/", "trained/", "optimizer/"
 
 def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], server_round: int, partition_id: int,
                    optimizer: dict[str, np.ndarray] | None = None, pool: RankPool | None = None) -> tuple[ArrayRecord, dict[str, float]]:
-    """`local_round` on cfg.ranks_per_client ranks (`pool`, default this process's `client_ranks`); the same return
+    """`local_round` on cfg.engine.ranks_per_client ranks (`pool`, default this process's `client_ranks`); the same return
     value. `optimizer`, where given, is continued from and updated in place as one process's round would."""
     tensors = {SENT + k: array_view(sent[k]) for k in sent.keys()}
     tensors.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
@@ -60,13 +60,13 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
 def idle_ranks_note(cfg: RunConfig) -> str | None:
     """What a run should hear when some of a client's ranks have no pass of the update to run: rank r runs passes
     r, r + N, ... of each minibatch, so with fewer passes a minibatch than ranks the others run spare one-row passes
-    (a minibatch cut by micro-batch-tokens has a count only its lengths decide: not said)."""
-    passes = -(-cfg.minibatch_size // cfg.micro_batch_size)
-    if cfg.ranks_per_client < 2 or cfg.micro_batch_tokens or passes >= cfg.ranks_per_client:
+    (a minibatch cut by grpo.ppo-max-token-len-per-gpu has a count only its lengths decide: not said)."""
+    passes = -(-cfg.grpo.mini_batch_size // cfg.grpo.ppo_micro_batch_size_per_gpu)
+    if cfg.engine.ranks_per_client < 2 or cfg.grpo.ppo_max_token_len_per_gpu or passes >= cfg.engine.ranks_per_client:
         return None
-    return (f"ranks-per-client={cfg.ranks_per_client} with micro-batch-size={cfg.micro_batch_size} of minibatch-size="
-            f"{cfg.minibatch_size}: {passes} pass(es) a minibatch, so {cfg.ranks_per_client - passes} rank(s) run only "
-            f"one-row spare passes in the update; micro-batch-size={cfg.minibatch_size // cfg.ranks_per_client} or less "
+    return (f"engine.ranks-per-client={cfg.engine.ranks_per_client} with grpo.ppo-micro-batch-size-per-gpu={cfg.grpo.ppo_micro_batch_size_per_gpu} of grpo.mini-batch-size="
+            f"{cfg.grpo.mini_batch_size}: {passes} pass(es) a minibatch, so {cfg.engine.ranks_per_client - passes} rank(s) run only "
+            f"one-row spare passes in the update; grpo.ppo-micro-batch-size-per-gpu={cfg.grpo.mini_batch_size // cfg.engine.ranks_per_client} or less "
             "shares it")
 
 
@@ -76,10 +76,10 @@ _POOL: list[RankPool] = []  # this client process's ranks, kept between its roun
 def client_ranks(cfg: RunConfig) -> RankPool:
     """This process's ranks for `cfg`: the ones kept from an earlier round where they still run with the same count,
     backend, deadlines and allocator setting, else new ones (those of another shape ended first, so their memory is
-    free). A round on them may take round-timeout, as long as the server waits for it; a collective, torch's own limit
-    or rank-timeout-s where that is set."""
+    free). A round on them may take federation.round-timeout, as long as the server waits for it; a collective, torch's own limit
+    or engine.rank-timeout-s where that is set."""
     backend, threshold = backend_for(pick_device(cfg.device)), mmap_threshold(cfg)
-    shape = (cfg.ranks_per_client, backend, cfg.round_timeout, threshold, cfg.rank_timeout_s or None)
+    shape = (cfg.engine.ranks_per_client, backend, cfg.federation.round_timeout, threshold, cfg.engine.rank_timeout_s or None)
     if _POOL and _POOL[0].alive and (_POOL[0].world, _POOL[0].backend, _POOL[0].timeout_s, _POOL[0].mmap_threshold,
                                      _POOL[0].collective_timeout_s) == shape:
         return _POOL[0]
@@ -89,8 +89,8 @@ def client_ranks(cfg: RunConfig) -> RankPool:
 
 
 def mmap_threshold(cfg: RunConfig) -> int:
-    """The ranks' mmap threshold for run-config ranks-return-memory (0: the C library's own)."""
-    return MMAP_THRESHOLD if cfg.ranks_return_memory else 0
+    """The ranks' mmap threshold for run-config engine.ranks-return-memory (0: the C library's own)."""
+    return MMAP_THRESHOLD if cfg.engine.ranks_return_memory else 0
 
 
 @atexit.register
@@ -128,7 +128,7 @@ def _held(cfg: RunConfig, world: int, tasks: Sequence[Task]) -> _Held:
     def agent_of(model: torch.nn.Module) -> Agent:  # the client process answers the fingerprint: none here
         return Agent(model=model, tokenizer=load_tokenizer(spec), spec=spec, device=device, base_fingerprint="")
 
-    if cfg.finetuning == "lora":  # attached for the rank's life: each round loads the sent adapter into it
+    if cfg.grpo.finetuning == "lora":  # attached for the rank's life: each round loads the sent adapter into it
         attached = contextlib.ExitStack()  # held, or its collection would close the block and unload the adapter
         model = load_sharded(spec, device, run_base_dtype(cfg),
                              wrap=lambda base: attached.enter_context(attached_lora(base, lora_spec(cfg), seed=cfg.seed)))
@@ -136,7 +136,7 @@ def _held(cfg: RunConfig, world: int, tasks: Sequence[Task]) -> _Held:
         return _HELD[0]
     agent = agent_of(load_sharded(spec, device, run_base_dtype(cfg)))
     placement = process_placement(cfg, agent, tasks)  # the anchor chosen as local_round chooses it
-    anchor = placement.kl_reference if cfg.kl_beta > 0 else None
+    anchor = placement.kl_reference if cfg.grpo.beta > 0 else None
     base = None
     if anchor == "base":
         base = frozen(load_sharded(spec, device))

@@ -5,10 +5,10 @@
   run-config parameters.
 - Centralized (baseline = centralized): one learner, partition 0's node, trains
   on the union of all K clients' partitions, so it sees every task the
-  federation holds; it samples tasks-per-epoch tasks per epoch from it, like
+  federation holds; it samples grpo.tasks-per-epoch tasks per epoch from it, like
   FedAgent's clients do from theirs (the paper's "64 tasks from the whole
   dataset" when the partitions cover the pool).
-- Local (baseline = local): client local-client trains alone on its partition.
+- Local (baseline = local): client baseline.local-client trains alone on its partition.
 
 Baselines keep FedAgent's T rounds of tau epochs, so all three run T * tau GRPO
 epochs (the paper's "same total epochs"); the server sends the round to the one
@@ -30,38 +30,38 @@ CENTRALIZED_LEARNER = 0  # the partition-id whose node plays the centralized lea
 
 
 def partition_kwargs(cfg: RunConfig) -> dict:
-    """The partitioner's own parameters from the run config (tasks-per-client is L where a partition has one)."""
-    if cfg.partition in ("uniform", "uniform-windows", "by-environment"):
-        return {"partition_size": cfg.tasks_per_client}
-    if cfg.partition == "preference":
-        return {"partition_size": cfg.tasks_per_client, "omega": cfg.preference_omega, "mix": cfg.preference_mix}
-    if cfg.partition == "coverage":
-        return {"xi": cfg.coverage_xi, "r": cfg.coverage_r, "size_min": cfg.coverage_l_min,
-                "size_avg": cfg.coverage_l_avg, "size_max": cfg.coverage_l_max}
-    if cfg.partition == "hardness":
-        return {"partition_size": cfg.tasks_per_client, "xi": cfg.hardness_xi, "r": cfg.hardness_r or None}
-    raise ValueError(f"partition={cfg.partition!r} has no parameter mapping in fedagent_flwr/methods/tasks.py")
+    """The partitioner's own parameters from the run config (partition.tasks-per-client is L where a partition has one)."""
+    if cfg.partition.scheme in ("uniform", "uniform-windows", "by-environment"):
+        return {"partition_size": cfg.partition.tasks_per_client}
+    if cfg.partition.scheme == "preference":
+        return {"partition_size": cfg.partition.tasks_per_client, "omega": cfg.partition.preference_omega, "mix": cfg.partition.preference_mix}
+    if cfg.partition.scheme == "coverage":
+        return {"xi": cfg.partition.coverage_xi, "r": cfg.partition.coverage_r, "size_min": cfg.partition.coverage_l_min,
+                "size_avg": cfg.partition.coverage_l_avg, "size_max": cfg.partition.coverage_l_max}
+    if cfg.partition.scheme == "hardness":
+        return {"partition_size": cfg.partition.tasks_per_client, "xi": cfg.partition.hardness_xi, "r": cfg.partition.hardness_r or None}
+    raise ValueError(f"partition.scheme={cfg.partition.scheme!r} has no parameter mapping in fedagent_flwr/methods/tasks.py")
 
 
 def pool_table(cfg: RunConfig, pool: list[Task]) -> Dataset:
     """The task table the partitioner reads; hardness adds the success labels."""
     table = task_table(pool)
-    if cfg.partition == "hardness":
-        table = table.add_column("success", load_labels(cfg.success_labels, cfg.env, pool))
+    if cfg.partition.scheme == "hardness":
+        table = table.add_column("success", load_labels(cfg.partition.success_labels, cfg.env, pool))
     return table
 
 
 def all_partitions(cfg: RunConfig, num_partitions: int) -> list[list[Task]]:
     """Every client's tasks; raises ValueError naming the run-config keys when the partition is infeasible."""
-    pool = make_env(cfg.env, cfg.max_steps).tasks_of_split("train")
+    pool = make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("train")
     try:
-        seed = cfg.seed if cfg.partition_seed < 0 else cfg.partition_seed
-        partitioner = make_partitioner(cfg.partition, num_partitions, seed, **partition_kwargs(cfg))
+        seed = cfg.seed if cfg.partition.seed < 0 else cfg.partition.seed
+        partitioner = make_partitioner(cfg.partition.scheme, num_partitions, seed, **partition_kwargs(cfg))
         partitioner.dataset = pool_table(cfg, pool)
         rows = [partitioner.load_partition(k)["id"] for k in range(num_partitions)]
     except ValueError as err:
         raise ValueError(
-            f"partition={cfg.partition!r} cannot split the {len(pool)} training tasks of env={cfg.env!r} among "
+            f"partition.scheme={cfg.partition.scheme!r} cannot split the {len(pool)} training tasks of env={cfg.env!r} among "
             f"K={num_partitions} clients: {err}"
         ) from None
     by_id = {t.id: t for t in pool}
@@ -80,25 +80,25 @@ def union_of(partitions: list[list[Task]]) -> list[Task]:
 def learner_tasks(cfg: RunConfig, partition_id: int, num_partitions: int) -> list[Task]:
     """The tasks partition `partition_id` trains on in this run (its own, or the union for centralized)."""
     partitions = all_partitions(cfg, num_partitions)
-    if cfg.baseline == "centralized":
+    if cfg.baseline.name == "centralized":
         if partition_id != CENTRALIZED_LEARNER:
-            raise ValueError(f"baseline='centralized' trains on partition {CENTRALIZED_LEARNER} only; partition {partition_id} was asked")
+            raise ValueError(f"baseline.name='centralized' trains on partition {CENTRALIZED_LEARNER} only; partition {partition_id} was asked")
         return union_of(partitions)
-    if cfg.baseline == "local" and partition_id != cfg.local_client:
-        raise ValueError(f"baseline='local' trains partition local-client={cfg.local_client} only; partition {partition_id} was asked")
+    if cfg.baseline.name == "local" and partition_id != cfg.baseline.local_client:
+        raise ValueError(f"baseline.name='local' trains partition baseline.local-client={cfg.baseline.local_client} only; partition {partition_id} was asked")
     return partitions[partition_id]
 
 
 def baseline_learner(cfg: RunConfig) -> int | None:
     """The one partition-id that trains under a baseline; None for FedAgent."""
-    return {"none": None, "centralized": CENTRALIZED_LEARNER, "local": cfg.local_client}[cfg.baseline]
+    return {"none": None, "centralized": CENTRALIZED_LEARNER, "local": cfg.baseline.local_client}[cfg.baseline.name]
 
 
 def holdings(cfg: RunConfig, partitions: list[list[Task]]) -> dict[str, dict[str, int]]:
     """Each learner of this run -> how many of its training tasks fall in each category (what a Local or a skewed
     client can learn from; a learner that trains nothing in a baseline run is left out)."""
     learner = baseline_learner(cfg)
-    chosen = {"Centralized (all clients)": union_of(partitions)} if cfg.baseline == "centralized" else {
+    chosen = {"Centralized (all clients)": union_of(partitions)} if cfg.baseline.name == "centralized" else {
         f"client {k}": tasks for k, tasks in enumerate(partitions) if learner is None or k == learner}
     return {who: dict(sorted(Counter(t.category for t in tasks).items())) for who, tasks in chosen.items()}
 

@@ -1,10 +1,10 @@
 """Central differential privacy for the LLM strategies: Flower's fixed-clipping wrappers.
 
-`dp-mode = "server-side"` wraps the strategy in Flower's
+`privacy.dp-mode = "server-side"` wraps the strategy in Flower's
 DifferentialPrivacyServerSideFixedClipping: the server clips each client's
 update (local weights minus the global weights it sent) to L2 norm
-`dp-clipping-norm`, aggregates, and adds Gaussian noise of standard deviation
-`dp-noise-multiplier * dp-clipping-norm / clients-per-round` to every aggregated
+`privacy.clipping-norm`, aggregates, and adds Gaussian noise of standard deviation
+`privacy.noise-multiplier * privacy.clipping-norm / clients-per-round` to every aggregated
 coordinate. `"client-side"` uses DifferentialPrivacyClientSideFixedClipping: the
 ClientApp's mod (`clip_when_asked`) clips before anything leaves the client, so
 the server never sees an unclipped update; the server still adds the noise.
@@ -108,9 +108,9 @@ def with_differential_privacy(strategy: Strategy, mode: str, noise_multiplier: f
     if mode == "off":
         return strategy
     if mode not in DP_MODES:
-        raise ValueError(f"unknown dp-mode {mode!r}; allowed: {', '.join(DP_MODES)}")
+        raise ValueError(f"unknown privacy.dp-mode {mode!r}; allowed: {', '.join(DP_MODES)}")
     if not hasattr(strategy, "screen_replies"):
-        raise ValueError(f"dp-mode={mode!r} needs a strategy that screens replies; {type(strategy).__name__} does not")
+        raise ValueError(f"privacy.dp-mode={mode!r} needs a strategy that screens replies; {type(strategy).__name__} does not")
     wrapper = ServerSideDP if mode == "server-side" else ClientSideDP
     return wrapper(strategy, noise_multiplier, clipping_norm, clients_per_round)
 

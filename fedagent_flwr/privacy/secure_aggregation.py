@@ -1,4 +1,4 @@
-"""Secure aggregation (SecAgg+) with Flower's own protocol: `secure-aggregation = true`.
+"""Secure aggregation (SecAgg+) with Flower's own protocol: `privacy.secure-aggregation = true`.
 
 The server learns only the mean of the sampled clients' weights, never one client's.
 Flower 1.41 implements SecAgg+ as a workflow of its legacy API
@@ -16,7 +16,7 @@ the rest of this app uses. This module is the bridge, both ways:
 
 Every client reports weight 1 (`num_examples`), so the protocol's weighted mean is
 FedAgentAvg's unweighted mean. SecAgg+ works on integers: each weight is clipped to
-[-secagg-clipping-range, secagg-clipping-range] and quantized to 2**22 levels, so the
+[-secagg-clipping-range, privacy.secagg-clipping-range] and quantized to 2**22 levels, so the
 mean differs from the exact one by at most about 2 x range / 2**22 (4e-6 at range 8).
 """
 
@@ -105,7 +105,7 @@ class SecureFedAgentAvg(LegacyStrategy):
         merged = merge_metrics(metrics, len(results), len(reasons))
         self.inner.train_metrics[server_round] = merged
         if len(results) < self.inner.min_replies or not results:
-            log.warning("round %d: %d replies < min-replies=%d; global model unchanged", server_round, len(results), self.inner.min_replies)
+            log.warning("round %d: %d replies < federation.min-replies=%d; global model unchanged", server_round, len(results), self.inner.min_replies)
             return None, dict(merged)
         return results[0][1].parameters, dict(merged)
 

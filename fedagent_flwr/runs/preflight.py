@@ -4,7 +4,7 @@ folders it names open and parse, and per-environment numbers fit the environment
 
 The run config (fedagent_flwr/config) checks what the values say by themselves and never asks the machine; this
 module asks it. Each role checks what lives on its machine: run_simulation.py checks everything (every role runs
-here), the ServerApp what the server reads and writes, a ClientApp what its client reads (fedse-seed-data lives on the
+here), the ServerApp what the server reads and writes, a ClientApp what its client reads (fedse.seed-data lives on the
 client's machine). A problem is one line naming the key, its value and what is allowed, as the run config's are.
 """
 
@@ -41,7 +41,7 @@ def preflight(cfg: RunConfig, role: str = "simulation") -> RunConfig:
     _check_model(cfg, need)
     _check_packages(cfg, need, role)
     _check_files(cfg, need, role, envs_ok)
-    if (problem := _seed_data_problem(cfg, role)) and not any(p.startswith("fedse-seed-data=") for p in problems):
+    if (problem := _seed_data_problem(cfg, role)) and not any(p.startswith("fedse.seed-data=") for p in problems):
         problems.append(problem)
     if problems:
         raise ValueError(invalid(problems))
@@ -60,10 +60,10 @@ def _check_envs(cfg: RunConfig, need: Need) -> bool:
             need(importlib.util.find_spec("mujoco") is not None, "env", cfg.env,
                  "an installed MuJoCo for the Hopper / HalfCheetah families: pip install -e \".[mujoco]\"")
         if cfg.env in FEDRL_DDPG_ENVS:
-            need(cfg.pavg_variant == "soft", "pavg-variant", cfg.pavg_variant,
+            need(cfg.fedrl.pavg_variant == "soft", "fedrl.pavg-variant", cfg.fedrl.pavg_variant,
                  "soft (the default) with a deep env: the simplex projection applies to policy tables only")
-        if cfg.env_embedding_dim:
-            need(cfg.env in FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS, "env-embedding-dim", cfg.env_embedding_dim,
+        if cfg.fedrl.env_embedding_dim:
+            need(cfg.env in FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS, "fedrl.env-embedding-dim", cfg.fedrl.env_embedding_dim,
                  "0 unless env is one of " + ", ".join(FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS) + " (PerDQNAvg / PerDDPGAvg)")
         return cfg.env in envs
     if cfg.env in FEDRL_ENVS:
@@ -75,7 +75,7 @@ def _check_envs(cfg: RunConfig, need: Need) -> bool:
     except ValueError as err:
         need(False, "env", cfg.env, f"registered environments: {err}")
         return False
-    need(cfg.env_embedding_dim == 0, "env-embedding-dim", cfg.env_embedding_dim,
+    need(cfg.fedrl.env_embedding_dim == 0, "fedrl.env-embedding-dim", cfg.fedrl.env_embedding_dim,
          "0 unless env is one of " + ", ".join(FEDRL_DQN_ENVS + FEDRL_DDPG_ENVS) + " (PerDQNAvg / PerDDPGAvg)")
     return True
 
@@ -85,8 +85,8 @@ def _check_env_numbers(cfg: RunConfig, need: Need) -> None:
     only the spec's environments, and _check_envs that those are registered)."""
     if cfg.traits.trains == "fedrl":
         return
-    problem = per_env_problem(cfg.eval_tasks, cfg.env, lambda name: split_size(name, "test"))
-    need(problem is None, "eval-tasks", cfg.eval_tasks, problem)
+    problem = per_env_problem(cfg.eval.tasks, cfg.env, lambda name: split_size(name, "test"))
+    need(problem is None, "eval.tasks", cfg.eval.tasks, problem)
 
 
 def _check_model(cfg: RunConfig, need: Need) -> None:
@@ -96,7 +96,7 @@ def _check_model(cfg: RunConfig, need: Need) -> None:
     need(problem is None, "model", cfg.model, problem)
     if cfg.model.startswith(WARM_PREFIX):  # the warm start cloned the expert on prompts of one shape
         for key in ("history_length", "prompt_roles"):
-            need(getattr(cfg, key) == WARM_RECIPE[key], key.replace("_", "-"), getattr(cfg, key),
+            need(getattr(cfg.rollout, key) == WARM_RECIPE[key], "rollout." + key.replace("_", "-"), getattr(cfg.rollout, key),
                  f"{WARM_RECIPE[key]!r} with model={cfg.model!r} (the warm start's prompts; agent/models/warm_start.py)")
 
 
@@ -105,8 +105,8 @@ def _check_packages(cfg: RunConfig, need: Need, role: str) -> None:
         extra = "" if cfg.tracker == "tensorboard" else f': pip install -e ".[{cfg.tracker}]"'
         need(importlib.util.find_spec(cfg.tracker) is not None, "tracker", cfg.tracker,
              f"none, or {cfg.tracker} once installed{extra}")
-    if role != "server" and cfg.training_kernels == "liger":  # the clients train
-        need(importlib.util.find_spec("liger_kernel") is not None, "training-kernels", cfg.training_kernels,
+    if role != "server" and cfg.engine.training_kernels == "liger":  # the clients train
+        need(importlib.util.find_spec("liger_kernel") is not None, "engine.training-kernels", cfg.engine.training_kernels,
              "eager | compile where liger-kernel is not installed (pip install liger-kernel)")
 
 
@@ -115,33 +115,33 @@ def _check_files(cfg: RunConfig, need: Need, role: str, envs_ok: bool) -> None:
     if role != "client":
         unwritable = unwritable_reason(Path(cfg.output_dir).expanduser())
         need(unwritable is None, "output-dir", cfg.output_dir, f"a folder this process can write ({unwritable})")
-        if cfg.initial_evaluation:
-            need((Path(cfg.initial_evaluation).expanduser() / "episodes" / "round-0000.json").is_file(), "initial-evaluation",
-                 cfg.initial_evaluation, "empty, or a run folder whose evaluation before round 1 finished (it holds "
+        if cfg.eval.initial_evaluation:
+            need((Path(cfg.eval.initial_evaluation).expanduser() / "episodes" / "round-0000.json").is_file(), "eval.initial-evaluation",
+                 cfg.eval.initial_evaluation, "empty, or a run folder whose evaluation before round 1 finished (it holds "
                  "episodes/round-0000.json)")
-    if cfg.partition == "hardness" and cfg.success_labels:  # the partitions are drawn by the server and each client
-        labels = Path(cfg.success_labels).expanduser()
-        need(labels.is_file(), "success-labels", cfg.success_labels, "an existing file (python -m "
+    if cfg.partition.scheme == "hardness" and cfg.partition.success_labels:  # the partitions are drawn by the server and each client
+        labels = Path(cfg.partition.success_labels).expanduser()
+        need(labels.is_file(), "partition.success-labels", cfg.partition.success_labels, "an existing file (python -m "
              "fedagent_flwr.experiments.success_labels writes one)")
         if labels.is_file() and envs_ok and cfg.env in available_envs():
             from partitions.labels import label_file_problem  # here: the partitions package imports flwr-datasets
 
             problem = label_file_problem(labels, cfg.env)
-            need(problem is None, "success-labels", cfg.success_labels, f"a success-label file of env {cfg.env!r} ({problem})")
+            need(problem is None, "partition.success-labels", cfg.partition.success_labels, f"a success-label file of env {cfg.env!r} ({problem})")
     if role != "server" and cfg.traits.experience_buffer:  # Fed-SE's clients keep their buffers and read their seeds
-        unwritable = unwritable_reason(Path(cfg.fedse_buffer_dir).expanduser())
-        need(unwritable is None, "fedse-buffer-dir", cfg.fedse_buffer_dir, f"a folder this process can write ({unwritable})")
+        unwritable = unwritable_reason(Path(cfg.fedse.buffer_dir).expanduser())
+        need(unwritable is None, "fedse.buffer-dir", cfg.fedse.buffer_dir, f"a folder this process can write ({unwritable})")
 
 
 def _seed_data_problem(cfg: RunConfig, role: str) -> str | None:
     """Fed-SE's seed data, read whole and checked on the clients' machine: its reader's one line (naming the key, the
     file, the item and what is wrong), or None."""
-    if role == "server" or not cfg.traits.experience_buffer or not cfg.fedse_seed_data:
+    if role == "server" or not cfg.traits.experience_buffer or not cfg.fedse.seed_data:
         return None
     from fedagent_flwr.agent.agenttraj import read_items  # here: it reads and checks every item
 
     try:
-        read_items(cfg.fedse_seed_data)
+        read_items(cfg.fedse.seed_data)
     except ValueError as err:
         return str(err)
     return None

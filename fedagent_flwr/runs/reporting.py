@@ -228,7 +228,7 @@ def round_line(row: dict[str, Any], sampled: list[int] | None) -> str:
     if "eval/success_rate" in row:
         p, n = row["eval/success_rate"], row.get("eval/episodes", 1.0)
         parts.append(f"held-out {p:.3f} +- {binomial_se(p, n):.3f} ({int(n)} episodes)")
-    if "train/rollout_logprob_gap_signed" in row:  # old-logprobs = rollout: how far the sampler's log-probs lay
+    if "train/rollout_logprob_gap_signed" in row:  # grpo.old-logprobs = rollout: how far the sampler's log-probs lay
         parts.append(f"rollout log-probs {row['train/rollout_logprob_gap_signed']:+.4f} nats a token (largest "
                      f"{row['train/rollout_logprob_gap_max']:.3f}, {100 * row['train/rollout_logprob_gap_over_001']:.1f} % "
                      f"beyond 0.01), first-step clip {100 * row['train/first_step_clip_frac']:.1f} %")

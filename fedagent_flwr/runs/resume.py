@@ -4,7 +4,7 @@
 one before it:
 
   arrays.safetensors  the global arrays after round r (bit-exact)
-  server.json         round r, the strategy's state (client-sampling RNG, sampled clients, failures,
+  server.json         round r, the strategy's state (federation.client-sampling RNG, sampled clients, failures,
                       per-round metrics, ...), the server's torch / numpy / random RNG states, the metric
                       rows and evaluation history (runs/state_codec.py: JSON, nothing that runs code on load)
   config.json         the run config the state belongs to
@@ -41,7 +41,7 @@ from flwr.serverapp.strategy import Strategy
 from safetensors.numpy import load_file, save_file
 
 from fedagent_flwr.atomic import file_sha256
-from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config import RunConfig, current_keys
 from fedagent_flwr.runs.state_codec import decode, encode
 from strategies.transfer import array_view
 
@@ -51,7 +51,7 @@ FORMAT = 2  # 1 was a pickle (server.pkl) and an npz, which this version does no
 FILES = ("arrays.safetensors", "server.json", "config.json")
 MANIFEST = "manifest.json"
 # Keys that may change when a run is resumed; any other difference is an error.
-RESUMABLE_CHANGES = ("num-server-rounds", "resume", "round-timeout", "fault-injection")
+RESUMABLE_CHANGES = ("num-server-rounds", "resume", "federation.round-timeout", "resilience.fault-injection")
 # Strategy attributes that belong to this run's federation, not to the training state:
 # node ids are new after a restart, the global arrays come from arrays.safetensors, and
 # _screened_out is emptied within the round that fills it.
@@ -176,7 +176,7 @@ def read_state(run_dir: Path) -> tuple[ServerState, dict[str, Any]]:
         if problems and (run_dir / STATE_DIR).exists():
             print(f"[fedagent] {problems[0]}; resuming from {folder} (round {manifest['server_round']}) instead",
                   flush=True)
-        return _read(folder), saved_config
+        return _read(folder), current_keys(saved_config)  # a run saved before the renames: its keys as named now
     if not any((run_dir / name).exists() for name in (STATE_DIR, PREVIOUS_DIR)):
         raise ValueError(f"resume=true but {run_dir} holds no saved state (expected {run_dir / STATE_DIR}); "
                          "start the run without resume, or set run-name to the run to continue")

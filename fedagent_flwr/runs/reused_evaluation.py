@@ -1,4 +1,4 @@
-"""The evaluation before round 1 taken from another run folder (run-config key `initial-evaluation`).
+"""The evaluation before round 1 taken from another run folder (run-config key `eval.initial-evaluation`).
 
 Runs that start from the same model with the same seed evaluate the same weights on the same held-out episodes before
 round 1: a Local or Centralized baseline beside a FedAgentAvg run, or another advantage estimator from the same warm
@@ -75,7 +75,7 @@ def evaluation_identity(*, model: str, base_fingerprint: str, weights, env: str,
         "base-fingerprint": base_fingerprint,
         "weights-sha256": arrays_digest(weights),
         "env": env,
-        "max-steps": max_steps,
+        "rollout.max-steps": max_steps,
         "tasks-sha256": hashlib.sha256("\n".join(task_ids).encode()).hexdigest(),
         "tasks": len(task_ids),
         "samples-per-task": samples_per_task,
@@ -105,7 +105,7 @@ def reused_evaluation(run_dir: str, identity: dict[str, Any]) -> tuple[dict[str,
     """The metrics and the episode record of `run_dir`'s evaluation before round 1, if it evaluated exactly what
     `identity` describes; otherwise a one-line ValueError naming the key, the folder and the first difference."""
     folder = Path(run_dir).expanduser()
-    where = f"initial-evaluation={run_dir!r}"
+    where = f"eval.initial-evaluation={run_dir!r}"
     try:
         record = json.loads((folder / EPISODES).read_text())
         rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""AgentTraj files as Fed-SE seed data (agent/agenttraj.py, run-config fedse-seed-data)."""
+"""AgentTraj files as Fed-SE seed data (agent/agenttraj.py, run-config fedse.seed-data)."""
 
 import json
 
@@ -53,12 +53,12 @@ def test_a_malformed_file_is_refused_in_one_line_naming_the_key_file_and_item(tm
     with pytest.raises(ValueError) as refused:
         read_items(tmp_path / "a.json")
     message = str(refused.value)
-    assert message.startswith(f"fedse-seed-data={str(tmp_path / 'a.json')!r}: ") and says in message
+    assert message.startswith(f"fedse.seed-data={str(tmp_path / 'a.json')!r}: ") and says in message
     assert "\n" not in message and "allowed: AgentTraj JSON" in message
 
 
 def test_a_missing_path_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"fedse-seed-data=.*: no such file"):
+    with pytest.raises(ValueError, match=r"fedse.seed-data=.*: no such file"):
         read_items(tmp_path / "absent.json")
 
 
@@ -103,7 +103,7 @@ def test_a_client_seeds_its_share_of_its_environments_items(tmp_path, maze_token
     items.append(chat("webshop_0", ["move up"]))  # an environment no client holds: read, never seeded
     (tmp_path / "agenttraj.json").write_text(json.dumps(items))
     cfg = RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze,gridworld", "num-clients": 4,
-                                     "fedse-seed-data": str(tmp_path / "agenttraj.json"), "fedse-seed-demos": "maze=5"})
+                                     "fedse.seed-data": str(tmp_path / "agenttraj.json"), "fedse.seed-demos": "maze=5"})
     seeded = {}
     for p in range(4):
         entries, _ = agenttraj_seed(cfg, maze_tokenizer, p, 4)

@@ -1,7 +1,7 @@
-"""gradient-checkpointing = 'auto': each micro-batch checkpoints only the leading layers its memory needs."""
+"""engine.gradient-checkpointing = 'auto': each micro-batch checkpoints only the leading layers its memory needs."""
 
-import copy
 from dataclasses import replace
+import copy
 
 import numpy as np
 import pytest
@@ -9,7 +9,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from fedagent_flwr.agent.engine.checkpointing import activation_checkpointing
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.memory import (
     ACTIVATIONS_ROW,
@@ -26,7 +25,7 @@ from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
 from conftest import planned
 from fedagent_flwr.methods.placement import place_run
-from placed import grpo_config
+from placed import grpo_trainer
 
 LAYERS = 4
 
@@ -88,12 +87,12 @@ def _samples(tokenizer, n: int) -> list[StepSample]:
 
 
 def _update(model, tokenizer, checkpointing, room=None, client_gb=0.0):
-    cfg = RunConfig(device="cpu", learning_rate=1e-3, kl_beta=0.1, minibatch_size=8, micro_batch_size=2,
-                    length_grouped_micro_batches=True, gradient_checkpointing=checkpointing, client_memory_gb=client_gb)
+    cfg = RunConfig.from_run_config({"device": "cpu", "grpo.learning-rate": 1e-3, "grpo.beta": 0.1, "grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.group-by-length": True, "engine.gradient-checkpointing": checkpointing, "engine.client-memory-gb": client_gb})
     samples = _samples(tokenizer, 8)
-    grpo = grpo_config(cfg)  # auto without a room resolves to every layer; with one, as place() leaves it: fitted
-    grpo = replace(grpo, gradient_checkpointing="fitted", activation_room_bytes=room) if room is not None else grpo
-    trainer = GRPOTrainer(model, tokenizer, grpo, RolloutConfig(history_length=0))
+    placement = place_run(cfg)  # auto without a room resolves to every layer; with one, as place() leaves it: fitted
+    if room is not None:
+        placement = replace(placement, gradient_checkpointing="fitted", activation_room_bytes=room)
+    trainer = grpo_trainer(model, tokenizer, cfg, RolloutConfig(history_length=0), placement=placement)
     stats = trainer.update(samples, np.random.default_rng(0))
     return stats, samples
 
@@ -169,34 +168,34 @@ def test_auto_without_a_known_room_checkpoints_every_layer(deep_lm, maze_tokeniz
 
 def test_the_room_is_the_budget_less_the_rest_of_the_plan():
     shape = _small_shape()
-    cfg = RunConfig(device="cpu", gradient_checkpointing="auto", micro_batch_size=2)
+    cfg = RunConfig.from_run_config({"device": "cpu", "engine.gradient-checkpointing": "auto", "grpo.ppo-micro-batch-size-per-gpu": 2})
     plan = planned(cfg, shape, 20, 4).as_dict()
     others = plan["total"] - plan[ACTIVATIONS_ROW]
-    placed = lambda c, budget: place_run(replace(c, rollout_batch_size=4), shape=shape, context_tokens=20,  # noqa: E731
+    placed = lambda c, budget: place_run(c.updated({"rollout.generation-batch-size": 4}), shape=shape, context_tokens=20,  # noqa: E731
                                          budget_bytes=budget)
     auto = placed(cfg, 10 * GB)
     assert (auto.gradient_checkpointing, auto.activation_room_bytes) == ("fitted", 10 * GB - others)
     # the plan counts the worst case, every layer checkpointed, as with true
-    assert plan == planned(RunConfig(device="cpu", gradient_checkpointing=True, micro_batch_size=2), shape, 20, 4).as_dict()
+    assert plan == planned(RunConfig.from_run_config({"device": "cpu", "engine.gradient-checkpointing": True, "grpo.ppo-micro-batch-size-per-gpu": 2}), shape, 20, 4).as_dict()
     unknown = placed(cfg, None)  # no memory known: every layer
     assert (unknown.gradient_checkpointing, unknown.activation_room_bytes) == (True, None)
-    every = placed(RunConfig(device="cpu", gradient_checkpointing=True), 10 * GB)
+    every = placed(RunConfig.from_run_config({"device": "cpu", "engine.gradient-checkpointing": True}), 10 * GB)
     assert (every.gradient_checkpointing, every.activation_room_bytes) == (True, None)
 
 
 def test_auto_is_a_value_of_the_key_and_other_words_are_refused():
-    assert RunConfig.from_run_config({"gradient-checkpointing": "auto"}).gradient_checkpointing == "auto"
-    assert RunConfig.from_run_config({"gradient-checkpointing": True}).gradient_checkpointing is True
-    assert parse_overrides(["gradient-checkpointing=auto"]) == {"gradient-checkpointing": "auto"}
-    assert parse_overrides(["gradient-checkpointing=false"]) == {"gradient-checkpointing": False}
-    with pytest.raises(ValueError, match="gradient-checkpointing='sometimes'.*expected bool or 'auto'"):
-        RunConfig.from_run_config({"gradient-checkpointing": "sometimes"})
-    with pytest.raises(ValueError, match="gradient-checkpointing takes true | false | auto"):
-        parse_overrides(["gradient-checkpointing=sometimes"])
-    with pytest.raises(ValueError, match="length-grouped-micro-batches takes true | false"):
-        parse_overrides(["length-grouped-micro-batches=ture"])  # a typo used to read as false
-    with pytest.raises(ValueError, match="gradient-checkpointing"):
-        RunConfig(gradient_checkpointing="sometimes")
+    assert RunConfig.from_run_config({"engine.gradient-checkpointing": "auto"}).engine.gradient_checkpointing == "auto"
+    assert RunConfig.from_run_config({"engine.gradient-checkpointing": True}).engine.gradient_checkpointing is True
+    assert parse_overrides(["engine.gradient-checkpointing=auto"]) == {"engine.gradient-checkpointing": "auto"}
+    assert parse_overrides(["engine.gradient-checkpointing=false"]) == {"engine.gradient-checkpointing": False}
+    with pytest.raises(ValueError, match="engine.gradient-checkpointing='sometimes'.*expected bool or 'auto'"):
+        RunConfig.from_run_config({"engine.gradient-checkpointing": "sometimes"})
+    with pytest.raises(ValueError, match="engine.gradient-checkpointing takes true | false | auto"):
+        parse_overrides(["engine.gradient-checkpointing=sometimes"])
+    with pytest.raises(ValueError, match="grpo.group-by-length takes true | false"):
+        parse_overrides(["grpo.group-by-length=ture"])  # a typo used to read as false
+    with pytest.raises(ValueError, match="engine.gradient-checkpointing"):
+        RunConfig.from_run_config({"engine.gradient-checkpointing": "sometimes"})
     with pytest.raises(ValueError, match="must be one of"):
         with activation_checkpointing(None, "sometimes", None, "fp32"):
             pass
@@ -206,10 +205,10 @@ def test_run_simulation_takes_auto_as_the_flag_value():
     from fedagent_flwr.simulation import build_parser
 
     parse = build_parser().parse_args
-    assert parse(["--gradient-checkpointing", "auto"]).gradient_checkpointing == "auto"
-    assert parse(["--gradient-checkpointing", "true"]).gradient_checkpointing is True
+    assert getattr(parse(["--engine.gradient-checkpointing", "auto"]), "engine.gradient-checkpointing") == "auto"
+    assert getattr(parse(["--engine.gradient-checkpointing", "true"]), "engine.gradient-checkpointing") is True
     with pytest.raises(SystemExit):
-        parse(["--gradient-checkpointing", "sometimes"])
+        parse(["--engine.gradient-checkpointing", "sometimes"])
 
 
 def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its_forward(deep_lm, maze_tokenizer,

@@ -1,21 +1,19 @@
-"""Chunked log-probs (logprob-chunk-tokens > 0): the same values and gradients as the full-logits path, without a
+"""Chunked log-probs (engine.logprob-chunk-tokens > 0): the same values and gradients as the full-logits path, without a
 [batch, tokens, vocab] tensor, through a plain model and a PEFT LoRA wrapper, and the same GRPO update."""
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config
+from placed import grpo_trainer
 
 TEMPERATURE = 0.7  # the rollout temperature scales the logits on both paths
 CHUNK = 5  # the samples below hold 21 completion tokens: four full chunks and a remainder
@@ -113,7 +111,7 @@ def test_the_backward_keeps_no_vocabulary_sized_tensor():
 def test_the_chunked_path_refuses_a_model_that_transforms_its_logits_after_the_head():
     model = _qwen(vocab=256)
     model.config.final_logit_softcapping = 30.0  # Gemma 2 style: the head's output is not the logits
-    with pytest.raises(ValueError, match="logprob-chunk-tokens=0"):
+    with pytest.raises(ValueError, match="engine.logprob-chunk-tokens=0"):
         completion_logprobs(model, _batch(256), chunk_tokens=CHUNK)
 
 
@@ -129,8 +127,7 @@ def test_a_grpo_update_is_the_same_with_chunked_logprobs(tiny_lm, maze_tokenizer
     """Two minibatches (old log-probs from a separate pass), a KL term, micro-batches: the loss, the statistics and
     the updated weights match, and the trainer's head really saw chunks."""
     # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
-    cfg = replace(grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu")),
-                  kl_reference="base" if lora else "round-start")
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cpu"}).updated({"grpo.kl-reference": "base" if lora else "round-start"})
     samples = _samples(tiny_lm.config.vocab_size)
 
     def trained(chunk_tokens):
@@ -138,15 +135,15 @@ def test_a_grpo_update_is_the_same_with_chunked_logprobs(tiny_lm, maze_tokenizer
         head_inputs = []
         hook = model.lm_head.register_forward_hook(lambda m, inputs, out: head_inputs.append(tuple(inputs[0].shape)))
         rollout = RolloutConfig(history_length=0, temperature=TEMPERATURE)
-        config = replace(cfg, logprob_chunk_tokens=chunk_tokens)
+        config = cfg.updated({"engine.logprob-chunk-tokens": chunk_tokens})
         if lora:
             with attached_lora(model, LoRASpec(rank=2), seed=1) as peft_model:
                 before = {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
-                stats = GRPOTrainer(peft_model, maze_tokenizer, config, rollout).update(samples, np.random.default_rng(0))
+                stats = grpo_trainer(peft_model, maze_tokenizer, config, rollout).update(samples, np.random.default_rng(0))
                 weights = {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
         else:
             before = {k: v.clone() for k, v in model.state_dict().items()}
-            stats = GRPOTrainer(model, maze_tokenizer, config, rollout).update(samples, np.random.default_rng(0))
+            stats = grpo_trainer(model, maze_tokenizer, config, rollout).update(samples, np.random.default_rng(0))
             weights = model.state_dict()
         hook.remove()
         assert any(not torch.equal(weights[k], before[k]) for k in before)  # the update moved the trained tensors

@@ -67,7 +67,7 @@ def probe(monkeypatch):
 
 
 def lora_run(**kw) -> RunConfig:
-    return RunConfig(**{"device": "cpu", "finetuning": "lora", "strategy": "fedagent-avg"} | kw)
+    return RunConfig.from_run_config({"device": "cpu", "grpo.finetuning": "lora", "strategy": "fedagent-avg"} | kw)
 
 
 def test_a_lora_run_resolves_by_the_probe_and_loads_its_base_to_match(probe):
@@ -86,17 +86,17 @@ def test_a_lora_run_resolves_by_the_probe_and_loads_its_base_to_match(probe):
 
 
 def test_a_full_fine_tune_under_auto_measures_nothing_and_stays_fp32(probe):
-    """The tiny default job (finetuning='full', precision='auto'): fp32 as before, no probe asked."""
+    """The tiny default job (grpo.finetuning='full', precision='auto'): fp32 as before, no probe asked."""
     _, asked = probe
     cfg = RunConfig(device="cpu")
-    assert cfg.finetuning == "full" and run_placement.place_run(cfg, "client").precision == "fp32"
+    assert cfg.grpo.finetuning == "full" and run_placement.place_run(cfg, "client").precision == "fp32"
     assert run_placement.run_base_dtype(cfg) == torch.float32
     assert not asked
 
 
 def test_a_server_on_cpu_holds_an_fp32_base_where_the_clients_run_on_cuda(probe):
     cuda = Machine(cuda=True)
-    cfg = lora_run(server_device="cpu", device="auto")
+    cfg = lora_run(**{"engine.server-device": "cpu", "device": "auto"})
     assert run_placement.place_run(cfg, "client", cuda).precision == "bf16-mixed"
     assert run_placement.place_run(cfg, "server", cuda).precision == "fp32"  # not bf16-base: the clients' base is fp32
     assert run_placement.run_base_dtype(cfg, cuda) == torch.float32

@@ -157,7 +157,7 @@ def _fed_log_probs(decoder, prompts, fed, drops):
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_compiled_token_steps_equal_the_eager_ones_and_a_new_decoder_compiles_nothing(kind):
-    """decode-kernels=compile: torch.compile fuses each layer half of the token step. Fed the same tokens, with rows
+    """rollout.kernels=compile: torch.compile fuses each layer half of the token step. Fed the same tokens, with rows
     dropping through the buckets, every step's log-probs equal the eager step's within 1e-5 (fp32); the greedy
     tokens equal the hf engine's; a second decoder of the same shape (a rollout builds one per call) reuses the
     compiled graphs."""
@@ -175,17 +175,17 @@ def test_compiled_token_steps_equal_the_eager_ones_and_a_new_decoder_compiles_no
     want = hf_sample_batch(model, prompts, 0, [1], 12, 0.0)
     got = fast_sample_batch(model, prompts, 0, [1], 12, 0.0, decoder=StaticDecoder(model, bucketed=True, kernels="compile"))
     assert got == want and counters["stats"]["unique_graphs"] == graphs_before
-    with pytest.raises(ValueError, match="decode-kernels='inductor' is not allowed: expected eager | compile"):
+    with pytest.raises(ValueError, match="rollout.kernels='inductor' is not allowed: expected eager | compile"):
         StaticDecoder(model, kernels="inductor")
 
 
 def test_the_run_configs_decode_kernels_reach_the_rollouts_decoder(tiny_lm, maze_tokenizer):
-    """decode-kernels travels from the run config to the decoder a rollout keeps (one new token: no step to compile)."""
+    """rollout.kernels travels from the run config to the decoder a rollout keeps (one new token: no step to compile)."""
     from fedagent_flwr.agent.play.rollout import LMPolicy
     from fedagent_flwr.config import RunConfig
 
     for kernels in ("compile", "eager"):
-        cfg = RunConfig.from_run_config({"decode-engine": "static", "decode-kernels": kernels, "max-new-tokens": 1})
+        cfg = RunConfig.from_run_config({"rollout.name": "static", "rollout.kernels": kernels, "rollout.max-completion-length": 1})
         LMPolicy(tiny_lm, maze_tokenizer, rollout_config(cfg))._generate([maze_tokenizer("Reach the goal")["input_ids"]])
         assert decode._DECODERS[tiny_lm].kernels == kernels
     decode.release(tiny_lm)
@@ -193,7 +193,7 @@ def test_the_run_configs_decode_kernels_reach_the_rollouts_decoder(tiny_lm, maze
 
 def test_sampling_draws_the_same_tokens_as_the_hf_engine_for_a_seed():
     """The static loop hands pick_tokens the same rows in the same order at every step, so a seed gives the same
-    draws (temperature, top-p and either token sampler included)."""
+    draws (temperature, rollout.top-p and either token sampler included)."""
     model, prompts, cap = _model("qwen2"), _prompts(), 16
     stops = _stops_that_end_rows_early(model, prompts, cap)
     for temperature, top_p, sampler in ((1.0, 1.0, "multinomial"), (0.7, 0.9, "multinomial"), (0.7, 0.9, "inverse-cdf")):
@@ -398,7 +398,7 @@ def test_cuda_graph_replay_equals_the_eager_static_step_in_bf16(prompt_set):
 @needs_cuda
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_cuda_graphs_of_compiled_steps_give_the_hf_engines_greedy_tokens_in_fp32(kind):
-    """decode-kernels=compile on the GPU: the compiled halves (Triton kernels) are captured in the step's graphs. In
+    """rollout.kernels=compile on the GPU: the compiled halves (Triton kernels) are captured in the step's graphs. In
     fp32 with TF32 off the greedy tokens stay the transformers loop's, through the buckets and two calls."""
     model, prompts, cap = _model(kind).cuda(), _grouped_prompts(), 16
     stops = [1] + _stops_that_end_rows_early(model, prompts, cap)
@@ -411,7 +411,7 @@ def test_cuda_graphs_of_compiled_steps_give_the_hf_engines_greedy_tokens_in_fp32
 
 @needs_cuda
 def test_cuda_graphs_of_compiled_steps_equal_the_eager_static_step_in_bf16():
-    """The rollout's setting with decode-kernels=compile: graphs of the compiled step and the eager step of eager
+    """The rollout's setting with rollout.kernels=compile: graphs of the compiled step and the eager step of eager
     kernels, both in bf16, against the eager step in fp32, rows dropping through buckets of 8, 4 and 2. The fused
     kernels round in other places than eager ones (an H100 put the two bf16 steps 0.049 apart: benchmarks/results/
     2026-12-05-h100-80gb-hbm3/call-1/tests.log), so the bound is the eager bf16 step's own distance from fp32: the

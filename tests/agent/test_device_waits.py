@@ -11,7 +11,6 @@ passes and the host's waits are recorded in order.
 import copy
 import itertools
 import traceback
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,12 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config
+from placed import grpo_trainer
 
 aten = torch.ops.aten
 # ops whose result the host needs at once: the value itself, or a size that depends on the values
@@ -106,9 +104,8 @@ def test_the_passes_do_not_wait_for_the_device_between_their_micro_batches(tiny_
     each and the update 6 over 3 optimizer steps. The host waits only after the old-policy pass and after the reference
     pass (their log-probs, to the host) and after the update's last micro-batch (its statistics), never between."""
     model = copy.deepcopy(tiny_lm)
-    cfg = replace(grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cpu",
-                            logprob_chunk_tokens=chunk_tokens)))
-    trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cpu", "engine.logprob-chunk-tokens": chunk_tokens}).updated({})
+    trainer = grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
     with DeviceWaits([model, trainer.reference], monkeypatch) as recorder:
         stats = trainer.update(_samples(tiny_lm.config.vocab_size, 12), np.random.default_rng(0))
     assert stats["optimizer_steps"] == 3 and stats["kl"] > 0
@@ -176,9 +173,8 @@ def test_on_a_gpu_the_passes_do_not_synchronize_between_their_micro_batches(tiny
     import warnings
 
     model = copy.deepcopy(tiny_lm).cuda()
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=4, micro_batch_size=2, device="cuda",
-                    logprob_chunk_tokens=4))
-    trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cuda", "engine.logprob-chunk-tokens": 4})
+    trainer = grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
     samples = _samples(tiny_lm.config.vocab_size, 12)
     trainer.update(samples, np.random.default_rng(1))  # warm-up: first-use allocations and lazy initialisation
     events: list[str] = []

@@ -51,7 +51,7 @@ def test_the_same_state_in_another_group_is_another_step_group():
 
 
 def test_a_steps_own_penalty_comes_off_its_return_undiscounted():
-    """verl-agent takes the invalid-action penalty off the step that drew it, after discounting: the loser's invalid
+    """verl-agent takes the rollout.invalid-action penalty off the step that drew it, after discounting: the loser's invalid
     first step returns -0.1, its second step 0; the winner's 0.25 and 0.5 (gamma 0.5, reward 10 at step 3)."""
     won = trajectory(["A", "B", "C", "D"], True)
     lost = trajectory(["A", "B"], False, penalties=[0.1, 0.0])

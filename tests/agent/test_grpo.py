@@ -1,17 +1,15 @@
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from envs import Task
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import group_advantages, trajectories_to_samples
 from fedagent_flwr.agent.training.grpo_loss import grpo_loss
 from fedagent_flwr.agent.play.rollout import RolloutConfig, StepRecord, Trajectory
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config
+from placed import grpo_trainer
 
 
 def test_group_advantages_are_normalised_within_each_group():
@@ -23,7 +21,7 @@ def test_group_advantages_are_normalised_within_each_group():
 
 
 def test_batch_and_no_reward_scaling_keep_a_penalty_only_group_small_beside_a_win():
-    """Group 0 is split by a win, group 1 only by a 0.1 invalid-action penalty, group 2 is uniform."""
+    """Group 0 is split by a win, group 1 only by a 0.1 rollout.invalid-action penalty, group 2 is uniform."""
     rewards, groups = [10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.1, 0.0, 0.0, 0.0, 0.0], [0] * 4 + [1] * 4 + [2] * 4
     by_group = group_advantages(rewards, groups, scale="group")
     # per-group scaling: the penalty-free failures of group 1 get the same push as group 0's losses get pulled
@@ -36,7 +34,7 @@ def test_batch_and_no_reward_scaling_keep_a_penalty_only_group_small_beside_a_wi
     none = group_advantages(rewards, groups, scale="none")
     np.testing.assert_allclose(none[:8], [7.5, -2.5, -2.5, -2.5, 0.025, 0.025, 0.025, -0.075], rtol=1e-6)
     for adv in (batch, none):
-        assert np.all(adv[8:] == 0.0)  # a uniform group still carries nothing (and is dropped under uniform-groups=drop)
+        assert np.all(adv[8:] == 0.0)  # a uniform group still carries nothing (and is dropped under grpo.uniform-groups=drop)
     with pytest.raises(ValueError, match="scale_rewards must be one of"):
         group_advantages(rewards, groups, scale="std")
 
@@ -48,8 +46,7 @@ def test_the_run_config_reward_scaling_reaches_the_epoch_samples(tiny_lm, maze_t
     seen = []
     inner = grpo.step_advantages
     monkeypatch.setattr(grpo, "step_advantages", lambda *a: seen.append(a[-2:]) or inner(*a))
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig(scale_rewards="batch", reward_std_ddof=1)), tasks_per_epoch=1,
-                          group_size=2), RolloutConfig(history_length=0, max_new_tokens=4))
+    trainer = grpo_trainer(tiny_lm, maze_tokenizer, RunConfig.from_run_config({"grpo.scale-rewards": "batch", "grpo.reward-std-ddof": 1}).updated({"grpo.tasks-per-epoch": 1, "grpo.num-generations": 2}), RolloutConfig(history_length=0, max_new_tokens=4))
     monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
     trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
                         np.random.default_rng(0))
@@ -139,7 +136,7 @@ def test_samples_carry_their_trajectory_advantage_and_weight():
 
 
 def test_uniform_groups_keep_trains_their_steps_with_advantage_zero():
-    """With kl-beta > 0 a dropped group also loses its KL term; keep hands its steps to the update at advantage 0."""
+    """With grpo.beta > 0 a dropped group also loses its KL term; keep hands its steps to the update at advantage 0."""
     trajs = [_trajectory(10.0, 2), _trajectory(0.0, 4), _trajectory(5.0, 1), _trajectory(5.0, 1)]
     kept = trajectories_to_samples(trajs, [0, 0, 1, 1], 1e-6, "trajectory-mean", uniform_groups="keep")
     assert len(kept) == 8 and [s.advantage for s in kept[6:]] == [0.0, 0.0]
@@ -149,11 +146,10 @@ def test_uniform_groups_keep_trains_their_steps_with_advantage_zero():
 
 @pytest.mark.parametrize("uniform_groups, kl_beta, trained", [("keep", 0.05, 8), ("drop", 0.05, 0), ("keep", 0.0, 0)])
 def test_an_epoch_of_uniform_groups_trains_only_when_kept_under_a_kl(tiny_lm, maze_tokenizer, uniform_groups, kl_beta, trained, monkeypatch):
-    """The trainer passes the key through, and only where a KL term exists to train (kl-beta = 0 keeps nothing)."""
+    """The trainer passes the key through, and only where a KL term exists to train (grpo.beta = 0 keeps nothing)."""
     from envs import make_env
 
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig()), kl_beta=kl_beta, tasks_per_epoch=1,
-                                                           group_size=8, uniform_groups=uniform_groups),
+    trainer = grpo_trainer(tiny_lm, maze_tokenizer, RunConfig().updated({"grpo.beta": kl_beta, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 8, "grpo.uniform-groups": uniform_groups}),
                           RolloutConfig(history_length=0, max_new_tokens=8))
     seen = []
     monkeypatch.setattr(trainer, "update", lambda samples, rng: seen.append(len(samples)) or {})
@@ -172,7 +168,7 @@ def test_update_raises_the_likelihood_of_better_than_average_completions(tiny_lm
         Trajectory(task=Task("t", "c", "train"), steps=[StepRecord(prompt, c, "", "", 0.0, True)], reward=r)
         for c, r in [(good, 10.0), (bad, 0.0)]
     ]
-    trainer = GRPOTrainer(tiny_lm, tok, replace(grpo_config(RunConfig()), learning_rate=1e-2, kl_beta=0.0), RolloutConfig(history_length=2))
+    trainer = grpo_trainer(tiny_lm, tok, RunConfig().updated({"grpo.learning-rate": 1e-2, "grpo.beta": 0.0}), RolloutConfig(history_length=2))
     samples = trajectories_to_samples(trajs, [0, 0], 1e-6)
 
     def seq_logprob(completion):
@@ -196,8 +192,8 @@ def test_a_trainer_that_loads_the_optimizer_arrays_continues_exactly_where_the_l
     trajs = [Trajectory(task=Task("t", "c", "train"), steps=[StepRecord(prompt, tok(text)["input_ids"], "", "", 0.0, True)], reward=r)
              for text, r in [("<action>move down</action>", 10.0), ("<action>move up</action>", 0.0)]]
     samples = trajectories_to_samples(trajs, [0, 0], 1e-6)
-    cfg = replace(grpo_config(RunConfig()), learning_rate=1e-3, kl_beta=0.0)
-    first = GRPOTrainer(tiny_lm, tok, cfg, RolloutConfig(history_length=0))
+    cfg = RunConfig().updated({"grpo.learning-rate": 1e-3, "grpo.beta": 0.0})
+    first = grpo_trainer(tiny_lm, tok, cfg, RolloutConfig(history_length=0))
     first.update(samples, np.random.default_rng(0))
     from flwr.app import Array, ArrayRecord
 
@@ -209,7 +205,7 @@ def test_a_trainer_that_loads_the_optimizer_arrays_continues_exactly_where_the_l
 
     def next_step(load: bool) -> dict[str, torch.Tensor]:
         model = copy.deepcopy(after_first)
-        trainer = GRPOTrainer(model, tok, cfg, RolloutConfig(history_length=0))
+        trainer = grpo_trainer(model, tok, cfg, RolloutConfig(history_length=0))
         if load:
             trainer.load_optimizer_arrays(carried)
         trainer.update(samples, np.random.default_rng(1))
@@ -223,7 +219,7 @@ def test_a_trainer_that_loads_the_optimizer_arrays_continues_exactly_where_the_l
 
 def _update_recording_grads(model, tokenizer, cfg, samples):
     """A fresh trainer's update of `model` on `samples`: its statistics and every optimizer step's gradients."""
-    trainer = GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
+    trainer = grpo_trainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
     grads, step = [], trainer.optimizer.step
 
     def recording_step(*args, **kwargs):
@@ -248,7 +244,7 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
                           rng.integers(3, vocab, size=int(rng.integers(1, 12))).tolist(),
                           float(rng.normal()), float(rng.uniform(0.2, 1.0))) for _ in range(16)]
     # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=2, device="cpu"))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cpu"})
     real_collate = grpo.collate
 
     def run(grouped):
@@ -261,7 +257,7 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
 
         monkeypatch.setattr(grpo, "collate", counting_collate)
         stats, grads = _update_recording_grads(copy.deepcopy(tiny_lm), maze_tokenizer,
-                                               replace(cfg, length_grouped_micro_batches=grouped), samples)
+                                               cfg.updated({"grpo.group-by-length": grouped}), samples)
         return stats, grads, padding[0]
 
     plain, plain_grads, plain_padding = run(False)
@@ -277,7 +273,7 @@ def test_length_grouped_micro_batches_give_the_same_loss_and_gradients_with_less
 
 
 def test_a_shared_prompt_prefix_takes_the_same_update_steps(tiny_lm, maze_tokenizer, monkeypatch):
-    """shared-prompt-prefix computes the prompts' common opening once per pass: the old-policy, reference and update
+    """engine.shared-prompt-prefix computes the prompts' common opening once per pass: the old-policy, reference and update
     passes see shorter rows, and every optimizer step's gradient and the update's statistics are those of whole rows."""
     import copy
 
@@ -290,7 +286,7 @@ def test_a_shared_prompt_prefix_takes_the_same_update_steps(tiny_lm, maze_tokeni
     samples = [StepSample(head + rng.integers(3, vocab, size=int(rng.integers(1, 30))).tolist(),
                           rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal()),
                           float(rng.uniform(0.2, 1.0))) for _ in range(12)]
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=6, micro_batch_size=3, device="cpu"))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 6, "grpo.ppo-micro-batch-size-per-gpu": 3, "device": "cpu"})
     real_collate = grpo.collate
 
     def run(shared):
@@ -303,7 +299,7 @@ def test_a_shared_prompt_prefix_takes_the_same_update_steps(tiny_lm, maze_tokeni
 
         monkeypatch.setattr(grpo, "collate", recording_collate)
         stats, grads = _update_recording_grads(copy.deepcopy(tiny_lm), maze_tokenizer,
-                                               replace(cfg, shared_prompt_prefix=shared), samples)
+                                               cfg.updated({"engine.shared-prompt-prefix": shared}), samples)
         return stats, grads, widths
 
     whole, whole_grads, whole_widths = run(False)
@@ -326,7 +322,7 @@ def _assert_the_same_steps(stats, grads, other_stats, other_grads) -> None:
 
 
 def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_else(tiny_lm, maze_tokenizer, monkeypatch):
-    """logprob-micro-batch-size sizes the no-grad passes (old policy, KL reference) apart from the update's micro-batch:
+    """grpo.log-prob-micro-batch-size-per-gpu sizes the no-grad passes (old policy, KL reference) apart from the update's micro-batch:
     the passes see batches of that many rows, and the update's statistics and gradients are those of the default."""
     import copy
 
@@ -337,8 +333,8 @@ def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_els
     vocab = tiny_lm.config.vocab_size
     samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 30))).tolist(),
                           rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal())) for _ in range(12)]
-    base = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=6, micro_batch_size=2)
-    assert grpo_config(base).logprob_micro_batch_size == 2  # 0 (the default) = the update's micro-batch
+    base = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 6, "grpo.ppo-micro-batch-size-per-gpu": 2})
+    assert base.grpo.log_prob_rows() == 2  # 0 (the default) = the update's micro-batch
     real = grpo.completion_logprobs
 
     def run(logprob_rows):
@@ -350,8 +346,8 @@ def test_the_log_prob_passes_run_at_their_own_micro_batch_and_change_nothing_els
 
         monkeypatch.setattr(grpo, "completion_logprobs", recording)
         model = copy.deepcopy(tiny_lm)
-        cfg = grpo_config(replace(base, logprob_micro_batch_size=logprob_rows))
-        trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+        cfg = base.updated({"grpo.log-prob-micro-batch-size-per-gpu": logprob_rows})
+        trainer = grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
         stats = trainer.update(samples, np.random.default_rng(0))
         return stats, dict(model.named_parameters()), rows
 
@@ -375,7 +371,7 @@ def test_the_static_decoders_memory_is_released_before_the_update(tiny_lm, maze_
     from envs import make_env
     from fedagent_flwr.agent.engine import decode
 
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig()), tasks_per_epoch=1, group_size=2),
+    trainer = grpo_trainer(tiny_lm, maze_tokenizer, RunConfig().updated({"grpo.tasks-per-epoch": 1, "grpo.num-generations": 2}),
                           RolloutConfig(history_length=0, max_new_tokens=4, decode_engine="static"))
     held = []
     monkeypatch.setattr(trainer, "update", lambda samples, rng: held.append(tiny_lm in decode._DECODERS) or {})
@@ -396,7 +392,7 @@ def test_the_epoch_reports_the_share_of_groups_whose_rewards_differ(tiny_lm, maz
     task = Task("t", "c", "train")
     trajs = [Trajectory(task=task, reward=r) for r in (1.0, 0.0, 0.5, 0.5, 0.0, 0.0)]
     assert informative_share(trajs, [0, 0, 1, 1, 2, 2]) == pytest.approx(1 / 3)
-    trainer = GRPOTrainer(tiny_lm, maze_tokenizer, replace(grpo_config(RunConfig()), tasks_per_epoch=1, group_size=4),
+    trainer = grpo_trainer(tiny_lm, maze_tokenizer, RunConfig().updated({"grpo.tasks-per-epoch": 1, "grpo.num-generations": 4}),
                           RolloutConfig(history_length=0, max_new_tokens=4))
     monkeypatch.setattr(trainer, "update", lambda samples, rng: {})
     metrics = trainer.train_epoch(lambda: make_env("maze", max_steps=1), make_env("maze").tasks_of_split("train")[:1],
@@ -429,12 +425,11 @@ def test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop
     samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(3, 30))).tolist(),
                           rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal()))
                for _ in range(12)]
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, weight_decay=0.01, kl_beta=0.05, minibatch_size=4, micro_batch_size=2,
-                    device="cuda", precision="fp32"))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.weight-decay": 0.01, "grpo.beta": 0.05, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cuda", "precision": "fp32"})
 
     def trained(fused: bool, carried=None):
         model = copy.deepcopy(tiny_lm).cuda()
-        trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+        trainer = grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
         assert bool(trainer.optimizer.defaults["fused"])
         if not fused:  # the reference loop, on the same parameters
             trainer.optimizer = torch.optim.AdamW(trainer.optimizer.param_groups[0]["params"], lr=1e-3, weight_decay=0.01)
@@ -457,7 +452,7 @@ def test_on_a_gpu_the_update_takes_fused_adamw_steps_equal_to_the_reference_loop
 
 def test_gigpo_with_step_weight_zero_trains_exactly_as_grpo_and_otherwise_adds_credit(tiny_lm, maze_tokenizer,
                                                                                        monkeypatch):
-    """advantage-estimator=gigpo with gigpo-step-weight=0 is GRPO to the bit (the same samples, the same update);
+    """grpo.adv-estimator=gigpo with grpo.step-advantage-w=0 is GRPO to the bit (the same samples, the same update);
     with weight 1 the steps of a group that started from the same state get their step-level part, and the epoch
     reports how many steps met a state another episode of their group met. The episodes are made by hand (a random
     model would fail them all alike): in each group of 4, two win, by paths of different lengths through states the
@@ -485,9 +480,8 @@ def test_gigpo_with_step_weight_zero_trains_exactly_as_grpo_and_otherwise_adds_c
     trained, seen = {}, {}
     for estimator, weight in (("grpo", 1.0), ("gigpo", 0.0), ("gigpo", 1.0)):
         model = copy.deepcopy(tiny_lm)
-        cfg = RunConfig(env="maze", device="cpu", advantage_estimator=estimator, gigpo_step_weight=weight,
-                        tasks_per_epoch=2, group_size=4, minibatch_size=1000)
-        trainer = GRPOTrainer(model, maze_tokenizer, grpo_config(cfg), RolloutConfig(history_length=0, max_new_tokens=12))
+        cfg = RunConfig.from_run_config({"env": "maze", "device": "cpu", "grpo.adv-estimator": estimator, "grpo.step-advantage-w": weight, "grpo.tasks-per-epoch": 2, "grpo.num-generations": 4, "grpo.mini-batch-size": 1000})
+        trainer = grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0, max_new_tokens=12))
         samples = []
         inner = trainer.update
         trainer.update = lambda s, rng: samples.extend(s) or inner(s, rng)
@@ -505,7 +499,7 @@ def test_gigpo_with_step_weight_zero_trains_exactly_as_grpo_and_otherwise_adds_c
 
 def test_eager_training_attention_runs_the_update_passes_alone_and_takes_the_same_steps(tiny_lm, maze_tokenizer,
                                                                                      monkeypatch):
-    """training-attention=eager: the update's forward passes run transformers' eager attention, the no-grad log-prob
+    """engine.attn-implementation=eager: the update's forward passes run transformers' eager attention, the no-grad log-prob
     passes (old policy, KL reference) SDPA as every other pass; the optimizer steps' gradients and the update's
     statistics are SDPA's to rounding (fp32), and the model computes with SDPA again after."""
     import copy
@@ -519,7 +513,7 @@ def test_eager_training_attention_runs_the_update_passes_alone_and_takes_the_sam
     samples = [StepSample(rng.integers(3, vocab, size=int(rng.integers(5, 30))).tolist(),
                           rng.integers(3, vocab, size=int(rng.integers(1, 10))).tolist(), float(rng.normal()),
                           float(rng.uniform(0.2, 1.0))) for _ in range(12)]
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=6, micro_batch_size=3, device="cpu"))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 6, "grpo.ppo-micro-batch-size-per-gpu": 3, "device": "cpu"})
     calls, eager = [], modeling_qwen2.eager_attention_forward
     monkeypatch.setattr(modeling_qwen2, "eager_attention_forward",
                         lambda module, *a, **k: calls.append(torch.is_grad_enabled()) or eager(module, *a, **k))
@@ -527,7 +521,7 @@ def test_eager_training_attention_runs_the_update_passes_alone_and_takes_the_sam
     for attention in ("sdpa", "eager"):
         calls.clear()
         model = copy.deepcopy(tiny_lm)
-        runs[attention] = _update_recording_grads(model, maze_tokenizer, replace(cfg, training_attention=attention), samples)
+        runs[attention] = _update_recording_grads(model, maze_tokenizer, cfg.updated({"engine.attn-implementation": attention}), samples)
         layers = len(model.model.layers)
         # sdpa: none; eager: the 4 update passes (2 minibatches of 2 micro-batches), with gradients, layer by layer
         assert calls == ([] if attention == "sdpa" else [True] * 4 * layers)

@@ -1,21 +1,19 @@
-"""training-kernels: the compiled decoder layers compute what the eager ones do (log-probs, gradients, a GRPO update),
+"""engine.training-kernels: the compiled decoder layers compute what the eager ones do (log-probs, gradients, a GRPO update),
 share one graph across layers and shapes, and are eager again outside the training passes; Liger is refused where it
 cannot run, before any work starts, and checked against eager on a GPU."""
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.kernels import check_training_kernels, decoder_layers, training_kernels
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config
+from placed import grpo_trainer
 
 
 def _model(layers: int = 3, vocab: int = 211) -> torch.nn.Module:
@@ -92,8 +90,7 @@ def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze
     monkeypatch.setattr(grpo, "completion_logprobs", lambda model, *a, **k: compiled.append(
         all("forward" in layer.__dict__ for layer in decoder_layers(model))) or real(model, *a, **k))
     # device="cpu" as the model is: auto would resolve precision to bf16-mixed on a machine with a GPU
-    run = RunConfig(minibatch_size=4, micro_batch_size=2, gradient_checkpointing=True, learning_rate=1e-3, kl_beta=0.0,
-                    device="cpu")
+    run = RunConfig.from_run_config({"grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "engine.gradient-checkpointing": True, "grpo.learning-rate": 1e-3, "grpo.beta": 0.0, "device": "cpu"})
     rng = np.random.default_rng(0)
     samples = [StepSample(list(rng.integers(1, 211, size=int(n))), list(rng.integers(1, 211, size=4)), float(a))
                for n, a in zip(rng.integers(5, 20, size=8), rng.normal(size=8))]
@@ -101,7 +98,7 @@ def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze
     for kind in ("eager", "compile"):
         model = _model(layers=2, vocab=len(maze_tokenizer))
         start = [p.detach().clone() for p in model.parameters()]
-        trainer = GRPOTrainer(model, maze_tokenizer, replace(grpo_config(run), training_kernels=kind),
+        trainer = grpo_trainer(model, maze_tokenizer, run.updated({"engine.training-kernels": kind}),
                               RolloutConfig(history_length=0, max_new_tokens=4))
         compiled.clear()
         stats = trainer.update(samples, np.random.default_rng(1))
@@ -121,15 +118,14 @@ def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze
     """PEFT's LoRA layers inside the compiled layers, and the KL reference pass with the adapter switched off."""
     from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
-    run = RunConfig(minibatch_size=4, micro_batch_size=4, learning_rate=1e-2, kl_beta=0.1, kl_reference="base",
-                    finetuning="lora", device="cpu")
+    run = RunConfig.from_run_config({"grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 4, "grpo.learning-rate": 1e-2, "grpo.beta": 0.1, "grpo.kl-reference": "base", "grpo.finetuning": "lora", "device": "cpu"})
     rng = np.random.default_rng(0)
     samples = [StepSample(list(rng.integers(1, 200, size=int(n))), list(rng.integers(1, 200, size=4)), float(a))
                for n, a in zip(rng.integers(5, 20, size=8), rng.normal(size=8))]
     moved = {}
     for kind in ("eager", "compile"):
         with attached_lora(_model(layers=2, vocab=len(maze_tokenizer)), LoRASpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))) as model:
-            trainer = GRPOTrainer(model, maze_tokenizer, replace(grpo_config(run), training_kernels=kind),
+            trainer = grpo_trainer(model, maze_tokenizer, run.updated({"engine.training-kernels": kind}),
                                   RolloutConfig(history_length=0, max_new_tokens=4))
             stats = trainer.update(samples, np.random.default_rng(1))
             assert stats["optimizer_steps"] == 2 and stats["kl"] > 0
@@ -140,14 +136,14 @@ def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze
 
 
 def test_liger_is_refused_where_it_cannot_run():
-    with pytest.raises(ValueError, match="training-kernels='liger' runs Triton kernels on a CUDA device"):
+    with pytest.raises(ValueError, match="engine.training-kernels='liger' runs Triton kernels on a CUDA device"):
         check_training_kernels("liger", torch.device("cpu"))
-    with pytest.raises(ValueError, match="training-kernels must be one of eager | compile | liger"):
+    with pytest.raises(ValueError, match="engine.training-kernels must be one of eager | compile | liger"):
         check_training_kernels("fused", torch.device("cpu"))
     defaults = RunConfig().to_run_config()
-    for override, message in (({"training-kernels": "liger", "device": "cpu"}, "training-kernels='liger' is not allowed: expected eager | compile with device='cpu'"),
-                              ({"training-kernels": "compile", "strategy": "fedse-lora"}, "training-kernels='compile' is not allowed: expected 'eager' unless the strategy trains with GRPO"),
-                              ({"training-kernels": "fast"}, "training-kernels='fast'")):
+    for override, message in (({"engine.training-kernels": "liger", "device": "cpu"}, "engine.training-kernels='liger' is not allowed: expected eager | compile with device='cpu'"),
+                              ({"engine.training-kernels": "compile", "strategy": "fedse-lora"}, "engine.training-kernels='compile' is not allowed: expected 'eager' unless the strategy trains with GRPO"),
+                              ({"engine.training-kernels": "fast"}, "engine.training-kernels='fast'")):
         with pytest.raises(ValueError) as err:
             RunConfig.from_run_config(defaults | override)
         assert message in str(err.value), str(err.value)
@@ -180,12 +176,11 @@ def test_a_lora_update_over_a_bf16_base_with_compiled_layers_stays_within_bf16s_
                for n, a in zip(rng.integers(20, 60, size=16), rng.normal(size=16))]
     moved = {}
     for precision, kind in (("fp32", "eager"), ("bf16-base", "eager"), ("bf16-base", "compile")):
-        run = RunConfig(minibatch_size=4, micro_batch_size=2, learning_rate=1e-2, kl_beta=0.1, kl_reference="base",
-                        finetuning="lora", device="cpu", precision=precision)
+        run = RunConfig.from_run_config({"grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.learning-rate": 1e-2, "grpo.beta": 0.1, "grpo.kl-reference": "base", "grpo.finetuning": "lora", "device": "cpu", "precision": precision})
         base = _model(layers=2, vocab=len(maze_tokenizer))
         with attached_lora(base.to(torch.bfloat16) if precision == "bf16-base" else base,
                            LoRASpec(rank=4, alpha=8.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))) as model:
-            trainer = GRPOTrainer(model, maze_tokenizer, replace(grpo_config(run), training_kernels=kind),
+            trainer = grpo_trainer(model, maze_tokenizer, run.updated({"engine.training-kernels": kind}),
                                   RolloutConfig(history_length=0, max_new_tokens=6))
             stats = trainer.update(samples, np.random.default_rng(1))
             assert stats["optimizer_steps"] == 4 and stats["kl"] > 0

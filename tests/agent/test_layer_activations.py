@@ -90,7 +90,7 @@ def _mask_copy_per_token(model_type: str, precision: str) -> float:
     return ROWS * (WIDE**2 - NARROW**2) * c / (ROWS * (WIDE - NARROW))
 
 
-CASES = [  # (model type, precision, param-dtype, LoRA targets or None)
+CASES = [  # (model type, precision, engine.param-dtype, LoRA targets or None)
     ("qwen2", "fp32", "fp32", None),
     ("qwen2", "bf16-mixed", "fp32", None),
     ("qwen2", "bf16-mixed", "bf16", None),
@@ -123,9 +123,9 @@ def test_for_the_1_5b_shape_a_layer_keeps_116_kib_a_token_with_fp32_weights_and_
     bf16_copy = layer_activations(shape, "bf16-mixed", "bf16")
     assert (fp32_weights.full, bf16_copy.full) == (118_840, 103_480)
     assert (fp32_weights.kept, bf16_copy.kept) == (4 * 1536, 2 * 1536)
-    # the run config hands the plan its resolved param-dtype and adapter
+    # the run config hands the plan its resolved engine.param-dtype and adapter
     per_token = lambda cfg: plan_layer_activations(cfg, shape, place_run(cfg))  # noqa: E731
-    assert per_token(RunConfig(precision="bf16-mixed", param_dtype="bf16")) == bf16_copy
-    lora = per_token(RunConfig(precision="bf16-mixed", finetuning="lora"))
+    assert per_token(RunConfig.from_run_config({"precision": "bf16-mixed", "engine.param-dtype": "bf16"})) == bf16_copy
+    lora = per_token(RunConfig.from_run_config({"precision": "bf16-mixed", "grpo.finetuning": "lora"}))
     assert lora == layer_activations(shape, "bf16-mixed", "fp32", LoRASpec().target_modules, 8)
     assert lora.full < bf16_copy.full

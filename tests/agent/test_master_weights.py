@@ -1,4 +1,4 @@
-"""param-dtype = 'bf16': GRPO's passes compute on a bf16 working copy over fp32 master weights."""
+"""engine.param-dtype = 'bf16': GRPO's passes compute on a bf16 working copy over fp32 master weights."""
 
 import copy
 
@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy, bf16_view
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from conftest import planned
 from fedagent_flwr.methods.placement import place_run
-from placed import grpo_config
+from placed import grpo_trainer
 
 
 def _samples(tokenizer, n: int) -> list[StepSample]:
@@ -24,9 +23,8 @@ def _samples(tokenizer, n: int) -> list[StepSample]:
 
 
 def _trainer(model, tokenizer, param_dtype: str, learning_rate: float = 1e-3, kl_beta: float = 0.0, minibatch: int = 4):
-    cfg = RunConfig(device="cpu", precision="bf16-mixed", param_dtype=param_dtype, learning_rate=learning_rate,
-                    kl_beta=kl_beta, kl_reference="round-start", minibatch_size=minibatch, micro_batch_size=2)
-    return GRPOTrainer(model, tokenizer, grpo_config(cfg), RolloutConfig(history_length=0))
+    cfg = RunConfig.from_run_config({"device": "cpu", "precision": "bf16-mixed", "engine.param-dtype": param_dtype, "grpo.learning-rate": learning_rate, "grpo.beta": kl_beta, "grpo.kl-reference": "round-start", "grpo.mini-batch-size": minibatch, "grpo.ppo-micro-batch-size-per-gpu": 2})
+    return grpo_trainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
 
 
 def test_gradients_accumulate_in_fp32_and_the_masters_are_what_the_optimizer_steps():
@@ -105,8 +103,7 @@ def test_the_plan_holds_the_round_start_reference_in_bf16_with_a_working_copy():
     from fedagent_flwr.agent.engine.memory import ModelShape, shape_config
 
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    rows = {dtype: planned(RunConfig(device="cpu", precision="bf16-mixed", param_dtype=dtype, kl_beta=0.01,
-                                     kl_reference="round-start"), shape, 512, 8).as_dict()["KL reference"]
+    rows = {dtype: planned(RunConfig.from_run_config({"device": "cpu", "precision": "bf16-mixed", "engine.param-dtype": dtype, "grpo.beta": 0.01, "grpo.kl-reference": "round-start"}), shape, 512, 8).as_dict()["KL reference"]
             for dtype in ("fp32", "bf16")}
     assert rows == {"fp32": 4 * shape.parameters, "bf16": 2 * shape.parameters}
 
@@ -120,18 +117,14 @@ def test_bf16_view_leaves_a_frozen_model_as_it_was(tiny_lm):
 
 
 def test_param_dtype_bf16_is_refused_where_it_does_not_apply(tiny_lm, maze_tokenizer):
-    assert grpo_config(RunConfig(device="cpu", precision="bf16-mixed", param_dtype="bf16")).param_dtype == "bf16"
+    assert RunConfig.from_run_config({"device": "cpu", "precision": "bf16-mixed", "engine.param-dtype": "bf16"}).engine.param_dtype == "bf16"
     for bad, says in [({"precision": "fp32"}, "precision resolves to 'fp32'"),
-                      ({"precision": "bf16-mixed", "finetuning": "lora"}, "finetuning='lora'"),
+                      ({"precision": "bf16-mixed", "grpo.finetuning": "lora"}, "grpo.finetuning='lora'"),
                       ({"precision": "bf16-mixed", "strategy": "fedse-lora"}, "strategy='fedse-lora'")]:
-        with pytest.raises(ValueError, match=f"param-dtype='bf16'.*{says}"):
-            RunConfig(device="cpu", param_dtype="bf16", **bad)
-    with pytest.raises(ValueError, match="param-dtype='bf8'"):
-        RunConfig(param_dtype="bf8")
-    cfg = grpo_config(RunConfig(device="cpu", precision="fp32"))
-    from dataclasses import replace
-    with pytest.raises(ValueError, match="param_dtype='bf16' needs precision 'bf16-mixed'"):
-        GRPOTrainer(tiny_lm, maze_tokenizer, replace(cfg, param_dtype="bf16"), RolloutConfig(history_length=0))
+        with pytest.raises(ValueError, match=f"engine.param-dtype='bf16'.*{says}"):
+            RunConfig.from_run_config({"device": "cpu", "engine.param-dtype": "bf16", **bad})
+    with pytest.raises(ValueError, match="engine.param-dtype='bf8'"):
+        RunConfig.from_run_config({"engine.param-dtype": "bf8"})
 
 
 def test_param_dtype_auto_takes_the_working_copy_where_it_applies_and_fp32_elsewhere():
@@ -141,22 +134,22 @@ def test_param_dtype_auto_takes_the_working_copy_where_it_applies_and_fp32_elsew
     from fedagent_flwr.agent.engine.memory import ModelShape, shape_config
 
     def resolved(**kw):
-        cfg = RunConfig(param_dtype="auto", **kw)
-        return place_run(cfg).param_dtype, grpo_config(cfg).param_dtype
+        cfg = RunConfig.from_run_config({"engine.param-dtype": "auto", **kw})
+        return place_run(cfg).param_dtype  # what the trainer's passes and the plan take
 
-    assert resolved(device="cuda") == ("bf16", "bf16")
-    assert resolved(device="cpu", precision="bf16-mixed") == ("bf16", "bf16")
-    assert resolved(device="cpu") == ("fp32", "fp32")  # precision auto resolves to fp32 on a CPU
-    assert resolved(device="cuda", precision="fp32") == ("fp32", "fp32")
-    assert resolved(device="cuda", finetuning="lora") == ("fp32", "fp32")
-    assert place_run(RunConfig(param_dtype="auto", device="cuda", strategy="fedse-lora")).param_dtype == "fp32"
+    assert resolved(device="cuda") == "bf16"
+    assert resolved(device="cpu", precision="bf16-mixed") == "bf16"
+    assert resolved(device="cpu") == "fp32"  # precision auto resolves to fp32 on a CPU
+    assert resolved(device="cuda", precision="fp32") == "fp32"
+    assert resolved(device="cuda", **{"grpo.finetuning": "lora"}) == "fp32"
+    assert place_run(RunConfig.from_run_config({"engine.param-dtype": "auto", "device": "cuda", "strategy": "fedse-lora"})).param_dtype == "fp32"
     assert place_run(RunConfig()).param_dtype == "fp32"  # the default stays fp32
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
-    plans = {dtype: planned(RunConfig(device="cuda", param_dtype=dtype, kl_beta=0.01, kl_reference="round-start"),
+    plans = {dtype: planned(RunConfig.from_run_config({"device": "cuda", "engine.param-dtype": dtype, "grpo.beta": 0.01, "grpo.kl-reference": "round-start"}),
                             shape, 512, 8).as_dict()["KL reference"] for dtype in ("auto", "bf16", "fp32")}
     assert plans["auto"] == plans["bf16"] == plans["fp32"] / 2
-    with pytest.raises(ValueError, match=r"param-dtype='bf8' is not allowed: expected fp32 \| bf16 \| auto"):
-        RunConfig(param_dtype="bf8")
+    with pytest.raises(ValueError, match=r"engine.param-dtype='bf8' is not allowed: expected fp32 \| bf16 \| auto"):
+        RunConfig.from_run_config({"engine.param-dtype": "bf8"})
 
 
 def test_the_paper_preset_takes_the_working_copy_on_a_gpu_and_fp32_on_a_cpu():
@@ -167,7 +160,7 @@ def test_the_paper_preset_takes_the_working_copy_on_a_gpu_and_fp32_on_a_cpu():
     from fedagent_flwr.simulation import read_run_config_file
 
     preset = read_run_config_file(str(Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"))
-    assert preset["param-dtype"] == "auto"
+    assert preset["engine.param-dtype"] == "auto"
     assert place_run(RunConfig.from_run_config(preset | {"device": "cpu"})).param_dtype == "fp32"
     assert place_run(RunConfig.from_run_config(preset | {"device": "cuda"})).param_dtype == "bf16"
 
@@ -176,9 +169,8 @@ def test_the_paper_preset_takes_the_working_copy_on_a_gpu_and_fp32_on_a_cpu():
 def test_on_a_gpu_the_masters_take_fused_adamw_steps_and_all_move(tiny_lm, maze_tokenizer):
     model = copy.deepcopy(tiny_lm).cuda()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = RunConfig(device="cuda", precision="bf16-mixed", param_dtype="bf16", learning_rate=1e-6, kl_beta=0.1,
-                    kl_reference="round-start", minibatch_size=2, micro_batch_size=2)
-    trainer = GRPOTrainer(model, maze_tokenizer, grpo_config(cfg), RolloutConfig(history_length=0))
+    cfg = RunConfig.from_run_config({"device": "cuda", "precision": "bf16-mixed", "engine.param-dtype": "bf16", "grpo.learning-rate": 1e-6, "grpo.beta": 0.1, "grpo.kl-reference": "round-start", "grpo.mini-batch-size": 2, "grpo.ppo-micro-batch-size-per-gpu": 2})
+    trainer = grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
     assert trainer.optimizer.defaults["fused"]  # the fused kernel steps the fp32 masters with their fp32 gradients
     for _ in range(3):
         stats = trainer.update(_samples(maze_tokenizer, 4), np.random.default_rng(0))
@@ -195,9 +187,8 @@ def test_the_working_copy_and_gradient_checkpointing_give_the_same_update(tiny_l
     results = []
     for checkpointing in (False, True):
         model = copy.deepcopy(tiny_lm)
-        cfg = RunConfig(device="cpu", precision="bf16-mixed", param_dtype="bf16", learning_rate=1e-3, kl_beta=0.0,
-                        minibatch_size=4, micro_batch_size=2, gradient_checkpointing=checkpointing)
-        GRPOTrainer(model, maze_tokenizer, grpo_config(cfg), RolloutConfig(history_length=0)).update(
+        cfg = RunConfig.from_run_config({"device": "cpu", "precision": "bf16-mixed", "engine.param-dtype": "bf16", "grpo.learning-rate": 1e-3, "grpo.beta": 0.0, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "engine.gradient-checkpointing": checkpointing})
+        grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(
             _samples(maze_tokenizer, 8), np.random.default_rng(0))
         results.append(model.state_dict())
     for key, value in results[0].items():

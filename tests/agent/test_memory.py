@@ -1,6 +1,5 @@
 """The memory plan: parameter counts of the papers' shapes, its arithmetic by hand, and a run it stops before round 1."""
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,7 +63,7 @@ def test_the_plan_adds_up_as_computed_by_hand():
 
 
 def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_with():
-    """ranks-per-client = 4 (FSDP2): weights, gradients, AdamW moments and a full model's KL reference a quarter each,
+    """engine.ranks-per-client = 4 (FSDP2): weights, gradients, AdamW moments and a full model's KL reference a quarter each,
     the whole weights once more while the rank decodes, the root unit and a layer while it updates; its passes and KV
     cache are a process's."""
     config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -104,7 +103,7 @@ def test_a_rank_plans_its_shard_of_the_states_and_the_whole_weights_it_decodes_w
 
 
 def test_a_generate_call_is_planned_at_the_episodes_its_process_plays():
-    """rollout-batch-size bounds a generate call, and so do the episodes: an epoch's (tasks-per-epoch x group-size) in
+    """rollout.generation-batch-size bounds a generate call, and so do the episodes: an epoch's (grpo.tasks-per-epoch x grpo.num-generations) in
     one process, a rank's groups (every N-th) on N ranks. The plan's KV cache once took 128 rows for an epoch of 64."""
     config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                   intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
@@ -112,16 +111,16 @@ def test_a_generate_call_is_planned_at_the_episodes_its_process_plays():
     kv_row = 2 * 2 * 1 * 4 * 10 * 4  # k and v, layers, kv heads, head dim, 10 tokens, fp32: one row's
 
     def kv(**keys):
-        return planned(RunConfig(precision="fp32", **keys), shape, 10, 128).as_dict()["KV cache of a rollout batch"]
+        return planned(RunConfig.from_run_config({"precision": "fp32", **keys}), shape, 10, 128).as_dict()["KV cache of a rollout batch"]
 
-    assert kv(tasks_per_epoch=8, group_size=8) == 64 * kv_row
-    assert kv(tasks_per_epoch=8, group_size=8, ranks_per_client=4) == 16 * kv_row  # 2 groups a rank
-    assert kv(tasks_per_epoch=5, group_size=4, ranks_per_client=2) == 12 * kv_row  # rank 0 plays groups 0, 2 and 4
-    assert kv(tasks_per_epoch=32, group_size=8) == 128 * kv_row  # rollout-batch-size, where it is fewer
+    assert kv(**{"grpo.tasks-per-epoch": 8, "grpo.num-generations": 8}) == 64 * kv_row
+    assert kv(**{"grpo.tasks-per-epoch": 8, "grpo.num-generations": 8, "engine.ranks-per-client": 4}) == 16 * kv_row  # 2 groups a rank
+    assert kv(**{"grpo.tasks-per-epoch": 5, "grpo.num-generations": 4, "engine.ranks-per-client": 2}) == 12 * kv_row  # rank 0 plays groups 0, 2 and 4
+    assert kv(**{"grpo.tasks-per-epoch": 32, "grpo.num-generations": 8}) == 128 * kv_row  # rollout.generation-batch-size, where it is fewer
 
 
 def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update():
-    """The no-grad passes at logprob-micro-batch-size L hold, at their peak, one layer's moment or the head's (their
+    """The no-grad passes at grpo.log-prob-micro-batch-size-per-gpu L hold, at their peak, one layer's moment or the head's (their
     logits over L x S rows, or a chunk), and never run beside the update's passes: the plan adds what they hold beyond
     the update's logits and activations, by hand on a small shape."""
     config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -153,11 +152,11 @@ def test_the_log_prob_passes_enter_the_plan_where_they_need_more_than_the_update
     checkpointed = plan(10, gradient_checkpointing=True)
     assert checkpointed["activations of a micro-batch"] == 2 * 30 * 8 * 4 + 3 * layer
     assert checkpointed["no-grad passes beyond the update's"] == 10 * scoring - 3 * 3 * 10 * 32 * 4 - 2 * 30 * 32 - 3 * layer
-    cfg = RunConfig(micro_batch_size=3, logprob_micro_batch_size=20, precision="bf16-mixed")
+    cfg = RunConfig.from_run_config({"grpo.ppo-micro-batch-size-per-gpu": 3, "grpo.log-prob-micro-batch-size-per-gpu": 20, "precision": "bf16-mixed"})
     assert planned(cfg, shape, 10, 5).as_dict()["no-grad passes beyond the update's"] == 20 * scoring - update  # the key reaches it
-    # Fed-SE's fine-tuning: a pass holds fedse-sft-micro-batch-size rows when set, else the whole batch
-    fedse = RunConfig(strategy="fedse-lora", fedse_sft_batch_size=16, precision="bf16-mixed")
-    whole, passes_of_4 = (planned(replace(fedse, fedse_sft_micro_batch_size=m), shape, 10, 5).as_dict() for m in (0, 4))
+    # Fed-SE's fine-tuning: a pass holds fedse.sft-micro-batch-size rows when set, else the whole batch
+    fedse = RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.sft-batch-size": 16, "precision": "bf16-mixed"})
+    whole, passes_of_4 = (planned(fedse.updated({"fedse.sft-micro-batch-size": m}), shape, 10, 5).as_dict() for m in (0, 4))
     assert whole["training logits"] == 4 * passes_of_4["training logits"] == 3 * 16 * 10 * 32 * 4
 
 
@@ -184,12 +183,12 @@ def test_the_plan_counts_a_chunk_of_logits_and_a_bf16_base_as_computed_by_hand()
     server = server_plan(shape, finetuning="lora", lora_rank=2, lora_targets=("q_proj", "v_proj"), precision="bf16-base",
                          eval_batch_size=5, context_tokens=10).as_dict()
     assert server["weights (bf16 base)"] == 1480 * 2 and server["autocast bf16 weight copies"] == 112 * 2
-    with pytest.raises(ValueError, match="needs finetuning='lora'"):
+    with pytest.raises(ValueError, match="needs grpo.finetuning='lora'"):
         client_plan(shape, finetuning="full", precision="bf16-base", **common)
 
 
 def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_base():
-    """Qwen2.5-7B, LoRA r 8 on q/k/v/o, kl-reference base, micro-batch 1, rollout batch 8, 1,024 tokens (the
+    """Qwen2.5-7B, LoRA r 8 on q/k/v/o, grpo.kl-reference base, micro-batch 1, rollout batch 8, 1,024 tokens (the
     command docs/gpu.md prints): 36.0 GiB with the fp32 base of bf16-mixed, 20.4 GiB with a bf16 base, both while
     updating."""
     from fedagent_flwr.agent.training.lora import LoRASpec
@@ -315,23 +314,23 @@ def test_the_command_prints_the_plans_of_the_papers_models(capsys):
 
     main(["--shape", "qwen2.5-7b"])
     full = capsys.readouterr().out
-    main(["--shape", "qwen2.5-7b", "--set", "finetuning=lora", "--set", "kl-reference=base", "--set", "micro-batch-size=1",
-          "--set", "rollout-batch-size=8", "--context-tokens", "1024"])
+    main(["--shape", "qwen2.5-7b", "--set", "grpo.finetuning=lora", "--set", "grpo.kl-reference=base", "--set", "grpo.ppo-micro-batch-size-per-gpu=1",
+          "--set", "rollout.generation-batch-size=8", "--context-tokens", "1024"])
     lora = capsys.readouterr().out
     assert "7,615,616,512 parameters" in full and "AdamW moments" in full and "fits a 80 GiB GPU per client: no" in full
     assert "fits a 80 GiB GPU per client: yes" in lora  # LoRA, no reference copy, small batches
-    # what a layer keeps a token, for this run's precision, param-dtype and adapter (memory.layer_activations)
+    # what a layer keeps a token, for this run's precision, engine.param-dtype and adapter (memory.layer_activations)
     from fedagent_flwr.agent.training.lora import LoRASpec
 
     shape = ModelShape.of(shape_config("qwen2.5-7b"))
     for out, per in ((full, layer_activations(shape, "bf16-mixed")),
                      (lora, layer_activations(shape, "bf16-mixed", "fp32", LoRASpec().target_modules, 8))):
         assert f"a decoder layer keeps {per.full:,} bytes a token for backward ({per.kept:,} as a checkpointed" in out
-    assert "param-dtype=fp32" in full
+    assert "engine.param-dtype=fp32" in full
 
 
 def test_the_command_says_what_auto_checkpointing_does_with_the_paper_preset(capsys):
-    """--run-config reads a preset; with gradient-checkpointing=auto the command prints the layers a micro-batch
+    """--run-config reads a preset; with engine.gradient-checkpointing=auto the command prints the layers a micro-batch
     checkpoints by width in the memory given: none of the short ones, more of the long ones, more in less memory."""
     import re
 
@@ -339,10 +338,10 @@ def test_the_command_says_what_auto_checkpointing_does_with_the_paper_preset(cap
 
     def layers(gb: int) -> list[int]:
         preset = Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"
-        main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "gradient-checkpointing=auto",
-              "--set", f"client-memory-gb={gb}", "--set", "device=cuda"])
+        main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "engine.gradient-checkpointing=auto",
+              "--set", f"engine.client-memory-gb={gb}", "--set", "device=cuda"])
         line = capsys.readouterr().out.strip().splitlines()[-1]
-        assert line.startswith(f"gradient-checkpointing=auto in {gb} GiB") and "a micro-batch of 16 rows" in line
+        assert line.startswith(f"engine.gradient-checkpointing=auto in {gb} GiB") and "a micro-batch of 16 rows" in line
         return [int(k) for k in re.findall(r"(\d+) of 28 layers at \d+ tokens", line)]
 
     roomy, tight = layers(80), layers(56)
@@ -356,10 +355,10 @@ def test_a_run_whose_plan_does_not_fit_stops_before_round_1(tmp_path, run_identi
     from loopback_grid import LoopbackGrid
 
     run_config = RunConfig().to_run_config() | {"num-clients": 2, "output-dir": str(tmp_path), "run-name": "oom",
-                                                "client-memory-gb": 0.001}
+                                                "engine.client-memory-gb": 0.001}
     grid = LoopbackGrid(run_config, 2)
     try:
-        with pytest.raises(ValueError, match=r"each client needs about .* GiB but client-memory-gb=0.001.*\n(.*\n)*knobs: ranks-per-client .*finetuning='lora'"):
+        with pytest.raises(ValueError, match=r"each client needs about .* GiB but engine.client-memory-gb=0.001.*\n(.*\n)*knobs: engine.ranks-per-client .*grpo.finetuning='lora'"):
             run_federation(grid, RunConfig.from_run_config(run_config))
     finally:
         load_agent.cache_clear()
@@ -368,14 +367,13 @@ def test_a_run_whose_plan_does_not_fit_stops_before_round_1(tmp_path, run_identi
 
 
 def test_rollout_batch_size_auto_takes_the_most_rows_the_plan_fits():
-    """rollout-batch-size=0: the largest rollout batch whose client plan fits client-memory-gb, capped at an epoch's
+    """rollout.generation-batch-size=0: the largest rollout batch whose client plan fits engine.client-memory-gb, capped at an epoch's
     episodes, and an epoch's episodes where no memory is given."""
     from fedagent_flwr.agent.engine.memory import GB, ModelShape, shape_config
     from fedagent_flwr.config import RunConfig
 
     shape = ModelShape.of(shape_config("qwen2.5-1.5b"))
-    cfg = RunConfig(rollout_batch_size=0, tasks_per_epoch=64, group_size=8, precision="bf16-mixed", client_memory_gb=48.0,
-                    micro_batch_size=8, gradient_checkpointing=True, logprob_chunk_tokens=1024)
+    cfg = RunConfig.from_run_config({"rollout.generation-batch-size": 0, "grpo.tasks-per-epoch": 64, "grpo.num-generations": 8, "precision": "bf16-mixed", "engine.client-memory-gb": 48.0, "grpo.ppo-micro-batch-size-per-gpu": 8, "engine.gradient-checkpointing": True, "engine.logprob-chunk-tokens": 1024})
     rows_in = lambda c, budget: place_run(c, shape=shape, context_tokens=2048, budget_bytes=budget).rollout_rows  # noqa: E731
     rows = rows_in(cfg, 48 * GB)
     assert 16 < rows < 512  # the KV cache of 2,048 tokens is about 59 MB a row at 1.5B in bf16
@@ -383,7 +381,7 @@ def test_rollout_batch_size_auto_takes_the_most_rows_the_plan_fits():
     assert both_plans(cfg, shape, 2048)[0].total == planned(cfg, shape, 2048, rows).total  # the plan uses them
     assert rows_in(cfg, 1e15) == 512  # never more than an epoch's episodes
     assert rows_in(cfg, None) == 512 and rollout_config(cfg).batch_size == 512
-    assert rows_in(RunConfig(rollout_batch_size=32), 48 * GB) == 32  # a number is kept as given
+    assert rows_in(RunConfig.from_run_config({"rollout.generation-batch-size": 32}), 48 * GB) == 32  # a number is kept as given
 
 
 def test_a_client_and_the_server_resolve_auto_rows_against_their_own_memory(tiny_lm, maze_tokenizer):
@@ -399,15 +397,16 @@ def test_a_client_and_the_server_resolve_auto_rows_against_their_own_memory(tiny
     agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), "fp")
     tasks = make_env("maze").tasks_of_split("train")[:4]
     # an update small beside a rollout's rows: one row a pass, 8-token log-prob chunks
-    settings = dict(env="maze", rollout_batch_size=0, tasks_per_epoch=3, group_size=16, micro_batch_size=1,
-                    logprob_chunk_tokens=8, logprob_micro_batch_size=1)
-    cfg = RunConfig(**settings)
+    settings = {"env": "maze", "rollout.generation-batch-size": 0, "grpo.tasks-per-epoch": 3, "grpo.num-generations": 16,
+                "grpo.ppo-micro-batch-size-per-gpu": 1, "engine.logprob-chunk-tokens": 8,
+                "grpo.log-prob-micro-batch-size-per-gpu": 1}
+    cfg = RunConfig.from_run_config(settings)
     assert process_placement(cfg, agent, tasks).rollout_rows == 48  # a CPU with no memory given: an epoch's episodes
     shape, context = ModelShape.of(tiny_lm.config), context_tokens(cfg, maze_tokenizer, make_env("maze"), tasks)
     plan = lambda rows: planned(cfg, shape, context, rows)
     # the rows are held while decoding: a budget between 29 rows' decoding peak and 30 rows' (the update fits beside)
     assert plan(30).peak("update") < plan(29).peak("decode")
-    small = RunConfig(**settings, client_memory_gb=(plan(29).peak("decode") + plan(30).peak("decode")) / 2 / GB)
+    small = cfg.updated({"engine.client-memory-gb": (plan(29).peak("decode") + plan(30).peak("decode")) / 2 / GB})
     assert process_placement(small, agent, tasks).rollout_rows == 29
     assert process_placement(small, agent, tasks, "server").rollout_rows == 48
 
@@ -418,8 +417,8 @@ def test_the_plan_counts_the_static_decoders_weight_copy():
 
     shape = ModelShape.of(shape_config("qwen2.5-0.5b"))
     hf = both_plans(RunConfig(device="cpu"), shape, 1024)
-    static = both_plans(RunConfig(device="cpu", decode_engine="static"), shape, 1024)
-    auto_cpu = both_plans(RunConfig(device="cpu", decode_engine="auto"), shape, 1024)
+    static = both_plans(RunConfig.from_run_config({"device": "cpu", "rollout.name": "static"}), shape, 1024)
+    auto_cpu = both_plans(RunConfig.from_run_config({"device": "cpu", "rollout.name": "auto"}), shape, 1024)
     for plain, with_copy in zip(hf, static):
         # fp32 on a CPU: the copy is in the model's dtype, held while decoding (a client releases it before updating)
         assert with_copy.peak("decode") - plain.peak("decode") == 4 * shape.parameters
@@ -429,7 +428,7 @@ def test_the_plan_counts_the_static_decoders_weight_copy():
 
 
 def test_the_command_says_what_auto_checkpointing_does_with_passes_cut_by_tokens(capsys):
-    """With micro-batch-tokens a pass holds the budget's tokens at every width (up to a minibatch of rows), so auto
+    """With grpo.ppo-max-token-len-per-gpu a pass holds the budget's tokens at every width (up to a minibatch of rows), so auto
     checkpoints as much at short widths as at long ones, and more for a bigger budget."""
     import re
 
@@ -437,9 +436,9 @@ def test_the_command_says_what_auto_checkpointing_does_with_passes_cut_by_tokens
 
     def layers(tokens: int) -> tuple[list[int], list[int]]:
         preset = Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"
-        main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "gradient-checkpointing=auto",
-              "--set", "client-memory-gb=80", "--set", "device=cuda", "--set", f"micro-batch-tokens={tokens}",
-              "--set", "length-balanced-micro-batches=false"])
+        main(["--shape", "qwen2.5-1.5b", "--run-config", str(preset), "--set", "engine.gradient-checkpointing=auto",
+              "--set", "engine.client-memory-gb=80", "--set", "device=cuda", "--set", f"grpo.ppo-max-token-len-per-gpu={tokens}",
+              "--set", "grpo.balance-micro-batches=false"])
         line = capsys.readouterr().out.strip().splitlines()[-1]
         assert f"a pass of at most {tokens:,} padded tokens" in line
         found = re.findall(r"(\d+) of 28 layers at (\d+) tokens \((\d+) rows\)", line)
@@ -462,22 +461,22 @@ def test_the_command_gives_the_largest_token_budget_that_checkpoints_nothing():
     from fedagent_flwr.simulation import read_run_config_file
 
     preset = Path(__file__).resolve().parents[2] / "configs" / "fedagent-paper.toml"
-    cfg = RunConfig.from_run_config(read_run_config_file(str(preset)) | {"device": "cuda", "client-memory-gb": 80,
-                                                                         "gradient-checkpointing": "auto"})
+    cfg = RunConfig.from_run_config(read_run_config_file(str(preset)) | {"device": "cuda", "engine.client-memory-gb": 80,
+                                                                         "engine.gradient-checkpointing": "auto"})
     shape = ModelShape.of(shape_config("qwen2.5-1.5b"))
     line = token_budgets(cfg, shape, 2048, 80.0)
     whole, every = (int(x.replace(",", "")) for x in re.findall(r"up to ([\d,]+)", line))
     placement = place_run(cfg, shape=shape, context_tokens=2048, budget_bytes=80 * GB)
     room = placement.activation_room_bytes
     assert f"({room / GB:.1f} GiB left" in line and 2048 < whole < every
-    per = plan_layer_activations(cfg, shape, placement)  # the preset's param-dtype auto: the bf16 working copy on a GPU
+    per = plan_layer_activations(cfg, shape, placement)  # the preset's engine.param-dtype auto: the bf16 working copy on a GPU
     assert per == layer_activations(shape, "bf16-mixed", "bf16")
     assert layers_to_checkpoint(shape, whole, room, per) == 0 and layers_to_checkpoint(shape, whole + 1, room, per) >= 1
     assert update_activation_bytes(shape, every, 28, per) <= room < update_activation_bytes(shape, every + 1, 28, per)
 
 
 def test_the_plan_counts_the_static_engines_cache_as_the_engine_allocates_it(tiny_lm):
-    """rollout-batch-size=0 sizes the batch by the plan, so the plan must hold what the static engine really allocates:
+    """rollout.generation-batch-size=0 sizes the batch by the plan, so the plan must hold what the static engine really allocates:
     cache columns in steps of 1,024, and with CUDA graphs rows rounded up to the largest power-of-two bucket (bucketed
     here on a CPU, as a GPU does); the engine's constants and the planner's agree."""
     import torch
@@ -551,8 +550,8 @@ def test_the_fedagent_paper_presets_memory_figures_are_the_plans_its_comment_and
         main(["--shape", "qwen2.5-1.5b", "--context-tokens", "2048", "--run-config", str(preset), *extra])
         return re.search(r"each client:.*?total\s+([\d.]+) GiB", capsys.readouterr().out, re.S).group(1)
 
-    plans = (client_total(), client_total("--set", "gradient-checkpointing=false", "--set", "logprob-chunk-tokens=0",
-                                          "--set", "length-grouped-micro-batches=false"))
+    plans = (client_total(), client_total("--set", "engine.gradient-checkpointing=false", "--set", "engine.logprob-chunk-tokens=0",
+                                          "--set", "grpo.group-by-length=false"))
     assert in_preset == in_docs == plans
 
 
@@ -571,10 +570,10 @@ def test_the_rank_plan_docs_deployment_quotes_is_the_plans_two_phases(capsys):
     out = capsys.readouterr().out
     assert quoted == tuple(re.search(rf"peak while {phase}\s+([\d.]+) GiB", out).group(1) for phase in ("decoding", "updating"))
     # the static engine copies the weights one unit gathered at a time instead of gathering them whole
-    static = re.search(r"`--set decode-engine=static` plans ([\d.]+) GiB a rank while decoding, the largest unit gathered "
+    static = re.search(r"`--set rollout.name=static` plans ([\d.]+) GiB a rank while decoding, the largest unit gathered "
                        r"([\d.]+) GiB beside the engine's ([\d.]+) GiB copy", text).groups()
-    assert "decode-engine=hf" in command
-    main(shlex.split(command.replace("decode-engine=hf", "decode-engine=static")))
+    assert "rollout.name=hf" in command
+    main(shlex.split(command.replace("rollout.name=hf", "rollout.name=static")))
     out = capsys.readouterr().out
     assert static == tuple(re.search(rf"{row}\s+([\d.]+) GiB", out).group(1) for row in (
         "peak while decoding", r"a unit gathered to copy for the decoder \[decode\]", r"static decoder's weight copy \[decode\]"))
@@ -600,11 +599,11 @@ def test_the_plans_docs_gpu_quotes_are_its_commands_plans(capsys):
                      prose).groups() == (quoted[4], quoted[1])
 
     def totals(*extra: str, rows: int = 16) -> tuple[str, str]:
-        main([a.replace("micro-batch-size=16", f"micro-batch-size={rows}") for a in args] + list(extra))
+        main([a.replace("grpo.ppo-micro-batch-size-per-gpu=16", f"grpo.ppo-micro-batch-size-per-gpu={rows}") for a in args] + list(extra))
         out = capsys.readouterr().out
         return tuple(re.search(rf"{who}:.*?total\s+([\d.]+) GiB", out, re.S).group(1) for who in (r"the server \(evaluation\)", "each client"))
 
     server, client = totals()
-    assert "micro-batch-size=16" in args
+    assert "grpo.ppo-micro-batch-size-per-gpu=16" in args
     rows32 = [totals("--context-tokens", str(n), rows=32)[1] for n in (340, 476, 512)]
     assert quoted == (server, client, *rows32)

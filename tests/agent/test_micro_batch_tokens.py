@@ -1,8 +1,7 @@
-"""micro-batch-tokens and logprob-micro-batch-tokens: GRPO's passes cut by padded tokens (rows x the longest row)
+"""grpo.ppo-max-token-len-per-gpu and grpo.log-prob-max-token-len-per-gpu: GRPO's passes cut by padded tokens (rows x the longest row)
 instead of by rows."""
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,7 +9,6 @@ import torch
 from transformers import AutoConfig
 
 from fedagent_flwr.agent.training import grpo
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.micro_batches import micro_batches
 from fedagent_flwr.agent.engine.memory import (
@@ -26,7 +24,7 @@ from fedagent_flwr.config import RunConfig
 from conftest import planned
 from fedagent_flwr.methods.memory import plan_layer_activations
 from fedagent_flwr.methods.placement import place_run
-from placed import grpo_config
+from placed import grpo_trainer
 
 
 def test_micro_batches_hold_as_many_consecutive_samples_as_the_padded_budget_allows():
@@ -56,8 +54,7 @@ def test_an_update_cut_by_tokens_runs_fewer_fuller_passes_and_trains_as_one_cut_
                           rng.integers(3, vocab, size=int(rng.integers(1, 12))).tolist(),
                           float(rng.normal()), float(rng.uniform(0.2, 1.0))) for _ in range(16)]
     # device="cpu" as the model is: on a GPU machine auto would run the comparison in bf16
-    base = RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=2, device="cpu",
-                     length_grouped_micro_batches=True)
+    base = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cpu", "grpo.group-by-length": True})
     real = grpo.completion_logprobs
 
     def run(tokens, logprob_tokens):
@@ -69,8 +66,8 @@ def test_an_update_cut_by_tokens_runs_fewer_fuller_passes_and_trains_as_one_cut_
 
         monkeypatch.setattr(grpo, "completion_logprobs", recording)
         model = copy.deepcopy(tiny_lm)
-        cfg = grpo_config(replace(base, micro_batch_tokens=tokens, logprob_micro_batch_tokens=logprob_tokens))
-        trainer = GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+        cfg = base.updated({"grpo.ppo-max-token-len-per-gpu": tokens, "grpo.log-prob-max-token-len-per-gpu": logprob_tokens})
+        trainer = grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
         stats = trainer.update(samples, np.random.default_rng(0))
         return stats, dict(model.named_parameters()), shapes[True], shapes[False]
 
@@ -118,19 +115,19 @@ def test_the_memory_plan_counts_a_pass_of_the_token_budget_or_of_one_whole_conte
     assert plan(logprob_micro_batch_tokens=200)["training logits"] == 3 * 30 * 32 * 4
     assert plan(logprob_micro_batch_tokens=4) == plan(logprob_micro_batch_size=1)  # one whole row at least, alone
     # the run-config keys reach the plan
-    cfg = RunConfig(micro_batch_size=3, micro_batch_tokens=50, logprob_micro_batch_size=1, precision="bf16-mixed")
+    cfg = RunConfig.from_run_config({"grpo.ppo-micro-batch-size-per-gpu": 3, "grpo.ppo-max-token-len-per-gpu": 50, "grpo.log-prob-micro-batch-size-per-gpu": 1, "precision": "bf16-mixed"})
     per = plan_layer_activations(cfg, shape, place_run(cfg))
     assert per == layer_activations(shape, "bf16-mixed")
     assert planned(cfg, shape, 10, 5).as_dict()[ACTIVATIONS_ROW] == update_activation_bytes(shape, 50, 0, per)
-    cfg = replace(cfg, micro_batch_tokens=0, logprob_micro_batch_tokens=200)
+    cfg = cfg.updated({"grpo.ppo-max-token-len-per-gpu": 0, "grpo.log-prob-max-token-len-per-gpu": 200})
     assert planned(cfg, shape, 10, 5).as_dict()[NO_GRAD_ROW] == 200 * 320 - update
 
 
 @pytest.mark.parametrize("overrides, allowed", [
-    ({"micro-batch-tokens": -1}, "expected an integer >= 0 (0 = micro-batch-size)"),
-    ({"micro-batch-tokens": 4096, "strategy": "fedse-lora"}, "expected 0 unless the strategy trains with GRPO"),
-    ({"logprob-micro-batch-tokens": -5}, "expected an integer >= 0 (0 = logprob-micro-batch-size)"),
-    ({"logprob-micro-batch-tokens": 4096, "strategy": "fedse-lora"}, "expected 0 unless the strategy trains with GRPO"),
+    ({"grpo.ppo-max-token-len-per-gpu": -1}, "expected an integer >= 0 (0 = grpo.ppo-micro-batch-size-per-gpu)"),
+    ({"grpo.ppo-max-token-len-per-gpu": 4096, "strategy": "fedse-lora"}, "expected 0 unless the strategy trains with GRPO"),
+    ({"grpo.log-prob-max-token-len-per-gpu": -5}, "expected an integer >= 0 (0 = grpo.log-prob-micro-batch-size-per-gpu)"),
+    ({"grpo.log-prob-max-token-len-per-gpu": 4096, "strategy": "fedse-lora"}, "expected 0 unless the strategy trains with GRPO"),
 ])
 def test_a_bad_token_budget_is_refused_before_work_starts(overrides, allowed):
     key = next(iter(overrides))

@@ -67,7 +67,7 @@ def _pass_peak(model, precision: str, chunk: int, width: int = WIDTH) -> int:
     return live.peak
 
 
-CASES = [  # (model type, precision, LoRA, logprob-chunk-tokens)
+CASES = [  # (model type, precision, LoRA, engine.logprob-chunk-tokens)
     ("qwen2", "fp32", False, 0),
     ("qwen2", "bf16-mixed", False, 0),
     ("qwen2", "fp32", True, 0),
@@ -85,7 +85,7 @@ def test_the_plans_update_rows_hold_what_a_training_pass_holds(model_type, preci
     _check_update_rows(model_type, precision, lora, chunk, "sdpa", FIELDS, WIDTH)
 
 
-# training-attention=eager: each layer keeps its softmax (and on Qwen the keys and values expanded to every head), here
+# engine.attn-implementation=eager: each layer keeps its softmax (and on Qwen the keys and values expanded to every head), here
 # in rows long and a vocabulary small enough that these are most of what a pass holds, with 8 query heads to a KV head
 EAGER_FIELDS = dict(FIELDS, num_attention_heads=8, num_key_value_heads=1, vocab_size=256)
 EAGER_WIDTH = 96
@@ -131,7 +131,7 @@ def _no_grad_peak(model, precision: str, chunk: int, vocab: int, rows: int, widt
 
 MLP_WIDE = dict(hidden_size=96, intermediate_size=512, num_attention_heads=6, num_key_value_heads=2)  # as real models
 WIDE_HEADS = dict(hidden_size=128, intermediate_size=32, num_attention_heads=8, num_key_value_heads=2)  # attention larger
-NO_GRAD_CASES = [  # (fields, vocabulary, precision, adapted modules or None, logprob-chunk-tokens, what the plan is)
+NO_GRAD_CASES = [  # (fields, vocabulary, precision, adapted modules or None, engine.logprob-chunk-tokens, what the plan is)
     *[(MLP_WIDE, 64, p, t, 0, "within 5 %") for p, t in [("fp32", None), ("fp32", TARGETS), ("fp32", ("gate_proj", "up_proj")),
                                                          ("bf16-mixed", None), ("bf16-mixed", TARGETS),
                                                          ("bf16-mixed", ("gate_proj", "up_proj")), ("bf16-base", TARGETS),

@@ -65,29 +65,29 @@ def test_auto_checkpointing_takes_the_room_the_rest_of_the_plan_leaves():
 
 def test_a_model_the_static_engine_refuses_is_named_or_refused_with_the_model_in_hand():
     """Llama 3's rope scaling is not one the static engine reproduces: auto on a GPU takes hf and says why (the server
-    prints it at start-up); decode-engine='static' stops the run before any work."""
+    prints it at start-up); rollout.name='static' stops the run before any work."""
     llama3 = _llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 64})
     auto = place(machine=GPU, model=llama3)
     assert auto.decode_engine == "hf" and "rope scaling 'llama3'" in auto.engine_note
     assert "rope scaling 'llama3'" in auto.summary()
     with pytest.raises(ValueError, match="rope scaling 'llama3'"):
-        place_run(RunConfig(decode_engine="static"), "client", GPU, model=llama3)
+        place_run(RunConfig.from_run_config({"rollout.name": "static"}), "client", GPU, model=llama3)
     plain = place(machine=GPU, model=_llama())
     assert plain.decode_engine == "static" and plain.engine_note == ""
 
 
 def test_rollout_log_probs_as_the_old_policy_are_refused_where_the_sampler_holds_other_weights():
-    """old-logprobs = rollout takes the sampler's log-probs as the trained policy's. The static engine samples from a
+    """grpo.old-logprobs = rollout takes the sampler's log-probs as the trained policy's. The static engine samples from a
     bf16 copy with the LoRA delta merged in (small deltas round away), so on a GPU, where auto takes it, or wherever
     it is asked for, the run stops at start-up naming the key; with hf it runs."""
-    rollout = RunConfig(old_logprobs="rollout")
-    for cfg, machine in ((rollout, GPU), (RunConfig(old_logprobs="rollout", decode_engine="static"), CPU)):
-        with pytest.raises(ValueError, match=r"old-logprobs='rollout' is not allowed: expected recompute where"):
+    rollout = RunConfig.from_run_config({"grpo.old-logprobs": "rollout"})
+    for cfg, machine in ((rollout, GPU), (RunConfig.from_run_config({"grpo.old-logprobs": "rollout", "rollout.name": "static"}), CPU)):
+        with pytest.raises(ValueError, match=r"grpo.old-logprobs='rollout' is not allowed: expected recompute where"):
             place_run(cfg, "client", machine)
     assert place_run(rollout, "client", CPU).decode_engine == "hf"
-    assert place_run(RunConfig(old_logprobs="rollout", decode_engine="hf"), "client", GPU).decode_engine == "hf"
-    assert place_run(RunConfig(old_logprobs="recompute"), "client", GPU).decode_engine == "static"
+    assert place_run(RunConfig.from_run_config({"grpo.old-logprobs": "rollout", "rollout.name": "hf"}), "client", GPU).decode_engine == "hf"
+    assert place_run(RunConfig.from_run_config({"grpo.old-logprobs": "recompute"}), "client", GPU).decode_engine == "static"
     assert place_run(rollout, "server", GPU).decode_engine == "static"  # the server only evaluates: it trains nothing
 
 
@@ -128,14 +128,14 @@ def test_evaluation_the_warm_start_and_a_run_resolve_the_same_engine_and_precisi
 
 
 def test_a_config_is_valid_wherever_it_is_checked_and_what_auto_becomes_is_checked_where_it_runs():
-    """param-dtype = bf16 needs bf16-mixed, which precision = auto becomes on a GPU only: the config is valid on this
+    """engine.param-dtype = bf16 needs bf16-mixed, which precision = auto becomes on a GPU only: the config is valid on this
     CPU (it once was refused here and accepted on the GPU node), and refused in one line where it would run on a CPU."""
-    cfg = RunConfig(param_dtype="bf16", finetuning="full")
+    cfg = RunConfig.from_run_config({"engine.param-dtype": "bf16", "grpo.finetuning": "full"})
     assert place_run(cfg, machine=GPU).param_dtype == "bf16"
-    with pytest.raises(ValueError, match=r"^invalid run config: param-dtype='bf16' is not allowed: .*precision resolves "
+    with pytest.raises(ValueError, match=r"^invalid run config: engine.param-dtype='bf16' is not allowed: .*precision resolves "
                                          r"to 'fp32' on a CPU\)$"):
         place_run(cfg, machine=CPU)
-    ranks = RunConfig(param_dtype="auto", finetuning="full", ranks_per_client=2)  # auto takes the working copy on a GPU, not yet under FSDP2
-    with pytest.raises(ValueError, match="param-dtype='auto' is not allowed: expected fp32 with ranks-per-client > 1"):
+    ranks = RunConfig.from_run_config({"engine.param-dtype": "auto", "grpo.finetuning": "full", "engine.ranks-per-client": 2})  # auto takes the working copy on a GPU, not yet under FSDP2
+    with pytest.raises(ValueError, match="engine.param-dtype='auto' is not allowed: expected fp32 with engine.ranks-per-client > 1"):
         place_run(ranks, machine=GPU)
     assert place_run(ranks, machine=CPU).param_dtype == "fp32"

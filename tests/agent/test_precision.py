@@ -6,19 +6,18 @@ below is what the project did on CUDA before (bf16 weights, AdamW on them direct
 """
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.engine.placement import resolve_precision
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config, self_evolution_config
+from fedagent_flwr.methods.placement import place_run
+from placed import grpo_trainer, self_evolution_config
 
 STEPS = 10
 
@@ -41,9 +40,9 @@ def _pairs(tokenizer, n: int, seed: int = 0) -> list[tuple[list[int], list[int]]
 
 
 def _grpo_moved(model, tokenizer, precision: str) -> float:
-    cfg = replace(grpo_config(RunConfig(learning_rate=1e-6, kl_beta=0.0, minibatch_size=4, micro_batch_size=4)),
-                  precision=precision)
-    trainer = GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-6, "grpo.beta": 0.0, "grpo.mini-batch-size": 4,
+                                     "grpo.ppo-micro-batch-size-per-gpu": 4, "device": "cpu", "precision": precision})
+    trainer = grpo_trainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
     samples = [StepSample(p, c, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c) in enumerate(_pairs(tokenizer, 4 * STEPS))]
     before = _layer_weights(model)
     stats = trainer.update(samples, np.random.default_rng(0))
@@ -83,7 +82,7 @@ def test_precision_auto_is_mixed_on_cuda_and_fp32_on_cpu():
     assert resolve_precision("auto", on_cuda=True)[0] == "bf16-mixed"
     assert resolve_precision("auto", on_cuda=False)[0] == "fp32"  # nothing measured: fp32 (tests/agent/test_cpu_precision.py)
     assert resolve_precision("bf16-mixed", on_cuda=False)[0] == "bf16-mixed"  # allowed on CPU (tests, checks)
-    assert grpo_config(RunConfig(device="cpu")).precision == "fp32"
+    assert place_run(RunConfig(device="cpu")).precision == "fp32"
     assert self_evolution_config(RunConfig(precision="bf16-mixed")).precision == "bf16-mixed"
     with pytest.raises(ValueError, match="precision='fp16'"):
         RunConfig(precision="fp16")
@@ -104,15 +103,14 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, l
 
     def trained(checkpointing):
         model = copy.deepcopy(tiny_lm)
-        cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.1, minibatch_size=4, micro_batch_size=2,
-                        gradient_checkpointing=checkpointing))
+        cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.1, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "engine.gradient-checkpointing": checkpointing})
         samples = [StepSample(p, c, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c) in enumerate(_pairs(maze_tokenizer, 8))]
         with torch.autograd.graph.saved_tensors_hooks(pack(checkpointing), lambda t: t):
             if not lora:
-                GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+                grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
                 return model.state_dict()
             with attached_lora(model, LoRASpec(rank=2), seed=1) as peft_model:
-                GRPOTrainer(peft_model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+                grpo_trainer(peft_model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
                 return {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
 
     plain, checkpointed = trained(False), trained(True)
@@ -136,9 +134,10 @@ def test_bf16_base_resolves_autocasts_and_loads_in_bf16(tiny_lm, maze_tokenizer)
 
 
 def _lora_trainer(model, tokenizer, precision, learning_rate=1e-6):
-    cfg = replace(grpo_config(RunConfig(learning_rate=learning_rate, kl_beta=0.01, kl_reference="base", minibatch_size=4,
-                            micro_batch_size=2, finetuning="lora")), precision=precision)
-    return GRPOTrainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": learning_rate, "grpo.beta": 0.01, "grpo.kl-reference": "base",
+                                     "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2,
+                                     "grpo.finetuning": "lora", "device": "cpu", "precision": precision})
+    return grpo_trainer(model, tokenizer, cfg, RolloutConfig(history_length=0))
 
 
 def test_bf16_base_lora_trains_an_fp32_adapter_at_lr_1e_6_and_never_moves_the_bf16_base(tiny_lm, maze_tokenizer):
@@ -207,7 +206,7 @@ def test_the_adapter_takes_its_input_uncast_and_trains_to_the_same_bits_as_peft_
 def test_bf16_base_refuses_a_trained_bf16_model_and_an_fp32_base(tiny_lm, maze_tokenizer):
     from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
 
-    with pytest.raises(ValueError, match="trains fp32 tensors only"):  # finetuning='full' on a bf16 model
+    with pytest.raises(ValueError, match="trains fp32 tensors only"):  # grpo.finetuning='full' on a bf16 model
         _lora_trainer(copy.deepcopy(tiny_lm).to(torch.bfloat16), maze_tokenizer, "bf16-base")
     with attached_lora(copy.deepcopy(tiny_lm), LoRASpec(rank=2)) as peft_model, pytest.raises(ValueError, match="base holds torch.float32"):
         _lora_trainer(peft_model, maze_tokenizer, "bf16-base")

@@ -137,7 +137,7 @@ def test_the_reference_parser_takes_each_environments_tail():
 
 def test_the_reference_template_carries_the_references_information_in_its_order_and_format():
     """verl-agent's ALFWorld and WebShop templates: task; then (from the second step, with history) the steps taken
-    and the last history-length pairs as [Observation i: '...', Action i: '...']; the step and the observation;
+    and the last rollout.history-length pairs as [Observation i: '...', Action i: '...']; the step and the observation;
     the quoted admissible actions ('help' left out); the answer format last."""
     env = make_env("alfworld")
     obs, _ = env.reset(env.tasks()[0])
@@ -181,8 +181,8 @@ def test_agentgym_parsing_reads_as_agentgyms_clients_do(text, reading, action, w
 
 
 def test_the_agentgym_template_asks_for_thought_and_action_and_its_expert_answers_so():
-    """prompt-template = agentgym: the introduction, the task, the answer form, the steps so far as Observation /
-    Action pairs (history-length of them), the current observation and the actions; the expert's answer in that form
+    """rollout.prompt-template = agentgym: the introduction, the task, the answer form, the steps so far as Observation /
+    Action pairs (rollout.history-length of them), the current observation and the actions; the expert's answer in that form
     is read back by each environment's AgentGym reading as the action it wrote."""
     env = make_env("maze")
     obs, _ = env.reset(env.tasks()[0])

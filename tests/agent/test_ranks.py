@@ -19,22 +19,22 @@ def _on_ranks(lora: bool, settings: dict, out: str, world: int) -> None:
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
 
 
-NO_KL = {"minibatch_size": 8, "micro_batch_size": 2, "kl_beta": 0.0}  # 13 samples: 2 minibatches, ranks with 3 and 2 passes
-KL_TO_BASE = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base",
-              "length_grouped_micro_batches": True}
+NO_KL = {"grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.beta": 0.0}  # 13 samples: 2 minibatches, ranks with 3 and 2 passes
+KL_TO_BASE = {"grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 3, "grpo.beta": 0.05, "grpo.kl-reference": "base",
+              "grpo.group-by-length": True}
 # verl's per-micro-batch mean with uneven counts: minibatches of 8 and 5 cut into 3 and 2 micro-batches, so rank 0 runs
 # 2 and 1, rank 1 runs 1 and 1: each micro-batch's token mean must weigh 1/3 and 1/2 of its minibatch's loss
-PER_MICRO_BATCH = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.0, "loss_aggregation": "micro-batch-token-mean"}
+PER_MICRO_BATCH = {"grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 3, "grpo.beta": 0.0, "grpo.loss-aggregation": "micro-batch-token-mean"}
 # micro-batches cut by padded tokens, each of another size, under the plain token mean
-BY_TOKENS = {"minibatch_size": 8, "micro_batch_size": 8, "micro_batch_tokens": 60, "kl_beta": 0.05, "kl_reference": "base",
-             "loss_aggregation": "token-mean"}
+BY_TOKENS = {"grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 8, "grpo.ppo-max-token-len-per-gpu": 60, "grpo.beta": 0.05, "grpo.kl-reference": "base",
+             "grpo.loss-aggregation": "token-mean"}
 # chunked log-probs call the body and the head themselves, not the model's forward (the SmolLM2 presets' 256-token
 # chunks); a tied head and embedding, as SmolLM2's, trained through both
-CHUNKED = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base", "logprob_chunk_tokens": 4,
+CHUNKED = {"grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 3, "grpo.beta": 0.05, "grpo.kl-reference": "base", "engine.logprob-chunk-tokens": 4,
            "tied": True}
 # every layer's activations recomputed in backward (the 7B plan's assumption), each layer an FSDP unit of its own
-CHECKPOINTED = {"minibatch_size": 8, "micro_batch_size": 3, "kl_beta": 0.05, "kl_reference": "base",
-                "gradient_checkpointing": True}
+CHECKPOINTED = {"grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 3, "grpo.beta": 0.05, "grpo.kl-reference": "base",
+                "engine.gradient-checkpointing": True}
 
 
 # every loss aggregation once; the aggregation is the trainer's, so one model kind each suffices for the newer two.
@@ -56,5 +56,5 @@ def test_two_ranks_train_the_weights_one_rank_trains(lora, settings, tmp_path):
         torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=0, atol=1e-5, msg=k)
     assert two["stats"]["loss"] == pytest.approx(one["stats"]["loss"], abs=1e-5)
     assert two["stats"]["optimizer_steps"] == one["stats"]["optimizer_steps"] == 2
-    if settings.get("gradient_checkpointing"):  # recomputed on the ranks too, not silently left off
+    if settings.get("engine.gradient-checkpointing"):  # recomputed on the ranks too, not silently left off
         assert two["stats"]["checkpointed_layers"] == one["stats"]["checkpointed_layers"] == 1.0

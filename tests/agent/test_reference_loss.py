@@ -12,11 +12,10 @@ import torch
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.training import grpo
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample, group_advantages
 from fedagent_flwr.agent.training.grpo_loss import grpo_loss
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config
+from placed import grpo_trainer
 
 ONE = torch.tensor([[True]])
 
@@ -101,9 +100,8 @@ def test_micro_batch_token_mean_averages_each_micro_batchs_token_mean(tiny_lm, m
     real = grpo.grpo_loss
     for aggregation in ("token-mean", "micro-batch-token-mean"):
         monkeypatch.setattr(grpo, "grpo_loss", recording(aggregation))
-        cfg = grpo_config(RunConfig(minibatch_size=3, micro_batch_size=1, loss_aggregation=aggregation, device="cpu",
-                                    length_grouped_micro_batches=False))
-        GRPOTrainer(copy.deepcopy(tiny_lm), maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(
+        cfg = RunConfig.from_run_config({"grpo.mini-batch-size": 3, "grpo.ppo-micro-batch-size-per-gpu": 1, "grpo.loss-aggregation": aggregation, "device": "cpu", "grpo.group-by-length": False})
+        grpo_trainer(copy.deepcopy(tiny_lm), maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(
             samples, np.random.default_rng(0))
     assert normalizers["token-mean"] == [15, 15, 15]
     assert sorted(normalizers["micro-batch-token-mean"]) == [6, 15, 24]  # 3 micro-batches x each one's tokens
@@ -122,16 +120,15 @@ def test_the_entropy_bonus_raises_the_policys_entropy_where_nothing_else_pulls(t
     after = {}
     for coeff in (0.0, 0.5):
         model = copy.deepcopy(tiny_lm)
-        cfg = grpo_config(RunConfig(learning_rate=1e-2, kl_beta=0.0, minibatch_size=8, micro_batch_size=4, device="cpu",
-                                    entropy_coeff=coeff, uniform_groups="keep"))
-        GRPOTrainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+        cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-2, "grpo.beta": 0.0, "grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 4, "device": "cpu", "grpo.entropy-coeff": coeff, "grpo.uniform-groups": "keep"})
+        grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
         after[coeff] = mean_entropy(model)
     assert after[0.0] == pytest.approx(before, abs=1e-6)  # advantage 0 and no KL: no gradient at all
     assert after[0.5] > before + 1e-3
 
 
-@pytest.mark.parametrize("key, value", [("clip-ratio-c", 1.0), ("clip-ratio-c", -3.0), ("kl-clamp", -1.0),
-                                        ("entropy-coeff", -0.001), ("reward-std-ddof", 2)])
+@pytest.mark.parametrize("key, value", [("grpo.clip-ratio-c", 1.0), ("grpo.clip-ratio-c", -3.0), ("grpo.kl-clamp", -1.0),
+                                        ("grpo.entropy-coeff", -0.001), ("grpo.reward-std-ddof", 2)])
 def test_out_of_range_loss_options_are_refused_naming_the_key(key, value):
     with pytest.raises(ValueError, match=f"{key}={value}"):
         RunConfig.from_run_config({key: value})

@@ -2,7 +2,6 @@
 lengths across the GPUs of a client; here across one process's micro-batches) and a batch padded to whole minibatches
 with copies of random samples (verl-agent's adjust_batch, mode copy)."""
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,9 +11,8 @@ from fedagent_flwr.agent.engine.micro_batches import balanced_micro_batches, by_
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.training import grpo
 from fedagent_flwr.agent.training.advantages import StepSample
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config
+from placed import grpo_trainer
 
 
 def _sums(parts, lengths):
@@ -55,15 +53,14 @@ def _samples(vocab: int, count: int, seed: int) -> list[StepSample]:
 
 @pytest.mark.parametrize("balanced", [False, True])
 def test_the_update_cuts_its_minibatches_by_even_lengths_when_asked(tiny_lm, maze_tokenizer, monkeypatch, balanced):
-    """With length-balanced-micro-batches each forward of the update holds micro-batch-size rows of about equal
+    """With grpo.balance-micro-batches each forward of the update holds grpo.ppo-micro-batch-size-per-gpu rows of about equal
     summed length; the log-prob passes are cut as before (their cut changes no number)."""
     samples = _samples(tiny_lm.config.vocab_size, 32, seed=2)
-    cfg = grpo_config(RunConfig(kl_beta=0.0, minibatch_size=32, micro_batch_size=8, device="cpu",
-                                loss_aggregation="micro-batch-token-mean", length_balanced_micro_batches=balanced))
+    cfg = RunConfig.from_run_config({"grpo.beta": 0.0, "grpo.mini-batch-size": 32, "grpo.ppo-micro-batch-size-per-gpu": 8, "device": "cpu", "grpo.loss-aggregation": "micro-batch-token-mean", "grpo.balance-micro-batches": balanced})
     seen = []
     real = grpo.collate
     monkeypatch.setattr(grpo, "collate", lambda pairs, pad, share=False: seen.append([len(p) + len(c) for p, c in pairs]) or real(pairs, pad, share))
-    GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
+    grpo_trainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
     update = seen[-4:]  # a single minibatch: no old-policy pass, so these are the update's four micro-batches
     assert [len(rows) for rows in update] == [8, 8, 8, 8]
     spread = max(map(sum, update)) - min(map(sum, update))
@@ -72,15 +69,14 @@ def test_the_update_cuts_its_minibatches_by_even_lengths_when_asked(tiny_lm, maz
 
 
 def test_an_epoch_pads_its_samples_to_whole_minibatches_only_with_batch_padding_copy(tiny_lm, maze_tokenizer, monkeypatch):
-    """The same epoch played twice: with batch-padding none the update gets the samples as played; with copy, the same
-    samples and after them copies of some of them, up to the next multiple of minibatch-size."""
+    """The same epoch played twice: with grpo.batch-padding none the update gets the samples as played; with copy, the same
+    samples and after them copies of some of them, up to the next multiple of grpo.mini-batch-size."""
     import torch
 
     updated = {}
     for padding in ("none", "copy"):
-        cfg = replace(grpo_config(RunConfig(batch_padding=padding, minibatch_size=8, uniform_groups="keep", device="cpu")),
-                      tasks_per_epoch=3, group_size=2)
-        trainer = GRPOTrainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0, max_new_tokens=4))
+        cfg = RunConfig.from_run_config({"grpo.batch-padding": padding, "grpo.mini-batch-size": 8, "grpo.uniform-groups": "keep", "device": "cpu"}).updated({"grpo.tasks-per-epoch": 3, "grpo.num-generations": 2})
+        trainer = grpo_trainer(tiny_lm, maze_tokenizer, cfg, RolloutConfig(history_length=0, max_new_tokens=4))
         monkeypatch.setattr(trainer, "update", lambda samples, rng, p=padding: updated.setdefault(p, list(samples)) and {})
         torch.manual_seed(0)
         trainer.train_epoch(lambda: make_env("maze", max_steps=3), make_env("maze").tasks_of_split("train")[:3],
@@ -89,5 +85,5 @@ def test_an_epoch_pads_its_samples_to_whole_minibatches_only_with_batch_padding_
     assert len(played) % 8 != 0  # else this epoch would test nothing
     assert padded[:len(played)] == played and len(padded) == -(-len(played) // 8) * 8
     assert all(extra in played for extra in padded[len(played):])
-    with pytest.raises(ValueError, match="batch-padding='copy'"):
-        RunConfig(strategy="fedse-lora", batch_padding="copy")
+    with pytest.raises(ValueError, match="grpo.batch-padding='copy'"):
+        RunConfig.from_run_config({"strategy": "fedse-lora", "grpo.batch-padding": "copy"})

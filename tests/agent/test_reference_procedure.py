@@ -1,21 +1,20 @@
-"""The FedAgent reference's procedure as run-config values: the per-step, format-only invalid-action penalty, and
+"""The FedAgent reference's procedure as run-config values: the per-step, format-only rollout.invalid-action penalty, and
 the KL term anchored to the run's initial model under full fine-tuning (docs/run-config.md, "The paper presets")."""
 
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from envs import Task, make_env
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample, step_advantages, trajectories_to_samples
 from fedagent_flwr.agent.play.rollout import PromptEncoder, RolloutConfig, StepRecord, Trajectory, run_episodes
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config, rollout_config
+from fedagent_flwr.methods.placement import place_run
+from placed import grpo_trainer, rollout_config
 
 
 def _trajectory(won: bool, penalties: list[float]) -> Trajectory:
@@ -76,7 +75,7 @@ def test_which_step_draws_the_penalty(maze_tokenizer, invalid_action, expected):
 
 
 def test_the_run_config_carries_the_penalty_rule_to_the_rollout():
-    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | {"invalid-action": "malformed", "invalid-penalty-scope": "step"})
+    cfg = RunConfig.from_run_config(RunConfig().to_run_config() | {"rollout.invalid-action": "malformed", "rollout.invalid-penalty-scope": "step"})
     rollout = rollout_config(cfg)
     assert (rollout.invalid_action, rollout.penalty_scope) == ("malformed", "step")
     assert (rollout_config(RunConfig()).invalid_action, rollout_config(RunConfig()).penalty_scope) == ("inadmissible", "trajectory")
@@ -84,16 +83,16 @@ def test_the_run_config_carries_the_penalty_rule_to_the_rollout():
 
 @pytest.mark.parametrize("overrides, expected", [
     ({}, "round-start"),
-    ({"baseline": "centralized"}, "base"),
-    ({"baseline": "local", "local-client": 1, "num-clients": 4}, "base"),
-    ({"baseline": "centralized", "kl-reference": "round-start"}, "round-start"),
-    ({"kl-reference": "base"}, "base"),
+    ({"baseline.name": "centralized"}, "base"),
+    ({"baseline.name": "local", "baseline.local-client": 1, "num-clients": 4}, "base"),
+    ({"baseline.name": "centralized", "grpo.kl-reference": "round-start"}, "round-start"),
+    ({"grpo.kl-reference": "base"}, "base"),
 ])
 def test_a_single_learner_anchors_its_kl_term_to_the_initial_model(overrides, expected):
     """The Centralized and Local baselines are one learner trained for T x tau epochs: like the reference's plain verl
     run, its KL reference is the initial model for the whole run, not a new anchor every round."""
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | overrides)
-    assert grpo_config(cfg).kl_reference == expected
+    assert place_run(cfg).kl_reference == expected
 
 
 def test_full_fine_tuning_anchored_to_base_scores_the_kl_term_against_the_base_weights(tiny_lm, maze_tokenizer):
@@ -105,12 +104,12 @@ def test_full_fine_tuning_anchored_to_base_scores_the_kl_term_against_the_base_w
             p.add_(0.05 * torch.randn_like(p))
     prompt = tok("Step 1. Observation: start")["input_ids"]
     samples = [StepSample(prompt, tok("<think>go</think><action>move up</action>")["input_ids"], 1.0)]
-    cfg = replace(grpo_config(RunConfig()), kl_beta=0.01, kl_reference="base")
-    trainer = GRPOTrainer(round_start, tok, cfg, RolloutConfig(history_length=0), base_model=base)
+    cfg = RunConfig().updated({"grpo.beta": 0.01, "grpo.kl-reference": "base"})
+    trainer = grpo_trainer(round_start, tok, cfg, RolloutConfig(history_length=0), base_model=base)
     anchored = trainer._reference_logprobs(samples)[0]
     assert torch.allclose(anchored, trainer._logprobs(base, samples)[0])
     assert not torch.allclose(anchored, trainer._logprobs(round_start, samples)[0])
     assert all(not p.requires_grad for p in base.parameters())
     with pytest.raises(ValueError, match="base_model"):
-        GRPOTrainer(copy.deepcopy(tiny_lm), tok, cfg, RolloutConfig(history_length=0))
+        grpo_trainer(copy.deepcopy(tiny_lm), tok, cfg, RolloutConfig(history_length=0))
 

@@ -111,7 +111,7 @@ def test_evaluation_command_plays_a_saved_model_on_held_out_tasks(tiny_lm, maze_
 
 @pytest.mark.parametrize("name", ["maze", "textcraft"])
 def test_the_expert_plays_whole_episodes_in_agentgyms_answer_form(name, maze_tokenizer):
-    """prompt-template = agentgym end to end: the prompts ask for Thought / Action, the expert answers in that form,
+    """rollout.prompt-template = agentgym end to end: the prompts ask for Thought / Action, the expert answers in that form,
     each answer is read by the environment's AgentGym reading, and every step is valid and every episode won; read as
     our strict <think>/<action> answers instead, no step would be well formed."""
     env = make_env(name)
@@ -127,7 +127,7 @@ def test_the_expert_plays_whole_episodes_in_agentgyms_answer_form(name, maze_tok
 
 
 def test_a_context_limit_leaves_out_the_oldest_steps_until_a_prompt_fits(maze_tokenizer):
-    """max-context-tokens: every prompt plus the generated tokens fits the limit, showing the most past steps that fit
+    """rollout.max-context-tokens: every prompt plus the generated tokens fits the limit, showing the most past steps that fit
     (one more would not) and still counting every step taken; what is played does not change."""
     tasks, encoder = make_env("maze").tasks()[:4], PromptEncoder(maze_tokenizer)
     play = lambda limit: run_episodes(ExpertPolicy(maze_tokenizer), lambda: make_env("maze"), tasks, encoder,
@@ -152,7 +152,7 @@ def test_a_context_limit_leaves_out_the_oldest_steps_until_a_prompt_fits(maze_to
             history.append((s.observation, s.action))
             replay.step(s.action)
     assert shortened > 0
-    with pytest.raises(ValueError, match=r"max-context-tokens=20: a prompt of task .* needs \d+ tokens"):
+    with pytest.raises(ValueError, match=r"rollout.max-context-tokens=20: a prompt of task .* needs \d+ tokens"):
         play(20)
 
 
@@ -166,7 +166,7 @@ def test_the_run_configs_token_sampler_draws_the_rollouts_and_the_evaluations_to
     drawn_by, pick = [], sampling.pick_tokens
     monkeypatch.setattr(sampling, "pick_tokens", lambda *a: drawn_by.append(a[3]) or pick(*a))
     for sampler in ("inverse-cdf", "multinomial"):
-        run = RunConfig(env="maze", token_sampler=sampler, temperature=1.0, eval_temperature=0.5, history_length=2)
+        run = RunConfig.from_run_config({"env": "maze", "rollout.token-sampler": sampler, "rollout.temperature": 1.0, "eval.temperature": 0.5, "rollout.history-length": 2})
         cfg = dataclasses.replace(rollout_config(run, evaluation), max_new_tokens=4)
         run_episodes(LMPolicy(tiny_lm, maze_tokenizer, cfg), lambda: make_env("maze", max_steps=2),
                      make_env("maze").tasks()[:2], PromptEncoder(maze_tokenizer), cfg)

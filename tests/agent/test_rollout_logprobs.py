@@ -1,8 +1,7 @@
-"""The rollout keeps each drawn token's log-probability, and GRPO with old-logprobs = rollout takes them as the round-start
+"""The rollout keeps each drawn token's log-probability, and GRPO with grpo.old-logprobs = rollout takes them as the round-start
 policy's instead of recomputing them: the same numbers (up to rounding), one no-grad pass fewer, the same update."""
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,10 +11,9 @@ from envs import make_env
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.agent.play.rollout import ExpertPolicy, LMPolicy, PromptEncoder, RolloutConfig, run_episodes
 from fedagent_flwr.agent.training import grpo
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import trajectories_to_samples
 from fedagent_flwr.config import RunConfig
-from placed import grpo_config
+from placed import grpo_trainer
 
 
 def _play(model, tokenizer, temperature: float, seed: int = 0):
@@ -57,8 +55,8 @@ def test_an_update_on_the_rollouts_log_probs_skips_the_old_policy_pass_and_takes
     for t, r in zip(trajectories, rewards):
         t.reward = float(r)
     samples = trajectories_to_samples(trajectories, [i // 4 for i in range(len(trajectories))], 1e-6)
-    cfg = grpo_config(RunConfig(learning_rate=1e-3, kl_beta=0.05, minibatch_size=8, micro_batch_size=4, device="cpu"))
-    assert len(samples) > cfg.minibatch_size  # more than one step: the old log-probs are needed
+    cfg = RunConfig.from_run_config({"grpo.learning-rate": 1e-3, "grpo.beta": 0.05, "grpo.mini-batch-size": 8, "grpo.ppo-micro-batch-size-per-gpu": 4, "device": "cpu"})
+    assert len(samples) > cfg.grpo.mini_batch_size  # more than one step: the old log-probs are needed
     real = grpo.completion_logprobs
 
     def run(source):
@@ -70,13 +68,13 @@ def test_an_update_on_the_rollouts_log_probs_skips_the_old_policy_pass_and_takes
 
         monkeypatch.setattr(grpo, "completion_logprobs", counting)
         model = copy.deepcopy(tiny_lm)
-        trainer = GRPOTrainer(model, maze_tokenizer, replace(cfg, old_logprobs=source), rollout)
+        trainer = grpo_trainer(model, maze_tokenizer, cfg.updated({"grpo.old-logprobs": source}), rollout)
         stats = trainer.update(samples, np.random.default_rng(1))
         return stats, model.state_dict(), passes["no_grad"]
 
     recomputed, recomputed_weights, recomputed_passes = run("recompute")
     kept, kept_weights, kept_passes = run("rollout")
-    micro = -(-len(samples) // cfg.logprob_micro_batch_size)
+    micro = -(-len(samples) // cfg.grpo.log_prob_rows())
     assert recomputed_passes == 2 * micro and kept_passes == micro  # the reference's pass stays
     assert recomputed["optimizer_steps"] == kept["optimizer_steps"] >= 2
     assert "rollout_logprob_gap" not in recomputed and 0 <= kept["rollout_logprob_gap"] < 1e-4  # fp32: rounding only

@@ -245,7 +245,7 @@ def _eager_calls(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 def test_the_fine_tuning_runs_the_attention_kernel_it_is_given_and_trains_alike(tiny_lm, maze_tokenizer, monkeypatch,
                                                                              precision):
-    """training-attention=eager: every forward of the fine-tuning runs transformers' eager attention, and the model
+    """engine.attn-implementation=eager: every forward of the fine-tuning runs transformers' eager attention, and the model
     computes with its own kernel again after it. The same function as SDPA's up to rounding: in fp32 the losses agree
     to 1e-5 (eager handed no mask moved the first loss by 4e-3 here; checked) and the adapters closely; under bf16,
     where eager rounds the scores to bf16 before the softmax and SDPA keeps them in fp32, to 2e-2."""

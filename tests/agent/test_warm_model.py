@@ -57,7 +57,7 @@ def test_a_warm_model_needs_the_prompts_it_was_cloned_on():
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.runs.preflight import preflight
 
-    with pytest.raises(ValueError, match="history-length=0 is not allowed: expected 2 with model='warm:smollm2-135m-instruct'"):
+    with pytest.raises(ValueError, match="rollout.history-length=0 is not allowed: expected 2 with model='warm:smollm2-135m-instruct'"):
         preflight(RunConfig.from_run_config(RunConfig().to_run_config() | {"model": "warm:smollm2-135m-instruct"}))
     with pytest.raises(ValueError, match="model='warm:tiny' is not allowed"):
-        preflight(RunConfig.from_run_config(RunConfig().to_run_config() | {"model": "warm:tiny", "history-length": 2}))
+        preflight(RunConfig.from_run_config(RunConfig().to_run_config() | {"model": "warm:tiny", "rollout.history-length": 2}))

@@ -3,10 +3,10 @@
 1. Every key. The keys, their types, bounds and choices come from RunConfig's fields and their `_key` metadata, never
    from a hand list. Each key gets four kinds of bad value: a value of the wrong type; one outside each bound (the
    declared `at_least` / `above` / `interval`, and the `>= x`, `> x` or `(a, b]` its `allowed` text opens with, so a
-   bound that a section's `check` holds, such as round-timeout's, is swept too, and dropping a declared bound whose
+   bound that a section's `check` holds, such as federation.round-timeout's, is swept too, and dropping a declared bound whose
    text still promises it fails here); one outside its `choices`; and the empty string. A string key whose default
    is "" takes "" (the defaults are a valid run config: test_config.py checks it), so its empty value is not bad:
-   run-name, initial-evaluation, success-labels and fault-injection are exempted by that rule, not by name.
+   run-name, eval.initial-evaluation, partition.success-labels and resilience.fault-injection are exempted by that rule, not by name.
    Each value is given at every front door that turns text or TOML into a run config:
      server-app  RunConfig.from_run_config(dict) and the preflight: what the ServerApp (server_app.py) and every ClientApp
                  (client_app.py `_method`) call on Flower's context.run_config, typed values;
@@ -19,7 +19,7 @@
    that does not call `need` refuses nothing, so the `ast` of config/run_config.py and runs/preflight.py (the checks
    that ask the machine, which every front door runs after the run config's) lists them all, and a new rule joins the
    list by itself. Some sites compute their key in a loop (the gigpo-* keys, the GRPO-only keys, the
-   secure-aggregation table), so the keys each site can name are recorded at run time: every call of the real
+   privacy.secure-aggregation table), so the keys each site can name are recorded at run time: every call of the real
    `need` (allowed or not) made while validating the table's combinations and the defaults, caught with
    sys.setprofile, so no copy of `__post_init__`'s loop can drift from it. `violations()` is a table of (combination,
    key it must name); the test fails naming any site no combination violates, and any (site, key) pair seen that no
@@ -51,7 +51,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +67,28 @@ from fedagent_flwr.config import RunConfig
 from fedagent_flwr.runs.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELDS = fields(RunConfig)
+FIELDS = [f for _, f, _ in RunConfig.keys()]
+KEY_OF = {id(f): key for key, f, _ in RunConfig.keys()}  # a field's name repeats across sections; its key does not
 DEFAULTS = RunConfig().to_run_config()
 TRIED: Counter = Counter()  # values tried, by sweep and door
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)  # no lone surrogates: they cannot be UTF-8
 
 
+def uncoerced(values: dict) -> RunConfig:
+    """The run config of `values` (dotted keys) built by its dataclasses, its values' types as they are."""
+    top, grouped = {}, {}
+    for key, value in values.items():
+        _, f, section = next(k for k in RunConfig.keys() if k[0] == key)
+        (grouped.setdefault(section, {}) if section else top)[f.name] = value
+    return RunConfig(**top, **{section.NAME: section(**own) for section, own in grouped.items()})
+
+
 def kebab(f) -> str:
-    return f.name.replace("_", "-")
+    return KEY_OF[id(f)]
 
 
 def names_key(message: str, key: str) -> bool:
-    """`key` as a whole name in `message` (seed, not partition-seed; --seed and coverage-l-min/avg/max count)."""
+    """`key` as a whole name in `message` (seed, not partition.seed; --seed and partition.coverage-l-min/avg/max count)."""
     return re.search(rf"(?<![\w-])(?:--)?{re.escape(key)}(?![\w-])", message) is not None
 
 
@@ -293,7 +303,7 @@ def test_the_declarations_give_every_key_a_bad_value_of_each_kind_that_applies()
     ranged = {c.key for c in CELLS if c.kind == "out-of-range"}
     assert {kebab(f) for f in FIELDS if f.metadata["at_least"] is not None or f.metadata["above"] is not None
             or f.metadata["interval"]} <= ranged
-    assert {"round-timeout", "seed", "group-size", "temperature"} <= ranged  # bounds held by a section's check
+    assert {"federation.round-timeout", "seed", "grpo.num-generations", "rollout.temperature"} <= ranged  # bounds held by a section's check
     assert {c.key for c in CELLS if c.kind == "outside-choices"} == {kebab(f) for f in FIELDS if f.metadata["choices"]}
     assert {k for k in keys if not any(c.kind == "empty" for c in KEY_KINDS[k])} == {
         kebab(f) for f in FIELDS if f.default == ""}
@@ -361,7 +371,8 @@ def need_sites() -> dict[tuple[str, int], tuple[str, int, str]]:
         functions = [(f"{cls.name}.", fn) for cls in tree.body if isinstance(cls, ast.ClassDef) for fn in cls.body]
         functions += [("", fn) for fn in tree.body]
         for prefix, fn in functions:
-            if not isinstance(fn, ast.FunctionDef) or fn.name in ("__post_init__", "preflight"):
+            # _declared_keys checks each key against its declaration: the sweep of every key's cells covers it
+            if not isinstance(fn, ast.FunctionDef) or fn.name in ("__post_init__", "preflight", "_declared_keys"):
                 continue
             for call in ast.walk(fn):
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "need":
@@ -371,11 +382,11 @@ def need_sites() -> dict[tuple[str, int], tuple[str, int, str]]:
 
 @contextlib.contextmanager
 def recording_need(calls: list):
-    """Record every call of RunConfig.__post_init__'s and the preflight's `need` as ((file, line of the call), key, ok),
+    """Record every call of the run config's `need` (config/run_config.py's _collector) and the preflight's as ((file, line of the call), key, ok),
     calling nothing else."""
     def profile(frame, event, arg):
         if event == "call" and frame.f_code.co_name == "need" and frame.f_code.co_qualname.split(".")[0] in (
-                "RunConfig", "preflight"):
+                "_collector", "preflight"):
             calls.append(((frame.f_back.f_code.co_filename, frame.f_back.f_lineno), frame.f_locals["key"],
                           bool(frame.f_locals["ok"])))
 
@@ -406,99 +417,99 @@ def violations(tmp: Path) -> list[Violation]:
     evaluated = tmp / "evaluated-run"
     (evaluated / "episodes").mkdir(parents=True, exist_ok=True)
     (evaluated / "episodes" / "round-0000.json").write_text("{}")
-    fedse, qavg, sa = {"strategy": "fedse-lora"}, {"strategy": "qavg", "env": "random-mdp"}, {"secure-aggregation": True}
+    fedse, qavg, sa = {"strategy": "fedse-lora"}, {"strategy": "qavg", "env": "random-mdp"}, {"privacy.secure-aggregation": True}
     V = Violation
     return [
         # FederationConfig
-        V({"round-timeout": 0.5}, "round-timeout"), V({"seed": -1}, "seed"),
-        V({"num-clients": 1, "clients-per-round": 2}, "clients-per-round"), V({"min-replies": 3}, "min-replies"),
+        V({"federation.round-timeout": 0.5}, "federation.round-timeout"), V({"seed": -1}, "seed"),
+        V({"num-clients": 1, "clients-per-round": 2}, "clients-per-round"), V({"federation.min-replies": 3}, "federation.min-replies"),
         # EnvironmentConfig
         V({"env": "maze,chess"}, "env"), V({"env": "chess"}, "env"), V({"env": "maze,maze"}, "env"),
         V({"strategy": "pavg", "env": "hopper"}, "env", absent=("mujoco",)),
         # ModelConfig, SpeedConfig
-        V({"model": "tiny:chess"}, "model"), V({"model": " "}, "model"), V({"device": "gpu"}, "device"), V({"server-device": "tpu"}, "server-device"),
-        V({"client-memory-gb": -1.0}, "client-memory-gb"), V({"rank-timeout-s": 30.0}, "rank-timeout-s"), V({"server-memory-gb": -1.0}, "server-memory-gb"),
-        V({"decode-kernels": "compile", "decode-engine": "hf"}, "decode-kernels"),
-        V({"rollout-batch-size": -1}, "rollout-batch-size"),
-        V({"micro-batch-tokens": -1}, "micro-batch-tokens"), V({"logprob-micro-batch-size": -1}, "logprob-micro-batch-size"),
-        V({"logprob-micro-batch-tokens": -1}, "logprob-micro-batch-tokens"), V({"logprob-chunk-tokens": -1}, "logprob-chunk-tokens"),
-        V({"gradient-checkpointing": "sometimes"}, "gradient-checkpointing"),
-        V({"shared-prompt-prefix": True, "gradient-checkpointing": True}, "shared-prompt-prefix"),
-        V({"training-attention": "eager", "gradient-checkpointing": True}, "training-attention"),
+        V({"model": "tiny:chess"}, "model"), V({"model": " "}, "model"), V({"device": "gpu"}, "device"), V({"engine.server-device": "tpu"}, "engine.server-device"),
+        V({"engine.client-memory-gb": -1.0}, "engine.client-memory-gb"), V({"engine.rank-timeout-s": 30.0}, "engine.rank-timeout-s"), V({"engine.server-memory-gb": -1.0}, "engine.server-memory-gb"),
+        V({"rollout.kernels": "compile", "rollout.name": "hf"}, "rollout.kernels"),
+        V({"rollout.generation-batch-size": -1}, "rollout.generation-batch-size"),
+        V({"grpo.ppo-max-token-len-per-gpu": -1}, "grpo.ppo-max-token-len-per-gpu"), V({"grpo.log-prob-micro-batch-size-per-gpu": -1}, "grpo.log-prob-micro-batch-size-per-gpu"),
+        V({"grpo.log-prob-max-token-len-per-gpu": -1}, "grpo.log-prob-max-token-len-per-gpu"), V({"engine.logprob-chunk-tokens": -1}, "engine.logprob-chunk-tokens"),
+        V({"engine.gradient-checkpointing": "sometimes"}, "engine.gradient-checkpointing"),
+        V({"engine.shared-prompt-prefix": True, "engine.gradient-checkpointing": True}, "engine.shared-prompt-prefix"),
+        V({"engine.attn-implementation": "eager", "engine.gradient-checkpointing": True}, "engine.attn-implementation"),
         # LoRAConfig, RolloutSection, GRPOSection
-        V({"lora-target-modules": "q_proj,,v_proj"}, "lora-target-modules"), V({"temperature": 0.001}, "temperature"),
-        V({"prompt-template": "reference", "prompt-roles": "system"}, "prompt-roles"),
-        V({"prompt-template": "agentgym"}, "answer-parsing"),
-        V({"group-size": 1}, "group-size"), V({"clip-ratio-c": 0.5}, "clip-ratio-c"),
+        V({"lora.target-modules": "q_proj,,v_proj"}, "lora.target-modules"), V({"rollout.temperature": 0.001}, "rollout.temperature"),
+        V({"rollout.prompt-template": "reference", "rollout.prompt-roles": "system"}, "rollout.prompt-roles"),
+        V({"rollout.prompt-template": "agentgym"}, "rollout.answer-parsing"),
+        V({"grpo.num-generations": 1}, "grpo.num-generations"), V({"grpo.clip-ratio-c": 0.5}, "grpo.clip-ratio-c"),
         # EvaluationConfig
-        V({"eval-temperature": 0.001}, "eval-temperature"),
+        V({"eval.temperature": 0.001}, "eval.temperature"),
         V({"tracker": "tensorboard"}, "tracker", absent=("tensorboard",)), V({"tracker": "wandb"}, "tracker", absent=("wandb",)),
-        V({"run-name": "a/b"}, "run-name"), V({"eval-tasks": 1000}, "eval-tasks"),
-        V({"max-steps": "maze=5"}, "max-steps"), V({"eval-tasks": "babyai=3"}, "eval-tasks"),  # per env: not the run's env
-        V({"length-balanced-micro-batches": True, "micro-batch-tokens": 4096}, "length-balanced-micro-batches"),
-        V({"strategy": "fedse-lora", "length-balanced-micro-batches": True}, "length-balanced-micro-batches"),
-        V({"strategy": "fedse-lora", "batch-padding": "copy"}, "batch-padding"),
-        V({"initial-evaluation": "runs/a"}, "initial-evaluation"),
-        V({"initial-evaluation": str(tmp / "no-run")}, "initial-evaluation"),
+        V({"run-name": "a/b"}, "run-name"), V({"eval.tasks": 1000}, "eval.tasks"),
+        V({"rollout.max-steps": "maze=5"}, "rollout.max-steps"), V({"eval.tasks": "babyai=3"}, "eval.tasks"),  # per env: not the run's env
+        V({"grpo.balance-micro-batches": True, "grpo.ppo-max-token-len-per-gpu": 4096}, "grpo.balance-micro-batches"),
+        V({"strategy": "fedse-lora", "grpo.balance-micro-batches": True}, "grpo.balance-micro-batches"),
+        V({"strategy": "fedse-lora", "grpo.batch-padding": "copy"}, "grpo.batch-padding"),
+        V({"eval.initial-evaluation": "runs/a"}, "eval.initial-evaluation"),
+        V({"eval.initial-evaluation": str(tmp / "no-run")}, "eval.initial-evaluation"),
         V({"output-dir": "runs"}, "output-dir"), V({"output-dir": str(a_file / "runs")}, "output-dir"),
         # PartitionConfig
-        V({"partition-seed": -2}, "partition-seed"),
-        V({"preference-mix": "dirichlet", "preference-omega": 1.0}, "preference-omega"),
-        V({"preference-omega": -0.1}, "preference-omega"),
-        V({"coverage-l-min": 600}, "coverage-l-min/avg/max"), V({"hardness-r": -1.0}, "hardness-r"),
-        V({"partition": "hardness", "success-labels": "labels.json"}, "success-labels"),
-        V({"partition": "hardness", "success-labels": str(tmp / "no-labels.json")}, "success-labels"),
-        V({"partition": "hardness", "success-labels": str(bad_labels)}, "success-labels"),
+        V({"partition.seed": -2}, "partition.seed"),
+        V({"partition.preference-mix": "dirichlet", "partition.preference-omega": 1.0}, "partition.preference-omega"),
+        V({"partition.preference-omega": -0.1}, "partition.preference-omega"),
+        V({"partition.coverage-l-min": 600}, "partition.coverage-l-min/avg/max"), V({"partition.hardness-r": -1.0}, "partition.hardness-r"),
+        V({"partition.scheme": "hardness", "partition.success-labels": "labels.json"}, "partition.success-labels"),
+        V({"partition.scheme": "hardness", "partition.success-labels": str(tmp / "no-labels.json")}, "partition.success-labels"),
+        V({"partition.scheme": "hardness", "partition.success-labels": str(bad_labels)}, "partition.success-labels"),
         # BaselineConfig, FedRLConfig, FedSEConfig, ResilienceConfig
-        V({"local-client": -1}, "local-client"),
-        V({"local-updates": -1}, "local-updates"), V({"fedrl-step-size": -1.0}, "fedrl-step-size"),
-        V({"fedse-sft-micro-batch-size": 3}, "fedse-sft-micro-batch-size"), V({"fedse-buffer-dir": "rel"}, "fedse-buffer-dir"),
-        V(fedse | {"fedse-buffer-dir": str(a_file / "buffers")}, "fedse-buffer-dir"),
-        V({"fault-injection": "explode"}, "fault-injection"),
+        V({"baseline.local-client": -1}, "baseline.local-client"),
+        V({"fedrl.local-updates": -1}, "fedrl.local-updates"), V({"fedrl.step-size": -1.0}, "fedrl.step-size"),
+        V({"fedse.sft-micro-batch-size": 3}, "fedse.sft-micro-batch-size"), V({"fedse.buffer-dir": "rel"}, "fedse.buffer-dir"),
+        V(fedse | {"fedse.buffer-dir": str(a_file / "buffers")}, "fedse.buffer-dir"),
+        V({"resilience.fault-injection": "explode"}, "resilience.fault-injection"),
         # check_across
         V({"precision": "bf16-base"}, "precision"),
-        V({"gigpo-gamma": 0.5}, "gigpo-gamma"), V({"gigpo-mode": "mean_std_norm"}, "gigpo-mode"),
-        V({"gigpo-step-weight": 0.5}, "gigpo-step-weight"),
-        V({"model": f"warm:{a_model}", "history-length": 0}, "history-length"),
-        V({"model": f"warm:{a_model}", "history-length": 2, "prompt-roles": "system"}, "prompt-roles"),
-        V({"model": "warm:smollm2-135m", "history-length": 2}, "model"),  # a hub id neither cached nor on a hub here
-        V(fedse | {"training-kernels": "compile"}, "training-kernels"),
-        V(qavg | {"initial-evaluation": str(evaluated)}, "initial-evaluation"),
-        V(fedse | {"micro-batch-tokens": 64}, "micro-batch-tokens"),
-        V(fedse | {"logprob-micro-batch-tokens": 64}, "logprob-micro-batch-tokens"),
-        V(fedse | {"advantage-estimator": "gigpo"}, "advantage-estimator"), V(fedse | {"clip-ratio-c": 2.0}, "clip-ratio-c"),
-        V(fedse | {"kl-clamp": 1.0}, "kl-clamp"), V(fedse | {"entropy-coeff": 0.1}, "entropy-coeff"),
-        V(fedse | {"reward-std-ddof": 1}, "reward-std-ddof"),
-        V(fedse | {"param-dtype": "bf16", "precision": "bf16-mixed"}, "param-dtype"),
-        V(fedse | {"ranks-per-client": 2}, "ranks-per-client"),
-        V({"ranks-per-client": 2, "param-dtype": "bf16", "precision": "bf16-mixed"}, "param-dtype"),
-        V({"ranks-per-client": 2, "training-kernels": "compile"}, "training-kernels"),
-        V({"ranks-per-client": 2, "training-attention": "eager"}, "training-attention"),
-        V({"ranks-per-client": 2, "device": "cuda:1"}, "device"),
-        V(fedse | {"client-sampling": "reference"}, "client-sampling"),
-        V({"training-kernels": "liger", "device": "cpu"}, "training-kernels", present=("liger_kernel",)),
-        V({"training-kernels": "liger", "device": "cuda"}, "training-kernels", absent=("liger_kernel",)),
+        V({"grpo.gamma": 0.5}, "grpo.gamma"), V({"grpo.gigpo-mode": "mean_std_norm"}, "grpo.gigpo-mode"),
+        V({"grpo.step-advantage-w": 0.5}, "grpo.step-advantage-w"),
+        V({"model": f"warm:{a_model}", "rollout.history-length": 0}, "rollout.history-length"),
+        V({"model": f"warm:{a_model}", "rollout.history-length": 2, "rollout.prompt-roles": "system"}, "rollout.prompt-roles"),
+        V({"model": "warm:smollm2-135m", "rollout.history-length": 2}, "model"),  # a hub id neither cached nor on a hub here
+        V(fedse | {"engine.training-kernels": "compile"}, "engine.training-kernels"),
+        V(qavg | {"eval.initial-evaluation": str(evaluated)}, "eval.initial-evaluation"),
+        V(fedse | {"grpo.ppo-max-token-len-per-gpu": 64}, "grpo.ppo-max-token-len-per-gpu"),
+        V(fedse | {"grpo.log-prob-max-token-len-per-gpu": 64}, "grpo.log-prob-max-token-len-per-gpu"),
+        V(fedse | {"grpo.adv-estimator": "gigpo"}, "grpo.adv-estimator"), V(fedse | {"grpo.clip-ratio-c": 2.0}, "grpo.clip-ratio-c"),
+        V(fedse | {"grpo.kl-clamp": 1.0}, "grpo.kl-clamp"), V(fedse | {"grpo.entropy-coeff": 0.1}, "grpo.entropy-coeff"),
+        V(fedse | {"grpo.reward-std-ddof": 1}, "grpo.reward-std-ddof"),
+        V(fedse | {"engine.param-dtype": "bf16", "precision": "bf16-mixed"}, "engine.param-dtype"),
+        V(fedse | {"engine.ranks-per-client": 2}, "engine.ranks-per-client"),
+        V({"engine.ranks-per-client": 2, "engine.param-dtype": "bf16", "precision": "bf16-mixed"}, "engine.param-dtype"),
+        V({"engine.ranks-per-client": 2, "engine.training-kernels": "compile"}, "engine.training-kernels"),
+        V({"engine.ranks-per-client": 2, "engine.attn-implementation": "eager"}, "engine.attn-implementation"),
+        V({"engine.ranks-per-client": 2, "device": "cuda:1"}, "device"),
+        V(fedse | {"federation.client-sampling": "reference"}, "federation.client-sampling"),
+        V({"engine.training-kernels": "liger", "device": "cpu"}, "engine.training-kernels", present=("liger_kernel",)),
+        V({"engine.training-kernels": "liger", "device": "cuda"}, "engine.training-kernels", absent=("liger_kernel",)),
         V({"strategy": "qavg", "env": "hopper"}, "env"),
-        V(qavg | {"local-updates": 0, "fedrl-clients": "sampled"}, "fedrl-clients"),
+        V(qavg | {"fedrl.local-updates": 0, "fedrl.clients": "sampled"}, "fedrl.clients"),
         V({"env": "random-mdp"}, "env"),
-        V({"strategy": "pavg", "env": "hopper", "pavg-variant": "proj"}, "pavg-variant", present=("mujoco",)),
-        V({"env-embedding-dim": 4}, "env-embedding-dim"), V(qavg | {"env-embedding-dim": 4}, "env-embedding-dim"),
-        V({"partition": "by-environment", "env": "maze,wordle", "num-clients": 3}, "num-clients"),
-        V({"baseline": "local", "num-clients": 2, "local-client": 2}, "local-client"),
-        V(fedse | {"fedse-explore-samples": 0, "fedse-seed-demos": 0}, "fedse-seed-demos"),
-        V({"fedse-seed-demos": "maze=5"}, "fedse-seed-demos"),  # per env: not the run's env
-        V(fedse | {"baseline": "local"}, "baseline"), V(fedse | {"finetuning": "lora"}, "finetuning"),
-        V(sa | {"finetuning": "lora"}, "finetuning"),
-        V({"transfer-dtype": "bf16", "dp-mode": "server-side"}, "transfer-dtype"),
+        V({"strategy": "pavg", "env": "hopper", "fedrl.pavg-variant": "proj"}, "fedrl.pavg-variant", present=("mujoco",)),
+        V({"fedrl.env-embedding-dim": 4}, "fedrl.env-embedding-dim"), V(qavg | {"fedrl.env-embedding-dim": 4}, "fedrl.env-embedding-dim"),
+        V({"partition.scheme": "by-environment", "env": "maze,wordle", "num-clients": 3}, "num-clients"),
+        V({"baseline.name": "local", "num-clients": 2, "baseline.local-client": 2}, "baseline.local-client"),
+        V(fedse | {"fedse.explore-samples": 0, "fedse.seed-demos": 0}, "fedse.seed-demos"),
+        V({"fedse.seed-demos": "maze=5"}, "fedse.seed-demos"),  # per env: not the run's env
+        V(fedse | {"baseline.name": "local"}, "baseline.name"), V(fedse | {"grpo.finetuning": "lora"}, "grpo.finetuning"),
+        V(sa | {"grpo.finetuning": "lora"}, "grpo.finetuning"),
+        V({"federation.transfer-dtype": "bf16", "privacy.dp-mode": "server-side"}, "federation.transfer-dtype"),
         # _check_resilience_across
         V({"resume": True}, "resume"), V(qavg | {"resume": True, "run-name": "r"}, "resume"),
-        V({"resume": True, "run-name": "r", "baseline": "local"}, "resume"),
-        V(qavg | {"dp-mode": "server-side"}, "dp-mode"),
+        V({"resume": True, "run-name": "r", "baseline.name": "local"}, "resume"),
+        V(qavg | {"privacy.dp-mode": "server-side"}, "privacy.dp-mode"),
         V(sa | fedse, "strategy"), V(sa | {"clients-per-round": 1}, "clients-per-round"),
-        V(sa | {"dp-mode": "server-side"}, "dp-mode"), V(sa | {"resume": True, "run-name": "r"}, "resume"),
-        V(sa | {"baseline": "centralized"}, "baseline"),
-        V({"fault-injection": "raise:partition=4", "num-clients": 4}, "fault-injection"),
-        V({"fault-injection": "timeout:prob=0.5"}, "round-timeout"),
+        V(sa | {"privacy.dp-mode": "server-side"}, "privacy.dp-mode"), V(sa | {"resume": True, "run-name": "r"}, "resume"),
+        V(sa | {"baseline.name": "centralized"}, "baseline.name"),
+        V({"resilience.fault-injection": "raise:partition=4", "num-clients": 4}, "resilience.fault-injection"),
+        V({"resilience.fault-injection": "timeout:prob=0.5"}, "federation.round-timeout"),
     ]
 
 
@@ -524,12 +535,11 @@ def test_every_rule_has_a_combination_that_breaks_it_alone_and_is_refused_in_one
     seen |= {(site_of[line], key) for line, key, _ in calls if line in site_of}
     for v in violations(tmp_path):
         calls = []
-        values = {k.replace("-", "_"): x for k, x in v.values.items()}
         with monkeypatch.context() as patch:
             _installed_as(patch, v.absent, v.present)
             with recording_need(calls):
-                # the dataclass itself, not from_run_config: a wrong-typed value must reach its section's rule too
-                message = _refused(lambda: preflight(RunConfig(**values)), f"{v.values}")
+                # the dataclasses themselves, not from_run_config: a wrong-typed value must reach its section's rule too
+                message = _refused(lambda: preflight(uncoerced(v.values)), f"{v.values}")
         TRIED["rules"] += 1
         assert_one_line_naming(message, v.key, f"{v.values}")
         refused = {(site_of[line], key) for line, key, ok in calls if not ok and line in site_of}
@@ -585,8 +595,8 @@ SETS = [  # (--set items, the key the message must name)
     (["seed"], "seed"), (["=1"], None), (["no-such-key=1"], "no-such-key"), (["seed =1"], "seed"),
     (["seed=1", "seed=2"], "seed"), (["seed=1", "seed=1"], "seed"),  # duplicates: one would be dropped silently
     (["seed=1 seed=2"], "seed"), (['seed="1'], "seed"), (["seed='1'"], "seed"), (['strategy="fedagent-avg'], "strategy"),
-    (["resume=maybe"], "resume"), (["gradient-checkpointing=Auto"], "gradient-checkpointing"),
-    (["learning-rate=1e-5", "top-p=0"], "top-p"),
+    (["resume=maybe"], "resume"), (["engine.gradient-checkpointing=Auto"], "engine.gradient-checkpointing"),
+    (["grpo.learning-rate=1e-5", "rollout.top-p=0"], "rollout.top-p"),
     (['model="tiny'], "model"),  # not a hub id: refused before the hub is asked (agent/models/pretrained.py)
 ]
 

@@ -1,19 +1,20 @@
 import tomllib
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from flwr.common.config import flatten_dict
 
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.experiments.config_files import docs_tables
-from placed import grpo_config, rollout_config
+from placed import rollout_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pyproject_defaults_equal_the_dataclass_defaults():
-    app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    # Flower flattens the table's dotted keys into the run config's keys as it reads them
+    app_config = flatten_dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
     assert app_config == RunConfig().to_run_config()
     assert RunConfig.from_run_config(app_config) == RunConfig()
 
@@ -45,26 +46,26 @@ def test_every_table_row_of_the_run_config_docs_has_as_many_cells_as_its_header(
         ({"clients-per-round": 5, "num-clients": 4}, "clients-per-round=5"),
         ({"env": "chess"}, "env='chess'"),
         ({"strategy": "fedprox"}, "strategy='fedprox'"),
-        ({"tasks-per-epoch": 0}, "tasks-per-epoch=0"),
-        ({"group-size": 1}, "group-size=1"),
+        ({"grpo.tasks-per-epoch": 0}, "grpo.tasks-per-epoch=0"),
+        ({"grpo.num-generations": 1}, "grpo.num-generations=1"),
         ({"num-server-rounds": -1}, "num-server-rounds=-1"),
-        ({"learning-rate": 0.0}, "learning-rate=0.0"),
-        ({"temperature": 0.0}, "temperature=0.0"),
-        ({"top-p": 1.5}, "top-p=1.5"),
-        ({"clip-eps": 1.0}, "clip-eps=1.0"),
+        ({"grpo.learning-rate": 0.0}, "grpo.learning-rate=0.0"),
+        ({"rollout.temperature": 0.0}, "rollout.temperature=0.0"),
+        ({"rollout.top-p": 1.5}, "rollout.top-p=1.5"),
+        ({"grpo.epsilon": 1.0}, "grpo.epsilon=1.0"),
         ({"model": "tiny:chess"}, "model='tiny:chess'"),
         ({"output-dir": "runs"}, "output-dir='runs'"),
         ({"run-name": "a/b"}, "run-name='a/b'"),
-        ({"min-replies": 3}, "min-replies=3"),
-        ({"uniform-groups": "all"}, "uniform-groups='all'"),
-        ({"partition-seed": -2}, "partition-seed=-2"),
+        ({"federation.min-replies": 3}, "federation.min-replies=3"),
+        ({"grpo.uniform-groups": "all"}, "grpo.uniform-groups='all'"),
+        ({"partition.seed": -2}, "partition.seed=-2"),
         ({"device": "tpu"}, "device='tpu'"),
-        ({"partition": "dirichlet"}, "partition='dirichlet'"),
-        ({"reward": "points"}, "reward='points'"),
-        ({"action-matching": "fuzzy"}, "action-matching='fuzzy'"),
-        ({"loss-aggregation": "sum"}, "loss-aggregation='sum'"),
-        ({"decode-kernels": "inductor"}, "decode-kernels='inductor'"),
-        ({"decode-kernels": "compile", "decode-engine": "hf"}, "decode-kernels='compile' is not allowed: expected eager with decode-engine='hf'"),
+        ({"partition.scheme": "dirichlet"}, "partition.scheme='dirichlet'"),
+        ({"rollout.reward": "points"}, "rollout.reward='points'"),
+        ({"rollout.action-matching": "fuzzy"}, "rollout.action-matching='fuzzy'"),
+        ({"grpo.loss-aggregation": "sum"}, "grpo.loss-aggregation='sum'"),
+        ({"rollout.kernels": "inductor"}, "rollout.kernels='inductor'"),
+        ({"rollout.kernels": "compile", "rollout.name": "hf"}, "rollout.kernels='compile' is not allowed: expected eager with rollout.name='hf'"),
     ],
 )
 def test_bad_values_fail_with_a_message_naming_key_and_allowed_values(override, message):
@@ -77,8 +78,8 @@ def test_unknown_keys_and_wrong_types_are_rejected():
     with pytest.raises(ValueError, match="unknown run-config key"):
         RunConfig.from_run_config({"num-rounds": 3})
     with pytest.raises(ValueError, match="expected int"):
-        RunConfig.from_run_config({"group-size": "8"})
-    assert RunConfig.from_run_config({"learning-rate": 1}).learning_rate == 1.0  # ints are fine for floats
+        RunConfig.from_run_config({"grpo.num-generations": "8"})
+    assert RunConfig.from_run_config({"grpo.learning-rate": 1}).grpo.learning_rate == 1.0  # ints are fine for floats
 
 
 def test_federation_size_must_match_the_supernodes():
@@ -90,9 +91,9 @@ def test_federation_size_must_match_the_supernodes():
         RunConfig.from_run_config({"clients-per-round": 3}).check_federation(2)
 
 
-def test_every_field_has_docs():
-    for f in fields(RunConfig):
-        assert f.metadata["doc"] and f.metadata["allowed"], f.name
+def test_every_key_has_docs():
+    for key, f, _ in RunConfig.keys():
+        assert f.metadata["doc"] and f.metadata["allowed"], key
 
 
 def test_max_new_tokens_zero_takes_the_largest_budget_among_the_envs():
@@ -100,7 +101,7 @@ def test_max_new_tokens_zero_takes_the_largest_budget_among_the_envs():
     assert rollout_config(RunConfig()).max_new_tokens == 32  # gridworld
     assert rollout_config(RunConfig(env="webshop")).max_new_tokens == 128
     assert rollout_config(RunConfig(env="maze,alfworld")).max_new_tokens == 64
-    assert rollout_config(RunConfig(env="webshop", max_new_tokens=40)).max_new_tokens == 40
+    assert rollout_config(RunConfig.from_run_config({"env": "webshop", "rollout.max-completion-length": 40})).max_new_tokens == 40
 
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
@@ -154,42 +155,35 @@ def test_a_bad_run_config_file_is_one_line_naming_it_and_exit_2(tmp_path, capsys
 
 
 def test_simulation_help_lists_every_key_once_under_its_section():
-    """~100 flags are readable only grouped: each run-config key appears in the group of the section that owns it."""
-    from dataclasses import fields
-
+    """~140 flags are readable only grouped: each run-config key appears, as its flag, in the group of its section."""
     from fedagent_flwr.config import SECTIONS
     from fedagent_flwr.simulation import build_parser
 
     groups = {g.title: {a.dest for a in g._group_actions} for g in build_parser()._action_groups}
+    assert groups["top-level keys"] == {key for key, _, section in RunConfig.keys() if section is None}
     for section in SECTIONS:
-        title = section.__name__.removesuffix("Config").removesuffix("Section").lower() + " keys"
-        assert groups[title] == {f.name for f in fields(section)}
+        assert groups[f"{section.NAME}.* keys"] == {key for key, _, owner in RunConfig.keys() if owner is section}
     listed = [dest for title, dests in groups.items() if title.endswith(" keys") for dest in dests]
-    assert sorted(listed) == sorted(f.name for f in fields(RunConfig))
+    assert sorted(listed) == sorted(key for key, _, _ in RunConfig.keys())
 
 
-def test_library_configs_are_built_from_the_run_config_alone():
-    """GRPOConfig has no defaults to disagree with the run config; RolloutConfig's history comes from it too."""
-    import dataclasses
-
-    from fedagent_flwr.agent.training.grpo_config import GRPOConfig
+def test_the_trainer_and_the_rollout_take_their_settings_from_the_run_config_alone():
+    """GRPO's trainer reads the grpo section itself (no copy with defaults of its own to disagree); RolloutConfig's
+    history comes from the run config too."""
     from fedagent_flwr.agent.play.rollout import RolloutConfig
 
-    run = RunConfig(learning_rate=3e-6, tasks_per_epoch=16, minibatch_size=32, micro_batch_size=8, history_length=2)
-    grpo = grpo_config(run)
-    assert (grpo.learning_rate, grpo.tasks_per_epoch, grpo.minibatch_size, grpo.micro_batch_size) == (3e-6, 16, 32, 8)
-    # adv_eps and the passes' diagnostic switches (benchmarks set them; no run-config keys) keep defaults
-    settable = [f.name for f in dataclasses.fields(GRPOConfig)
-                if f.name not in ("adv_eps", "host_waits", "fused_adamw", "padding_mask")]
-    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(GRPOConfig) if f.name in settable)
+    run = RunConfig.from_run_config({"grpo.learning-rate": 3e-6, "grpo.tasks-per-epoch": 16, "grpo.mini-batch-size": 32,
+                                     "grpo.ppo-micro-batch-size-per-gpu": 8, "rollout.history-length": 2})
+    grpo = run.grpo
+    assert (grpo.learning_rate, grpo.tasks_per_epoch, grpo.mini_batch_size, grpo.ppo_micro_batch_size_per_gpu) == (3e-6, 16, 32, 8)
     assert rollout_config(run).history_length == 2 and rollout_config(RunConfig()).history_length == 0
     with pytest.raises(TypeError):
         RolloutConfig()  # no silent history length of its own
 
 
 def test_clients_sharing_a_card_plan_with_their_share_of_it():
-    """--num-gpus-per-client below 1 with no client-memory-gb: run_simulation.py gives each client its share of the card,
-    so rollout-batch-size=0 and gradient-checkpointing=auto do not size themselves by what happens to be free."""
+    """--num-gpus-per-client below 1 with no engine.client-memory-gb: run_simulation.py gives each client its share of the card,
+    so rollout.generation-batch-size=0 and engine.gradient-checkpointing=auto do not size themselves by what happens to be free."""
     from fedagent_flwr.agent.engine.memory import GB
     from fedagent_flwr.simulation import share_of_card
 

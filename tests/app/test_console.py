@@ -61,7 +61,7 @@ def test_the_evaluation_command_replays_the_servers_evaluation(tmp_path, tiny_lm
 
     tiny_lm.save_pretrained(tmp_path / "model")
     maze_tokenizer.save_pretrained(tmp_path / "model")
-    cfg = RunConfig(seed=7, eval_tasks=3, eval_samples_per_task=2)
+    cfg = RunConfig.from_run_config({"seed": 7, "eval.tasks": 3, "eval.samples-per-task": 2})
     tasks = per_env_spread(make_env("maze").tasks_of_split("test"), 3)
     evaluator = GlobalEvaluator(tiny_lm, maze_tokenizer, lambda: make_env("maze"), tasks,
                                 rollout_config(cfg, evaluation=True), 2, cfg.seed)
@@ -140,7 +140,7 @@ def test_a_long_loop_says_how_far_it_is_and_the_time_left_and_a_short_one_says_n
 
 
 def test_a_round_line_says_how_far_the_rollouts_log_probs_lay_from_the_trained_pass():
-    """old-logprobs = rollout: the signed mean gap, its largest token, the share beyond 0.01 nats, and the clip
+    """grpo.old-logprobs = rollout: the signed mean gap, its largest token, the share beyond 0.01 nats, and the clip
     fraction of the first step (where the ratio should be 1) on the round's line."""
     row = {"round": 1, "elapsed_seconds": 600.0, "train/success_rate": 0.125, "train/mean_reward": 1.2,
            "train/rollout_logprob_gap_signed": -0.00041, "train/rollout_logprob_gap_max": 0.0213,

@@ -176,7 +176,7 @@ def test_a_changed_number_is_caught():
 
 
 def test_runs_of_one_seed_start_from_the_same_evaluation():
-    """The premise of pairing methods room by room and of `initial-evaluation`: with the same model and seed, the
+    """The premise of pairing methods room by room and of `eval.initial-evaluation`: with the same model and seed, the
     evaluation before round 1 is the same episodes, here played by two runs on different thread counts (the
     FedAgentAvg run alone on 2 threads, Local's first run with OMP_NUM_THREADS=1 beside two other simulations)."""
     runs = ROOT / "benchmarks" / "results"

@@ -31,8 +31,8 @@ def run_dir(tmp_path_factory):
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 1, 0, 0
     torch.set_num_threads(1)
     run_config = RunConfig().to_run_config() | {
-        "num-server-rounds": 2, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 6,
-        "eval-samples-per-task": 3, "eval-every": 1, "num-clients": 2, "output-dir": str(out), "run-name": "r"}
+        "num-server-rounds": 2, "clients-per-round": 2, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 6,
+        "eval.samples-per-task": 3, "eval.test-freq": 1, "num-clients": 2, "output-dir": str(out), "run-name": "r"}
     # The server's clock jumps EVALUATION_CLOCK seconds inside each evaluation, so a test can tell whether a round's
     # time includes its evaluation.
     jump = [0.0]

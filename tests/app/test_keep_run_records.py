@@ -15,7 +15,7 @@ def _run_folder(root: Path, name: str, wins: list[bool]) -> Path:
 
     (run / "config.json").write_text(json.dumps({"seed": 2, "output-dir": str(root / "s55"),
                                                  "model-source": str(default_cache_root() / "warm-x"),
-                                                 "initial-evaluation": str(root / "s55" / "other")}))
+                                                 "eval.initial-evaluation": str(root / "s55" / "other")}))
     (run / "summary.json").write_text(json.dumps({"run_dir": str(run), "seconds": 10.0}))
     rows = [{"round": 0, "eval/success_rate": 0.0}, {"round": 3, "eval/success_rate": sum(wins) / len(wins)}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

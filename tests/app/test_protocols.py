@@ -28,19 +28,19 @@ def test_table1_methods_share_every_budget_key(preset):
     assert len(runs) == 3 * (3 + len(protocols.LOCAL_CLIENTS[preset]))
     for seed in (0, 1, 2):
         group = [r for r in runs if r.seed == seed and not r.group.endswith("compute-matched")]
-        strip = [{k: v for k, v in r.config.items() if k not in ("baseline", "local-client")} for r in group]
+        strip = [{k: v for k, v in r.config.items() if k not in ("baseline.name", "baseline.local-client")} for r in group]
         assert all(s == strip[0] for s in strip)  # same rounds, epochs, tasks per epoch, seed ...
-        assert sorted(r.config.get("baseline", "none") for r in group)[:2] == ["centralized", "local"]
+        assert sorted(r.config.get("baseline.name", "none") for r in group)[:2] == ["centralized", "local"]
         # The compute-matched Local differs from Local (client k) in its episodes a round alone: a round's clients x.
         matched, = [r for r in runs if r.seed == seed and r.group.endswith("compute-matched")]
         alone, = [r for r in group if r.name == matched.name.replace("-matched", "")]
         diff = {k for k in matched.config.keys() | alone.config.keys() if matched.config.get(k) != alone.config.get(k)}
-        assert diff == {"tasks-per-epoch"} and matched.cores == full(alone).clients_per_round > 1
-        assert matched.config["tasks-per-epoch"] == alone.config["tasks-per-epoch"] * full(alone).clients_per_round
+        assert diff == {"grpo.tasks-per-epoch"} and matched.cores == full(alone).clients_per_round > 1
+        assert matched.config["grpo.tasks-per-epoch"] == alone.config["grpo.tasks-per-epoch"] * full(alone).clients_per_round
     if preset == "paper":
         c = runs[0].config
-        assert (c["num-clients"], c["clients-per-round"], c["local-epochs"], c["num-server-rounds"]) == (100, 2, 3, 70)
-        assert c["tasks-per-epoch"] * c["group-size"] == 64  # the reference's 8 tasks x rollout.n = 8 per epoch
+        assert (c["num-clients"], c["clients-per-round"], c["grpo.local-epochs"], c["num-server-rounds"]) == (100, 2, 3, 70)
+        assert c["grpo.tasks-per-epoch"] * c["grpo.num-generations"] == 64  # the reference's 8 tasks x rollout.n = 8 per epoch
         assert protocols.LOCAL_CLIENTS["paper"] == (21, 42, 84)
 
 
@@ -48,18 +48,18 @@ def test_the_paper_table1_dry_run_runs_the_reference_procedure(tmp_path, capsys)
     """Every Table 1 run of the paper preset, FedAgent and baselines alike, trains and evaluates as the FedAgent
     reference does (docs/run-config.md, "The paper presets"): sampled training at 1.0, validation sampled at 0.4,
     the KL anchored to the base model, verl's token-mean loss without group filtering, AdamW weight decay 0.01, the
-    per-step, format-only invalid-action penalty, and minibatches split as the reference splits them (4 micro-batches
+    per-step, format-only rollout.invalid-action penalty, and minibatches split as the reference splits them (4 micro-batches
     of 16 length-balanced rows, the batch padded with copies)."""
     assert protocols.main(["table1", "--preset", "paper", "--dry-run", "--out", str(tmp_path)]) in (0, None)
     commands = [line for line in capsys.readouterr().out.splitlines() if "fedagent_flwr.simulation" in line]
     assert len(commands) == 18
-    reference = ["--temperature 1.0", "--eval-temperature 0.4", "--kl-reference base",
-                 "--loss-aggregation micro-batch-token-mean", "--uniform-groups keep", "--weight-decay 0.01",
-                 "--invalid-action malformed", "--invalid-penalty-scope step", "--kl-beta 0.01", "--learning-rate 1e-06",
-                 "--history-length 2", "--group-size 8", "--clip-ratio-c 3.0", "--kl-clamp 10.0", "--entropy-coeff 0.001",
-                 "--reward-std-ddof 1", "--answer-parsing reference", "--prompt-template reference",
-                 "--partition uniform-windows", "--partition-seed -1", "--client-sampling reference", "--max-steps 0",
-                 "--minibatch-size 64", "--micro-batch-size 16", "--length-balanced-micro-batches True", "--batch-padding copy"]
+    reference = ["--rollout.temperature 1.0", "--eval.temperature 0.4", "--grpo.kl-reference base",
+                 "--grpo.loss-aggregation micro-batch-token-mean", "--grpo.uniform-groups keep", "--grpo.weight-decay 0.01",
+                 "--rollout.invalid-action malformed", "--rollout.invalid-penalty-scope step", "--grpo.beta 0.01", "--grpo.learning-rate 1e-06",
+                 "--rollout.history-length 2", "--grpo.num-generations 8", "--grpo.clip-ratio-c 3.0", "--grpo.kl-clamp 10.0", "--grpo.entropy-coeff 0.001",
+                 "--grpo.reward-std-ddof 1", "--rollout.answer-parsing reference", "--rollout.prompt-template reference",
+                 "--partition.scheme uniform-windows", "--partition.seed -1", "--federation.client-sampling reference", "--rollout.max-steps 0",
+                 "--grpo.mini-batch-size 64", "--grpo.ppo-micro-batch-size-per-gpu 16", "--grpo.balance-micro-batches True", "--grpo.batch-padding copy"]
     for command in commands:
         missing = [flag for flag in reference if f"{flag} " not in command + " "]
         assert not missing, (missing, command)
@@ -73,19 +73,19 @@ def test_table1_local_client_k_holds_the_same_tasks_in_every_seed():
     k = protocols.PRESETS["cpu"]["num-clients"]
     held = {r.seed: [[t.id for t in p] for p in all_partitions(full(r), k)] for r in runs if r.label == "Local 1"}
     assert held[0] == held[1] == held[2]
-    moved = [[[t.id for t in p] for p in all_partitions(RunConfig(seed=s, num_clients=k, tasks_per_client=4), k)]
+    moved = [[[t.id for t in p] for p in all_partitions(RunConfig.from_run_config({"seed": s, "num-clients": k, "partition.tasks-per-client": 4}), k)]
              for s in (0, 1)]
-    assert moved[0] != moved[1]  # partition-seed=-1 (the default) keeps the old behaviour: the run seed decides
+    assert moved[0] != moved[1]  # partition.seed=-1 (the default) keeps the old behaviour: the run seed decides
 
 
 def test_decentralized_keeps_total_epochs_fixed_on_the_epochs_panel():
     for preset in ("cpu", "paper"):
         runs = protocols.decentralized_runs(preset, [0], protocols.PRESETS[preset])
-        tau_runs = [r for r in runs if r.group == "local-epochs"]
-        total = {r.config["local-epochs"] * r.config["num-server-rounds"] for r in tau_runs}
+        tau_runs = [r for r in runs if r.group == "grpo.local-epochs"]
+        total = {r.config["grpo.local-epochs"] * r.config["num-server-rounds"] for r in tau_runs}
         assert total == {protocols.DECENTRALIZED[preset]["total-epochs"]}
-    paper = {r.config["local-epochs"]: r.config["num-server-rounds"]
-             for r in protocols.decentralized_runs("paper", [0], protocols.PRESETS["paper"]) if r.group == "local-epochs"}
+    paper = {r.config["grpo.local-epochs"]: r.config["num-server-rounds"]
+             for r in protocols.decentralized_runs("paper", [0], protocols.PRESETS["paper"]) if r.group == "grpo.local-epochs"}
     assert paper == {1: 210, 3: 70, 5: 42}
 
 
@@ -102,7 +102,7 @@ def test_every_cpu_run_is_a_valid_feasible_configuration(tmp_path):
         parts = all_partitions(cfg, cfg.num_clients)
         assert len(parts) == cfg.num_clients and all(parts), run.name
     values = {(r.group, r.label) for r in runs if r.name.startswith("het-")}
-    assert ("preference", "preference-omega = 0.1") in values and ("hardness", "hardness-xi = 1") in values
+    assert ("preference", "partition.preference-omega = 0.1") in values and ("hardness", "partition.hardness-xi = 1") in values
 
 
 def _fake_run(out, name, final, initial, curve_points=None, tau=1):
@@ -159,29 +159,29 @@ def test_table1_report_gives_mean_and_standard_error(tmp_path):
 def test_a_skewed_table1_names_its_setting_and_each_local_clients_single_category(tmp_path):
     """docs/heterogeneity.md's skewed Table 1: the reference's Dirichlet preference draw at omega 0.9 leaves the cpu
     preset's Local clients 1 and 3 one goal direction each; the table's title and Local lines must say so."""
-    sets = ["partition=preference", "preference-omega=0.9", "preference-mix=dirichlet"]
+    sets = ["partition.scheme=preference", "partition.preference-omega=0.9", "partition.preference-mix=dirichlet"]
     base = protocols.PRESETS["cpu"] | protocols.parse_set(sets)
     runs = [r for r in protocols.table1_runs("cpu", [0], base, (1, 3), matched=False) if r.group.startswith("Local")]
     assert [protocols.run_holdings(r) for r in runs] == [{"client 1": {"north-east": 4}}, {"client 3": {"south-west": 4}}]
     title = protocols.setting("cpu", base, sets)
-    assert title.endswith("; --set partition=preference preference-omega=0.9 preference-mix=dirichlet")
+    assert title.endswith("; --set partition.scheme=preference partition.preference-omega=0.9 partition.preference-mix=dirichlet")
     assert protocols.setting("cpu", protocols.PRESETS["cpu"], []) == "cpu preset: env gridworld, model tiny, K=8"
 
 
 def test_curves_report_plots_success_against_epochs(tmp_path):
     runs = protocols.decentralized_runs("cpu", [0, 1], protocols.PRESETS["cpu"])
     for r in runs:
-        rounds, every = r.config["num-server-rounds"], r.config["eval-every"]
+        rounds, every = r.config["num-server-rounds"], r.config["eval.test-freq"]
         points = [(k, 0.1 * r.seed + 0.01 * k) for k in range(0, rounds + 1, every)]
         if points[-1][0] != rounds:
             points.append((rounds, 0.1 * r.seed + 0.01 * rounds))
         _fake_run(tmp_path, r.name, {}, {}, points)
     result = protocols.curves_report(tmp_path, runs, "decentralized", "t")
-    panel = result["panels"]["local-epochs"]["local-epochs = 3 (2 rounds)"]
+    panel = result["panels"]["grpo.local-epochs"]["grpo.local-epochs = 3 (2 rounds)"]
     assert panel["epochs"] == [0, 3, 6]  # rounds x tau
     np.testing.assert_allclose(panel["mean_success"], [0.05, 0.06, 0.07])
     assert panel["final"]["values"] == pytest.approx([0.02, 0.12])
-    assert (tmp_path / "decentralized.png").stat().st_size > 0 and set(result["panels"]) == {"tasks-per-client", "clients-per-round", "local-epochs"}
+    assert (tmp_path / "decentralized.png").stat().st_size > 0 and set(result["panels"]) == {"partition.tasks-per-client", "clients-per-round", "grpo.local-epochs"}
 
 
 def test_heterogeneity_report_gives_each_effects_direction_with_its_paired_test(tmp_path):
@@ -194,8 +194,8 @@ def test_heterogeneity_report_gives_each_effects_direction_with_its_paired_test(
     result = protocols.curves_report(tmp_path, runs, "heterogeneity", "t")
     text = (tmp_path / "heterogeneity.md").read_text()
     assert result["panels"]["preference"]["comparison"]["mean"] == pytest.approx(0.4 / 3)
-    assert "preference: preference-omega = 0.1 above preference-omega = 0.9: not shown (difference +13.3" in text
-    assert "coverage: coverage-xi = 256 above coverage-xi = 1: not shown (difference +0.0" in text
+    assert "preference: partition.preference-omega = 0.1 above partition.preference-omega = 0.9: not shown (difference +13.3" in text
+    assert "coverage: partition.coverage-xi = 256 above partition.coverage-xi = 1: not shown (difference +0.0" in text
     assert result["panels"]["hardness"]["comparison"]["mean"] == pytest.approx(-0.5 / 3)  # the other way
 
 
@@ -205,15 +205,15 @@ def test_heterogeneity_runs_only_the_panels_asked_for(tmp_path, capsys):
     assert [r.name for r in runs] == ["het-preference-0.1-s0", "het-preference-0.9-s0", "het-preference-0.1-s1",
                                       "het-preference-0.9-s1"]
     protocols.main(["heterogeneity", "--dry-run", "--panels", "preference", "--seeds", "0", "--out", str(tmp_path),
-                    "--set", "preference-mix=dirichlet"])
+                    "--set", "partition.preference-mix=dirichlet"])
     printed = capsys.readouterr().out
     assert "het-preference-0.9-s0" in printed and "het-coverage" not in printed and "het-hardness" not in printed
-    assert "--preference-mix dirichlet" in printed
+    assert "--partition.preference-mix dirichlet" in printed
     assert not (tmp_path / "success_labels.json").exists()
 
 
 def test_set_overrides_are_checked():
-    assert protocols.parse_set(["learning-rate=1e-5", "num-server-rounds=2"]) == {"learning-rate": 1e-5, "num-server-rounds": 2}
+    assert protocols.parse_set(["grpo.learning-rate=1e-5", "num-server-rounds=2"]) == {"grpo.learning-rate": 1e-5, "num-server-rounds": 2}
     with pytest.raises(SystemExit, match="run-config key"):
         protocols.parse_set(["rounds=3"])
     with pytest.raises(SystemExit, match="takes a int"):
@@ -247,10 +247,10 @@ def test_an_ordering_needs_two_seeds_and_a_spread_to_be_claimed():
 
 
 @pytest.mark.parametrize("name, shown", [
-    ("fedse-paper.toml", ('max-steps="babyai=20,webshop=10"', 'fedse-sft-epochs=2', 'fedse-lr-schedule="cosine"',
-                          'prompt-template="agentgym"', 'answer-parsing="agentgym"',
-                          'history-length=40', 'eval-tasks="webshop=200,babyai=90,wordle=25"', 'lora-target-modules="all-linear"')),
-    ("fedse-paper-v1.toml", ('fedse-loss-tokens="action"', 'fedse-learning-rate=0.0002')),
+    ("fedse-paper.toml", ('rollout.max-steps="babyai=20,webshop=10"', 'fedse.num-train-epochs=2', 'fedse.lr-scheduler-type="cosine"',
+                          'rollout.prompt-template="agentgym"', 'rollout.answer-parsing="agentgym"',
+                          'rollout.history-length=40', 'eval.tasks="webshop=200,babyai=90,wordle=25"', 'lora.target-modules="all-linear"')),
+    ("fedse-paper-v1.toml", ('fedse.loss-tokens="action"', 'fedse.learning-rate=0.0002')),
 ])
 def test_the_fedse_paper_dry_run_prints_each_methods_checked_keys(capsys, name, shown):
     """Each Fed-SE preset's dry run shows every method's keys with the preset's values: the second version's (the
@@ -266,7 +266,7 @@ def test_the_fedse_paper_dry_run_prints_each_methods_checked_keys(capsys, name, 
 
 
 DIRECTIONS = protocols.APP_DIR / "configs" / "smollm2-fedagent-directions-cpu.toml"
-SPLIT_KEYS = {"partition", "preference-mix", "preference-omega", "partition-seed"}
+SPLIT_KEYS = {"partition.scheme", "partition.preference-mix", "partition.preference-omega", "partition.seed"}
 
 
 def _client_directions(config: dict) -> list[dict[str, int]]:
@@ -276,7 +276,7 @@ def _client_directions(config: dict) -> list[dict[str, int]]:
 
 def test_the_directions_preset_is_the_smollm2_preset_with_one_goal_direction_a_client():
     """configs/smollm2-fedagent-directions-cpu.toml: the uniform SmolLM2 preset's every value but the split, and a split
-    in which each client holds one goal direction and together all four, as its comment says; partition-seed 4 the
+    in which each client holds one goal direction and together all four, as its comment says; partition.seed 4 the
     smallest seed that does it; the held-out counts the comment quotes."""
     from fedagent_flwr.simulation import read_run_config_file
 
@@ -290,7 +290,7 @@ def test_the_directions_preset_is_the_smollm2_preset_with_one_goal_direction_a_c
     for k, h in enumerate(held):
         (direction, n), = h.items()
         assert f"client {k} {direction} {n}" in comment
-    smaller = [_client_directions(directions | {"partition-seed": s}) for s in range(directions["partition-seed"])]
+    smaller = [_client_directions(directions | {"partition.seed": s}) for s in range(directions["partition.seed"])]
     assert not any(all(len(h) == 1 for h in d) and len({next(iter(h)) for h in d}) == 4 for d in smaller)
     rooms = Counter(t.category for t in make_env("gridworld").tasks_of_split("test"))
     assert "(" + ", ".join(f"{c} {n}" for c, n in sorted(rooms.items())) + ")" in comment

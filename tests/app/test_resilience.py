@@ -33,7 +33,7 @@ def test_fault_plans_parse_and_pick_kinds_by_round():
     assert plan.fault_for(0, 1, 0) is None
     assert FaultPlan.parse("") is None
     for bad in ("raise", "explode:partition=0", "raise:partition=-1", "raise:prob=2", "raise:node=1", "raise:prob=x"):
-        with pytest.raises(ValueError, match="fault-injection="):
+        with pytest.raises(ValueError, match="resilience.fault-injection="):
             FaultPlan.parse(bad)
 
 
@@ -142,14 +142,14 @@ def test_resume_refuses_a_changed_config_and_a_missing_state(tmp_path, run_ident
     with pytest.raises(ValueError, match="holds no saved state"):
         load_state(tmp_path, config)
     save_state(tmp_path, config, 1, _record(), FedAgentAvg({0: 1}, clients_per_round=1), [], {})
-    with pytest.raises(ValueError, match="learning-rate: saved 5e-05 vs now 0.1"):
-        load_state(tmp_path, config | {"learning-rate": 0.1})
+    with pytest.raises(ValueError, match="grpo.learning-rate: saved 5e-05 vs now 0.1"):
+        load_state(tmp_path, config | {"grpo.learning-rate": 0.1})
     # a key the code gained after the save is fine at its default, an error otherwise
-    older = {k: v for k, v in config.items() if k != "kl-beta"}
+    older = {k: v for k, v in config.items() if k != "grpo.beta"}
     save_state(tmp_path, older, 1, _record(), FedAgentAvg({0: 1}, clients_per_round=1), [], {})
     assert load_state(tmp_path, config).server_round == 1
-    with pytest.raises(ValueError, match="kl-beta: saved None vs now 0.5"):
-        load_state(tmp_path, config | {"kl-beta": 0.5})
+    with pytest.raises(ValueError, match="grpo.beta: saved None vs now 0.5"):
+        load_state(tmp_path, config | {"grpo.beta": 0.5})
 
 
 def _save(run_dir, config, server_round):
@@ -242,7 +242,7 @@ def test_a_resumed_strategy_sees_the_true_round_numbers(run_identity):
 
 # ----- real simulations ------------------------------------------------------------------------------
 def _simulate(tmp_path, out, run_name, *extra):
-    return simulate(tmp_path, out, run_name, "--num-clients", "3", "--clients-per-round", "2", "--eval-tasks", "1", *extra)
+    return simulate(tmp_path, out, run_name, "--num-clients", "3", "--clients-per-round", "2", "--eval.tasks", "1", *extra)
 
 
 @pytest.mark.slow
@@ -250,7 +250,7 @@ def test_a_run_with_one_failing_client_per_round_completes_every_round(tmp_path)
     out = tmp_path / "runs"
     # K = M = 2: partition 0 is sampled, and fails, in every round; each round a different way.
     proc, log = _simulate(tmp_path, out, "faults", "--num-clients", "2", "--num-server-rounds", "3",
-                          "--fault-injection", "raise+malformed+nan:partition=0")
+                          "--resilience.fault-injection", "raise+malformed+nan:partition=0")
     summary_path = out / "faults" / "summary.json"
     assert summary_path.exists(), log
     summary = json.loads(summary_path.read_text())
@@ -273,7 +273,7 @@ def test_a_client_that_times_out_is_left_out_and_the_round_completes(tmp_path):
     # in simulation the sleeping client holds one of the 2 Ray worker slots, so a second round's other
     # client could queue behind it and time out too (docs/deployment.md, "Failure tolerance").
     proc, log = _simulate(tmp_path, out, "timeouts", "--num-clients", "2", "--num-server-rounds", "1",
-                          "--round-timeout", "20", "--fault-injection", "timeout:partition=0")
+                          "--federation.round-timeout", "20", "--resilience.fault-injection", "timeout:partition=0")
     assert proc.returncode == 0, log
     summary = json.loads((out / "timeouts" / "summary.json").read_text())
     assert summary["failed_replies"] == {"1": ["1 client(s) did not reply in time"]}
@@ -282,14 +282,14 @@ def test_a_client_that_times_out_is_left_out_and_the_round_completes(tmp_path):
 
 
 # Fed-SE: the clients' experience buffers (on disk, keyed by the strategy's run key) must carry over too.
-FEDSE = ("--strategy", "fedse-lora", "--fedse-sft-steps", "2", "--fedse-explore-samples", "1", "--fedse-seed-demos", "1")
+FEDSE = ("--strategy", "fedse-lora", "--fedse.max-steps", "2", "--fedse.explore-samples", "1", "--fedse.seed-demos", "1")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fedagent-avg", "fedse-lora"])
 def test_resume_after_a_stop_gives_bit_identical_weights_and_client_sequence(tmp_path, strategy):
     out = tmp_path / "runs"
-    extra = (FEDSE + ("--fedse-buffer-dir", str(tmp_path / "buffers"))) if strategy == "fedse-lora" else ()
+    extra = (FEDSE + ("--fedse.buffer-dir", str(tmp_path / "buffers"))) if strategy == "fedse-lora" else ()
     proc, log = _simulate(tmp_path, out, "full", "--num-server-rounds", "3", *extra)
     assert (out / "full" / "summary.json").exists(), log
     proc, log = _simulate(tmp_path, out, "part", "--num-server-rounds", "1", *extra)  # stops after round 1

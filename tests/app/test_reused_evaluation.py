@@ -1,4 +1,4 @@
-"""initial-evaluation: a run takes another run's evaluation before round 1, only where that run evaluated exactly the
+"""eval.initial-evaluation: a run takes another run's evaluation before round 1, only where that run evaluated exactly the
 same thing (runs/reused_evaluation.py). Whole runs of the tiny default model in one process, over a loopback grid."""
 
 import json
@@ -10,8 +10,8 @@ from fedagent_flwr.config import RunConfig
 from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.runs.reused_evaluation import IDENTITY, differences, reused_evaluation
 
-BASE = {"num-server-rounds": 1, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 6,
-        "eval-samples-per-task": 3, "num-clients": 2}
+BASE = {"num-server-rounds": 1, "clients-per-round": 2, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 6,
+        "eval.samples-per-task": 3, "num-clients": 2}
 
 
 def _run(out, name, **keys):
@@ -49,7 +49,7 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("reuse")
     a = _run(out, "a")
     b = _run(out, "b")
-    c = _run(out, "c", **{"initial-evaluation": str(a)})
+    c = _run(out, "c", **{"eval.initial-evaluation": str(a)})
     return out, a, b, c
 
 
@@ -65,21 +65,21 @@ def test_the_same_run_evaluates_round_0_alike_so_taking_it_changes_nothing(runs)
     assert _episodes(c, 0)["taken-from"] == str(a) and "taken-from" not in _episodes(b, 0)
     # training does not depend on who played round 0: the round-1 evaluation is the same in B and C
     assert evals(rb[1]) == evals(rc[1]) and _episodes(b, 1)["episodes"] == _episodes(c, 1)["episodes"]
-    assert json.loads((c / "config.json").read_text())["initial-evaluation"] == str(a)
+    assert json.loads((c / "config.json").read_text())["eval.initial-evaluation"] == str(a)
 
 
 @pytest.mark.parametrize("keys, differs", [
     ({"seed": 1}, "evaluation-seed"),  # other episodes drawn (and another LoRA A in adapter runs)
-    ({"eval-temperature": 0.5}, "rollout.temperature"),
-    ({"eval-tasks": 5}, "tasks"),
-    ({"history-length": 1}, "rollout.history_length"),
+    ({"eval.temperature": 0.5}, "rollout.temperature"),
+    ({"eval.tasks": 5}, "tasks"),
+    ({"rollout.history-length": 1}, "rollout.history_length"),
 ])
 def test_a_run_that_evaluated_something_else_is_refused_before_round_1(runs, keys, differs):
     out, a, _, _ = runs
     with pytest.raises(ValueError) as err:
-        _run(out, f"refused-{differs}", **{"initial-evaluation": str(a)}, **keys)
+        _run(out, f"refused-{differs}", **{"eval.initial-evaluation": str(a)}, **keys)
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"initial-evaluation={str(a)!r}: that run evaluated something else")
+    assert "\n" not in message and message.startswith(f"eval.initial-evaluation={str(a)!r}: that run evaluated something else")
     assert f"{differs}" in message
 
 
@@ -106,12 +106,12 @@ def test_a_record_without_identity_or_a_folder_without_records_is_refused(runs, 
     with pytest.raises(ValueError, match="records no identity"):
         reused_evaluation(str(old), _episodes(a, 0)[IDENTITY])
     base = RunConfig().to_run_config()
-    with pytest.raises(ValueError, match=r"initial-evaluation.*a run folder whose evaluation before round 1 finished"):
-        preflight(RunConfig.from_run_config(base | {"initial-evaluation": str(tmp_path / "nothing")}), "server")
-    with pytest.raises(ValueError, match=r"initial-evaluation.*an absolute path"):
-        RunConfig.from_run_config(base | {"initial-evaluation": "runs/a"})
-    with pytest.raises(ValueError, match=r"initial-evaluation=.* empty unless the strategy trains a language-model agent"):
-        RunConfig.from_run_config(base | {"initial-evaluation": str(a), "strategy": "qavg", "env": "random-mdp"})
+    with pytest.raises(ValueError, match=r"eval.initial-evaluation.*a run folder whose evaluation before round 1 finished"):
+        preflight(RunConfig.from_run_config(base | {"eval.initial-evaluation": str(tmp_path / "nothing")}), "server")
+    with pytest.raises(ValueError, match=r"eval.initial-evaluation.*an absolute path"):
+        RunConfig.from_run_config(base | {"eval.initial-evaluation": "runs/a"})
+    with pytest.raises(ValueError, match=r"eval.initial-evaluation=.* empty unless the strategy trains a language-model agent"):
+        RunConfig.from_run_config(base | {"eval.initial-evaluation": str(a), "strategy": "qavg", "env": "random-mdp"})
 
 
 def test_differences_name_nested_entries():

@@ -41,7 +41,7 @@ def _existing_run(tmp_path):
     run = tmp_path / "runs" / "mine"
     (run / "state").mkdir(parents=True)
     (run / "summary.json").write_text('{"rounds": 8}')
-    (run / "config.json").write_text(json.dumps({"learning-rate": 5e-5}))
+    (run / "config.json").write_text(json.dumps({"grpo.learning-rate": 5e-5}))
     (run / "state" / "manifest.json").write_text("{")
     return run
 
@@ -65,7 +65,7 @@ def test_a_resume_of_a_missing_run_creates_nothing(tmp_path, nothing_loads):
 def test_a_refused_resume_changes_nothing_in_the_run_folder(tmp_path, nothing_loads):
     run = _existing_run(tmp_path)
     before = _snapshot(run)
-    cfg = RunConfig(output_dir=str(tmp_path / "runs"), run_name="mine", resume=True, learning_rate=0.1)
+    cfg = RunConfig.from_run_config({"output-dir": str(tmp_path / "runs"), "run-name": "mine", "resume": True, "grpo.learning-rate": 0.1})
     with pytest.raises(ValueError, match="no saved state of .* is usable: .*manifest.json is missing or unreadable"):
         federation.run_federation(NoGrid(), cfg)
     assert _snapshot(run) == before

@@ -24,8 +24,8 @@ def _run(tmp_path: Path, tracker: str, name: str) -> list[dict]:
 
     torch.set_num_threads(1)
     run_config = RunConfig().to_run_config() | {
-        "num-server-rounds": 2, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 2,
-        "eval-samples-per-task": 1, "eval-every": 1, "num-clients": 2, "tracker": tracker,
+        "num-server-rounds": 2, "clients-per-round": 2, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 2,
+        "eval.samples-per-task": 1, "eval.test-freq": 1, "num-clients": 2, "tracker": tracker,
         "output-dir": str(tmp_path), "run-name": name}
     try:
         run_federation(LoopbackGrid(run_config, 2), RunConfig.from_run_config(run_config))

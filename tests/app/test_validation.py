@@ -22,65 +22,65 @@ NO_GPU = not torch.cuda.is_available()
         ({"resume": True}, "resume=True"),
         ({"resume": True, "run-name": "r", "strategy": "pavg", "env": "random-mdp"}, "false with strategy='pavg'"),
         ({"resume": True, "run-name": "r", "strategy": "qavg", "env": "random-mdp"}, "false with strategy='qavg'"),
-        ({"resume": True, "run-name": "r", "baseline": "local"}, "false with baseline='local' and baseline-optimizer='keep'"),
-        ({"fault-injection": "explode:partition=0"}, "fault-injection='explode:partition=0'"),
-        ({"fault-injection": "raise:prob=1.5"}, "fault-injection='raise:prob=1.5'"),
-        ({"fault-injection": "raise"}, "fault-injection='raise'"),
-        ({"fault-injection": "raise:partition=4", "num-clients": 4}, "a partition-id below num-clients (4)"),
-        ({"fault-injection": "timeout:prob=0.5", "round-timeout": 3600.0}, "round-timeout=3600.0"),
+        ({"resume": True, "run-name": "r", "baseline.name": "local"}, "false with baseline.name='local' and baseline.optimizer='keep'"),
+        ({"resilience.fault-injection": "explode:partition=0"}, "resilience.fault-injection='explode:partition=0'"),
+        ({"resilience.fault-injection": "raise:prob=1.5"}, "resilience.fault-injection='raise:prob=1.5'"),
+        ({"resilience.fault-injection": "raise"}, "resilience.fault-injection='raise'"),
+        ({"resilience.fault-injection": "raise:partition=4", "num-clients": 4}, "a partition-id below num-clients (4)"),
+        ({"resilience.fault-injection": "timeout:prob=0.5", "federation.round-timeout": 3600.0}, "federation.round-timeout=3600.0"),
         # ranges
-        ({"round-timeout": 0.0}, "round-timeout=0.0"),
-        ({"max-grad-norm": 0.0}, "max-grad-norm=0.0"),
-        ({"kl-beta": -0.1}, "kl-beta=-0.1"),
-        ({"invalid-penalty": -1.0}, "invalid-penalty=-1.0"),
-        ({"eval-temperature": -0.5}, "eval-temperature=-0.5"),
-        ({"eval-every": 0}, "eval-every=0"),
-        ({"eval-samples-per-task": 0}, "eval-samples-per-task=0"),
-        ({"history-length": -1}, "history-length=-1"),
-        ({"max-new-tokens": -1}, "max-new-tokens=-1"),
-        ({"micro-batch-size": 0}, "micro-batch-size=0"),
-        ({"local-epochs": 0}, "local-epochs=0"),
+        ({"federation.round-timeout": 0.0}, "federation.round-timeout=0.0"),
+        ({"grpo.max-grad-norm": 0.0}, "grpo.max-grad-norm=0.0"),
+        ({"grpo.beta": -0.1}, "grpo.beta=-0.1"),
+        ({"rollout.invalid-penalty": -1.0}, "rollout.invalid-penalty=-1.0"),
+        ({"eval.temperature": -0.5}, "eval.temperature=-0.5"),
+        ({"eval.test-freq": 0}, "eval.test-freq=0"),
+        ({"eval.samples-per-task": 0}, "eval.samples-per-task=0"),
+        ({"rollout.history-length": -1}, "rollout.history-length=-1"),
+        ({"rollout.max-completion-length": -1}, "rollout.max-completion-length=-1"),
+        ({"grpo.ppo-micro-batch-size-per-gpu": 0}, "grpo.ppo-micro-batch-size-per-gpu=0"),
+        ({"grpo.local-epochs": 0}, "grpo.local-epochs=0"),
         ({"num-clients": -1}, "num-clients=-1"),
-        ({"min-replies": 0}, "min-replies=0"),
+        ({"federation.min-replies": 0}, "federation.min-replies=0"),
         ({"model": "   "}, "model='   '"),
         ({"device": "gpu"}, "device='gpu'"),
         # cross-key constraints
-        ({"clients-per-round": 3, "min-replies": 4, "num-clients": 5}, "min-replies=4 is not allowed: expected <= clients-per-round (3)"),
+        ({"clients-per-round": 3, "federation.min-replies": 4, "num-clients": 5}, "federation.min-replies=4 is not allowed: expected <= clients-per-round (3)"),
         ({"strategy": "qavg"}, "env='gridworld'"),
         ({"strategy": "fedagent-avg", "env": "random-mdp"}, "env='random-mdp'"),
-        ({"baseline": "local", "local-client": 3, "num-clients": 3}, "local-client=3"),
+        ({"baseline.name": "local", "baseline.local-client": 3, "num-clients": 3}, "baseline.local-client=3"),
         # numbers that are not finite, or below a sensible minimum (issue: accepted, then failed far away)
         ({"seed": -1}, "seed=-1 is not allowed: expected an integer >= 0"),
-        ({"learning-rate": float("inf")}, "learning-rate=inf is not allowed: expected a finite number"),
-        ({"learning-rate": float("nan")}, "learning-rate=nan is not allowed: expected a finite number"),
-        ({"kl-beta": float("inf")}, "kl-beta=inf is not allowed: expected a finite number"),
-        ({"round-timeout": float("inf")}, "round-timeout=inf is not allowed: expected a finite number"),
-        ({"dp-noise-multiplier": float("-inf")}, "dp-noise-multiplier=-inf"),
-        ({"temperature": 1e-30}, "temperature=1e-30 is not allowed: expected >= 0.01"),
-        ({"temperature": 0.0}, "temperature=0.0 is not allowed: expected >= 0.01"),
-        ({"eval-temperature": 0.001}, "eval-temperature=0.001 is not allowed: expected 0 (greedy) or >= 0.01"),
-        ({"round-timeout": 0.5}, "round-timeout=0.5 is not allowed: expected >= 1 (seconds)"),
-        ({"top-p": 0.0}, "top-p=0.0"),
-        ({"top-p": 1.5}, "top-p=1.5"),
-        ({"clip-eps": 1.0}, "clip-eps=1.0"),
-        ({"learning-rate": 0.0}, "learning-rate=0.0"),
-        ({"group-size": 1}, "group-size=1"),
+        ({"grpo.learning-rate": float("inf")}, "grpo.learning-rate=inf is not allowed: expected a finite number"),
+        ({"grpo.learning-rate": float("nan")}, "grpo.learning-rate=nan is not allowed: expected a finite number"),
+        ({"grpo.beta": float("inf")}, "grpo.beta=inf is not allowed: expected a finite number"),
+        ({"federation.round-timeout": float("inf")}, "federation.round-timeout=inf is not allowed: expected a finite number"),
+        ({"privacy.noise-multiplier": float("-inf")}, "privacy.noise-multiplier=-inf"),
+        ({"rollout.temperature": 1e-30}, "rollout.temperature=1e-30 is not allowed: expected >= 0.01"),
+        ({"rollout.temperature": 0.0}, "rollout.temperature=0.0 is not allowed: expected >= 0.01"),
+        ({"eval.temperature": 0.001}, "eval.temperature=0.001 is not allowed: expected 0 (greedy) or >= 0.01"),
+        ({"federation.round-timeout": 0.5}, "federation.round-timeout=0.5 is not allowed: expected >= 1 (seconds)"),
+        ({"rollout.top-p": 0.0}, "rollout.top-p=0.0"),
+        ({"rollout.top-p": 1.5}, "rollout.top-p=1.5"),
+        ({"grpo.epsilon": 1.0}, "grpo.epsilon=1.0"),
+        ({"grpo.learning-rate": 0.0}, "grpo.learning-rate=0.0"),
+        ({"grpo.num-generations": 1}, "grpo.num-generations=1"),
         ({"num-server-rounds": 0}, "num-server-rounds=0"),
         ({"clients-per-round": 0}, "clients-per-round=0"),
         ({"clients-per-round": 5, "num-clients": 4}, "clients-per-round=5 is not allowed: expected <= num-clients (4)"),
-        ({"tasks-per-client": 0}, "tasks-per-client=0"),
-        ({"max-steps": -1}, "max-steps=-1"),
-        ({"rollout-batch-size": -1}, "rollout-batch-size=-1 is not allowed: expected an integer >= 1, or 0 = auto"),
-        ({"eval-tasks": 1000}, "eval-tasks=1000 is not allowed: expected 0 (all), or per env at most its size (gridworld 48)"),
-        ({"eval-tasks": -1}, "eval-tasks=-1"),
-        ({"eval-transcripts": -1}, "eval-transcripts=-1"),
-        ({"dp-clipping-norm": 0.0}, "dp-clipping-norm=0.0"),
-        ({"secagg-shares-fraction": 0.0}, "secagg-shares-fraction=0.0"),
-        ({"fedse-learning-rate": 0.0}, "fedse-learning-rate=0.0"),
-        ({"fedse-client-fraction": 1.5}, "fedse-client-fraction=1.5"),
-        ({"lora-alpha": 0.0}, "lora-alpha=0.0"),
-        ({"kappa": 1.5, "strategy": "qavg", "env": "random-mdp"}, "kappa=1.5"),
-        ({"client-memory-gb": -1.0}, "client-memory-gb=-1.0"),
+        ({"partition.tasks-per-client": 0}, "partition.tasks-per-client=0"),
+        ({"rollout.max-steps": -1}, "rollout.max-steps=-1"),
+        ({"rollout.generation-batch-size": -1}, "rollout.generation-batch-size=-1 is not allowed: expected an integer >= 1, or 0 = auto"),
+        ({"eval.tasks": 1000}, "eval.tasks=1000 is not allowed: expected 0 (all), or per env at most its size (gridworld 48)"),
+        ({"eval.tasks": -1}, "eval.tasks=-1"),
+        ({"eval.transcripts": -1}, "eval.transcripts=-1"),
+        ({"privacy.clipping-norm": 0.0}, "privacy.clipping-norm=0.0"),
+        ({"privacy.secagg-shares-fraction": 0.0}, "privacy.secagg-shares-fraction=0.0"),
+        ({"fedse.learning-rate": 0.0}, "fedse.learning-rate=0.0"),
+        ({"fedse.fraction-train": 1.5}, "fedse.fraction-train=1.5"),
+        ({"lora.lora-alpha": 0.0}, "lora.lora-alpha=0.0"),
+        ({"fedrl.kappa": 1.5, "strategy": "qavg", "env": "random-mdp"}, "fedrl.kappa=1.5"),
+        ({"engine.client-memory-gb": -1.0}, "engine.client-memory-gb=-1.0"),
         # names and choices
         ({"run-name": "it's"}, "run-name=\"it's\" is not allowed"),
         ({"run-name": "a/b"}, "run-name='a/b'"),
@@ -90,15 +90,15 @@ NO_GPU = not torch.cuda.is_available()
         ({"strategy": "fedavg"}, "strategy='fedavg'"),
         ({"env": "chess"}, "env='chess'"),
         ({"env": "maze,chess"}, "env='maze,chess'"),
-        ({"partition": "random"}, "partition='random'"),
+        ({"partition.scheme": "random"}, "partition.scheme='random'"),
         ({"precision": "fp16"}, "precision='fp16'"),
-        ({"server-device": "tpu"}, "server-device='tpu'"),
-        ({"transfer-dtype": "int8"}, "transfer-dtype='int8'"),
-        ({"finetuning": "qlora"}, "finetuning='qlora'"),
-        ({"reward": "dense"}, "reward='dense'"),
-        ({"answer-parsing": "loose"}, "answer-parsing='loose'"),
-        ({"dp-mode": "local"}, "dp-mode='local'"),
-        ({"baseline": "oracle"}, "baseline='oracle'"),
+        ({"engine.server-device": "tpu"}, "engine.server-device='tpu'"),
+        ({"federation.transfer-dtype": "int8"}, "federation.transfer-dtype='int8'"),
+        ({"grpo.finetuning": "qlora"}, "grpo.finetuning='qlora'"),
+        ({"rollout.reward": "dense"}, "rollout.reward='dense'"),
+        ({"rollout.answer-parsing": "loose"}, "rollout.answer-parsing='loose'"),
+        ({"privacy.dp-mode": "local"}, "privacy.dp-mode='local'"),
+        ({"baseline.name": "oracle"}, "baseline.name='oracle'"),
         ({"tracker": "comet"}, "tracker='comet' is not allowed: expected none | tensorboard | wandb | mlflow"),
         # paths
         ({"model": "/nonexistent/model"}, "model='/nonexistent/model' is not allowed: expected a model folder that exists"),
@@ -111,24 +111,24 @@ NO_GPU = not torch.cuda.is_available()
         ({"output-dir": str(ROOT / "README.md" / "runs")}, "README.md is a file"),
         # root passes os.access everywhere; /proc takes no new folder from anyone
         ({"output-dir": "/proc/fedagent-flwr/runs"}, "output-dir='/proc/fedagent-flwr/runs' is not allowed"),
-        ({"partition": "hardness"}, "success-labels=''"),
-        ({"partition": "hardness", "success-labels": "/nonexistent/labels.json"}, "an existing file"),
-        ({"fedse-buffer-dir": "relative"}, "fedse-buffer-dir='relative'"),
+        ({"partition.scheme": "hardness"}, "partition.success-labels=''"),
+        ({"partition.scheme": "hardness", "partition.success-labels": "/nonexistent/labels.json"}, "an existing file"),
+        ({"fedse.buffer-dir": "relative"}, "fedse.buffer-dir='relative'"),
         # cross-key
-        ({"secure-aggregation": True, "clients-per-round": 1}, "clients-per-round=1 is not allowed: expected >= 2"),
-        ({"transfer-dtype": "bf16", "dp-mode": "server-side"}, "transfer-dtype='bf16'"),
-        ({"kl-reference": "initial"}, "kl-reference='initial'"),
-        ({"logprob-micro-batch-size": -1}, "logprob-micro-batch-size=-1 is not allowed: expected an integer >= 0"),
-        ({"shared-prompt-prefix": True, "gradient-checkpointing": "auto"}, "shared-prompt-prefix=True is not allowed: expected false with gradient-checkpointing on"),
-        ({"training-attention": "flash"}, "training-attention='flash' is not allowed: expected sdpa | eager"),
-        ({"training-attention": "eager", "gradient-checkpointing": True}, "training-attention='eager' is not allowed: expected sdpa with gradient-checkpointing on"),
+        ({"privacy.secure-aggregation": True, "clients-per-round": 1}, "clients-per-round=1 is not allowed: expected >= 2"),
+        ({"federation.transfer-dtype": "bf16", "privacy.dp-mode": "server-side"}, "federation.transfer-dtype='bf16'"),
+        ({"grpo.kl-reference": "initial"}, "grpo.kl-reference='initial'"),
+        ({"grpo.log-prob-micro-batch-size-per-gpu": -1}, "grpo.log-prob-micro-batch-size-per-gpu=-1 is not allowed: expected an integer >= 0"),
+        ({"engine.shared-prompt-prefix": True, "engine.gradient-checkpointing": "auto"}, "engine.shared-prompt-prefix=True is not allowed: expected false with engine.gradient-checkpointing on"),
+        ({"engine.attn-implementation": "flash"}, "engine.attn-implementation='flash' is not allowed: expected sdpa | eager"),
+        ({"engine.attn-implementation": "eager", "engine.gradient-checkpointing": True}, "engine.attn-implementation='eager' is not allowed: expected sdpa with engine.gradient-checkpointing on"),
         # a client on N ranks: GRPO strategies, and what has run under FSDP2
-        ({"ranks-per-client": 0}, "ranks-per-client=0 is not allowed: expected an integer >= 1"),
-        ({"ranks-per-client": 2, "strategy": "fedse-lora"}, "ranks-per-client=2 is not allowed: expected 1 unless the strategy trains with GRPO"),
-        ({"ranks-per-client": 2, "training-kernels": "compile"}, "training-kernels='compile' is not allowed: expected eager with ranks-per-client > 1"),
-        ({"ranks-per-client": 2, "training-attention": "eager"}, "training-attention='eager' is not allowed: expected sdpa with ranks-per-client > 1"),
-        ({"ranks-per-client": 2, "param-dtype": "bf16", "precision": "bf16-mixed", "finetuning": "full"}, "param-dtype='bf16' is not allowed: expected fp32 with ranks-per-client > 1"),
-        ({"ranks-per-client": 2, "device": "cuda:1"}, "device='cuda:1' is not allowed: expected cpu | cuda | auto with ranks-per-client > 1"),
+        ({"engine.ranks-per-client": 0}, "engine.ranks-per-client=0 is not allowed: expected an integer >= 1"),
+        ({"engine.ranks-per-client": 2, "strategy": "fedse-lora"}, "engine.ranks-per-client=2 is not allowed: expected 1 unless the strategy trains with GRPO"),
+        ({"engine.ranks-per-client": 2, "engine.training-kernels": "compile"}, "engine.training-kernels='compile' is not allowed: expected eager with engine.ranks-per-client > 1"),
+        ({"engine.ranks-per-client": 2, "engine.attn-implementation": "eager"}, "engine.attn-implementation='eager' is not allowed: expected sdpa with engine.ranks-per-client > 1"),
+        ({"engine.ranks-per-client": 2, "engine.param-dtype": "bf16", "precision": "bf16-mixed", "grpo.finetuning": "full"}, "engine.param-dtype='bf16' is not allowed: expected fp32 with engine.ranks-per-client > 1"),
+        ({"engine.ranks-per-client": 2, "device": "cuda:1"}, "device='cuda:1' is not allowed: expected cpu | cuda | auto with engine.ranks-per-client > 1"),
     ],
 )
 def test_bad_configurations_fail_with_a_clear_message(override, message):
@@ -151,8 +151,8 @@ def test_bad_configurations_fail_with_a_clear_message(override, message):
 def test_a_malformed_success_label_file_is_refused_up_front(tmp_path, content, message):
     path = tmp_path / "labels.json"
     path.write_text(content)
-    with pytest.raises(ValueError, match="success-labels=") as err:
-        preflight(RunConfig.from_run_config({"env": "maze", "partition": "hardness", "success-labels": str(path)}))
+    with pytest.raises(ValueError, match="partition.success-labels=") as err:
+        preflight(RunConfig.from_run_config({"env": "maze", "partition.scheme": "hardness", "partition.success-labels": str(path)}))
     assert message in str(err.value) and "\n" not in str(err.value), err.value
 
 
@@ -185,7 +185,7 @@ def test_a_refused_config_stops_run_simulation_with_one_line_and_a_non_zero_exit
     (tmp_path / "runs" / "taken" / "summary.json").write_text("{}")
     for i, (flags, message) in enumerate((
         (["--seed", "-1"], "seed=-1 is not allowed"),
-        (["--learning-rate", "inf"], "learning-rate=inf is not allowed"),
+        (["--grpo.learning-rate", "inf"], "grpo.learning-rate=inf is not allowed"),
         (["--output-dir", str(tmp_path / "runs"), "--run-name", "taken"], "already holds a run; set resume=true"),
         (["--output-dir", str(tmp_path / "runs"), "--run-name", "missing", "--resume", "true"], "names no run"),
     )):
@@ -201,7 +201,7 @@ def test_a_refused_config_stops_run_simulation_with_one_line_and_a_non_zero_exit
         ({"seed": "1"}, "seed='1' has type str; expected int"),
         ({"resume": "yes"}, "resume='yes' has type str; expected bool"),
         ({"num-server-rounds": 2.5}, "num-server-rounds=2.5 has type float; expected int"),
-        ({"fault-injection": 0}, "fault-injection=0 has type int; expected str"),
+        ({"resilience.fault-injection": 0}, "resilience.fault-injection=0 has type int; expected str"),
     ],
 )
 def test_wrong_types_fail_with_the_expected_type(override, message):
@@ -211,8 +211,8 @@ def test_wrong_types_fail_with_the_expected_type(override, message):
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ValueError) as err:
-        RunConfig.from_run_config({"group-size": 1, "top-p": 0.0, "resume": True})
-    assert all(k in str(err.value) for k in ("group-size=1", "top-p=0.0", "resume=True"))
+        RunConfig.from_run_config({"grpo.num-generations": 1, "rollout.top-p": 0.0, "resume": True})
+    assert all(k in str(err.value) for k in ("grpo.num-generations=1", "rollout.top-p=0.0", "resume=True"))
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
@@ -226,23 +226,23 @@ def test_gpu_requests_without_a_gpu_fail_before_any_work(capsys):
         (["--num-gpus-per-client", "0.5"], "--num-gpus-per-client=0.5 but no CUDA GPU is visible"),
         (["--device", "cuda"], "--device=cuda but no CUDA GPU is visible"),
         (["--device", "cuda:1"], "--device=cuda:1 but no CUDA GPU is visible"),
-        (["--ranks-per-client", "2", "--num-gpus-per-client", "1"],
-         "--num-gpus-per-client=1 but ranks-per-client=2: each rank computes on a GPU of its own"),
-        (["--ranks-per-client", "2", "--num-gpus-per-client", "0.5"],
-         "--num-gpus-per-client=0.5 but ranks-per-client=2: each rank computes on a GPU of its own"),
+        (["--engine.ranks-per-client", "2", "--num-gpus-per-client", "1"],
+         "--num-gpus-per-client=1 but engine.ranks-per-client=2: each rank computes on a GPU of its own"),
+        (["--engine.ranks-per-client", "2", "--num-gpus-per-client", "0.5"],
+         "--num-gpus-per-client=0.5 but engine.ranks-per-client=2: each rank computes on a GPU of its own"),
     )):
         code, err = _refused_as_a_process(flags) if i == 0 else _refused(flags, capsys)
         assert code == 2 and message in err, err  # 2, as every other refusal (issue 94: one exited 1)
 
 
 def test_a_seed_data_file_that_is_not_there_is_refused_before_the_simulation_starts(capsys, tmp_path):
-    """fedse-seed-data is read by the clients, on this machine in a simulation: checked whole before Ray starts
+    """fedse.seed-data is read by the clients, on this machine in a simulation: checked whole before Ray starts
     (issue 94: a missing file started the whole run)."""
     missing = tmp_path / "agenttraj.json"
-    code, err = _refused(["--strategy", "fedse-lora", "--fedse-seed-data", str(missing)], capsys)
-    assert code == 2 and f"fedse-seed-data={str(missing)!r}: no such file" in err, err
+    code, err = _refused(["--strategy", "fedse-lora", "--fedse.seed-data", str(missing)], capsys)
+    assert code == 2 and f"fedse.seed-data={str(missing)!r}: no such file" in err, err
     missing.write_text("{not json")
-    code, err = _refused(["--strategy", "fedse-lora", "--fedse-seed-data", str(missing)], capsys)
+    code, err = _refused(["--strategy", "fedse-lora", "--fedse.seed-data", str(missing)], capsys)
     assert code == 2 and "is not readable JSON" in err, err
 
 
@@ -253,10 +253,10 @@ def test_what_the_machine_lacks_is_refused_by_run_simulation_before_the_simulati
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     for flags, message in (
-        (["--model", "warm:smollm2-135m", "--history-length", "2"], "model='warm:smollm2-135m' is not allowed"),
+        (["--model", "warm:smollm2-135m", "--rollout.history-length", "2"], "model='warm:smollm2-135m' is not allowed"),
         (["--env", "maze,chess"], "unknown environment 'chess'"),
-        (["--eval-tasks", "1000"], "eval-tasks=1000 is not allowed"),
-        (["--strategy", "fedse-lora", "--fedse-buffer-dir", str(a_file / "buffers")], "fedse-buffer-dir="),
+        (["--eval.tasks", "1000"], "eval.tasks=1000 is not allowed"),
+        (["--strategy", "fedse-lora", "--fedse.buffer-dir", str(a_file / "buffers")], "fedse.buffer-dir="),
     ):
         code, err = _refused(flags, capsys)
         assert code == 2 and message in err, err
@@ -292,8 +292,8 @@ def test_the_base_model_is_loaded_once_per_process_and_reused_across_rounds(tmp_
     monkeypatch.setattr(agent_module, "load_model", lambda *a, **k: loads.append(a) or real(*a, **k))
     agent_module.load_agent.cache_clear()
     run_config = RunConfig().to_run_config() | {
-        "num-server-rounds": 2, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 1,
-        "eval-samples-per-task": 1, "eval-every": 2, "num-clients": 3, "output-dir": str(tmp_path), "run-name": "cache",
+        "num-server-rounds": 2, "clients-per-round": 2, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 1,
+        "eval.samples-per-task": 1, "eval.test-freq": 2, "num-clients": 3, "output-dir": str(tmp_path), "run-name": "cache",
     }
     grid = LoopbackGrid(run_config, 3)
     summary = run_federation(grid, RunConfig.from_run_config(run_config))

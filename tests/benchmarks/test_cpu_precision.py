@@ -10,7 +10,7 @@ cpu_precision = load_script("cpu_precision")
 @pytest.mark.cpu_probe
 def test_a_lora_run_config_gets_both_roles_lines_and_fresh_probes_of_its_model(tmp_path):
     preset = tmp_path / "lora.toml"
-    preset.write_text('model = "tiny"\nenv = "gridworld"\nfinetuning = "lora"\ndevice = "cpu"\n')
+    preset.write_text('model = "tiny"\nenv = "gridworld"\ngrpo.finetuning = "lora"\ndevice = "cpu"\n')
     report = cpu_precision.main(["--run-config", str(preset), "--repeats", "2", "--json"])
     client, server = report["start_up_lines"]["client"], report["start_up_lines"]["server"]
     assert "(auto: " in client and "GFLOP/s against fp32" in client  # a LoRA run under auto says why, with rates

@@ -981,7 +981,7 @@ def test_the_fedse_runs_with_eager_attention_are_recomputed_from_their_records()
     assert (f"the eager fine-tuning ran {s.mean():.2f}x +- {s.std(ddof=1) / np.sqrt(len(s)):.2f} faster (mean +- "
             f"standard error over the seeds") in section
     assert_not_shown_over_three_seeds(section, eager, sdpa, figures)
-    assert 'training-attention = "eager"' in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
+    assert 'engine.attn-implementation = "eager"' in (ROOT / "configs" / "smollm2-fedse-cpu.toml").read_text()
 
 
 def _section(title: str) -> str:

@@ -34,14 +34,14 @@ def test_tiny_profile_reports_both_engines_beside_the_bound():
     assert r["context_tokens"] == pytest.approx(23.5 + 2.5)  # prompts of 24 and 23 tokens, then 5 fed tokens / 2
     assert r["first_token_logprob_gap"] < 1e-4  # fp32: the static engine is the transformers forward
     assert r["replay_logprob_gap"] < 1e-4 and "bucketed" in r["replay_gap_between"]
-    # decode-kernels=compile: the same numbers from fewer operator calls (each layer half's element-wise work fused)
+    # rollout.kernels=compile: the same numbers from fewer operator calls (each layer half's element-wise work fused)
     assert r["compile_logprob_gap"] < 1e-4 and r["compile_check_s"] > 0
     assert r["engines"][2]["aten_calls_per_step"] < 0.8 * static["aten_calls_per_step"]
 
     module = load_script("decode_profile")
     text = module.format_report(r)
     assert "bandwidth bound" in text and "self CPU us per step" in text and "static-compile" in text
-    assert "decode-kernels=compile vs eager kernels" in text
+    assert "rollout.kernels=compile vs eager kernels" in text
 
 
 def test_a_run_configs_model_is_profiled_with_its_adapter_attached():
@@ -61,7 +61,7 @@ def test_a_run_configs_model_is_profiled_with_its_adapter_attached():
     r = json.loads(done.stdout.strip().splitlines()[-1])
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | read_run_config_file(str(preset)))
     base = load_agent(cfg.model, cfg.env, "cpu").model
-    adapter = ModelShape.of(base.config).lora_parameters(cfg.lora_rank, lora_spec(cfg).target_modules)
+    adapter = ModelShape.of(base.config).lora_parameters(cfg.lora.r, lora_spec(cfg).target_modules)
     assert r["shape"] == cfg.model and r["precision"] == "fp32"
     assert r["parameters"] == sum(p.numel() for p in base.parameters()) + adapter > adapter > 0
     assert [e["engine"] for e in r["engines"]] == ["hf", "static"]

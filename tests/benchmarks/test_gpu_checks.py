@@ -56,16 +56,16 @@ def test_every_stages_arguments_parse_as_its_script_parses_them(tmp_path):
     """DRY=1 prints each stage's commands instead of running them: every --variant must parse as update_profile.py
     parses it and every round's --set and --paper-set lists as gpu_round.py parses them (a key set twice is refused),
     with ROUND_SET over them, and the rounds after levers, passes and kernels take a fastest variant. The lent H100 of
-    2026-12-05 lost its levers and round-levers stages to a micro-batch-size set twice."""
+    2026-12-05 lost its levers and round-levers stages to a grpo.ppo-micro-batch-size-per-gpu set twice."""
     from fedagent_flwr.simulation import parse_overrides
 
     session = tmp_path / "results"
-    dry = {**ENV, "DRY": "1", "ROUND_SET": "--set micro-batch-size=32"}
+    dry = {**ENV, "DRY": "1", "ROUND_SET": "--set grpo.ppo-micro-batch-size-per-gpu=32"}
     folder = subprocess.run(["python3", "benchmarks/raw_output.py", "folder", str(session)], cwd=REPO, capture_output=True,
                             text=True, env=dry, check=True).stdout.strip()
     Path(folder).mkdir(parents=True)
-    fastest = {"variant": {"micro-batch-size": 32, "logprob-micro-batch-size": 64, "logprob-chunk-tokens": 1024,
-                           "length-grouped-micro-batches": True, "training-kernels": "eager"},
+    fastest = {"variant": {"grpo.ppo-micro-batch-size-per-gpu": 32, "grpo.log-prob-micro-batch-size-per-gpu": 64, "engine.logprob-chunk-tokens": 1024,
+                           "grpo.group-by-length": True, "engine.training-kernels": "eager"},
                "logprobs_s": 1.0, "update_s": 1.0}
     for name in ("levers", "passes", "kernels"):
         Path(folder, f"{name}.json").write_text(json.dumps({"variants": [fastest]}))
@@ -86,7 +86,7 @@ def test_every_stages_arguments_parse_as_its_script_parses_them(tmp_path):
         for flag in ("--set", "--paper-set"):
             values = parse_overrides([value for f, value in pairs if f == flag])
             if name in rounds and flag == "--set":
-                assert values["micro-batch-size"] == 32, name  # ROUND_SET over every round's own value
+                assert values["grpo.ppo-micro-batch-size-per-gpu"] == 32, name  # ROUND_SET over every round's own value
     assert parse_overrides([v for f, v in zip(commands["round-auto"], commands["round-auto"][1:]) if f == "--set"])[
-        "tasks-per-epoch"] == 64
+        "grpo.tasks-per-epoch"] == 64
     assert {"test_decode.py", "test_ranked_round.py"} <= {Path(w).name for words in commands.values() for w in words}

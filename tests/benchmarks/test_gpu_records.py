@@ -46,7 +46,7 @@ def test_h100_e_figures_are_the_raw_outputs():
                                f"{whole['ms']:.1f}", f"{whole['positions']:,}", f"{prefill['speedup']:.2f}",
                                f"{prefill['logprob_gap']:.3f}")
     # gpu.md's speed-key table quotes the same token steps
-    row = re.search(r"\| `decode-kernels` \| `eager` \| [^|]*?([\d.]+) against ([\d.]+) ms a token step", _prose("gpu.md"))
+    row = re.search(r"\| `rollout.kernels` \| `eager` \| [^|]*?([\d.]+) against ([\d.]+) ms a token step", _prose("gpu.md"))
     assert row.groups() == (f"{compiled:.3f}", f"{eager:.3f}")
 
 

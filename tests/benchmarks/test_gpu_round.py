@@ -11,10 +11,11 @@ import pytest
 from envs import env_class
 from benchmark_scripts import load_script
 from conftest import planned
+from flwr.common.config import flatten_dict  # a preset's sections as the dotted keys Flower reads
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_round.py"
-SMALL = ["--set", "tasks-per-epoch=2", "--set", "group-size=2", "--set", "max-steps=2", "--set", "max-new-tokens=16",
-         "--set", "minibatch-size=4", "--set", "micro-batch-size=2"]
+SMALL = ["--set", "grpo.tasks-per-epoch=2", "--set", "grpo.num-generations=2", "--set", "rollout.max-steps=2", "--set", "rollout.max-completion-length=16",
+         "--set", "grpo.mini-batch-size=4", "--set", "grpo.ppo-micro-batch-size-per-gpu=2"]
 
 
 def _run(*extra: str, small: list[str] = SMALL) -> dict:
@@ -26,7 +27,7 @@ def _run(*extra: str, small: list[str] = SMALL) -> dict:
 
 def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     r = _run()
-    assert r["episodes"] == 4 and r["agent_steps"] == 8  # a random model plays every episode to max-steps
+    assert r["episodes"] == 4 and r["agent_steps"] == 8  # a random model plays every episode to rollout.max-steps
     assert r["generated_tokens"] > 0 and r["generated_tokens_per_s"] > 0
     for phase in ("rollout_s", "logprobs_s", "update_s", "transfer_s"):
         assert r[phase] > 0, phase
@@ -60,7 +61,7 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
     assert r["update_mfu"] == pytest.approx(r["update_tflops_per_s"] * 1e12 / 989e12, rel=1e-6)
     assert 0 < r["logprobs_mfu"] < 1
     # the run's own settings travel with it (raw_output.py files them)
-    assert r["run_config"]["max-steps"] == 2 and r["settings"]["shape"] == "tiny" and r["env"] == "webshop"
+    assert r["run_config"]["rollout.max-steps"] == 2 and r["settings"]["shape"] == "tiny" and r["env"] == "webshop"
     # the prompts a paper-round estimate plays without the model come out as long as the random model's
     played = load_script("gpu_round").played_prompt_tokens(r["run_config"], "tiny", tasks=2, seed=0)
     assert played == pytest.approx(r["mean_prompt_tokens"], rel=0.05)
@@ -68,8 +69,8 @@ def test_tiny_round_reports_every_phase_with_the_plan_beside_the_peak():
 
 @pytest.mark.parametrize("precision", ["bf16-mixed"])
 def test_tiny_lora_round_sends_the_adapter_in_bf16(precision):
-    r = _run("--set", "finetuning=lora", "--set", "lora-rank=4", "--set", f"precision={precision}",
-             "--set", "transfer-dtype=bf16", "--set", "gradient-checkpointing=true")
+    r = _run("--set", "grpo.finetuning=lora", "--set", "lora.r=4", "--set", f"precision={precision}",
+             "--set", "federation.transfer-dtype=bf16", "--set", "engine.gradient-checkpointing=true")
     adapter = r["plan_bytes"]["adapter (fp32)"] // 4
     assert r["bytes_sent"] == 2 * adapter > 0
     assert r["optimizer_steps"] == 2 and r["precision"] == precision
@@ -77,8 +78,8 @@ def test_tiny_lora_round_sends_the_adapter_in_bf16(precision):
 
 @pytest.mark.slow  # a round on the static engine in a subprocess: among the default run's slowest
 def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
-    r = _run("--decode-engine", "static", "--paper-round", "--paper-set", "tasks-per-epoch=64", "--bandwidth", "1e12",
-             "--set", "logprob-chunk-tokens=8")
+    r = _run("--decode-engine", "static", "--paper-round", "--paper-set", "grpo.tasks-per-epoch=64", "--bandwidth", "1e12",
+             "--set", "engine.logprob-chunk-tokens=8")
     assert r["decode_engine"] == "static" and r["agent_steps"] == 8 and r["decode_ms_per_token_step"] > 0
     assert r["decode_bound"]["bandwidth"] == 1e12
     # its start timed apart from its token steps: the prefill, no graphs on a CPU, and what the prefill computed
@@ -102,14 +103,14 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     assert f["update_flops"] == 2 * 3 * (f["body_parameters"] * r["sample_tokens"] + f["head_parameters"] * r["generated_tokens"])
     assert f["update_flops"] < f["update_flops_counted_before"] == 2 * 3 * r["parameters"] * r["sample_tokens"]
     assert r["update_tflops_per_s"] == pytest.approx(f["update_flops"] / r["update_s"] / 1e12, rel=0.02)
-    preset = tomllib.loads((SCRIPT.parents[1] / "configs" / "fedagent-paper.toml").read_text())
-    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
+    preset = flatten_dict(tomllib.loads((SCRIPT.parents[1] / "configs" / "fedagent-paper.toml").read_text()))
+    preset["rollout.max-steps"] = preset["rollout.max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
     assert list(r["paper_rounds"]) == ["alfworld", "webshop"] == [preset["env"], "webshop"]
     p = r["paper_rounds"]["alfworld"]
-    assert p["clients"] == preset["clients-per-round"] and p["local_epochs"] == preset["local-epochs"]
-    assert p["episodes_per_epoch"] == 64 * preset["group-size"] and p["overrides"] == {"tasks-per-epoch": 64}
-    batches = -(-p["episodes_per_epoch"] // preset["rollout-batch-size"])
-    assert p["token_steps_per_epoch"] == preset["max-steps"] * batches * preset["max-new-tokens"]
+    assert p["clients"] == preset["clients-per-round"] and p["local_epochs"] == preset["grpo.local-epochs"]
+    assert p["episodes_per_epoch"] == 64 * preset["grpo.num-generations"] and p["overrides"] == {"grpo.tasks-per-epoch": 64}
+    batches = -(-p["episodes_per_epoch"] // preset["rollout.generation-batch-size"])
+    assert p["token_steps_per_epoch"] == preset["rollout.max-steps"] * batches * preset["rollout.max-completion-length"]
     # the rollout scales with the token steps at this run's cost per step
     assert p["epoch_rollout_s"] == pytest.approx(p["token_steps_per_epoch"] * r["rollout_s"] / r["token_steps"], rel=0.01)
     assert p["client_s"] > p["local_epochs"] * p["epoch_rollout_s"]
@@ -117,18 +118,18 @@ def test_tiny_round_on_the_static_engine_estimates_a_paper_round():
     # ALFWorld's prompts, played by random tokens: longer than the measured WebShop round's
     assert p["mean_prompt_tokens"] > r["mean_prompt_tokens"] and "played with random tokens" in p["prompt_tokens_from"]
     w = r["paper_rounds"]["webshop"]
-    assert (w["max_steps"], w["max_new_tokens"], w["episodes_per_epoch"]) == (15, 128, 64 * preset["group-size"])
-    assert {t["key"]: t["used"] for t in w["settings_unlike_preset"]}["max-steps"] == 15
+    assert (w["max_steps"], w["max_new_tokens"], w["episodes_per_epoch"]) == (15, 128, 64 * preset["grpo.num-generations"])
+    assert {t["key"]: t["used"] for t in w["settings_unlike_preset"]}["rollout.max-steps"] == 15
     text = load_script("gpu_round").format_report(r)
     assert "ms per token step (static engine" in text and "bandwidth bound" in text and "model FLOP utilisation" in text
     assert "of which prefill" in text and "positions computed" in text and "% of their positions padding" in text
-    assert "paper round on alfworld (fedagent-paper.toml, tasks-per-epoch=64" in text and "with a card each" in text
-    assert "paper round on webshop (fedagent-paper.toml with webshop's settings, tasks-per-epoch=64" in text
+    assert "paper round on alfworld (fedagent-paper.toml, grpo.tasks-per-epoch=64" in text and "with a card each" in text
+    assert "paper round on webshop (fedagent-paper.toml with webshop's settings, grpo.tasks-per-epoch=64" in text
     assert "settings the estimate used that are not the preset's:" in text
 
 
 def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
-    """rollout-batch-size=0: the most rows whose memory plan fits client-memory-gb (here a budget between the plans
+    """rollout.generation-batch-size=0: the most rows whose memory plan fits engine.client-memory-gb (here a budget between the plans
     of 24 and 25 rows, both peaking while decoding beside a small update), not an epoch's 48 episodes; the rollout runs
     at those rows and the plan printed is theirs."""
     import torch
@@ -142,25 +143,25 @@ def test_auto_rollout_rows_are_resolved_as_a_client_resolves_them():
 
     gpu_round = load_script("gpu_round")
     # an update of one row a pass and 4-token log-prob chunks, so that 24 rows' rollout is the plan's peak
-    values = parse_overrides(SMALL[1::2]) | {"tasks-per-epoch": 6, "group-size": 8, "micro-batch-size": 1,
-                                             "logprob-micro-batch-size": 1, "logprob-chunk-tokens": 4}
+    values = parse_overrides(SMALL[1::2]) | {"grpo.tasks-per-epoch": 6, "grpo.num-generations": 8, "grpo.ppo-micro-batch-size-per-gpu": 1,
+                                             "grpo.log-prob-micro-batch-size-per-gpu": 1, "engine.logprob-chunk-tokens": 4}
     small_update = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
     # device cpu here and in the script: on a GPU machine auto would plan for bf16 and the static decoder
-    cfg = RunConfig.from_run_config(gpu_round.PAPER_ROUND | values | {"rollout-batch-size": 0, "device": "cpu"})
+    cfg = RunConfig.from_run_config(gpu_round.PAPER_ROUND | values | {"rollout.generation-batch-size": 0, "device": "cpu"})
     tokenizer = environment_tokenizer(cfg.env)
-    env = make_env(cfg.env, cfg.max_steps)
+    env = make_env(cfg.env, cfg.rollout.max_steps)
     shape = ModelShape.of(gpu_round.build_model("tiny", tokenizer, torch.device("cpu"), 0).config)
     context = context_tokens(cfg, tokenizer, env, env.tasks_of_split("test")[:16])
     low, high = (planned(cfg, shape, context, rows) for rows in (24, 25))
     assert low.peak("decode") > low.peak("update")
     budget = (low.total + high.total) / 2
-    r = _run("--device", "cpu", "--set", "rollout-batch-size=0", "--set", f"client-memory-gb={budget / GB!r}",
+    r = _run("--device", "cpu", "--set", "rollout.generation-batch-size=0", "--set", f"engine.client-memory-gb={budget / GB!r}",
              small=small_update)
     assert r["rollout_rows"] == 24 and r["episodes"] == 48
     assert r["rows_per_step"] == r["rollout_rows"]  # every generate call ran at the resolved rows
     assert r["plan_bytes"]["total"] <= budget
-    # no budget on a CPU: an epoch's episodes, as a client without client-memory-gb plays them
-    assert _run("--device", "cpu", "--set", "rollout-batch-size=0")["rollout_rows"] == 4
+    # no budget on a CPU: an epoch's episodes, as a client without engine.client-memory-gb plays them
+    assert _run("--device", "cpu", "--set", "rollout.generation-batch-size=0")["rollout_rows"] == 4
 
 
 def _measured(**over) -> dict:
@@ -178,17 +179,17 @@ def _measured(**over) -> dict:
 def test_a_paper_round_with_auto_rows_takes_the_measured_rows_and_says_when_the_preset_differs():
     gpu_round = load_script("gpu_round")
     measured = _measured(rollout_rows=256)
-    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
-    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
-    p = gpu_round.paper_round(measured, {"tasks-per-epoch": 64, "rollout-batch-size": 0})
+    preset = flatten_dict(tomllib.loads(gpu_round.PAPER_PRESET.read_text()))
+    preset["rollout.max-steps"] = preset["rollout.max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
+    p = gpu_round.paper_round(measured, {"grpo.tasks-per-epoch": 64, "rollout.generation-batch-size": 0})
     assert p["rollout_batch_size"] == 256 and p["rollout_rows_as_measured"]
-    assert p["token_steps_per_epoch"] == preset["max-steps"] * 2 * preset["max-new-tokens"]  # 512 episodes, 2 calls
+    assert p["token_steps_per_epoch"] == preset["rollout.max-steps"] * 2 * preset["rollout.max-completion-length"]  # 512 episodes, 2 calls
     assert p["epoch_rollout_s"] == pytest.approx(p["token_steps_per_epoch"] * 10.0 / 1000, abs=0.1)
     rows = {t["key"]: t for t in p["settings_unlike_preset"]}
-    assert rows["rollout-batch-size"]["used"] == 256 and "auto" in rows["rollout-batch-size"]["from"]
+    assert rows["rollout.generation-batch-size"]["used"] == 256 and "auto" in rows["rollout.generation-batch-size"]["from"]
     # the preset's own rows (128) against a run measured at 256: the estimate says its step cost is assumed
-    p = gpu_round.paper_round(measured, {"tasks-per-epoch": 64})
-    assert p["rollout_batch_size"] == preset["rollout-batch-size"] != 256 and not p["rollout_rows_as_measured"]
+    p = gpu_round.paper_round(measured, {"grpo.tasks-per-epoch": 64})
+    assert p["rollout_batch_size"] == preset["rollout.generation-batch-size"] != 256 and not p["rollout_rows_as_measured"]
     report = {**measured, "paper_rounds": {"alfworld": p}}
     assert "is not the measured one (256)" in gpu_round.format_report(_with_report_fields(report))
 
@@ -245,16 +246,16 @@ def test_a_paper_round_scales_the_passes_by_their_flops_at_the_estimates_own_len
     """ALFWorld's round at 300-token prompts and 512 new tokens, from a run measured at 180 + 128 tokens: the update
     and log-prob times scale by the model FLOPs of the estimate's samples (head at the completion tokens)."""
     gpu_round = load_script("gpu_round")
-    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
-    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
+    preset = flatten_dict(tomllib.loads(gpu_round.PAPER_PRESET.read_text()))
+    preset["rollout.max-steps"] = preset["rollout.max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
     p = gpu_round.paper_round(_measured(), env="alfworld", prompt_tokens=300.0)
-    samples = preset["tasks-per-epoch"] * preset["group-size"] * preset["max-steps"]  # 8 x 8 x 50 = 3,200
+    samples = preset["grpo.tasks-per-epoch"] * preset["grpo.num-generations"] * preset["rollout.max-steps"]  # 8 x 8 x 50 = 3,200
     per_sample = 2 * (1000 * (300 + 512) + 100 * 512)  # one forward-equivalent pass
     assert p["samples_per_epoch"] == samples and p["mean_prompt_tokens"] == 300.0 and p["logprob_passes_per_epoch"] == 2
     assert p["epoch_update_s"] == pytest.approx(samples * per_sample * 3 * 2.0 / _measured()["flop_count"]["update_flops"], abs=0.1)
     assert p["epoch_logprobs_s"] == pytest.approx(samples * per_sample * 2 * 1.0 / _measured()["flop_count"]["logprob_flops"], abs=0.1)
     # one minibatch and no KL: no log-prob pass
-    p = gpu_round.paper_round(_measured(), {"minibatch-size": 10**6, "kl-beta": 0.0}, prompt_tokens=300.0)
+    p = gpu_round.paper_round(_measured(), {"grpo.mini-batch-size": 10**6, "grpo.beta": 0.0}, prompt_tokens=300.0)
     assert p["logprob_passes_per_epoch"] == 0 and p["epoch_logprobs_s"] == 0
 
 
@@ -262,60 +263,60 @@ def test_a_paper_round_on_each_environment_tables_the_settings_it_used_that_are_
     """The preset is ALFWorld's; WebShop's round takes WebShop's steps and answer budget (no WebShop preset exists);
     both take --paper-set's values and the measured run's timing settings, and each says so, key by key."""
     gpu_round = load_script("gpu_round")
-    preset = tomllib.loads(gpu_round.PAPER_PRESET.read_text())
-    preset["max-steps"] = preset["max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
+    preset = flatten_dict(tomllib.loads(gpu_round.PAPER_PRESET.read_text()))
+    preset["rollout.max-steps"] = preset["rollout.max-steps"] or env_class(preset["env"]).default_max_steps  # 0: the env's own
     assert preset["env"] == "alfworld" and gpu_round.paper_envs() == ["alfworld", "webshop"]
     timing = gpu_round.resolved_settings(preset, "cuda")
-    # the preset's param-dtype and precision "auto" are the bf16 working copy under bf16-mixed on a GPU
-    assert (timing["param-dtype"], timing["precision"], timing["decode-engine"]) == ("bf16", "bf16-mixed", "static")
+    # the preset's engine.param-dtype and precision "auto" are the bf16 working copy under bf16-mixed on a GPU
+    assert (timing["engine.param-dtype"], timing["precision"], timing["rollout.name"]) == ("bf16", "bf16-mixed", "static")
     same = gpu_round.paper_round(_measured(env="alfworld", timing_settings=timing), prompt_tokens=300.0)
     assert same["settings_unlike_preset"] == []
-    fast = timing | {"gradient-checkpointing": False, "micro-batch-size": 32}
+    fast = timing | {"engine.gradient-checkpointing": False, "grpo.ppo-micro-batch-size-per-gpu": 32}
     measured = _measured(timing_settings=fast)
-    rounds = {env: gpu_round.paper_round(measured, {"tasks-per-epoch": 64}, env=env, prompt_tokens=300.0)
+    rounds = {env: gpu_round.paper_round(measured, {"grpo.tasks-per-epoch": 64}, env=env, prompt_tokens=300.0)
               for env in gpu_round.paper_envs()}
     table = {env: {t["key"]: (t["preset"], t["used"], t["from"]) for t in p["settings_unlike_preset"]}
              for env, p in rounds.items()}
     timed = "the measured run (its phases were timed at it)"
-    common = {"tasks-per-epoch": (8, 64, "--paper-set"),
-              "gradient-checkpointing": (True, False, timed), "micro-batch-size": (16, 32, timed)}
+    common = {"grpo.tasks-per-epoch": (8, 64, "--paper-set"),
+              "engine.gradient-checkpointing": (True, False, timed), "grpo.ppo-micro-batch-size-per-gpu": (16, 32, timed)}
     assert table["alfworld"] == common | {"env": ("alfworld", "webshop", table["alfworld"]["env"][2])}
     assert "timed on webshop, priced alfworld's counts" in table["alfworld"]["env"][2]
     no_preset = "webshop's settings: no webshop preset exists (fedagent-paper.toml is alfworld's)"
-    assert table["webshop"] == common | {"env": ("alfworld", "webshop", no_preset), "max-steps": (50, 15, no_preset),
-                                         "max-new-tokens": (512, 128, no_preset)}
+    assert table["webshop"] == common | {"env": ("alfworld", "webshop", no_preset), "rollout.max-steps": (50, 15, no_preset),
+                                         "rollout.max-completion-length": (512, 128, no_preset)}
     assert (rounds["webshop"]["max_steps"], rounds["alfworld"]["max_steps"]) == (15, 50)
     # a --paper-set value for a key the phases were timed at cannot change the times: the table says so
-    p = gpu_round.paper_round(measured, {"micro-batch-size": 8}, prompt_tokens=300.0)
-    assert [t["from"] for t in p["settings_unlike_preset"] if t["key"] == "micro-batch-size"] == [
-        timed + "; --paper-set micro-batch-size=8 not applied: no phase was timed at it"]
+    p = gpu_round.paper_round(measured, {"grpo.ppo-micro-batch-size-per-gpu": 8}, prompt_tokens=300.0)
+    assert [t["from"] for t in p["settings_unlike_preset"] if t["key"] == "grpo.ppo-micro-batch-size-per-gpu"] == [
+        timed + "; --paper-set grpo.ppo-micro-batch-size-per-gpu=8 not applied: no phase was timed at it"]
     # on a CPU the preset's auto is fp32 and the hf engine
     on_cpu = gpu_round.paper_round(_measured(env="alfworld", device="cpu", timing_settings=timing), prompt_tokens=300.0)
     assert {t["key"]: t["preset"] for t in on_cpu["settings_unlike_preset"]} == {
-        "precision": "fp32", "param-dtype": "fp32", "decode-engine": "hf"}
+        "precision": "fp32", "engine.param-dtype": "fp32", "rollout.name": "hf"}
     text = gpu_round.format_report(_with_report_fields({**measured, "flop_count": measured["flop_count"],
                                                         "paper_rounds": rounds}))
-    assert "paper round on webshop (fedagent-paper.toml with webshop's settings, tasks-per-epoch=64" in text
+    assert "paper round on webshop (fedagent-paper.toml with webshop's settings, grpo.tasks-per-epoch=64" in text
     assert "settings the estimate used that are not the preset's:" in text
-    assert any(line.split()[:3] == ["max-new-tokens", "512", "128"] for line in text.splitlines())
-    assert any(line.split()[:3] == ["gradient-checkpointing", "true", "false"] for line in text.splitlines())
+    assert any(line.split()[:3] == ["rollout.max-completion-length", "512", "128"] for line in text.splitlines())
+    assert any(line.split()[:3] == ["engine.gradient-checkpointing", "true", "false"] for line in text.splitlines())
 
 
 def test_auto_checkpointing_in_a_round_checkpoints_by_the_client_budget():
-    """gradient-checkpointing=auto: with no memory known every layer is checkpointed; with a budget far above the
+    """engine.gradient-checkpointing=auto: with no memory known every layer is checkpointed; with a budget far above the
     plan none is (the tiny round's micro-batches fit whole), and the report says what share was."""
-    r = _run("--device", "cpu", "--set", "gradient-checkpointing=auto")
+    r = _run("--device", "cpu", "--set", "engine.gradient-checkpointing=auto")
     assert r["gradient_checkpointing"] == "auto" and r["checkpointed_layers"] == 1.0
-    roomy = _run("--device", "cpu", "--set", "gradient-checkpointing=auto", "--set", "client-memory-gb=64")
+    roomy = _run("--device", "cpu", "--set", "engine.gradient-checkpointing=auto", "--set", "engine.client-memory-gb=64")
     assert roomy["checkpointed_layers"] == 0.0 and roomy["optimizer_steps"] == 2
     text = load_script("gpu_round").format_report(roomy)
     assert "gradient checkpointing auto (0% of layer passes checkpointed)" in text
 
 
 def test_a_round_with_token_budgets_runs_one_pass_a_minibatch_and_says_so():
-    r = _run("--set", "micro-batch-tokens=100000", "--set", "logprob-micro-batch-tokens=100000")
+    r = _run("--set", "grpo.ppo-max-token-len-per-gpu=100000", "--set", "grpo.log-prob-max-token-len-per-gpu=100000")
     assert (r["update_micro_batches"], r["logprob_micro_batches"], r["optimizer_steps"]) == (2, 2, 2)
-    assert r["timing_settings"]["micro-batch-tokens"] == 100000
+    assert r["timing_settings"]["grpo.ppo-max-token-len-per-gpu"] == 100000
     assert "2 forward/backward passes, the largest" in load_script("gpu_round").format_report(r)
 
 
@@ -330,9 +331,9 @@ def test_an_environment_not_installed_leaves_its_paper_round_out_and_keeps_the_m
     played.set_result(300.0)
     measured = _measured()
     rounds = gpu_round.paper_rounds(measured, {"alfworld": (missing, {}, "tiny", 0), "webshop": (played, {}, "tiny", 0)},
-                                    {"tasks-per-epoch": 64})
+                                    {"grpo.tasks-per-epoch": 64})
     assert rounds["alfworld"] == {"skipped": "the 'alfworld' environment needs the alfworld and textworld[pddl] packages"}
-    assert rounds["webshop"] == gpu_round.paper_round(measured, {"tasks-per-epoch": 64}, env="webshop", prompt_tokens=300.0)
+    assert rounds["webshop"] == gpu_round.paper_round(measured, {"grpo.tasks-per-epoch": 64}, env="webshop", prompt_tokens=300.0)
     text = gpu_round.format_report(_with_report_fields({**measured, "paper_rounds": rounds}))
     assert "paper round, alfworld: not estimated (the 'alfworld' environment needs" in text
     assert "paper round on webshop (" in text

@@ -50,7 +50,7 @@ def test_run_writes_the_result_after_the_card_versions_commit_settings_and_times
     move into raw_output."""
     bench = ("import json, sys; print('progress', file=sys.stderr); print('a line'); "
              "print(json.dumps({'update_s': 2.5, 'variants': [{'logprobs_s': 0.5}], 'settings': {'shape': 'tiny'}, "
-             "'run_config': {'max-steps': 2}}))")
+             "'run_config': {'rollout.max-steps': 2}}))")
     out = tmp_path / "session" / "stage.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "run", str(out), "--stage", "stage", "--",
                            sys.executable, "-c", bench], capture_output=True, text=True, timeout=120,
@@ -69,7 +69,7 @@ def test_run_writes_the_result_after_the_card_versions_commit_settings_and_times
         assert software["cuda"] is None and software["cudnn"] is None
     assert raw["git"]["from"] == "git" and len(raw["git"]["commit"]) == 40
     assert raw["command"][-2:] == ["-c", bench] and raw["environment"] == {"SHAPE": "tiny"}
-    assert raw["settings"] == {"arguments": {"shape": "tiny"}, "run_config": {"max-steps": 2}}
+    assert raw["settings"] == {"arguments": {"shape": "tiny"}, "run_config": {"rollout.max-steps": 2}}
     started = datetime.datetime.fromisoformat(raw["started_utc"])
     assert started.tzinfo == datetime.timezone.utc and raw["finished_utc"] >= raw["started_utc"]
     assert raw["times"] == {"update_s": 2.5, "variants.0.logprobs_s": 0.5}

@@ -55,7 +55,7 @@ def test_bf16_base_loads_the_base_in_bf16_and_plans_it_so(capsys):
 
 @pytest.mark.slow  # four measuring processes, about 45 s; the kernel itself is checked by tests/agent/test_sft.py
 def test_the_attention_kernels_take_turns_plan_eagers_softmax_and_train_alike(capsys):
-    """--attention sdpa --attention eager (training-attention): two turns, the eager setting's plan the larger by its
+    """--attention sdpa --attention eager (engine.attn-implementation): two turns, the eager setting's plan the larger by its
     softmax row, the losses the same function's (fp32: to rounding), a ratio a turn, and the other ratios still read
     under the first kernel alone."""
     report = load_script("sft_memory").main([

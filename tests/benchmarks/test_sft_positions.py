@@ -26,8 +26,8 @@ def test_a_run_folders_buffers_are_found_and_counted(tmp_path):
 
     run = tmp_path / "run"
     (run / "state").mkdir(parents=True)
-    config = {"strategy": "fedse-lora", "fedse-buffer-dir": str(tmp_path / "buffers"), "num-clients": 2,
-              "fedse-sft-micro-batch-size": 2, "fedse-sft-batch-size": 4}
+    config = {"strategy": "fedse-lora", "fedse.buffer-dir": str(tmp_path / "buffers"), "num-clients": 2,
+              "fedse.sft-micro-batch-size": 2, "fedse.sft-batch-size": 4}
     (run / "config.json").write_text(json.dumps(config))
     (run / "state" / "server.json").write_text(json.dumps({"strategy": {"run_key": "abc"}}))
     buffer = ExperienceBuffer(client_buffer_dir(tmp_path / "buffers", "abc", 1))

@@ -1,4 +1,4 @@
-"""benchmarks/step_kernels.py runs on CPU with a tiny model, so the GPU comparison of decode-kernels cannot rot."""
+"""benchmarks/step_kernels.py runs on CPU with a tiny model, so the GPU comparison of rollout.kernels cannot rot."""
 
 import json
 import subprocess

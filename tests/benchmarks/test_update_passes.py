@@ -14,7 +14,7 @@ PRESET = Path(__file__).resolve().parents[2] / "configs" / "fedagent-cpu.toml"
 
 def test_the_update_is_timed_on_the_same_samples_under_each_pass_setting():
     # minibatches of 8: more than one optimizer step, so the old-policy log-probs are needed
-    variants = ["minibatch-size=8,old-logprobs=recompute", "minibatch-size=8,shared-prompt-prefix=true,old-logprobs=rollout"]
+    variants = ["grpo.mini-batch-size=8,grpo.old-logprobs=recompute", "grpo.mini-batch-size=8,engine.shared-prompt-prefix=true,grpo.old-logprobs=rollout"]
     done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--samples", "24", "--repeats", "2",
                            "--threads", "1", "--json"] + [a for v in variants for a in ("--variant", v)],
                           capture_output=True, text=True, timeout=600)
@@ -28,14 +28,14 @@ def test_the_update_is_timed_on_the_same_samples_under_each_pass_setting():
     assert "rollout_logprob_gap" not in report["variants"][variants[0]]
     # fp32 tiny model: the rollout's log-probs are a training pass's up to rounding
     assert 0 <= report["variants"][variants[1]]["rollout_logprob_gap"][0] < 1e-3
-    bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "old-logprobs=sampler"],
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--variant", "grpo.old-logprobs=sampler"],
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "old-logprobs" in bad.stderr and "[update_passes] played" not in bad.stderr
+    assert bad.returncode != 0 and "grpo.old-logprobs" in bad.stderr and "[update_passes] played" not in bad.stderr
 
 
 def test_profile_splits_one_micro_batch_of_the_first_variant():
     done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--samples", "8", "--repeats", "1",
-                           "--threads", "1", "--variant", "micro-batch-size=2", "--profile", "--top", "5"],
+                           "--threads", "1", "--variant", "grpo.ppo-micro-batch-size-per-gpu=2", "--profile", "--top", "5"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "one micro-batch of 2 rows" in done.stdout and "the backward's autograd nodes" in done.stdout
@@ -52,14 +52,14 @@ def test_the_attention_variants_run_the_same_update_otherwise():
     from fedagent_flwr.agent.engine import tokens
 
     update_passes = load_script("update_passes")
-    assert update_passes.own_keys("micro-batch-size=2,attention=causal-math") == ("micro-batch-size=2", False, "causal-math")
+    assert update_passes.own_keys("grpo.ppo-micro-batch-size-per-gpu=2,attention=causal-math") == ("grpo.ppo-micro-batch-size-per-gpu=2", False, "causal-math")
     right = torch.tensor([[1, 1, 1], [1, 1, 0]])
     real = tokens.model_attention_mask
     with update_passes.attention_as("causal"):
         assert tokens.model_attention_mask is not real
         assert tokens.model_attention_mask(None, right, torch.device("cpu")) is None
     assert tokens.model_attention_mask is real and real.__name__ == "model_attention_mask"
-    variants = ["micro-batch-size=4", "micro-batch-size=4,attention=causal", "micro-batch-size=4,attention=math"]
+    variants = ["grpo.ppo-micro-batch-size-per-gpu=4", "grpo.ppo-micro-batch-size-per-gpu=4,attention=causal", "grpo.ppo-micro-batch-size-per-gpu=4,attention=math"]
     done = subprocess.run([sys.executable, str(SCRIPT), "--run-config", str(PRESET), "--samples", "16", "--repeats", "1",
                            "--threads", "1", "--json"] + [a for v in variants for a in ("--variant", v)],
                           capture_output=True, text=True, timeout=600)

@@ -20,18 +20,18 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "update_profile.py
 
 def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
     done = subprocess.run([sys.executable, str(SCRIPT), "--shape", "tiny", "--json", "--profile", "--samples", "12",
-                           "--variant", "micro-batch-size=2,cudnn-attention=true",
-                           "--variant", "micro-batch-size=4,logprob-micro-batch-size=12,length-grouped-micro-batches=true",
-                           "--variant", "micro-batch-size=4,gradient-checkpointing=true",
-                           "--variant", "micro-batch-size=4,gradient-checkpointing=auto,client-memory-gb=64",
-                           "--variant", "micro-batch-size=2,micro-batch-tokens=100000,host-waits=true,fused-adamw=false,"
+                           "--variant", "grpo.ppo-micro-batch-size-per-gpu=2,cudnn-attention=true",
+                           "--variant", "grpo.ppo-micro-batch-size-per-gpu=4,grpo.log-prob-micro-batch-size-per-gpu=12,grpo.group-by-length=true",
+                           "--variant", "grpo.ppo-micro-batch-size-per-gpu=4,engine.gradient-checkpointing=true",
+                           "--variant", "grpo.ppo-micro-batch-size-per-gpu=4,engine.gradient-checkpointing=auto,engine.client-memory-gb=64",
+                           "--variant", "grpo.ppo-micro-batch-size-per-gpu=2,grpo.ppo-max-token-len-per-gpu=100000,host-waits=true,fused-adamw=false,"
                                         "padding-mask=true"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert r["device"] == "cpu" and r["samples"] == 12
     first, second, every, auto, tokens = r["variants"]
-    assert first["variant"] == {"micro-batch-size": 2, "cudnn-attention": True} and first["micro_batch_size"] == 2
+    assert first["variant"] == {"grpo.ppo-micro-batch-size-per-gpu": 2, "cudnn-attention": True} and first["micro_batch_size"] == 2
     # auto with far more memory than the tiny plan: no layer needs checkpointing
     assert (first["checkpointed_layers"], every["checkpointed_layers"], auto["checkpointed_layers"]) == (0.0, 1.0, 0.0)
     # what the plan decided is reported beside it (auto variants only): 64 GiB, less the update's other rows
@@ -61,7 +61,7 @@ def test_tiny_profile_reports_every_variant_and_one_profiled_micro_batch():
     assert all(n["calls"] > 0 and n["cpu_ms"] >= 0 for n in p["backward_nodes"])
     assert any(n["node"].startswith(("MmBackward", "AddmmBackward")) for n in p["backward_nodes"])
     text = load_script("update_profile").format_report(r)
-    assert "micro-batch-size=2,cudnn-attention=True" in text and "one micro-batch of 2 rows" in text and "plan GiB" in text
+    assert "grpo.ppo-micro-batch-size-per-gpu=2,cudnn-attention=True" in text and "one micro-batch of 2 rows" in text and "plan GiB" in text
     assert "the backward's autograd nodes" in text and p["backward_nodes"][0]["node"][:50] in text
 
 
@@ -73,10 +73,10 @@ def test_the_variants_never_share_a_shape_and_a_bad_key_is_refused():
     assert not (lengths[0] & lengths[1]) and not (lengths[1] & lengths[2])
     means = [np.mean([len(s.prompt_ids) for s in samples]) for samples in sets]
     assert max(means) - min(means) < 5  # the same distribution, shifted by less than the modulus
-    assert up.parse_variant("micro-batch-size=4,cudnn-attention=false") == {"micro-batch-size": 4, "cudnn-attention": False}
+    assert up.parse_variant("grpo.ppo-micro-batch-size-per-gpu=4,cudnn-attention=false") == {"grpo.ppo-micro-batch-size-per-gpu": 4, "cudnn-attention": False}
     with pytest.raises(ValueError, match="cudnn-attention='maybe' is not allowed"):
         up.parse_variant("cudnn-attention=maybe")
-    assert up.parse_variant("host-waits=true,micro-batch-size=16") == {"micro-batch-size": 16, "host-waits": True}
+    assert up.parse_variant("host-waits=true,grpo.ppo-micro-batch-size-per-gpu=16") == {"grpo.ppo-micro-batch-size-per-gpu": 16, "host-waits": True}
     with pytest.raises(ValueError, match="host-waits='' is not allowed"):
         up.parse_variant("host-waits")
     with pytest.raises(ValueError):
@@ -100,7 +100,7 @@ def test_a_measured_trainer_does_not_outlive_its_variant(tiny_lm, maze_tokenizer
         return trainer
 
     monkeypatch.setattr(up, "GRPOTrainer", recording)
-    cfg = RunConfig.from_run_config(up.PAPER_ROUND | {"micro-batch-size": 2, "device": "cpu"})
+    cfg = RunConfig.from_run_config(up.PAPER_ROUND | {"grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cpu"})
     samples = up.synthetic_samples(4, 6, 3, tiny_lm.config.vocab_size, np.random.default_rng(0))
     up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
     up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
@@ -108,22 +108,22 @@ def test_a_measured_trainer_does_not_outlive_its_variant(tiny_lm, maze_tokenizer
 
 
 def test_the_diagnostic_keys_set_the_measured_trainers_config_switches(tiny_lm, maze_tokenizer, monkeypatch):
-    """host-waits, fused-adamw and padding-mask reach the measured trainer as GRPOConfig's diagnostic switches (what
+    """host-waits, fused-adamw and padding-mask reach the measured trainer as its diagnostic switches (PassSwitches) (what
     each switch does: tests/agent/test_passes.py); a variant without them, and the warm-up, run the defaults."""
     import torch
 
     from fedagent_flwr.config import RunConfig
 
     up = load_script("update_profile")
-    variant = up.parse_variant("micro-batch-size=2,host-waits=true,fused-adamw=false,padding-mask=true,cudnn-attention=true")
-    assert variant == {"micro-batch-size": 2, "host-waits": True, "fused-adamw": False, "padding-mask": True,
+    variant = up.parse_variant("grpo.ppo-micro-batch-size-per-gpu=2,host-waits=true,fused-adamw=false,padding-mask=true,cudnn-attention=true")
+    assert variant == {"grpo.ppo-micro-batch-size-per-gpu": 2, "host-waits": True, "fused-adamw": False, "padding-mask": True,
                        "cudnn-attention": True}
     assert up.switches(variant) == {"host_waits": True, "fused_adamw": False, "padding_mask": True}
-    assert up.switches({"micro-batch-size": 2}) == {}
+    assert up.switches({"grpo.ppo-micro-batch-size-per-gpu": 2}) == {}
     configs = []
     real = up.GRPOTrainer
-    monkeypatch.setattr(up, "GRPOTrainer", lambda model, tok, config, *a: configs.append(config) or real(model, tok, config, *a))
-    cfg = RunConfig.from_run_config(up.PAPER_ROUND | {"micro-batch-size": 2, "device": "cpu"})
+    monkeypatch.setattr(up, "GRPOTrainer", lambda *a, switches, **kw: configs.append(switches) or real(*a, switches=switches, **kw))
+    cfg = RunConfig.from_run_config(up.PAPER_ROUND | {"grpo.ppo-micro-batch-size-per-gpu": 2, "device": "cpu"})
     samples = up.synthetic_samples(4, 6, 3, tiny_lm.config.vocab_size, np.random.default_rng(0))
     up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12, up.switches(variant))
     up.measure(tiny_lm, maze_tokenizer, cfg, samples, torch.device("cpu"), 0, 1e12)
@@ -140,15 +140,15 @@ def test_a_variant_that_fails_is_reported_and_the_others_still_are(monkeypatch, 
     real = up.measure
 
     def breaks_at_three_rows(model, tokenizer, cfg, samples, *args):
-        if cfg.micro_batch_size == 3 and len(samples) > 4:  # the variant itself, not the warm-up
+        if cfg.grpo.ppo_micro_batch_size_per_gpu == 3 and len(samples) > 4:  # the variant itself, not the warm-up
             raise RuntimeError("recomputed values differ\nsecond line")
         return real(model, tokenizer, cfg, samples, *args)
 
     monkeypatch.setattr(up, "measure", breaks_at_three_rows)
-    r = up.main(["--shape", "tiny", "--samples", "8", "--variant", "micro-batch-size=2",
-                 "--variant", "micro-batch-size=3", "--variant", "micro-batch-size=4"])
+    r = up.main(["--shape", "tiny", "--samples", "8", "--variant", "grpo.ppo-micro-batch-size-per-gpu=2",
+                 "--variant", "grpo.ppo-micro-batch-size-per-gpu=3", "--variant", "grpo.ppo-micro-batch-size-per-gpu=4"])
     first, failed, last = r["variants"]
-    assert failed == {"variant": {"micro-batch-size": 3}, "failed": "RuntimeError: recomputed values differ"}
+    assert failed == {"variant": {"grpo.ppo-micro-batch-size-per-gpu": 3}, "failed": "RuntimeError: recomputed values differ"}
     assert first["micro_batch_size"] == 2 and last["micro_batch_size"] == 4 and last["update_s"] > 0
     assert "failed: RuntimeError: recomputed values differ" in capsys.readouterr().out
 
@@ -164,7 +164,7 @@ def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations
     up = load_script("update_profile")
     samples = up.synthetic_samples(8, 20, 6, 50, np.random.default_rng(0))
     shape = ModelShape.of(tiny_lm.config)
-    cfg = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8)
+    cfg = RunConfig.from_run_config({"device": "cpu", "grpo.ppo-micro-batch-size-per-gpu": 2, "rollout.generation-batch-size": 8})
     context = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     plan = planned(cfg, shape, context, 8).as_dict()
     held = plan["update peak"] - plan["activations of a micro-batch"] - plan["no-grad passes beyond the update's"]
@@ -172,7 +172,7 @@ def test_the_planned_peak_is_the_plans_rows_an_update_holds_with_the_activations
     passes = {True: [(2, 30), (2, 28)], False: [(2, 30)]}
     assert up.planned_peak(tiny_lm, cfg, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, 0, per)
     # every layer checkpointed: their inputs and one layer's set, unless the no-grad pass of 40 rows holds more
-    every = RunConfig(device="cpu", micro_batch_size=2, rollout_batch_size=8, gradient_checkpointing=True)
+    every = RunConfig.from_run_config({"device": "cpu", "grpo.ppo-micro-batch-size-per-gpu": 2, "rollout.generation-batch-size": 8, "engine.gradient-checkpointing": True})
     assert up.planned_peak(tiny_lm, every, samples, torch.device("cpu"), passes) == held + update_activation_bytes(shape, 60, shape.layers, per)
     wide = {True: [(2, 30)], False: [(40, 30)]}
     scoring = plan_no_grad_pass_bytes(every, shape, place_run(every), 1200)

@@ -19,7 +19,7 @@ def test_the_count_charges_each_operator_its_tensors_and_each_matmul_its_flops()
 
 
 def test_a_bf16_working_copy_moves_fewer_bytes_outside_the_matmuls_and_computes_the_same_flops():
-    r = traffic.main(["--shape", "tiny", "--variant", "param-dtype=fp32", "--variant", "param-dtype=bf16", "--json"])
+    r = traffic.main(["--shape", "tiny", "--variant", "engine.param-dtype=fp32", "--variant", "engine.param-dtype=bf16", "--json"])
     fp32, bf16 = r["variants"]
     for v in (fp32, bf16):
         shallow, deep = v["counted"]
@@ -35,5 +35,5 @@ def test_a_bf16_working_copy_moves_fewer_bytes_outside_the_matmuls_and_computes_
     casts = [v["counted"][1]["ops"]["_to_copy"]["bytes"] for v in (fp32, bf16)]
     assert casts[1] < casts[0]
     ratio = bf16["extrapolated"]["other_bytes"] / fp32["extrapolated"]["other_bytes"]
-    assert f"param-dtype=bf16: {ratio:.3f} x the first variant's bytes outside matmuls in the passes" in traffic.format_report(r)
+    assert f"engine.param-dtype=bf16: {ratio:.3f} x the first variant's bytes outside matmuls in the passes" in traffic.format_report(r)
     assert all(v["counted"][0]["optimizer_bytes"] > 0 for v in (fp32, bf16))  # counted apart from the passes

@@ -4,7 +4,7 @@ The contract for bad input: an inadmissible or malformed action never raises, th
 state stays as it was, the step still counts, and the observation says the action
 was invalid. The helpers here send many such actions and check all of that; each
 test file supplies what is particular to its environment (a state snapshot, the
-invalid-action reward, a few hand-written near misses).
+rollout.invalid-action reward, a few hand-written near misses).
 """
 
 from __future__ import annotations

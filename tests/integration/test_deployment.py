@@ -76,8 +76,8 @@ def test_two_rounds_on_a_loopback_superlink_with_two_supernodes(tmp_path, secure
             assert "Failed to activate SuperNode" in log, log
         nodes = [fed.start_supernode(k, 2, key=fed.node_key(f"node{k}") if secure else None) for k in range(2)]
         run_config = (
-            "num-clients=2 clients-per-round=2 num-server-rounds=2 tasks-per-epoch=1 group-size=2 eval-tasks=1 "
-            f"eval-samples-per-task=1 eval-every=1 seed=3 output-dir='{out}' run-name='deploy'"
+            "num-clients=2 clients-per-round=2 num-server-rounds=2 grpo.tasks-per-epoch=1 grpo.num-generations=2 eval.tasks=1 "
+            f"eval.samples-per-task=1 eval.test-freq=1 seed=3 output-dir='{out}' run-name='deploy'"
         )
         try:
             result = fed.run_app(run_config, timeout=1500)
@@ -109,8 +109,8 @@ def test_killed_deployment_resumes_to_the_uninterrupted_weights(tmp_path):
     from fedagent_flwr.runs.resume import load_state, saved_round
 
     out = tmp_path / "runs"
-    base = ("num-clients=3 clients-per-round=2 num-server-rounds=3 tasks-per-epoch=1 group-size=2 eval-tasks=1 "
-            f"eval-samples-per-task=1 eval-every=1 seed=6 output-dir='{out}'")
+    base = ("num-clients=3 clients-per-round=2 num-server-rounds=3 grpo.tasks-per-epoch=1 grpo.num-generations=2 eval.tasks=1 "
+            f"eval.samples-per-task=1 eval.test-freq=1 seed=6 output-dir='{out}'")
 
     def federation(name):
         fed = LocalFederation(tmp_path / name)
@@ -201,9 +201,9 @@ def test_a_qwen2_5_0_5b_shaped_model_crosses_real_supernodes(tmp_path):
 
     ensure_shaped_model("shape:qwen2.5-0.5b", "maze")  # built once per machine (~20 s), outside the timed run
     out = tmp_path / "runs"
-    run_config = ("model='shape:qwen2.5-0.5b' transfer-dtype='bf16' num-clients=2 clients-per-round=1 num-server-rounds=2 tasks-per-epoch=1 "
-                  "group-size=2 max-steps=1 max-new-tokens=2 rollout-batch-size=2 eval-tasks=1 eval-samples-per-task=1 "
-                  f"eval-every=1 seed=1 output-dir='{out}' run-name='big'")
+    run_config = ("model='shape:qwen2.5-0.5b' federation.transfer-dtype='bf16' num-clients=2 clients-per-round=1 num-server-rounds=2 grpo.tasks-per-epoch=1 "
+                  "grpo.num-generations=2 rollout.max-steps=1 rollout.max-completion-length=2 rollout.generation-batch-size=2 eval.tasks=1 eval.samples-per-task=1 "
+                  f"eval.test-freq=1 seed=1 output-dir='{out}' run-name='big'")
     wall, node_logs, memory = _run_on_two_supernodes(tmp_path, run_config)
     loads = node_logs.count("[fedagent] loaded shape:qwen2.5-0.5b")
 
@@ -236,9 +236,9 @@ def test_a_qwen2_5_1_5b_shaped_model_runs_a_round_on_cuda_over_real_supernodes(t
 
     ensure_shaped_model("shape:qwen2.5-1.5b", "maze")  # outside the timed run
     out = tmp_path / "runs"
-    run_config = ("model='shape:qwen2.5-1.5b' device='cuda' transfer-dtype='bf16' num-clients=2 clients-per-round=2 "
-                  "num-server-rounds=1 tasks-per-epoch=2 group-size=4 max-steps=3 max-new-tokens=16 rollout-batch-size=8 "
-                  "eval-tasks=2 eval-samples-per-task=1 eval-every=1 learning-rate=1e-6 seed=1 "
+    run_config = ("model='shape:qwen2.5-1.5b' device='cuda' federation.transfer-dtype='bf16' num-clients=2 clients-per-round=2 "
+                  "num-server-rounds=1 grpo.tasks-per-epoch=2 grpo.num-generations=4 rollout.max-steps=3 rollout.max-completion-length=16 rollout.generation-batch-size=8 "
+                  "eval.tasks=2 eval.samples-per-task=1 eval.test-freq=1 grpo.learning-rate=1e-6 seed=1 "
                   f"output-dir='{out}' run-name='cuda'")
     wall, logs, _ = _run_on_two_supernodes(tmp_path, run_config)
 

@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # about 60-90 s each on 2 shared cores, almost all of it Ray start-up
-@pytest.mark.parametrize("strategy, extra, algo", [("qavg", [], "qavg"), ("pavg", ["--pavg-variant", "soft"], "softpavg")])
+@pytest.mark.parametrize("strategy, extra, algo", [("qavg", [], "qavg"), ("pavg", ["--fedrl.pavg-variant", "soft"], "softpavg")])
 def test_flwr_run_of_qavg_and_pavg_matches_the_engine(tmp_path, strategy, extra, algo):
     out = tmp_path / "runs"
     cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--strategy", strategy, "--env", "random-mdp",
-           "--num-clients", "3", "--num-server-rounds", "3", "--local-updates", "2", "--kappa", "0.6", "--seed", "4",
+           "--num-clients", "3", "--num-server-rounds", "3", "--fedrl.local-updates", "2", "--fedrl.kappa", "0.6", "--seed", "4",
            "--output-dir", str(out), "--run-name", "ci", *extra]
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -56,8 +56,8 @@ def test_flwr_run_of_per_ddpgavg_matches_an_in_process_run(tmp_path, run_identit
 
     out = tmp_path / "runs"
     cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--strategy", "pavg", "--env", "pendulum", "--num-clients", "2",
-           "--num-server-rounds", "2", "--local-updates", "4", "--env-embedding-dim", "2", "--max-steps", "150",
-           "--fedrl-test-envs", "1", "--eval-samples-per-task", "1", "--eval-every", "1", "--seed", "3",
+           "--num-server-rounds", "2", "--fedrl.local-updates", "4", "--fedrl.env-embedding-dim", "2", "--rollout.max-steps", "150",
+           "--fedrl.test-envs", "1", "--eval.samples-per-task", "1", "--eval.test-freq", "1", "--seed", "3",
            "--output-dir", str(out), "--run-name", "ddpg"]
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

@@ -19,11 +19,11 @@ def test_two_round_fedse_simulation_on_the_tiny_model(tmp_path):
     out, buffers = tmp_path / "runs", tmp_path / "buffers"
     cmd = [
         sys.executable, str(ROOT / "run_simulation.py"), "--strategy", "fedse-lora",
-        "--num-clients", "2", "--num-server-rounds", "2", "--tasks-per-client", "4",
-        "--fedse-explore-samples", "2", "--fedse-seed-demos", "2", "--fedse-sft-steps", "3", "--fedse-sft-batch-size", "8",
-        "--lora-rank", "4", "--eval-samples-per-task", "1", "--eval-every", "1",
-        "--fedse-buffer-dir", str(buffers), "--output-dir", str(out), "--run-name", "fedse-ci", "--seed", "3",
-        "--clients-per-round", "1",  # not Fed-SE's key: fedse-client-fraction (default all) picks its clients
+        "--num-clients", "2", "--num-server-rounds", "2", "--partition.tasks-per-client", "4",
+        "--fedse.explore-samples", "2", "--fedse.seed-demos", "2", "--fedse.max-steps", "3", "--fedse.sft-batch-size", "8",
+        "--lora.r", "4", "--eval.samples-per-task", "1", "--eval.test-freq", "1",
+        "--fedse.buffer-dir", str(buffers), "--output-dir", str(out), "--run-name", "fedse-ci", "--seed", "3",
+        "--clients-per-round", "1",  # not Fed-SE's key: fedse.fraction-train (default all) picks its clients
     ]
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
@@ -68,9 +68,9 @@ def test_protocol_writes_table_and_rank_sweep(tmp_path):
     from fedagent_flwr.experiments.fedse_protocol import main
 
     out = tmp_path / "protocol"
-    small = ["num-server-rounds=1", "num-clients=2", "tasks-per-client=1", "eval-tasks=2", "eval-samples-per-task=1",
-             "fedse-sft-steps=1", "fedse-explore-samples=1", "fedse-seed-demos=1",
-             "max-steps=12"]  # the farthest Maze start is 12 moves away: every expert seed demo succeeds
+    small = ["num-server-rounds=1", "num-clients=2", "partition.tasks-per-client=1", "eval.tasks=2", "eval.samples-per-task=1",
+             "fedse.max-steps=1", "fedse.explore-samples=1", "fedse.seed-demos=1",
+             "rollout.max-steps=12"]  # the farthest Maze start is 12 moves away: every expert seed demo succeeds
     args = ["--out", str(out), "--methods", "fed-se,fedavg-static,local,centralized,no-filter", "--ranks", "2"]
     assert main(args + [a for s in small for a in ("--set", s)]) == 0
     table = json.loads((out / "table.json").read_text())

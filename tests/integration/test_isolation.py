@@ -39,8 +39,8 @@ class Job:
 
     def __init__(self, tmp_path: Path, name: str, rounds: int, env: dict[str, str] | None = None):
         cmd = [sys.executable, str(ROOT / "run_simulation.py"), "--num-clients", "2", "--clients-per-round", "1",
-               "--num-server-rounds", str(rounds), "--tasks-per-epoch", "1", "--group-size", "2", "--eval-tasks", "2",
-               "--eval-samples-per-task", "1", "--eval-every", "1", "--output-dir", str(tmp_path / name / "runs"),
+               "--num-server-rounds", str(rounds), "--grpo.tasks-per-epoch", "1", "--grpo.num-generations", "2", "--eval.tasks", "2",
+               "--eval.samples-per-task", "1", "--eval.test-freq", "1", "--output-dir", str(tmp_path / name / "runs"),
                "--run-name", name]
         (tmp_path / name).mkdir()
         with sigint_not_ignored():

@@ -23,8 +23,8 @@ from fedagent_flwr.runs.resume import saved_round
 
 DRIVER = Path(__file__).resolve().parents[1] / "federation_driver.py"
 ROUNDS = 4
-SMALL = {"num-server-rounds": ROUNDS, "clients-per-round": 2, "num-clients": 3, "tasks-per-epoch": 1, "group-size": 2,
-         "eval-tasks": 1, "eval-samples-per-task": 1, "eval-every": 2, "eval-transcripts": 0, "seed": 3}
+SMALL = {"num-server-rounds": ROUNDS, "clients-per-round": 2, "num-clients": 3, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2,
+         "eval.tasks": 1, "eval.samples-per-task": 1, "eval.test-freq": 2, "eval.transcripts": 0, "seed": 3}
 # (how the run is stopped, damage to the newest state afterwards)
 TRIALS = [("time", None), ("time", "truncate"), ("time", None), ("step", None), ("time", "flip"), ("step", None),
           ("time", "delete"), ("step", None), ("time", None), ("step", None)]

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 @pytest.mark.slow
 def test_a_lora_fedagent_job_sends_the_adapter_in_bf16_and_reports_held_out_success(tmp_path):
     out = tmp_path / "runs"
-    proc, log = simulate(tmp_path, out, "lora", "--num-clients", "2", "--num-server-rounds", "2", "--finetuning", "lora",
-                         "--lora-rank", "4", "--kl-reference", "base", "--transfer-dtype", "bf16", "--eval-tasks", "3")
+    proc, log = simulate(tmp_path, out, "lora", "--num-clients", "2", "--num-server-rounds", "2", "--grpo.finetuning", "lora",
+                         "--lora.r", "4", "--grpo.kl-reference", "base", "--federation.transfer-dtype", "bf16", "--eval.tasks", "3")
     run_dir = out / "lora"
     assert (run_dir / "summary.json").exists(), log
     summary = json.loads((run_dir / "summary.json").read_text())

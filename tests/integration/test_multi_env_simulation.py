@@ -21,9 +21,9 @@ def test_one_round_over_five_environments_reports_each(tmp_path):
     out = tmp_path / "runs"
     cmd = [
         sys.executable, str(ROOT / "run_simulation.py"),
-        "--env", ",".join(ENVS), "--partition", "by-environment", "--num-clients", "5", "--clients-per-round", "5",
-        "--num-server-rounds", "1", "--tasks-per-epoch", "2", "--group-size", "2", "--max-steps", "6",
-        "--eval-tasks", "2", "--eval-samples-per-task", "1", "--eval-every", "1",
+        "--env", ",".join(ENVS), "--partition.scheme", "by-environment", "--num-clients", "5", "--clients-per-round", "5",
+        "--num-server-rounds", "1", "--grpo.tasks-per-epoch", "2", "--grpo.num-generations", "2", "--rollout.max-steps", "6",
+        "--eval.tasks", "2", "--eval.samples-per-task", "1", "--eval.test-freq", "1",
         "--output-dir", str(out), "--run-name", "multi", "--seed", "3",
     ]
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
@@ -37,7 +37,7 @@ def test_one_round_over_five_environments_reports_each(tmp_path):
     rates = summary["final_success_rate_per_env"]
     assert all(0.0 <= r <= 1.0 for r in rates.values())
     assert summary["final_mean_over_envs"] == pytest.approx(sum(rates.values()) / 5)
-    # eval-tasks=2 is per environment, so every env has 2 episodes and the pooled rate equals the mean.
+    # eval.tasks=2 is per environment, so every env has 2 episodes and the pooled rate equals the mean.
     assert summary["final"]["episodes"] == 10.0
     assert all(summary["final"][f"episodes/env/{e}"] == 2.0 for e in ENVS)
     assert summary["final_success_rate"] == pytest.approx(summary["final_mean_over_envs"])

@@ -18,8 +18,8 @@ def test_two_round_simulation_on_the_tiny_model(tmp_path):
     cmd = [
         sys.executable, str(ROOT / "run_simulation.py"), "--run-config", str(ROOT / "configs" / "fedagent-cpu.toml"),
         "--num-clients", "3", "--clients-per-round", "2", "--num-server-rounds", "2",
-        "--tasks-per-epoch", "2", "--group-size", "4", "--eval-samples-per-task", "1",
-        "--eval-every", "1", "--output-dir", str(out), "--run-name", "ci", "--seed", "5",
+        "--grpo.tasks-per-epoch", "2", "--grpo.num-generations", "4", "--eval.samples-per-task", "1",
+        "--eval.test-freq", "1", "--output-dir", str(out), "--run-name", "ci", "--seed", "5",
     ]
     env = os.environ | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -34,7 +34,7 @@ def test_two_round_simulation_on_the_tiny_model(tmp_path):
     assert processes_of(home) == set() and not Path(home).exists()
 
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["tasks-per-client"] == 4 and config["num-server-rounds"] == 2  # from the preset; from a flag
+    assert config["partition.tasks-per-client"] == 4 and config["num-server-rounds"] == 2  # from the preset; from a flag
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["initial_success_rate"] <= 1.0 and 0.0 <= summary["final_success_rate"] <= 1.0

@@ -42,24 +42,24 @@ def run_in_process(cfg: RunConfig, K: int = 5):
 @pytest.mark.parametrize(
     "over, family, algo",
     [
-        ({"strategy": "qavg", "env": "random-mdp", "local-updates": 4, "num-server-rounds": 6}, RandomMDPs, "qavg"),
-        ({"strategy": "pavg", "env": "random-mdp", "pavg-variant": "soft", "local-updates": 2, "num-server-rounds": 8}, RandomMDPs, "softpavg"),
-        ({"strategy": "pavg", "env": "random-mdp", "pavg-variant": "proj", "local-updates": 4, "num-server-rounds": 5,
-          "random-mdp-reward-scale": 10.0, "kappa": 0.8}, RandomMDPs, "projpavg"),
-        ({"strategy": "qavg", "env": "windy-cliffs", "local-updates": 2, "num-server-rounds": 6, "kappa": 0.6}, WindyCliffs, "qavg"),
-        ({"strategy": "pavg", "env": "windy-cliffs", "pavg-variant": "proj", "local-updates": 8, "num-server-rounds": 2}, WindyCliffs, "projpavg"),
-        ({"strategy": "qavg", "env": "random-mdp", "local-updates": 0, "independent-steps-per-round": 3, "num-server-rounds": 4}, RandomMDPs, "qavg"),
-        ({"strategy": "pavg", "env": "windy-cliffs", "local-updates": 0, "independent-steps-per-round": 4, "num-server-rounds": 3,
-          "fedrl-step-size": 0.2, "fedrl-step-decay": 0.5}, WindyCliffs, "softpavg"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.local-updates": 4, "num-server-rounds": 6}, RandomMDPs, "qavg"),
+        ({"strategy": "pavg", "env": "random-mdp", "fedrl.pavg-variant": "soft", "fedrl.local-updates": 2, "num-server-rounds": 8}, RandomMDPs, "softpavg"),
+        ({"strategy": "pavg", "env": "random-mdp", "fedrl.pavg-variant": "proj", "fedrl.local-updates": 4, "num-server-rounds": 5,
+          "fedrl.random-mdp-reward-scale": 10.0, "fedrl.kappa": 0.8}, RandomMDPs, "projpavg"),
+        ({"strategy": "qavg", "env": "windy-cliffs", "fedrl.local-updates": 2, "num-server-rounds": 6, "fedrl.kappa": 0.6}, WindyCliffs, "qavg"),
+        ({"strategy": "pavg", "env": "windy-cliffs", "fedrl.pavg-variant": "proj", "fedrl.local-updates": 8, "num-server-rounds": 2}, WindyCliffs, "projpavg"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.local-updates": 0, "fedrl.independent-steps-per-round": 3, "num-server-rounds": 4}, RandomMDPs, "qavg"),
+        ({"strategy": "pavg", "env": "windy-cliffs", "fedrl.local-updates": 0, "fedrl.independent-steps-per-round": 4, "num-server-rounds": 3,
+          "fedrl.step-size": 0.2, "fedrl.step-decay": 0.5}, WindyCliffs, "softpavg"),
     ],
 )
 def test_flower_rounds_equal_the_vectorised_engine_on_the_same_seed(run_identity, over, family, algo):
     for seed, rep in ((0, 0), (3, 7)):
-        cfg = _cfg(**over, seed=seed, **{"fedrl-repetition": rep})
+        cfg = _cfg(**over, seed=seed, **{"fedrl.repetition": rep})
         problem, strategy, grid, values, _ = run_in_process(cfg)
-        steps = cfg.num_server_rounds * (cfg.local_updates or cfg.independent_steps_per_round)
-        fam = family(reward_scale=cfg.random_mdp_reward_scale) if family is RandomMDPs else family()
-        cell = Cell(algo, cfg.local_updates or None, steps, problem.step_size, cfg.kappa)
+        steps = cfg.num_server_rounds * (cfg.fedrl.local_updates or cfg.fedrl.independent_steps_per_round)
+        fam = family(reward_scale=cfg.fedrl.random_mdp_reward_scale) if family is RandomMDPs else family()
+        cell = Cell(algo, cfg.fedrl.local_updates or None, steps, problem.step_size, cfg.fedrl.kappa)
         (ref,) = run_cells(fam, [cell], reps=rep + 1, seed=seed)
         final = values[cfg.num_server_rounds]
         assert final["center_value"] == pytest.approx(ref.center_value[rep], rel=1e-10, abs=1e-12)
@@ -71,7 +71,7 @@ def test_flower_rounds_equal_the_vectorised_engine_on_the_same_seed(run_identity
 
 
 def test_the_server_average_is_the_mean_of_the_replies_and_step_sizes_follow_theorem_2(run_identity):
-    cfg = _cfg(strategy="qavg", env="random-mdp", **{"num-server-rounds": 3, "local-updates": 4})
+    cfg = _cfg(strategy="qavg", env="random-mdp", **{"num-server-rounds": 3, "fedrl.local-updates": 4})
     problem, strategy, grid, values, result = run_in_process(cfg)
     last = [r for r in grid.replies if True][-5:]
     tables = np.stack([r.content.array_records["arrays"]["params"].numpy() for r in last])
@@ -85,8 +85,8 @@ def test_the_server_average_is_the_mean_of_the_replies_and_step_sizes_follow_the
 
 
 def test_proj_pavg_keeps_tables_on_the_simplex_and_rejects_off_simplex_replies(run_identity):
-    cfg = _cfg(strategy="pavg", env="random-mdp", **{"pavg-variant": "proj", "num-server-rounds": 3, "local-updates": 4,
-                                                     "fedrl-step-size": 0.5})
+    cfg = _cfg(strategy="pavg", env="random-mdp", **{"fedrl.pavg-variant": "proj", "num-server-rounds": 3, "fedrl.local-updates": 4,
+                                                     "fedrl.step-size": 0.5})
     problem, strategy, grid, values, result = run_in_process(cfg)
     for reply in grid.replies:
         table = reply.content.array_records["arrays"]["params"].numpy()
@@ -116,7 +116,7 @@ def test_soft_pavg_averages_logits(run_identity):
 
 
 def test_independent_baseline_sends_no_model_after_round_one(run_identity):
-    cfg = _cfg(strategy="qavg", env="random-mdp", **{"num-server-rounds": 3, "local-updates": 0, "independent-steps-per-round": 2})
+    cfg = _cfg(strategy="qavg", env="random-mdp", **{"num-server-rounds": 3, "fedrl.local-updates": 0, "fedrl.independent-steps-per-round": 2})
     problem, strategy, grid, values, _ = run_in_process(cfg)
     by_round = {}
     for m in grid.sent:
@@ -128,7 +128,7 @@ def test_independent_baseline_sends_no_model_after_round_one(run_identity):
 
 
 def test_sampled_clients_use_the_seeded_fraction(run_identity):
-    cfg = _cfg(strategy="qavg", env="windy-cliffs", **{"num-server-rounds": 4, "fedrl-clients": "sampled", "clients-per-round": 2})
+    cfg = _cfg(strategy="qavg", env="windy-cliffs", **{"num-server-rounds": 4, "fedrl.clients": "sampled", "clients-per-round": 2})
     _, strategy, grid, values, _ = run_in_process(cfg)
     assert all(len(p) == 2 and len(set(p)) == 2 for p in strategy.sampled.values())
     assert len(grid.sent) == 8
@@ -138,7 +138,7 @@ def test_sampled_clients_use_the_seeded_fraction(run_identity):
 
 def test_a_client_that_built_another_problem_is_refused(run_identity):
     cfg = _cfg(strategy="qavg", env="random-mdp")
-    other = _cfg(strategy="qavg", env="random-mdp", kappa=0.2)
+    other = _cfg(strategy="qavg", env="random-mdp", **{"fedrl.kappa": 0.2})
     assert method_for(cfg).client_fingerprint(0, 5, None) != method_for(other).client_fingerprint(0, 5, None)
     problem = build_problem(cfg, 5)
     strategy = strategy_for(cfg, problem, {k: 100 + k for k in range(5)})
@@ -159,14 +159,14 @@ def test_a_client_that_built_another_problem_is_refused(run_identity):
         ({"strategy": "fedagent-avg", "env": "random-mdp"}, "env='random-mdp'"),
         ({"strategy": "pavg", "env": "cartpole"}, "env='cartpole'"),
         ({"strategy": "qavg", "env": "pendulum"}, "env='pendulum'"),
-        ({"strategy": "pavg", "env": "pendulum", "pavg-variant": "proj"}, "pavg-variant='proj'"),
-        ({"strategy": "qavg", "env": "random-mdp", "kappa": 1.5}, "kappa=1.5"),
-        ({"strategy": "pavg", "env": "random-mdp", "pavg-variant": "natural"}, "pavg-variant='natural'"),
-        ({"strategy": "qavg", "env": "random-mdp", "local-updates": -1}, "local-updates=-1"),
-        ({"strategy": "qavg", "env": "random-mdp", "local-updates": 0, "fedrl-clients": "sampled"}, "fedrl-clients='sampled'"),
-        ({"strategy": "qavg", "env": "random-mdp", "fedrl-step-decay": 0.0}, "fedrl-step-decay=0.0"),
-        ({"strategy": "qavg", "env": "random-mdp", "random-mdp-reward-scale": 0.0}, "random-mdp-reward-scale=0.0"),
-        ({"strategy": "qavg", "env": "random-mdp", "env-embedding-dim": 4}, "env-embedding-dim=4"),
+        ({"strategy": "pavg", "env": "pendulum", "fedrl.pavg-variant": "proj"}, "fedrl.pavg-variant='proj'"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.kappa": 1.5}, "fedrl.kappa=1.5"),
+        ({"strategy": "pavg", "env": "random-mdp", "fedrl.pavg-variant": "natural"}, "fedrl.pavg-variant='natural'"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.local-updates": -1}, "fedrl.local-updates=-1"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.local-updates": 0, "fedrl.clients": "sampled"}, "fedrl.clients='sampled'"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.step-decay": 0.0}, "fedrl.step-decay=0.0"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.random-mdp-reward-scale": 0.0}, "fedrl.random-mdp-reward-scale=0.0"),
+        ({"strategy": "qavg", "env": "random-mdp", "fedrl.env-embedding-dim": 4}, "fedrl.env-embedding-dim=4"),
     ],
 )
 def test_bad_qavg_pavg_configs_fail_before_work_starts(override, message):
@@ -188,7 +188,7 @@ def test_mujoco_envs_need_mujoco_before_work_starts(monkeypatch):
 def test_strategy_registry_and_arguments():
     nodes = {k: 100 + k for k in range(5)}
     assert type(strategy_for(_cfg(strategy="qavg", env="random-mdp"), build_problem(_cfg(strategy="qavg", env="random-mdp"), 5), nodes)) is QAvg
-    proj = _cfg(strategy="pavg", env="random-mdp", **{"pavg-variant": "proj"})
+    proj = _cfg(strategy="pavg", env="random-mdp", **{"fedrl.pavg-variant": "proj"})
     strategy = strategy_for(proj, build_problem(proj, 5), nodes)
     assert type(strategy) is PAvg and strategy.algorithm == "projpavg" == method_for(proj).algorithm()
     assert PAvg(node_of_partition={0: 1}, local_steps=None, variant="proj").algorithm == "projpavg"
@@ -209,8 +209,8 @@ def test_per_deep_avg_never_sends_the_embedding_and_averages_the_shared_layers(r
     from fedagent_flwr.methods.fedrl import deep as fedrl_deep
 
     # pendulum: 3 episodes of 200 steps a round, so DDPG's 1,000 warm-up steps end in round 2 and the embedding trains
-    cfg = _cfg(strategy=strategy, env=env, **{"env-embedding-dim": 3, "local-updates": E, "num-server-rounds": 2,
-                                              "fedrl-test-envs": 1, "eval-samples-per-task": 1, "eval-every": 2})
+    cfg = _cfg(strategy=strategy, env=env, **{"fedrl.env-embedding-dim": 3, "fedrl.local-updates": E, "num-server-rounds": 2,
+                                              "fedrl.test-envs": 1, "eval.samples-per-task": 1, "eval.test-freq": 2})
     K = 2
     problem = fedrl_deep.build_deep_problem(cfg, K)
     grid = LocalGrid(cfg, K)
@@ -254,7 +254,7 @@ def test_learner_state_survives_the_round_trip_through_context_state(strategy, e
 
     from fedagent_flwr.methods.fedrl import deep as fedrl_deep
 
-    cfg = _cfg(strategy=strategy, env=env, **{"env-embedding-dim": 2})
+    cfg = _cfg(strategy=strategy, env=env, **{"fedrl.env-embedding-dim": 2})
     problem = fedrl_deep.build_deep_problem(cfg, 2)
     if problem.ddpg:  # a small ring buffer that wraps before the save: 3 x 200 steps into 250 slots, next slot 100
         problem = replace(problem, config=replace(problem.config, replay_size=250, warmup_steps=100))
@@ -284,6 +284,6 @@ def test_deep_env_lists_agree_with_the_config():
     assert set(config.FEDRL_ENVS) == set(fedrl_deep.DEEP_ENVS) | set(config.FEDRL_TABULAR_ENVS)
     for name, envs in config.FEDRL_STRATEGY_ENVS.items():
         assert set(envs) <= set(config.FEDRL_ENVS), name
-    problem = fedrl_deep.build_deep_problem(_cfg(strategy="pavg", env="pendulum", **{"max-steps": 50}), 3)
+    problem = fedrl_deep.build_deep_problem(_cfg(strategy="pavg", env="pendulum", **{"rollout.max-steps": 50}), 3)
     assert problem.name == "DDPGAvg" and len(problem.train_params) == 3 and all(len(p) == 2 for p in problem.train_params)
     assert problem.make_env(problem.train_params[0]).spec.max_episode_steps == 50

@@ -142,7 +142,7 @@ def test_strategy_sends_to_all_clients_aggregates_and_counts_bytes(run_identity)
     assert "agg/factor-mean-rel-error" in metrics
     with pytest.raises(ValueError, match="LoRA"):
         list(strategy.configure_train(2, _record({"w": np.zeros(3, np.float32)}), ConfigRecord(), grid=None))
-    with pytest.raises(ValueError, match="fedse-aggregation"):
+    with pytest.raises(ValueError, match="fedse.aggregation"):
         FedSELoRA(nodes, aggregation="median")
 
 
@@ -215,7 +215,7 @@ def test_valid_steps_only_drops_rejected_steps_and_empty_trajectories():
     out = valid_steps_only([t, empty])
     assert [x.task.id for x in out] == ["a"] and [s.prompt_ids[-1] for s in out[0].steps] == [0, 2]
     assert len(t.steps) == 3  # the input is not modified
-    with pytest.raises(ValueError, match="fedse-steps"):
+    with pytest.raises(ValueError, match="fedse.steps"):
         SelfEvolutionConfig(steps="some")
 
 
@@ -278,7 +278,7 @@ def test_self_evolution_round_grows_the_buffer_and_returns_only_the_adapter(tiny
 
 
 def test_seed_data_read_from_files_seed_the_buffer_instead_of_the_experts(tiny_lm, maze_tokenizer, tmp_path):
-    """fedse-seed-data: D_k^0 is the entries read (the experts play nothing), the steps left out are reported, and
+    """fedse.seed-data: D_k^0 is the entries read (the experts play nothing), the steps left out are reported, and
     the reader is called only while the buffer is unseeded."""
     from fedagent_flwr.agent.training.experience import SEED_ROUND, StoredTrajectory
 
@@ -322,8 +322,8 @@ def test_client_message_holds_only_adapter_tensors_and_numeric_metrics(tiny_lm, 
     agent = _agent(tiny_lm, maze_tokenizer)
     monkeypatch.setattr(client_app, "load_agent", lambda *a: agent)
     cfg = RunConfig().to_run_config() | {
-        "strategy": "fedse-lora", "fedse-buffer-dir": str(tmp_path / "buffers"), "tasks-per-client": 2, "lora-rank": 2,
-        "fedse-explore-samples": 1, "fedse-seed-demos": 2, "fedse-sft-steps": 1, "max-new-tokens": 8, "max-steps": 3,
+        "strategy": "fedse-lora", "fedse.buffer-dir": str(tmp_path / "buffers"), "partition.tasks-per-client": 2, "lora.r": 2,
+        "fedse.explore-samples": 1, "fedse.seed-demos": 2, "fedse.max-steps": 1, "rollout.max-completion-length": 8, "rollout.max-steps": 3,
     }
     global_adapter, reply = _client_round(client_app, tiny_lm, cfg, partition_id=1)
     content = reply.content
@@ -345,9 +345,9 @@ def test_a_client_under_bf16_base_trains_an_fp32_adapter_over_its_bf16_base(tiny
     from fedagent_flwr.agent.training import sft
 
     cfg = RunConfig().to_run_config() | {
-        "strategy": "fedse-lora", "precision": "bf16-base", "fedse-buffer-dir": str(tmp_path / "buffers"),
-        "tasks-per-client": 2, "lora-rank": 2, "fedse-explore-samples": 1, "fedse-seed-demos": 2, "fedse-sft-steps": 2,
-        "fedse-learning-rate": 1e-2, "max-new-tokens": 8, "max-steps": 3,
+        "strategy": "fedse-lora", "precision": "bf16-base", "fedse.buffer-dir": str(tmp_path / "buffers"),
+        "partition.tasks-per-client": 2, "lora.r": 2, "fedse.explore-samples": 1, "fedse.seed-demos": 2, "fedse.max-steps": 2,
+        "fedse.learning-rate": 1e-2, "rollout.max-completion-length": 8, "rollout.max-steps": 3,
     }
     assert base_dtype(RunConfig.from_run_config(cfg).precision) == torch.bfloat16
     base = copy.deepcopy(tiny_lm).to(torch.bfloat16)
@@ -369,14 +369,14 @@ def test_a_client_under_bf16_base_trains_an_fp32_adapter_over_its_bf16_base(tiny
 
 
 def test_config_rejects_bad_fedse_values():
-    with pytest.raises(ValueError, match="fedse-aggregation"):
-        RunConfig.from_run_config({"fedse-aggregation": "median"})
-    with pytest.raises(ValueError, match="fedse-client-fraction"):
-        RunConfig.from_run_config({"fedse-client-fraction": 1.5})
-    with pytest.raises(ValueError, match="fedse-buffer-dir"):
-        RunConfig.from_run_config({"fedse-buffer-dir": "relative/dir"})
-    with pytest.raises(ValueError, match="fedse-seed-demos"):
-        RunConfig.from_run_config({"strategy": "fedse-lora", "fedse-explore-samples": 0, "fedse-seed-demos": 0})
+    with pytest.raises(ValueError, match="fedse.aggregation"):
+        RunConfig.from_run_config({"fedse.aggregation": "median"})
+    with pytest.raises(ValueError, match="fedse.fraction-train"):
+        RunConfig.from_run_config({"fedse.fraction-train": 1.5})
+    with pytest.raises(ValueError, match="fedse.buffer-dir"):
+        RunConfig.from_run_config({"fedse.buffer-dir": "relative/dir"})
+    with pytest.raises(ValueError, match="fedse.seed-demos"):
+        RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.explore-samples": 0, "fedse.seed-demos": 0})
 
 
 @pytest.mark.parametrize("perturbation, low, high", [(1.0, 0.25, 0.40), (0.1, 0.0, 0.01)])
@@ -421,9 +421,9 @@ def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given
     from fedagent_flwr.config import RunConfig
 
     assert self_evolution_config(RunConfig(strategy="fedse-lora")).loss_tokens == "completion"
-    assert self_evolution_config(RunConfig(strategy="fedse-lora", fedse_loss_tokens="action")).loss_tokens == "action"
-    with pytest.raises(ValueError, match="fedse-loss-tokens='reasoning'"):
-        RunConfig(strategy="fedse-lora", fedse_loss_tokens="reasoning")
+    assert self_evolution_config(RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.loss-tokens": "action"})).loss_tokens == "action"
+    with pytest.raises(ValueError, match="fedse.loss-tokens='reasoning'"):
+        RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.loss-tokens": "reasoning"})
     # the round hands the SFT the split samples only with loss_tokens="action"
     seen = {}
     monkeypatch.setattr(self_evolution, "supervised_finetune", lambda m, s, t, c: seen.update(samples=s) or [1.0])
@@ -438,17 +438,17 @@ def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given
 
 
 def test_fedse_fine_tunes_epochs_over_the_whole_buffer_under_the_schedule_the_run_config_names(maze_tokenizer, tiny_lm, tmp_path):
-    """fedse-sft-epochs and fedse-lr-schedule reach TRL: with 2 epochs the round takes 2 x ceil(buffer steps / batch)
-    optimizer steps whatever fedse-sft-steps says, so the steps grow with the buffer (Fed-SE v2's 2 epochs a round)."""
+    """fedse.num-train-epochs and fedse.lr-scheduler-type reach TRL: with 2 epochs the round takes 2 x ceil(buffer steps / batch)
+    optimizer steps whatever fedse.max-steps says, so the steps grow with the buffer (Fed-SE v2's 2 epochs a round)."""
     from fedagent_flwr.config import RunConfig
 
-    run = RunConfig(strategy="fedse-lora", fedse_sft_epochs=2, fedse_lr_schedule="cosine", fedse_sft_steps=50)
+    run = RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.num-train-epochs": 2, "fedse.lr-scheduler-type": "cosine", "fedse.max-steps": 50})
     se = self_evolution_config(run)
     assert (se.sft_epochs, se.lr_schedule, se.sft_steps) == (2, "cosine", 50)
-    with pytest.raises(ValueError, match="fedse-lr-schedule='linear'"):
-        RunConfig(strategy="fedse-lora", fedse_lr_schedule="linear")
-    with pytest.raises(ValueError, match="fedse-sft-epochs=-1"):
-        RunConfig(strategy="fedse-lora", fedse_sft_epochs=-1)
+    with pytest.raises(ValueError, match="fedse.lr-scheduler-type='linear'"):
+        RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.lr-scheduler-type": "linear"})
+    with pytest.raises(ValueError, match="fedse.num-train-epochs=-1"):
+        RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.num-train-epochs": -1})
     agent = _agent(tiny_lm, maze_tokenizer)
     cfg = SelfEvolutionConfig(lora=LoRASpec(rank=2, alpha=4), explore_samples=0, seed_demos=2, sft_steps=50,
                               sft_epochs=2, sft_batch_size=4, lr_schedule="cosine")
@@ -480,8 +480,7 @@ def test_protocol_scores_each_local_client_on_its_own_environment(tmp_path, tiny
 
     monkeypatch.setattr(fp, "self_evolution_round", round_)
     monkeypatch.setattr(fp, "_evaluate", evaluate)
-    cfg = RunConfig(strategy="fedse-lora", env="maze,wordle", partition="by-environment", num_clients=2,
-                    tasks_per_client=2, num_server_rounds=1, eval_every=1, lora_rank=2)
+    cfg = RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze,wordle", "partition.scheme": "by-environment", "num-clients": 2, "partition.tasks-per-client": 2, "num-server-rounds": 1, "eval.test-freq": 1, "lora.r": 2})
     final = fp.run_method("local", cfg, tmp_path)[-1]
     assert final["eval/success_rate/env/maze"] == final["eval/success_rate/env/wordle"] == 1.0
     assert final["eval/success_rate"] == final["eval/success_rate/mean_over_envs"] == 1.0
@@ -501,8 +500,7 @@ def test_protocol_reuses_a_finished_method_and_reruns_a_stopped_or_changed_one(t
                         calls.append(r) or (start, {"fedse/new-successes": 1.0}))
     monkeypatch.setattr(fp, "_evaluate", lambda agent, cfg, adapter, r, only_env=None:
                         {"success_rate": 0.5, "episodes": 4.0, "mean_reward": 0.0})
-    cfg = RunConfig(strategy="fedse-lora", env="maze", num_clients=2, tasks_per_client=2, num_server_rounds=2,
-                    eval_every=2, lora_rank=2)
+    cfg = RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze", "num-clients": 2, "partition.tasks-per-client": 2, "num-server-rounds": 2, "eval.test-freq": 2, "lora.r": 2})
     first = fp.run_method("fed-se", cfg, tmp_path)
     assert len(calls) == 4  # 2 rounds x 2 clients
     assert fp.run_method("fed-se", cfg, tmp_path) == first and len(calls) == 4  # reused
@@ -510,7 +508,7 @@ def test_protocol_reuses_a_finished_method_and_reruns_a_stopped_or_changed_one(t
     metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))  # stopped after round 1
     assert len(fp.run_method("fed-se", cfg, tmp_path)) == 3 and len(calls) == 8
     assert len(metrics.read_text().splitlines()) == 3  # the stopped run's rows are replaced, not appended to
-    fp.run_method("fed-se", RunConfig.from_run_config(cfg.to_run_config() | {"fedse-sft-steps": 3}), tmp_path)
+    fp.run_method("fed-se", RunConfig.from_run_config(cfg.to_run_config() | {"fedse.max-steps": 3}), tmp_path)
     assert len(calls) == 12  # another configuration in the same folder runs again
 
 
@@ -523,7 +521,7 @@ def test_protocol_over_seeds_gives_mean_and_error_per_environment_and_tests_the_
 
     finals = {"fed-se": [0.5, 0.6, 0.7], "fedavg-static": [0.4, 0.4, 0.6], "no-filter": [0.6, 0.5, 0.8]}
     per_seed = {s: {m: rows(v[s], 2 * v[s]) for m, v in finals.items()} for s in (0, 1, 2)}
-    result = seeds_table(tmp_path, per_seed, RunConfig(env="maze,wordle", partition="by-environment", num_clients=2))
+    result = seeds_table(tmp_path, per_seed, RunConfig.from_run_config({"env": "maze,wordle", "partition.scheme": "by-environment", "num-clients": 2}))
     assert result["methods"]["fed-se"]["overall"]["mean"] == pytest.approx(0.6)
     assert result["methods"]["fed-se"]["env/maze"]["mean"] == pytest.approx(1.2)
     assert list(result["methods"]["fed-se"]) == ["env/maze", "env/wordle", "overall"]
@@ -585,8 +583,7 @@ def test_protocol_evaluates_the_base_model_once_per_seed(tmp_path, tiny_lm, maze
         return {"success_rate": 0.25 + 0.5 * (r > 0), "episodes": 4.0, "mean_reward": 0.0}
 
     monkeypatch.setattr(fp, "_evaluate", evaluate)
-    base = RunConfig(strategy="fedse-lora", env="maze", num_clients=2, tasks_per_client=2, num_server_rounds=1,
-                     eval_every=1, lora_rank=2)
+    base = RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze", "num-clients": 2, "partition.tasks-per-client": 2, "num-server-rounds": 1, "eval.test-freq": 1, "lora.r": 2})
     results = fp.run_seed(tmp_path, base, ["fed-se", "fedavg-static", "no-filter"], ranks=[4])
     assert evaluated.count(0) == 2  # fed-se's start, and rank 4's; not fedavg-static's or no-filter's
     for method in ("fedavg-static", "no-filter"):
@@ -620,9 +617,9 @@ def test_both_fedse_paper_presets_hold_what_both_versions_state(name):
     averaging, a cumulative buffer of successes, greedy evaluation as AgentGym's (docs/run-config.md)."""
     cfg = _preset(name)
     assert cfg.strategy == "fedse-lora"
-    assert cfg.env.split(",") == ["babyai", "webshop", "textcraft", "maze", "wordle"] and cfg.partition == "by-environment"
-    assert (cfg.num_clients, cfg.fedse_client_fraction, cfg.num_server_rounds, cfg.lora_rank) == (5, 1.0, 20, 8)
-    assert (cfg.fedse_aggregation, cfg.fedse_keep, cfg.fedse_history, cfg.fedse_steps) == ("mean", "successes", "cumulative", "all")
+    assert cfg.env.split(",") == ["babyai", "webshop", "textcraft", "maze", "wordle"] and cfg.partition.scheme == "by-environment"
+    assert (cfg.num_clients, cfg.fedse.fraction_train, cfg.num_server_rounds, cfg.lora.r) == (5, 1.0, 20, 8)
+    assert (cfg.fedse.aggregation, cfg.fedse.keep, cfg.fedse.history, cfg.fedse.steps) == ("mean", "successes", "cumulative", "all")
     assert rollout_config(cfg, evaluation=True).temperature == 0.0  # greedy, as AgentGym evaluates
 
 
@@ -635,22 +632,22 @@ def test_the_fedse_paper_preset_follows_the_second_versions_appendix():
 
     cfg, v1 = _preset("fedse-paper.toml"), _preset("fedse-paper-v1.toml")
     assert cfg.model == "Qwen/Qwen2.5-7B-Instruct" and v1.model == "meta-llama/Llama-2-7b-chat-hf"
-    assert cfg.fedse_loss_tokens == "completion" and v1.fedse_loss_tokens == "action"
-    assert (cfg.lora_target_modules, cfg.lora_alpha) == ("all-linear", 16.0)
-    assert (cfg.fedse_learning_rate, cfg.fedse_lr_schedule, cfg.fedse_sft_epochs) == (5e-5, "cosine", 2)
-    assert (v1.fedse_lr_schedule, v1.fedse_sft_epochs, v1.history_length) == ("constant", 0, 0)
+    assert cfg.fedse.loss_tokens == "completion" and v1.fedse.loss_tokens == "action"
+    assert (cfg.lora.target_modules, cfg.lora.lora_alpha) == ("all-linear", 16.0)
+    assert (cfg.fedse.learning_rate, cfg.fedse.lr_scheduler_type, cfg.fedse.num_train_epochs) == (5e-5, "cosine", 2)
+    assert (v1.fedse.lr_scheduler_type, v1.fedse.num_train_epochs, v1.rollout.history_length) == ("constant", 0, 0)
     # AgentGym's answer form, read as AgentGym reads it (v2 runs AgentGym's environments); v1 keeps ours
-    assert (cfg.prompt_template, cfg.answer_parsing) == ("agentgym", "agentgym")
-    assert (v1.prompt_template, v1.answer_parsing) == ("compact", "strict")
+    assert (cfg.rollout.prompt_template, cfg.rollout.answer_parsing) == ("agentgym", "agentgym")
+    assert (v1.rollout.prompt_template, v1.rollout.answer_parsing) == ("compact", "strict")
     # AgentTraj's sizes as our experts' episodes (not its data); v1 keeps 8 a client
-    assert cfg.fedse_seed_demos == "webshop=3930,babyai=810,textcraft=374,maze=215,wordle=955" and v1.fedse_seed_demos == 8
-    env = make_env(cfg.env, cfg.max_steps)
+    assert cfg.fedse.seed_demos == "webshop=3930,babyai=810,textcraft=374,maze=215,wordle=955" and v1.fedse.seed_demos == 8
+    env = make_env(cfg.env, cfg.rollout.max_steps)
     horizons = {name: env.env(name).max_steps for name in env.names}
     assert horizons["babyai"] == 20 and horizons["webshop"] == 10
-    assert cfg.history_length >= max(horizons.values()) - 1  # every step sees its whole episode
+    assert cfg.rollout.history_length >= max(horizons.values()) - 1  # every step sees its whole episode
     wanted = {"webshop": 200, "babyai": 90, "textcraft": 100, "maze": 25, "wordle": 25}
     pool = env.tasks_of_split("test")
-    held_out = per_env_spread(pool, cfg.eval_tasks)
+    held_out = per_env_spread(pool, cfg.eval.tasks)
     counts = {name: sum(task_env(t) == name for t in held_out) for name in env.names}
     assert counts == {name: min(wanted[name], sum(task_env(t) == name for t in pool)) for name in env.names}
     # the horizons and split sizes the preset's comment and docs/run-config.md quote are these environments' own
@@ -685,12 +682,12 @@ def test_the_fedse_presets_memory_figures_are_the_plans_they_name(name, capsys):
         return re.search(r"each client:.*?total\s+([\d.]+) GiB", capsys.readouterr().out, re.S).group(1)
 
     assert client_total() == quoted.group(1)
-    assert client_total("--set", "fedse-sft-micro-batch-size=16") == quoted.group(2)
+    assert client_total("--set", "fedse.sft-micro-batch-size=16") == quoted.group(2)
     assert client_total("--context-tokens", "4096") == quoted.group(3)
 
 
 def test_seed_demonstrations_per_environment_are_played_on_each_environments_tasks(maze_tokenizer):
-    """fedse-seed-demos per environment ("maze=5,wordle=3", as AgentTraj's sizes are given): that many expert episodes
+    """fedse.seed-demos per environment ("maze=5,wordle=3", as AgentTraj's sizes are given): that many expert episodes
     cycling over the client's tasks of each named environment, none of an environment not named; a single number
     keeps cycling over all the client's tasks; bad text is refused in one line naming the key."""
     from envs.multi import task_env
@@ -708,6 +705,6 @@ def test_seed_demonstrations_per_environment_are_played_on_each_environments_tas
                                 RolloutConfig(history_length=0, max_new_tokens=8))
     assert sorted(task_env(t.task) for t in won) == ["maze", "maze", "wordle"]  # the expert wins each
     assert RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze,wordle", "num-clients": 2,
-                                      "fedse-seed-demos": "maze=215,wordle=955"}).fedse_seed_demos == "maze=215,wordle=955"
-    with pytest.raises(ValueError, match=r"fedse-seed-demos='webshop=3930' is not allowed: expected entries for the envs"):
-        RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze,wordle", "fedse-seed-demos": "webshop=3930"})
+                                      "fedse.seed-demos": "maze=215,wordle=955"}).fedse.seed_demos == "maze=215,wordle=955"
+    with pytest.raises(ValueError, match=r"fedse.seed-demos='webshop=3930' is not allowed: expected entries for the envs"):
+        RunConfig.from_run_config({"strategy": "fedse-lora", "env": "maze,wordle", "fedse.seed-demos": "webshop=3930"})

@@ -8,7 +8,7 @@ from fedagent_flwr.agent.models.pretrained import ModelSpec, fingerprint
 
 
 def test_client_tasks_are_its_partition_of_the_training_split():
-    cfg = RunConfig.from_run_config({"tasks-per-client": 5, "seed": 3})
+    cfg = RunConfig.from_run_config({"partition.tasks-per-client": 5, "seed": 3})
     mine = client_tasks(cfg, 1, 4)
     assert len(mine) == 5 and len({t.id for t in mine}) == 5
     assert all(t.split == "train" for t in mine)
@@ -19,8 +19,8 @@ def test_client_tasks_are_its_partition_of_the_training_split():
 def test_a_local_round_reports_metrics_and_learns_nothing_from_uniform_groups(tiny_lm, maze_tokenizer):
     torch.set_num_threads(1)
     agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), fingerprint(tiny_lm))
-    cfg = RunConfig.from_run_config({"tasks-per-epoch": 2, "group-size": 2, "local-epochs": 2, "max-steps": 3,
-                                     "max-new-tokens": 8, "learning-rate": 1e-2, "invalid-penalty": 0.5})
+    cfg = RunConfig.from_run_config({"grpo.tasks-per-epoch": 2, "grpo.num-generations": 2, "grpo.local-epochs": 2, "rollout.max-steps": 3,
+                                     "rollout.max-completion-length": 8, "grpo.learning-rate": 1e-2, "rollout.invalid-penalty": 0.5})
     before = {k: v.clone() for k, v in tiny_lm.state_dict().items()}
     metrics = train_locally(agent, cfg, client_tasks(cfg, 0, 2), server_round=1, partition_id=0)
     assert metrics["episodes"] == 8.0  # 2 epochs x 2 tasks x group of 2

@@ -1,4 +1,4 @@
-"""fedagent-avg with finetuning=lora: GRPO trains a LoRA adapter on the frozen base, and only the adapter travels."""
+"""fedagent-avg with grpo.finetuning=lora: GRPO trains a LoRA adapter on the frozen base, and only the adapter travels."""
 
 import numpy as np
 import pytest
@@ -7,13 +7,12 @@ from flwr.app import MessageType
 from peft import get_peft_model_state_dict
 
 from fedagent_flwr.agent.engine.precision import base_dtype
-from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
 from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora, lora_spec
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from strategies.communication import payload_bytes
-from placed import grpo_config
+from placed import grpo_trainer
 
 
 def _samples(tokenizer, n=8):
@@ -25,13 +24,12 @@ def _samples(tokenizer, n=8):
 @pytest.mark.parametrize("reference", ["round-start", "base"])
 def test_grpo_on_a_lora_model_moves_only_the_adapter(tiny_lm, maze_tokenizer, reference):
     base = {k: v.clone() for k, v in tiny_lm.state_dict().items()}
-    cfg = grpo_config(RunConfig(finetuning="lora", kl_reference=reference, learning_rate=1e-2, kl_beta=0.1, minibatch_size=4,
-                    micro_batch_size=4))
+    cfg = RunConfig.from_run_config({"grpo.finetuning": "lora", "grpo.kl-reference": reference, "grpo.learning-rate": 1e-2, "grpo.beta": 0.1, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 4})
     with attached_lora(tiny_lm, LoRASpec(rank=2, target_modules=("q_proj", "v_proj"))) as peft_model:
         for p in peft_model.parameters():  # B = 0 at the start: give the adapter a value so both references differ from it
             if p.requires_grad:
                 p.data.normal_(0, 0.05)
-        trainer = GRPOTrainer(peft_model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
+        trainer = grpo_trainer(peft_model, maze_tokenizer, cfg, RolloutConfig(history_length=0))
         assert trainer.reference is None  # no second copy of the model
         before = {k: v.clone() for k, v in get_peft_model_state_dict(peft_model).items()}
         stats = trainer.update(_samples(maze_tokenizer), np.random.default_rng(0))
@@ -51,8 +49,8 @@ def test_a_lora_fedagent_run_sends_only_the_adapter(tmp_path, run_identity):
 
     torch.set_num_threads(1)
     run_config = RunConfig().to_run_config() | {
-        "finetuning": "lora", "kl-reference": "base", "lora-rank": 4, "num-server-rounds": 1, "clients-per-round": 2,
-        "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 2, "eval-samples-per-task": 2, "num-clients": 2,
+        "grpo.finetuning": "lora", "grpo.kl-reference": "base", "lora.r": 4, "num-server-rounds": 1, "clients-per-round": 2,
+        "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 2, "eval.samples-per-task": 2, "num-clients": 2,
         "output-dir": str(tmp_path), "run-name": "lora",
     }
     grid = LoopbackGrid(run_config, 2)
@@ -60,7 +58,7 @@ def test_a_lora_fedagent_run_sends_only_the_adapter(tmp_path, run_identity):
         summary = run_federation(grid, RunConfig.from_run_config(run_config))
         model = load_agent("tiny", "maze", "auto").model
         assert not any("lora_" in k for k in model.state_dict())  # the server's base is plain again
-        with attached_lora(model, lora_spec(RunConfig(lora_rank=4))) as peft_model:
+        with attached_lora(model, lora_spec(RunConfig.from_run_config({"lora.r": 4}))) as peft_model:
             adapter = sum(v.numel() for v in get_peft_model_state_dict(peft_model).values())
     finally:
         load_agent.cache_clear()
@@ -76,10 +74,10 @@ def test_a_lora_fedagent_run_sends_only_the_adapter(tmp_path, run_identity):
 
 
 def test_lora_finetuning_is_refused_where_it_does_not_apply():
-    for bad, key in (({"strategy": "fedse-lora"}, "finetuning"), ({"secure-aggregation": True, "clients-per-round": 2}, "finetuning")):
+    for bad, key in (({"strategy": "fedse-lora"}, "finetuning"), ({"privacy.secure-aggregation": True, "clients-per-round": 2}, "finetuning")):
         with pytest.raises(ValueError, match=f"{key}='lora'"):
-            RunConfig.from_run_config(RunConfig().to_run_config() | {"finetuning": "lora"} | bad)
+            RunConfig.from_run_config(RunConfig().to_run_config() | {"grpo.finetuning": "lora"} | bad)
     # a bf16 base cannot take AdamW's steps at small learning rates: only an adapter trains over it
     with pytest.raises(ValueError, match="precision='bf16-base' is not allowed"):
         RunConfig(precision="bf16-base")
-    assert base_dtype(RunConfig(precision="bf16-base", finetuning="lora").precision) == torch.bfloat16
+    assert base_dtype(RunConfig.from_run_config({"precision": "bf16-base", "grpo.finetuning": "lora"}).precision) == torch.bfloat16

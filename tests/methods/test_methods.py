@@ -18,29 +18,29 @@ def test_every_allowed_strategy_has_a_method_and_no_other():
 
 @pytest.mark.parametrize("overrides, method", [
     ({}, FedAgent),
-    ({"baseline": "centralized"}, Baseline),
-    ({"baseline": "local", "local_client": 1}, Baseline),
+    ({"baseline.name": "centralized"}, Baseline),
+    ({"baseline.name": "local", "baseline.local-client": 1}, Baseline),
     ({"strategy": "fedse-lora"}, FedSE),
     ({"strategy": "qavg", "env": "random-mdp"}, QAvgMethod),
     ({"strategy": "pavg", "env": "windy-cliffs"}, PAvgMethod),
 ])
 def test_a_run_config_picks_its_method(overrides, method):
-    assert type(method_for(RunConfig(**overrides))) is method
+    assert type(method_for(RunConfig.from_run_config(overrides))) is method
 
 
 def test_validation_reads_traits_not_names():
     """A strategy without the `baselines` trait refuses a baseline, whatever it is called."""
-    with pytest.raises(ValueError, match="baseline='local'"):
-        RunConfig.from_run_config(RunConfig().to_run_config() | {"strategy": "fedse-lora", "baseline": "local"})
+    with pytest.raises(ValueError, match="baseline.name='local'"):
+        RunConfig.from_run_config(RunConfig().to_run_config() | {"strategy": "fedse-lora", "baseline.name": "local"})
     with pytest.raises(ValueError, match="resume"):
         RunConfig.from_run_config(RunConfig().to_run_config() | {"strategy": "qavg", "env": "random-mdp", "resume": True, "run-name": "x"})
 
 
 def test_server_device_puts_the_servers_model_apart_from_the_clients():
-    """device='cuda' for the clients with server-device='cpu': the ServerApp loads and evaluates on the CPU (this
+    """device='cuda' for the clients with engine.server-device='cpu': the ServerApp loads and evaluates on the CPU (this
     machine has no GPU, so a server that followed `device` would fail to load), in fp32, and its memory plan
     counts no bf16 autocast copies while the clients' (bf16-mixed on CUDA) does."""
-    method = method_for(RunConfig(device="cuda", server_device="cpu", eval_tasks=2))
+    method = method_for(RunConfig.from_run_config({"device": "cuda", "engine.server-device": "cpu", "eval.tasks": 2}))
     method.prepare()
     try:
         assert method.agent.device.type == "cpu"
@@ -49,8 +49,8 @@ def test_server_device_puts_the_servers_model_apart_from_the_clients():
         assert client["autocast bf16 weight copies"] > 0 and server["autocast bf16 weight copies"] == 0
     finally:
         method.close()
-    with pytest.raises(ValueError, match="server-device"):
-        RunConfig(server_device="gpu")
+    with pytest.raises(ValueError, match="engine.server-device"):
+        RunConfig.from_run_config({"engine.server-device": "gpu"})
 
 
 @pytest.mark.parametrize("model, allowed", [
@@ -63,8 +63,8 @@ def test_a_model_that_cannot_be_had_is_refused_before_any_work(model, allowed):
 
 
 @pytest.mark.parametrize("overrides, carried", [
-    ({"baseline": "centralized"}, True),
-    ({"baseline": "local", "baseline_optimizer": "reset"}, False),
+    ({"baseline.name": "centralized"}, True),
+    ({"baseline.name": "local", "baseline.optimizer": "reset"}, False),
     ({}, False),  # a FedAgent client starts each round from the broadcast model with a fresh optimizer
 ])
 def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_its_node(
@@ -91,7 +91,7 @@ def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_
 
     monkeypatch.setattr(local_round, "train_locally", fake_round)
     monkeypatch.setattr(local_round, "load_frozen_base", lambda *args: "the base weights")
-    method = method_for(RunConfig(**overrides))
+    method = method_for(RunConfig.from_run_config(overrides))
     agent = Agent(tiny_lm, maze_tokenizer, ModelSpec("test", built_here=True), torch.device("cpu"), "fp")
     context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
     for server_round in (1, 2):
@@ -100,5 +100,5 @@ def test_a_baselines_learner_carries_its_optimizer_state_from_round_to_round_on_
         reply = method.train(msg, context, 0, 2, lambda: agent)
         assert "optimizer" not in reply.content.array_records  # the state stays on the client
     assert seen == ([{}, {"0/step": 1.0}] if carried else [None, None])
-    # a baseline's one learner keeps the run's initial model as its KL anchor in every round (kl-reference=auto)
-    assert anchors == (["the base weights"] * 2 if "baseline" in overrides else [None, None])
+    # a baseline's one learner keeps the run's initial model as its KL anchor in every round (grpo.kl-reference=auto)
+    assert anchors == (["the base weights"] * 2 if "baseline.name" in overrides else [None, None])

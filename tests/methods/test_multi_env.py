@@ -49,8 +49,8 @@ def test_spec_names_are_checked_one_by_one():
     with pytest.raises(ValueError, match=r"model='tiny:maze,chess'"):
         preflight(RunConfig.from_run_config({"model": "tiny:maze,chess"}))
     with pytest.raises(ValueError, match=r"num-clients=4 is not allowed: expected 3 \(one client per environment"):
-        RunConfig.from_run_config({"env": SPEC, "partition": "by-environment", "num-clients": 4, "clients-per-round": 2})
-    cfg = RunConfig.from_run_config({"env": SPEC, "partition": "by-environment"})
+        RunConfig.from_run_config({"env": SPEC, "partition.scheme": "by-environment", "num-clients": 4, "clients-per-round": 2})
+    cfg = RunConfig.from_run_config({"env": SPEC, "partition.scheme": "by-environment"})
     assert cfg.check_federation(3) == 3
     with pytest.raises(ValueError, match="needs 3 clients, but the federation has K=5"):
         cfg.check_federation(5)
@@ -133,7 +133,7 @@ def test_per_env_caps_keep_every_environment(pool):
 
 
 def test_horizons_and_caps_may_be_set_per_environment(pool):
-    """max-steps and eval-tasks take "name=number,..." (Fed-SE v2 limits BabyAI to 20 turns and WebShop to 10 and
+    """rollout.max-steps and eval.tasks take "name=number,..." (Fed-SE v2 limits BabyAI to 20 turns and WebShop to 10 and
     plays test sets of other sizes per environment): the named environments take their number, the others keep their
     default horizon or all their held-out tasks; a single environment reads its own entry."""
     env = make_env(SPEC, "babyai=7,wordle=3")
@@ -153,20 +153,20 @@ def test_horizons_and_caps_may_be_set_per_environment(pool):
 
 
 @pytest.mark.parametrize("key, value, allowed", [
-    ("max-steps", "webshop=10", "entries for the envs of env='babyai,maze,wordle' only (not webshop)"),
-    ("max-steps", "babyai=0", "name=integer >= 1"),
-    ("max-steps", "babyai=20,babyai=30", "name=integer >= 1"),
-    ("max-steps", "babyai:20", "name=integer >= 1"),
-    ("max-steps", "", "name=integer >= 1"),
-    ("eval-tasks", "wordle=100000", "per env at most its size"),
-    ("eval-tasks", "chess=3", "entries for the envs of env='babyai,maze,wordle' only (not chess)"),
+    ("rollout.max-steps", "webshop=10", "entries for the envs of env='babyai,maze,wordle' only (not webshop)"),
+    ("rollout.max-steps", "babyai=0", "name=integer >= 1"),
+    ("rollout.max-steps", "babyai=20,babyai=30", "name=integer >= 1"),
+    ("rollout.max-steps", "babyai:20", "name=integer >= 1"),
+    ("rollout.max-steps", "", "name=integer >= 1"),
+    ("eval.tasks", "wordle=100000", "per env at most its size"),
+    ("eval.tasks", "chess=3", "entries for the envs of env='babyai,maze,wordle' only (not chess)"),
 ])
 def test_a_bad_per_environment_value_is_refused_in_one_line_naming_the_key(key, value, allowed):
     with pytest.raises(ValueError) as err:  # the form by the run config, the split sizes by the preflight
         preflight(RunConfig.from_run_config({"env": SPEC, key: value}))
     assert str(err.value).count("\n") == 0 and f"{key}={value!r} is not allowed" in str(err.value) and allowed in str(err.value)
-    with pytest.raises(ValueError, match="max-steps='maze=3'"):  # a table-RL environment takes one number
-        RunConfig.from_run_config({"env": "cartpole", "strategy": "qavg", "max-steps": "maze=3"})
+    with pytest.raises(ValueError, match="rollout.max-steps='maze=3'"):  # a table-RL environment takes one number
+        RunConfig.from_run_config({"env": "cartpole", "strategy": "qavg", "rollout.max-steps": "maze=3"})
 
 
 # ---------------------------------------------------------------- by-environment partition
@@ -187,7 +187,7 @@ def test_by_environment_gives_client_k_environment_k():
 
 
 def test_client_tasks_by_environment(pool):
-    cfg = RunConfig.from_run_config({"env": SPEC, "partition": "by-environment", "tasks-per-client": 12})
+    cfg = RunConfig.from_run_config({"env": SPEC, "partition.scheme": "by-environment", "partition.tasks-per-client": 12})
     sizes = {n: len(make_env(n).tasks_of_split("train")) for n in env_names(SPEC)}
     for k, name in enumerate(env_names(SPEC)):
         mine = client_tasks(cfg, k, 3)
@@ -286,8 +286,8 @@ def test_per_environment_values_pass_the_command_line_and_set_as_text():
     checks it); a plain number stays a number and other text is refused by argparse."""
     from fedagent_flwr.simulation import build_parser, parse_overrides
 
-    args = build_parser().parse_args(["--max-steps", "babyai=7,maze=3", "--eval-tasks", "3"])
-    assert (args.max_steps, args.eval_tasks) == ("babyai=7,maze=3", 3)
-    assert parse_overrides(["max-steps=babyai=7", "eval-tasks=4"]) == {"max-steps": "babyai=7", "eval-tasks": 4}
+    args = build_parser().parse_args(["--rollout.max-steps", "babyai=7,maze=3", "--eval.tasks", "3"])
+    assert (getattr(args, "rollout.max-steps"), getattr(args, "eval.tasks")) == ("babyai=7,maze=3", 3)
+    assert parse_overrides(["rollout.max-steps=babyai=7", "eval.tasks=4"]) == {"rollout.max-steps": "babyai=7", "eval.tasks": 4}
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["--max-steps", "seven"])
+        build_parser().parse_args(["--rollout.max-steps", "seven"])

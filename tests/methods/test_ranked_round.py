@@ -6,7 +6,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -85,11 +84,11 @@ def test_kept_ranks_answer_every_round_from_the_processes_they_started_in():
 
 
 def test_ranks_give_back_what_they_free_when_the_run_config_says_so():
-    """ranks-return-memory = true: each rank maps its large blocks on their own (launch.return_freed_memory), so that a
+    """engine.ranks-return-memory = true: each rank maps its large blocks on their own (launch.return_freed_memory), so that a
     CPU rank's memory is what its tensors hold, as the plan counts it; false (the default) leaves glibc's moving
     threshold, which keeps freed blocks resident."""
     for value in (True, False):
-        cfg = RunConfig(ranks_per_client=2, ranks_return_memory=value, rank_timeout_s=120)
+        cfg = RunConfig.from_run_config({"engine.ranks-per-client": 2, "engine.ranks-return-memory": value, "engine.rank-timeout-s": 120})
         try:
             _, held = client_ranks(cfg).run(rank_workers.freed_blocks_held, {})
         finally:
@@ -98,8 +97,8 @@ def test_ranks_give_back_what_they_free_when_the_run_config_says_so():
 
 
 def test_the_ranks_deadlines_are_the_rounds_and_torchs_own_unless_the_run_config_shortens_a_collectives():
-    """A round on the ranks may take round-timeout (the server waits that long); each collective keeps torch's own
-    limit (NCCL 10 minutes, gloo 30) unless rank-timeout-s sets a shorter one; NCCL's group is bound to the rank's GPU."""
+    """A round on the ranks may take federation.round-timeout (the server waits that long); each collective keeps torch's own
+    limit (NCCL 10 minutes, gloo 30) unless engine.rank-timeout-s sets a shorter one; NCCL's group is bound to the rank's GPU."""
     import datetime
 
     from fedagent_flwr.agent.fsdp.launch import group_options
@@ -107,14 +106,14 @@ def test_the_ranks_deadlines_are_the_rounds_and_torchs_own_unless_the_run_config
     assert group_options(1, "gloo", None) == {}  # torch's own timeout, no device
     assert group_options(1, "gloo", 120.0) == {"timeout": datetime.timedelta(seconds=120)}
     assert group_options(1, "cpu:gloo,cuda:nccl", None) == {"device_id": torch.device("cuda", 1)}
-    assert RunConfig().rank_timeout_s == 0  # the default keeps torch's limits
-    with pytest.raises(ValueError, match="rank-timeout-s=30.0 is not allowed"):
-        RunConfig(rank_timeout_s=30.0)
+    assert RunConfig().engine.rank_timeout_s == 0  # the default keeps torch's limits
+    with pytest.raises(ValueError, match="engine.rank-timeout-s=30.0 is not allowed"):
+        RunConfig.from_run_config({"engine.rank-timeout-s": 30.0})
     try:
-        pool = client_ranks(RunConfig(ranks_per_client=2, round_timeout=600.0))
+        pool = client_ranks(RunConfig.from_run_config({"engine.ranks-per-client": 2, "federation.round-timeout": 600.0}))
         assert (pool.timeout_s, pool.collective_timeout_s) == (600.0, None)
-        assert client_ranks(RunConfig(ranks_per_client=2, round_timeout=600.0)) is pool  # the same deadlines: kept
-        shorter = client_ranks(RunConfig(ranks_per_client=2, round_timeout=600.0, rank_timeout_s=90.0))
+        assert client_ranks(RunConfig.from_run_config({"engine.ranks-per-client": 2, "federation.round-timeout": 600.0})) is pool  # the same deadlines: kept
+        shorter = client_ranks(RunConfig.from_run_config({"engine.ranks-per-client": 2, "federation.round-timeout": 600.0, "engine.rank-timeout-s": 90.0}))
         assert shorter is not pool and shorter.collective_timeout_s == 90.0
     finally:
         end_client_ranks()
@@ -168,16 +167,16 @@ def _round_config(model: str, finetuning: str, **changes) -> RunConfig:
     moves, so some episodes win and GRPO has groups to learn from; the KL term anchors to the round's start (the full
     model's copy is sharded like the model)."""
     return RunConfig.from_run_config({
-        "env": "maze", "model": model, "device": "cpu", "finetuning": finetuning, "ranks-per-client": 2,
-        "tasks-per-epoch": 3, "group-size": 4, "max-steps": 6, "max-new-tokens": 8, "action-matching": "closest",
-        "invalid-penalty": 0.0, "learning-rate": 1e-2, "minibatch-size": 4, "micro-batch-size": 2, "kl-beta": 0.01,
-        "kl-reference": "round-start", "scale-rewards": "batch"} | changes)
+        "env": "maze", "model": model, "device": "cpu", "grpo.finetuning": finetuning, "engine.ranks-per-client": 2,
+        "grpo.tasks-per-epoch": 3, "grpo.num-generations": 4, "rollout.max-steps": 6, "rollout.max-completion-length": 8, "rollout.action-matching": "closest",
+        "rollout.invalid-penalty": 0.0, "grpo.learning-rate": 1e-2, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.beta": 0.01,
+        "grpo.kl-reference": "round-start", "grpo.scale-rewards": "batch"} | changes)
 
 
 def _start(cfg: RunConfig):
     """The agent and the weights a server would send in round 1: the LoRA adapter as attached, or the whole model."""
     agent = load_agent(cfg.model, cfg.env, cfg.device)
-    if cfg.finetuning == "lora":
+    if cfg.grpo.finetuning == "lora":
         with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
             return agent, adapter_to_arrays(peft_model)
     return agent, model_to_arrays(agent.model)
@@ -210,7 +209,7 @@ def test_a_clients_round_on_two_ranks_trains_what_one_process_trains(finetuning,
 def test_kept_ranks_train_a_later_round_as_new_ranks_do(finetuning, tiny_folder):
     """Round 2 on ranks kept from round 1 (their model sharded, trained and then loaded with the new weights: the
     adapter, or the full model and its round-start KL anchor) trains exactly what ranks started for round 2 train."""
-    cfg = _round_config(tiny_folder, finetuning, **{"tasks-per-epoch": 2, "max-steps": 5, "kl-beta": 1.0})
+    cfg = _round_config(tiny_folder, finetuning, **{"grpo.tasks-per-epoch": 2, "rollout.max-steps": 5, "grpo.beta": 1.0})
     _, sent = _start(cfg)
     tasks = learner_tasks(cfg, 0, 2)
     end_client_ranks()
@@ -242,14 +241,14 @@ def test_a_round_on_ranks_decodes_with_the_static_engine_as_with_hf(tiny_folder,
     engine decodes with the model gathered whole (agent/training/grpo.py _decoding_weights). In fp32 on a CPU it draws
     the tokens the hf engine draws, so a round plays the same episodes and trains the same weights. One rank too: its
     model is sharded over a world of one, so its weights are DTensors the copy must gather (an H100 found this)."""
-    cfg = _round_config(tiny_folder, "full", **{"tasks-per-epoch": 2, "decode-engine": "hf", "ranks-per-client": ranks})
+    cfg = _round_config(tiny_folder, "full", **{"grpo.tasks-per-epoch": 2, "rollout.name": "hf", "engine.ranks-per-client": ranks})
     _, sent = _start(cfg)
     tasks = learner_tasks(cfg, 0, 2)
     replies = {}
     try:
         for engine in ("hf", "static"):
             end_client_ranks()
-            replies[engine] = train_on_ranks(replace(cfg, decode_engine=engine), sent, tasks, 1, 0)
+            replies[engine] = train_on_ranks(cfg.updated({"rollout.name": engine}), sent, tasks, 1, 0)
     finally:
         end_client_ranks()
     (hf, hf_metrics), (static, static_metrics) = replies["hf"], replies["static"]
@@ -263,7 +262,7 @@ def test_a_client_on_ranks_keeps_no_model_of_its_own(tiny_folder):
     """Its process answers the handshake's fingerprint (every round's too) from a model it loaded once and dropped."""
     from fedagent_flwr.client_app import _agent_loader, fingerprint_agent
 
-    cfg = RunConfig.from_run_config({"env": "maze", "model": tiny_folder, "device": "cpu", "ranks-per-client": 2})
+    cfg = RunConfig.from_run_config({"env": "maze", "model": tiny_folder, "device": "cpu", "engine.ranks-per-client": 2})
     load_agent.cache_clear()
     fingerprint_agent.cache_clear()
     agent = _agent_loader(cfg)()
@@ -279,10 +278,10 @@ def test_ranks_on_nccl_run_a_clients_round(tiny_folder, ranks):
     if torch.cuda.device_count() < ranks:
         pytest.skip(f"needs {ranks} CUDA device(s), {torch.cuda.device_count()} visible")
     cfg = RunConfig.from_run_config({
-        "env": "maze", "model": tiny_folder, "device": "cuda", "finetuning": "lora", "tasks-per-epoch": 3,
-        "group-size": 4, "max-steps": 6, "max-new-tokens": 8, "action-matching": "closest", "invalid-penalty": 0.0,
-        "learning-rate": 1e-2, "minibatch-size": 4, "micro-batch-size": 2, "scale-rewards": "batch",
-        "ranks-per-client": ranks})
+        "env": "maze", "model": tiny_folder, "device": "cuda", "grpo.finetuning": "lora", "grpo.tasks-per-epoch": 3,
+        "grpo.num-generations": 4, "rollout.max-steps": 6, "rollout.max-completion-length": 8, "rollout.action-matching": "closest", "rollout.invalid-penalty": 0.0,
+        "grpo.learning-rate": 1e-2, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.scale-rewards": "batch",
+        "engine.ranks-per-client": ranks})
     agent = load_agent(cfg.model, cfg.env, "cpu")
     with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
         sent = adapter_to_arrays(peft_model)
@@ -294,9 +293,9 @@ def test_a_run_whose_ranks_would_idle_in_the_update_is_told_so():
     """The default job's micro-batch is its whole minibatch: on 2 ranks one pass a minibatch, rank 1 only spare ones."""
     from fedagent_flwr.methods.ranked_round import idle_ranks_note
 
-    note = idle_ranks_note(RunConfig.from_run_config({"ranks-per-client": 2}))
-    assert note and "micro-batch-size=64 of minibatch-size=64: 1 pass(es) a minibatch" in note
-    assert "micro-batch-size=32 or less shares it" in note
-    for shared in ({"ranks-per-client": 2, "micro-batch-size": 32}, {"ranks-per-client": 1},
-                   {"ranks-per-client": 4, "micro-batch-size": 16}, {"ranks-per-client": 2, "micro-batch-tokens": 4096}):
+    note = idle_ranks_note(RunConfig.from_run_config({"engine.ranks-per-client": 2}))
+    assert note and "grpo.ppo-micro-batch-size-per-gpu=64 of grpo.mini-batch-size=64: 1 pass(es) a minibatch" in note
+    assert "grpo.ppo-micro-batch-size-per-gpu=32 or less shares it" in note
+    for shared in ({"engine.ranks-per-client": 2, "grpo.ppo-micro-batch-size-per-gpu": 32}, {"engine.ranks-per-client": 1},
+                   {"engine.ranks-per-client": 4, "grpo.ppo-micro-batch-size-per-gpu": 16}, {"engine.ranks-per-client": 2, "grpo.ppo-max-token-len-per-gpu": 4096}):
         assert idle_ranks_note(RunConfig.from_run_config(shared)) is None, shared

@@ -1,4 +1,4 @@
-"""Lean transfer: tied weights travel once, and transfer-dtype=bf16 halves the bytes of every message."""
+"""Lean transfer: tied weights travel once, and federation.transfer-dtype=bf16 halves the bytes of every message."""
 
 import numpy as np
 import pytest
@@ -43,8 +43,8 @@ def test_a_federated_round_sends_each_distinct_parameter_once_in_the_transfer_dt
 
     torch.set_num_threads(1)
     run_config = RunConfig().to_run_config() | {
-        "num-server-rounds": 1, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 1,
-        "eval-samples-per-task": 1, "num-clients": 2, "output-dir": str(tmp_path), "run-name": dtype, "transfer-dtype": dtype,
+        "num-server-rounds": 1, "clients-per-round": 2, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 1,
+        "eval.samples-per-task": 1, "num-clients": 2, "output-dir": str(tmp_path), "run-name": dtype, "federation.transfer-dtype": dtype,
     }
     grid = LoopbackGrid(run_config, 2)
     try:
@@ -65,7 +65,7 @@ def test_a_federated_round_sends_each_distinct_parameter_once_in_the_transfer_dt
 
 
 def test_bf16_transfer_is_refused_where_the_weights_must_stay_exact():
-    for bad in ({"dp-mode": "server-side"}, {"secure-aggregation": True, "clients-per-round": 2},
+    for bad in ({"privacy.dp-mode": "server-side"}, {"privacy.secure-aggregation": True, "clients-per-round": 2},
                 {"strategy": "qavg", "env": "random-mdp"}):
-        with pytest.raises(ValueError, match="transfer-dtype='bf16'"):
-            RunConfig.from_run_config(RunConfig().to_run_config() | {"transfer-dtype": "bf16"} | bad)
+        with pytest.raises(ValueError, match="federation.transfer-dtype='bf16'"):
+            RunConfig.from_run_config(RunConfig().to_run_config() | {"federation.transfer-dtype": "bf16"} | bad)

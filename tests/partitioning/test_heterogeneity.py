@@ -42,7 +42,7 @@ def write_labels(path, solved: set[str], env: str = "maze"):
 
 
 def test_preference_keys_reach_algorithm_2():
-    c = cfg(partition="preference", **{"tasks-per-client": 6, "preference-omega": 0.9, "preference-mix": "dirichlet", "seed": 3})
+    c = cfg(**{"partition.scheme": "preference"}, **{"partition.tasks-per-client": 6, "partition.preference-omega": 0.9, "partition.preference-mix": "dirichlet", "seed": 3})
     got = ids_of(all_partitions(c, 5))
     want = preference_partition(task_table(POOL)["category"], 5, 6, 0.9, 3, "dirichlet")
     assert got == [[IDS[i] for i in rows] for rows in want]
@@ -50,8 +50,8 @@ def test_preference_keys_reach_algorithm_2():
 
 
 def test_coverage_keys_reach_algorithm_3():
-    keys = {"coverage-xi": 1.0, "coverage-r": 1.5, "coverage-l-min": 2, "coverage-l-avg": 6.0, "coverage-l-max": 12}
-    got = ids_of(all_partitions(cfg(partition="coverage", **keys), 4))
+    keys = {"partition.coverage-xi": 1.0, "partition.coverage-r": 1.5, "partition.coverage-l-min": 2, "partition.coverage-l-avg": 6.0, "partition.coverage-l-max": 12}
+    got = ids_of(all_partitions(cfg(**{"partition.scheme": "coverage"}, **keys), 4))
     want = coverage_partition(16, 4, 1.0, 0, r=1.5, size_min=2, size_avg=6.0, size_max=12)
     assert got == [[IDS[i] for i in rows] for rows in want]
     sizes = [len(p) for p in got]
@@ -60,14 +60,14 @@ def test_coverage_keys_reach_algorithm_3():
 
 def test_infeasible_coverage_stops_the_run_with_the_keys_named():
     # The reference defaults (sizes 100..1000) cannot be cut from Maze's 16 training tasks.
-    with pytest.raises(ValueError, match=r"partition='coverage' cannot split the 16 training tasks of env='maze' among K=4.*infeasible"):
-        all_partitions(cfg(partition="coverage"), 4)
+    with pytest.raises(ValueError, match=r"partition.scheme='coverage' cannot split the 16 training tasks of env='maze' among K=4.*infeasible"):
+        all_partitions(cfg(**{"partition.scheme": "coverage"}), 4)
 
 
 def test_hardness_reads_success_labels(tmp_path):
     solved = set(IDS[::2])  # 8 of 16 solved
-    c = cfg(partition="hardness", **{"success-labels": write_labels(tmp_path / "l.json", solved),
-                                      "tasks-per-client": 8, "hardness-xi": 1.0, "seed": 4})
+    c = cfg(**{"partition.scheme": "hardness"}, **{"partition.success-labels": write_labels(tmp_path / "l.json", solved),
+                                      "partition.tasks-per-client": 8, "partition.hardness-xi": 1.0, "seed": 4})
     got = ids_of(all_partitions(c, 4))
     want = hardness_partition(np.array([i in solved for i in IDS]), 4, 8, 1.0, 4)
     assert got == [[IDS[i] for i in rows] for rows in want]
@@ -76,32 +76,32 @@ def test_hardness_reads_success_labels(tmp_path):
 
 
 def test_hardness_needs_a_labels_file_for_this_env(tmp_path):
-    with pytest.raises(ValueError, match="success-labels=''"):
-        cfg(partition="hardness")
+    with pytest.raises(ValueError, match="partition.success-labels=''"):
+        cfg(**{"partition.scheme": "hardness"})
     with pytest.raises(ValueError, match="an existing file"):
-        preflight(cfg(partition="hardness", **{"success-labels": str(tmp_path / "missing.json")}))
+        preflight(cfg(**{"partition.scheme": "hardness"}, **{"partition.success-labels": str(tmp_path / "missing.json")}))
     other = write_labels(tmp_path / "w.json", set(), env="wordle")
     with pytest.raises(ValueError, match="labels env 'wordle'"):
-        all_partitions(cfg(partition="hardness", **{"success-labels": other}), 2)
+        all_partitions(cfg(**{"partition.scheme": "hardness"}, **{"partition.success-labels": other}), 2)
     partial = tmp_path / "p.json"
     write_json_atomic(partial, {"env": "maze", "labels": {IDS[0]: True}})
     with pytest.raises(ValueError, match="no label for 15 task"):
-        all_partitions(cfg(partition="hardness", **{"success-labels": str(partial)}), 2)
+        all_partitions(cfg(**{"partition.scheme": "hardness"}, **{"partition.success-labels": str(partial)}), 2)
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"partition": "stripes"}, "partition='stripes'"),
-        ({"preference-omega": -0.1}, "preference-omega"),
-        ({"preference-mix": "dirichlet", "preference-omega": 1.0}, r"in \(0, 1\) with preference-mix='dirichlet'"),
-        ({"preference-mix": "uniform"}, "gaussian | dirichlet"),
-        ({"coverage-xi": 0.0}, "coverage-xi"),
-        ({"coverage-r": 0.0}, "coverage-r"),
-        ({"coverage-l-min": 50, "coverage-l-avg": 40.0}, "coverage-l-min <= coverage-l-avg"),
-        ({"hardness-xi": -1.0}, "hardness-xi"),
-        ({"baseline": "fedavg"}, "none | centralized | local"),
-        ({"baseline": "local", "local-client": 4, "num-clients": 4}, r"local-client=4 .*< num-clients \(4\)"),
+        ({"partition.scheme": "stripes"}, "partition.scheme='stripes'"),
+        ({"partition.preference-omega": -0.1}, "partition.preference-omega"),
+        ({"partition.preference-mix": "dirichlet", "partition.preference-omega": 1.0}, r"in \(0, 1\) with partition.preference-mix='dirichlet'"),
+        ({"partition.preference-mix": "uniform"}, "gaussian | dirichlet"),
+        ({"partition.coverage-xi": 0.0}, "partition.coverage-xi"),
+        ({"partition.coverage-r": 0.0}, "partition.coverage-r"),
+        ({"partition.coverage-l-min": 50, "partition.coverage-l-avg": 40.0}, "partition.coverage-l-min <= partition.coverage-l-avg"),
+        ({"partition.hardness-xi": -1.0}, "partition.hardness-xi"),
+        ({"baseline.name": "fedavg"}, "none | centralized | local"),
+        ({"baseline.name": "local", "baseline.local-client": 4, "num-clients": 4}, r"baseline.local-client=4 .*< num-clients \(4\)"),
     ],
 )
 def test_bad_partition_and_baseline_keys_are_named(override, message):
@@ -110,15 +110,15 @@ def test_bad_partition_and_baseline_keys_are_named(override, message):
 
 
 def test_local_client_must_be_one_of_the_federation():
-    with pytest.raises(ValueError, match="local-client=5 is not a partition-id of the K=3"):
-        cfg(baseline="local", **{"local-client": 5}).check_federation(3)
+    with pytest.raises(ValueError, match="baseline.local-client=5 is not a partition-id of the K=3"):
+        cfg(**{"baseline.name": "local"}, **{"baseline.local-client": 5}).check_federation(3)
 
 
 # ------------------------------------------------------------------ baselines
 
 
 def test_centralized_learner_owns_the_union_of_all_partitions():
-    c = cfg(baseline="centralized", **{"tasks-per-client": 4, "seed": 1})
+    c = cfg(**{"baseline.name": "centralized"}, **{"partition.tasks-per-client": 4, "seed": 1})
     clients = all_partitions(c, 4)
     union = learner_tasks(c, 0, 4)
     assert {t.id for t in union} == {t.id for p in clients for t in p}
@@ -129,11 +129,11 @@ def test_centralized_learner_owns_the_union_of_all_partitions():
 
 
 def test_local_learner_keeps_its_fedagent_partition():
-    fed = cfg(**{"tasks-per-client": 4, "seed": 1})
-    local = cfg(baseline="local", **{"local-client": 2, "tasks-per-client": 4, "seed": 1})
+    fed = cfg(**{"partition.tasks-per-client": 4, "seed": 1})
+    local = cfg(**{"baseline.name": "local"}, **{"baseline.local-client": 2, "partition.tasks-per-client": 4, "seed": 1})
     assert learner_tasks(local, 2, 4) == learner_tasks(fed, 2, 4) == all_partitions(fed, 4)[2]
     assert baseline_learner(local) == 2 and baseline_learner(fed) is None
-    with pytest.raises(ValueError, match="local-client=2 only"):
+    with pytest.raises(ValueError, match="baseline.local-client=2 only"):
         learner_tasks(local, 0, 4)
 
 

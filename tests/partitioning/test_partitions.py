@@ -366,7 +366,7 @@ def test_uniform_windows_are_the_references_contiguous_slices_of_a_seeded_order(
     # K = 4, 4 tasks each: windows of 2 grow by 1 on each side where there is room, else 2 to the side that has it
     # (positions [0, 4), [1, 5), [3, 7), [5, 9)) and then overlap
     assert [w.tolist() for w in uniform_windows(10, 4, 4, 0)] == [[2, 4, 6, 7], [2, 3, 6, 7], [3, 5, 7, 9], [0, 5, 8, 9]]
-    # a pool larger than K x tasks-per-client: each client holds N // K tasks, as the reference's do
+    # a pool larger than K x partition.tasks-per-client: each client holds N // K tasks, as the reference's do
     assert {len(w) for w in uniform_windows(100, 4, 8, 0)} == {25}
     # another seed, other clients' data; the same seed, the same
     assert uniform_windows(10, 3, 3, 1)[0].tolist() != uniform_windows(10, 3, 3, 0)[0].tolist()

@@ -92,11 +92,11 @@ def test_client_side_mode_sends_the_norm_and_the_mod_clips_only_when_asked(run_i
 
 
 def test_dp_is_refused_where_it_does_not_apply():
-    with pytest.raises(ValueError, match="dp-mode='server-side' is not allowed"):
-        RunConfig.from_run_config({"strategy": "qavg", "env": "random-mdp", "dp-mode": "server-side"})
-    with pytest.raises(ValueError, match="dp-noise-multiplier=-1.0"):
-        RunConfig.from_run_config({"dp-mode": "client-side", "dp-noise-multiplier": -1.0})
-    with pytest.raises(ValueError, match="unknown dp-mode"):
+    with pytest.raises(ValueError, match="privacy.dp-mode='server-side' is not allowed"):
+        RunConfig.from_run_config({"strategy": "qavg", "env": "random-mdp", "privacy.dp-mode": "server-side"})
+    with pytest.raises(ValueError, match="privacy.noise-multiplier=-1.0"):
+        RunConfig.from_run_config({"privacy.dp-mode": "client-side", "privacy.noise-multiplier": -1.0})
+    with pytest.raises(ValueError, match="unknown privacy.dp-mode"):
         with_differential_privacy(FedAgentAvg({0: 1}, 1), "local", 1.0, 1.0, 1)
     assert with_differential_privacy(inner := FedAgentAvg({0: 1}, 1), "off", 1.0, 1.0, 1) is inner
 
@@ -116,8 +116,8 @@ def test_a_run_with_dp_clips_every_update_and_still_sends_only_numbers(strategy,
     norm = 1e-4  # far below any real update: every client's update must come out clipped
     run_config = RunConfig().to_run_config() | SMALL_CONFIGS[strategy] | {
         "output-dir": str(tmp_path / "runs"), "run-name": "dp", "num-clients": NUM_NODES,
-        "fedse-buffer-dir": str(tmp_path / "buffers"), "dp-mode": mode, "dp-clipping-norm": norm,
-        "dp-noise-multiplier": 0.0, "num-server-rounds": 2, "group-size": 4, "tasks-per-epoch": 2}
+        "fedse.buffer-dir": str(tmp_path / "buffers"), "privacy.dp-mode": mode, "privacy.clipping-norm": norm,
+        "privacy.noise-multiplier": 0.0, "num-server-rounds": 2, "grpo.num-generations": 4, "grpo.tasks-per-epoch": 2}
     grid = LoopbackGrid(run_config, NUM_NODES)
     try:
         summary = run_federation(grid, RunConfig.from_run_config(run_config))

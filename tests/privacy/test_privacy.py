@@ -27,13 +27,13 @@ from fedagent_flwr.privacy.reply_filter import (
 )
 
 # One round, the smallest settings each strategy accepts.
-_LLM = {"num-server-rounds": 1, "clients-per-round": 2, "tasks-per-epoch": 1, "group-size": 2, "eval-tasks": 1,
-        "eval-samples-per-task": 1, "tasks-per-client": 2}
+_LLM = {"num-server-rounds": 1, "clients-per-round": 2, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 1,
+        "eval.samples-per-task": 1, "partition.tasks-per-client": 2}
 SMALL_CONFIGS = {
     "fedagent-avg": _LLM,
-    "fedse-lora": _LLM | {"strategy": "fedse-lora", "fedse-sft-steps": 1, "fedse-explore-samples": 1, "fedse-seed-demos": 1},
-    "qavg": {"strategy": "qavg", "env": "random-mdp", "num-server-rounds": 2, "local-updates": 2},
-    "pavg": {"strategy": "pavg", "env": "random-mdp", "num-server-rounds": 2, "local-updates": 2},
+    "fedse-lora": _LLM | {"strategy": "fedse-lora", "fedse.max-steps": 1, "fedse.explore-samples": 1, "fedse.seed-demos": 1},
+    "qavg": {"strategy": "qavg", "env": "random-mdp", "num-server-rounds": 2, "fedrl.local-updates": 2},
+    "pavg": {"strategy": "pavg", "env": "random-mdp", "num-server-rounds": 2, "fedrl.local-updates": 2},
 }
 NUM_NODES = 3
 HANDSHAKE_KEYS = {"partition-id", "num-partitions", "fingerprint"}
@@ -83,8 +83,8 @@ def test_clients_send_only_weights_and_numeric_metrics(strategy, tmp_path, run_i
     torch.set_num_threads(1)
     overrides = SMALL_CONFIGS[strategy] | {"output-dir": str(tmp_path / "runs"), "run-name": "privacy",
                                            "num-clients": NUM_NODES}
-    if "fedse-buffer-dir" in RunConfig().to_run_config():
-        overrides["fedse-buffer-dir"] = str(tmp_path / "buffers")
+    if "fedse.buffer-dir" in RunConfig().to_run_config():
+        overrides["fedse.buffer-dir"] = str(tmp_path / "buffers")
     run_config = RunConfig().to_run_config() | overrides
     cfg = RunConfig.from_run_config(run_config)
     # The filter drops metric keys outside its allow-list without a word: every key our own clients compute must be
@@ -208,7 +208,7 @@ def test_a_failing_clients_reply_reaches_the_server_summary_without_its_tracebac
 
     torch.set_num_threads(1)
     run_config = RunConfig().to_run_config() | SMALL_CONFIGS["fedagent-avg"] | {
-        "output-dir": str(tmp_path / "runs"), "run-name": "fails", "num-clients": 2, "fault-injection": "raise:partition=0"}
+        "output-dir": str(tmp_path / "runs"), "run-name": "fails", "num-clients": 2, "resilience.fault-injection": "raise:partition=0"}
     try:
         summary = run_federation(LoopbackGrid(run_config, 2), RunConfig.from_run_config(run_config))
     finally:

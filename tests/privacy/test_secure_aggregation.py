@@ -72,7 +72,7 @@ def test_aggregate_fit_passes_the_protocols_mean_and_records_metrics_and_drop_ou
     params, metrics = secure.aggregate_fit(1, results, failures=[])
     assert params is mean and metrics["replies"] == 2.0 and abs(metrics["success_rate"] - 0.3) < 1e-12
     assert secure.failures[1] == ["1 client(s) dropped out of the protocol"]
-    assert secure.aggregate_fit(1, results[:1], failures=[])[0] is None  # below min-replies: model unchanged
+    assert secure.aggregate_fit(1, results[:1], failures=[])[0] is None  # below federation.min-replies: model unchanged
     loss, evaluated = secure.evaluate(1, mean)
     assert evaluated == {"success_rate": 0.5} and list(seen[0][1].keys()) == ["w", "n"]
 
@@ -93,12 +93,12 @@ def test_a_legacy_fit_message_becomes_the_apps_train_message_and_its_reply_a_fit
 
 
 def test_secure_aggregation_is_refused_where_it_does_not_apply():
-    for extra, key in (({"clients-per-round": 1}, "clients-per-round"), ({"dp-mode": "server-side"}, "dp-mode"),
-                       ({"strategy": "fedse-lora"}, "strategy"), ({"baseline": "centralized"}, "baseline")):
-        with pytest.raises(ValueError, match=f"{key}=.*secure-aggregation=true"):
-            RunConfig.from_run_config({"secure-aggregation": True} | extra)
-    with pytest.raises(ValueError, match="secagg-threshold-fraction=0.0"):
-        RunConfig.from_run_config({"secagg-threshold-fraction": 0.0})
+    for extra, key in (({"clients-per-round": 1}, "clients-per-round"), ({"privacy.dp-mode": "server-side"}, "privacy.dp-mode"),
+                       ({"strategy": "fedse-lora"}, "strategy"), ({"baseline.name": "centralized"}, "baseline.name")):
+        with pytest.raises(ValueError, match=f"{key}=.*privacy.secure-aggregation=true"):
+            RunConfig.from_run_config({"privacy.secure-aggregation": True} | extra)
+    with pytest.raises(ValueError, match="privacy.secagg-threshold-fraction=0.0"):
+        RunConfig.from_run_config({"privacy.secagg-threshold-fraction": 0.0})
 
 
 @pytest.mark.slow

@@ -419,7 +419,7 @@ def test_whether_the_centre_kernel_trains_is_a_run_config_key():
 
     for env in ("random-mdp", "windy-cliffs"):
         for center_in_training in (True, False):  # True: the reference's, client 0 trains on P_0 itself
-            fam = family(RunConfig(strategy="qavg", env=env, fedrl_center_in_training=center_in_training), 3)
+            fam = family(RunConfig.from_run_config({"strategy": "qavg", "env": env, "fedrl.center-in-training": center_in_training}), 3)
             mdp = fam.sample(np.random.default_rng(0))
             holds_p0 = [bool(np.allclose(k, mdp.center)) for k in mdp.kernels(0.5, include_test=False)]
             assert holds_p0 == [center_in_training, False, False], (env, holds_p0)

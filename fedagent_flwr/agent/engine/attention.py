@@ -48,7 +48,7 @@ def training_attention(model: torch.nn.Module, name: str):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     before = base.config._attn_implementation
     if name not in TRAINING_ATTENTIONS:
-        raise ValueError(f"training-attention={name!r} is not allowed: expected {' | '.join(TRAINING_ATTENTIONS)}")
+        raise ValueError(f"engine.attn-implementation={name!r} is not allowed: expected {' | '.join(TRAINING_ATTENTIONS)}")
     if name == before:
         yield
         return

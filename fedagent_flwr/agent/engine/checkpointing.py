@@ -4,7 +4,7 @@ memory needs.
 transformers checkpoints all decoder layers or every n-th. A round's micro-batches differ widely in length, and a plan
 must fit the longest one at the run's full context, so checkpointing every layer makes the short ones, which most
 are, pay the recompute (a third more compute) for memory they do not need. With `mode = "fitted"` (what the
-placement resolves gradient-checkpointing = auto to where it knows the memory), before each micro-batch `fit` checkpoints its first k layers only, k the fewest for which its activations (estimated as the memory
+placement resolves engine.gradient-checkpointing = auto to where it knows the memory), before each micro-batch `fit` checkpoints its first k layers only, k the fewest for which its activations (estimated as the memory
 plan estimates them, agent/engine/memory.py) fit `room_bytes`. The first layers are the ones checkpointed because backward
 reaches them last, when every later layer's activations are already freed, so their recompute adds nothing to the
 peak. Which layers are recomputed changes only float rounding at most: the update is the same (tests/agent/
@@ -59,7 +59,7 @@ def activation_checkpointing(model, mode: bool | str, room_bytes: float | None, 
         return
     dropout = [getattr(model.config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout", "dropout")]
     if any(dropout):
-        raise ValueError(f"gradient-checkpointing needs a model without dropout (config dropout {dropout})")
+        raise ValueError(f"engine.gradient-checkpointing needs a model without dropout (config dropout {dropout})")
     # transformers 5.24 renamed gradient checkpointing to activation checkpointing (the old names go in v6).
     if hasattr(model, "activation_checkpointing_enable"):
         enable, disable, kwargs = "activation_checkpointing_enable", "activation_checkpointing_disable", "activation_checkpointing_kwargs"

@@ -26,7 +26,7 @@ each of those causes:
 - on CUDA, each token step captured once as a CUDA graph per (rows bucket, attention window) and replayed: one
   launch per step instead of one per kernel. Finished rows stay in the batch, masked out of the sampling, until
   the live rows fit the next smaller bucket; then the batch is compacted;
-- optionally (`kernels="compile"`, the run-config key decode-kernels), each layer's element-wise work in the token
+- optionally (`kernels="compile"`, the run-config key rollout.kernels), each layer's element-wise work in the token
   step fused by torch.compile around the matrix products (`_layer_halves`).
 
 Numerics: in fp32 the rows equal the transformers model's up to rounding (same RMSNorm eps, RoPE inverse
@@ -317,7 +317,7 @@ class StaticDecoder:
                  bucketed: bool | None = None, share_prefixes: bool = True, kernels: str = "eager",
                  gathered: Callable | None = None) -> None:
         if kernels not in KERNELS:
-            raise ValueError(f"decode-kernels={kernels!r} is not allowed: expected {' | '.join(KERNELS)}")
+            raise ValueError(f"rollout.kernels={kernels!r} is not allowed: expected {' | '.join(KERNELS)}")
         check_supported(model)
         # The token step's element-wise work: "eager" as written, "compile" fused by torch.compile (_layer_halves).
         # The prefill stays eager: its matrix products dominate, and its shapes change with every batch of prompts.

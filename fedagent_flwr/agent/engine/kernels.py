@@ -16,7 +16,7 @@ RoPE and autocast's copies, each one a separate read and write of the activation
 
 The compiled and Liger layers compute the same function up to float rounding; tests/agent/test_kernels.py checks
 log-probs and gradients against eager. Whether either is faster is a GPU measurement
-(`benchmarks/update_profile.py ... --variant training-kernels=compile`, docs/gpu-measurements.md).
+(`benchmarks/update_profile.py ... --variant engine.training-kernels=compile`, docs/gpu-measurements.md).
 """
 
 from __future__ import annotations
@@ -46,24 +46,24 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     body = inner.get_decoder() if hasattr(inner, "get_decoder") else None
     layers = getattr(body, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
-        raise ValueError(f"training-kernels: {type(inner).__name__} has no list of decoder layers to compile or patch; "
-                         f"use training-kernels='eager'")
+        raise ValueError(f"engine.training-kernels: {type(inner).__name__} has no list of decoder layers to compile or patch; "
+                         f"use engine.training-kernels='eager'")
     return list(layers)
 
 
 def check_training_kernels(kind: str, device: torch.device) -> None:
     """Refuse a kernel choice this machine cannot run, before any work starts."""
     if kind not in TRAINING_KERNELS:
-        raise ValueError(f"training-kernels must be one of {' | '.join(TRAINING_KERNELS)}, got {kind!r}")
+        raise ValueError(f"engine.training-kernels must be one of {' | '.join(TRAINING_KERNELS)}, got {kind!r}")
     if kind != "liger":
         return
     if device.type != "cuda":
-        raise ValueError(f"training-kernels='liger' runs Triton kernels on a CUDA device; this run's device is "
+        raise ValueError(f"engine.training-kernels='liger' runs Triton kernels on a CUDA device; this run's device is "
                          f"{device.type!r}: use 'eager' or 'compile'")
     try:
         import liger_kernel.transformers  # noqa: F401
     except ImportError as err:
-        raise ValueError(f"training-kernels='liger' needs the liger-kernel package ({err}); pip install liger-kernel, "
+        raise ValueError(f"engine.training-kernels='liger' needs the liger-kernel package ({err}); pip install liger-kernel, "
                          f"or use 'eager' or 'compile'") from err
 
 
@@ -74,7 +74,7 @@ def apply_liger(model: torch.nn.Module) -> None:
     inner = _base(model)
     model_type = getattr(inner.config, "model_type", None)
     if model_type not in _LIGER_PATCHES:
-        raise ValueError(f"training-kernels='liger': no Liger patch for model type {model_type!r} here; "
+        raise ValueError(f"engine.training-kernels='liger': no Liger patch for model type {model_type!r} here; "
                          f"supported: {', '.join(_LIGER_PATCHES)}")
     getattr(liger, _LIGER_PATCHES[model_type])(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                                fused_linear_cross_entropy=False, model=inner)

@@ -1,6 +1,6 @@
-"""bf16 working weights over fp32 master weights, for GRPO's log-prob and update passes (param-dtype = "bf16").
+"""bf16 working weights over fp32 master weights, for GRPO's log-prob and update passes (engine.param-dtype = "bf16").
 
-Under bf16 autocast (PyTorch AMP, param-dtype = "fp32") the model keeps its fp32 weights and autocast casts each of
+Under bf16 autocast (PyTorch AMP, engine.param-dtype = "fp32") the model keeps its fp32 weights and autocast casts each of
 them to bf16 for every forward pass; everything autocast does not cast stays fp32: the embedding's output, so the
 whole residual stream, the norms' weights and their products. The backward pass then casts every weight's bf16
 gradient back to fp32 before adding it to `.grad`. Counted op by op on CPU (benchmarks/update_traffic.py), those casts
@@ -31,7 +31,7 @@ class Bf16WorkingCopy:
     def __init__(self, model: torch.nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.is_floating_point()]
         if any(p.dtype != torch.float32 for p in self.params):
-            raise ValueError("param-dtype='bf16' keeps fp32 master weights: the model must hold fp32 weights")
+            raise ValueError("engine.param-dtype='bf16' keeps fp32 master weights: the model must hold fp32 weights")
         self.master = [p.data for p in self.params]
         self.work: list[torch.Tensor] = []
         self.grads: list[torch.Tensor | None] = [None] * len(self.params)

@@ -8,18 +8,18 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   ends only when the weight requires grad (checked here on CPU in tests/agent/test_memory.py, and on an H200: a
   7B LoRA round peaked 16.7 GiB below a plan that counted P x 2). So: P x 2 with full fine-tuning; with LoRA, the
   adapter's A x 2 plus one frozen matrix at a time, the largest being the output head (vocab x H x 2); under
-  bf16-base the frozen weights are bf16 already, so only the adapter's A x 2; with param-dtype = 'bf16' (full
+  bf16-base the frozen weights are bf16 already, so only the adapter's A x 2; with engine.param-dtype = 'bf16' (full
   fine-tuning) the row is the working copy GRPO's passes compute on, P x 2 as well (agent/engine/master_weights.py);
 - gradients: T x 4; AdamW moments: 2 x T x 4;
-- KL reference (kl-beta > 0): round-start with full fine-tuning = a frozen copy, P x 4 (P x 2 with param-dtype =
+- KL reference (grpo.beta > 0): round-start with full fine-tuning = a frozen copy, P x 4 (P x 2 with engine.param-dtype =
   'bf16', which computes on bf16 weights and holds the copy so); round-start with LoRA =
   the round-start adapter, A x 4; base with LoRA = nothing (the adapter switched off);
-- KV cache of a rollout batch: 2 x layers x kv-heads x head-dim x S x rollout-batch-size x a, with S the
+- KV cache of a rollout batch: 2 x layers x kv-heads x head-dim x S x rollout.generation-batch-size x a, with S the
   context (prompt + generated tokens) and a = 2 bytes under bf16-mixed and bf16-base, 4 in fp32;
-- generation logits: rollout-batch-size x vocab x 4 (the last position, in fp32);
+- generation logits: rollout.generation-batch-size x vocab x 4 (the last position, in fp32);
 - training logits: 3 x micro-batch x S x vocab x 4 (the fp32 log-softmax kept for backward, and in backward the
   picked tokens' gradient scattered over the vocabulary, zeros and the scatter's result, before the log-softmax's own);
-  with chunked log-probs (logprob-chunk-tokens = C > 0) the head scores C completion tokens at a time and
+  with chunked log-probs (engine.logprob-chunk-tokens = C > 0) the head scores C completion tokens at a time and
   checkpointing recomputes them one chunk at a time in backward: 3 x min(C, micro-batch x S) x vocab x 4, and with
   full fine-tuning the head's gradients of the chunks, added up out of place, 2 x vocab x H x 4 more (measured pass
   by pass on CPU in tests/agent/test_pass_memory.py, within 5 % of these rows with the activations below);
@@ -28,7 +28,7 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   the MLP's gate output, its activation, the up projection's output and their product (down's input, kept when down or
   its adapter learns); and the two RMSNorms, which is where the precision tells. With H the hidden size, in the
   compute dtype (c bytes: 2 under bf16 compute, 4 in fp32) and the residual stream's dtype (r: the weights' dtype, so 4
-  under bf16-mixed's fp32 weights and 2 under param-dtype = 'bf16' or bf16-base): every norm keeps its input upcast to
+  under bf16-mixed's fp32 weights and 2 under engine.param-dtype = 'bf16' or bf16-base): every norm keeps its input upcast to
   fp32 (4H); with a trained norm weight also the normalized value and its output, in fp32 (4H) under fp32 weights,
   where each linear reading the output then keeps its own bf16 cast (2H each: q, k, v, gate, up), or 2H + 2H under
   bf16 weights. Under LoRA (frozen norms and base linears) the adapters keep their inputs as autocast hands them (the
@@ -40,11 +40,11 @@ Terms (bytes; P = the model's distinct parameters, T = the trained ones: P, or t
   the KV heads expanded to every query head: k and v are counted so; the copy of the mask SDPA keeps per layer (rows x
   S x S) is not. The update keeps layers x micro-batch x S of these; with gradient checkpointing each checkpointed
   layer keeps only its input (H x r) and one layer's full set is recomputed in backward;
-  gradient-checkpointing = 'auto' checkpoints a micro-batch's first k layers only, k the fewest that fit the memory the
+  engine.gradient-checkpointing = 'auto' checkpoints a micro-batch's first k layers only, k the fewest that fit the memory the
   rest of the plan leaves (layers_to_checkpoint); the plan counts its worst case, every layer; with
-  micro-batch-tokens = B > 0 a pass holds at most max(B, S) padded tokens in place of micro-batch x S, here and in
-  the training logits (logprob-micro-batch-tokens likewise for the no-grad passes below);
-- the no-grad log-prob passes (old policy, KL reference) at logprob-micro-batch-size L keep no activations: their
+  grpo.ppo-max-token-len-per-gpu = B > 0 a pass holds at most max(B, S) padded tokens in place of micro-batch x S, here and in
+  the training logits (grpo.log-prob-max-token-len-per-gpu likewise for the no-grad passes below);
+- the no-grad log-prob passes (old policy, KL reference) at grpo.log-prob-micro-batch-size-per-gpu L keep no activations: their
   peak is one moment of one layer or of the head, over L x S tokens (no_grad_pass_bytes: a few hidden states and the
   MLP's I-wide tensors, or fp32 logits and their log-softmax for L x S rows, min(C, L x S) when chunked). They never
   run beside the update's passes: the plan's row for them is what they hold beyond the update's logits and
@@ -71,7 +71,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from fedagent_flwr.agent.engine.tokens import MASK_MAPPING_MODELS  # the models handed no 4-D mask, so no expanded KV heads
 
 GB = 1024**3
-ACTIVATIONS_ROW = "activations of a micro-batch"  # the client plan's row that gradient-checkpointing='auto' divides up
+ACTIVATIONS_ROW = "activations of a micro-batch"  # the client plan's row that engine.gradient-checkpointing='auto' divides up
 NO_GRAD_ROW = "no-grad passes beyond the update's"
 EAGER_ROW = "eager attention beyond SDPA's"
 
@@ -197,7 +197,7 @@ def base_weights(shape: ModelShape, precision: str) -> tuple[str, int]:
 
 def _check_base_precision(finetuning: str, precision: str) -> None:
     if precision == "bf16-base" and finetuning != "lora":
-        raise ValueError(f"precision='bf16-base' holds a frozen base in bf16 and needs finetuning='lora', got {finetuning!r}")
+        raise ValueError(f"precision='bf16-base' holds a frozen base in bf16 and needs grpo.finetuning='lora', got {finetuning!r}")
 
 
 def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targets, precision: str, kl_beta: float,
@@ -211,7 +211,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
     (layer_activations). `micro_batch_tokens` > 0: the update's passes are cut by padded tokens (grpo.micro_batches), so
     one holds at most max(that, the context); `logprob_micro_batch_tokens` likewise for the no-grad passes.
     `static_decoder`, `cuda_graphs`: the rollout's engine, whose cache and graphs are counted as it allocates them
-    (decode_rows). `ranks` > 1: what each of a client's ranks holds under FSDP2 (ranks-per-client): the weights, the
+    (decode_rows). `ranks` > 1: what each of a client's ranks holds under FSDP2 (engine.ranks-per-client): the weights, the
     gradients, AdamW's moments and a full model's KL reference sharded, a 1/ranks part each, and the whole weights
     gathered while it decodes its share of the episodes; while it updates, the root unit's and a layer's gathered for
     its passes (pass_gathers).
@@ -234,7 +234,7 @@ def client_plan(shape: ModelShape, *, finetuning: str, lora_rank: int, lora_targ
 
     # a pass of the update: micro-batch rows at the full context, or a token budget (a longer row alone)
     update_tokens = max(micro_batch_tokens, S) if micro_batch_tokens > 0 else micro_batch_size * S
-    # gradient-checkpointing='auto' checkpoints each micro-batch only as far as memory needs (layers_to_checkpoint):
+    # engine.gradient-checkpointing='auto' checkpoints each micro-batch only as far as memory needs (layers_to_checkpoint):
     # planned here at its worst, every layer, which is what the longest micro-batch may need
     checkpointed = shape.layers if gradient_checkpointing else 0
     lora = (lora_targets, lora_rank) if finetuning == "lora" else ()
@@ -364,7 +364,7 @@ def no_grad_pass_bytes(shape: ModelShape, tokens: int, logit_positions: int, pre
     """The most a no-grad log-prob pass over `tokens` positions holds at once, its vocabulary logits at
     `logit_positions` at a time (the weights and their autocast copies apart). It keeps nothing for backward, so its peak
     is one moment of one layer, or of the head (measured tensor by tensor on CPU: tests/agent/test_pass_memory.py):
-    - inside a layer, four hidden states in the residual stream's dtype (r bytes: 2 under bf16-base or param-dtype
+    - inside a layer, four hidden states in the residual stream's dtype (r bytes: 2 under bf16-base or engine.param-dtype
       'bf16', else 4): the embeddings the model's forward keeps, the layer's input, the residual after attention and
       the second norm's output; beside them the larger of the MLP (its activation, the up projection's output and
       their product, I wide in the compute dtype, with one I-wide adapter output more where gate or up is adapted)
@@ -417,7 +417,7 @@ def update_activation_bytes(shape: ModelShape, tokens: int, checkpointed: int, p
 
 def layers_to_checkpoint(shape: ModelShape, tokens: int, room_bytes: float, per_token: LayerActivations) -> int:
     """The fewest leading layers to checkpoint so that the update's activations over `tokens` positions fit
-    `room_bytes` (gradient-checkpointing='auto'); every layer when even that does not fit."""
+    `room_bytes` (engine.gradient-checkpointing='auto'); every layer when even that does not fit."""
     for k in range(shape.layers + 1):
         if update_activation_bytes(shape, tokens, k, per_token) <= room_bytes:
             return k

@@ -20,7 +20,7 @@ def micro_batches(indices: Sequence[int], lengths: Sequence[int], size: int, tok
     share a pass by the dozen and long ones go a few at a time, so a GPU runs fewer, larger kernels. The fewest passes
     the budget allows, evened out: the cut is that of the smallest budget that needs no more passes than the full one,
     so a minibatch that needs two passes gets two of about half its tokens, not a full one and a remnant. Cuts are
-    contiguous: with the order by length (length-grouped-micro-batches) each pass holds samples of similar length."""
+    contiguous: with the order by length (grpo.group-by-length) each pass holds samples of similar length."""
     if tokens <= 0:
         return chunks(list(indices), size)
     indices = list(indices)

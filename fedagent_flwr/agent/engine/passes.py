@@ -5,7 +5,7 @@ optimizer step. Around those lines a GPU run needs numeric precision, a bf16 wor
 kernels, activation checkpointing and an attention-kernel rule; each is a context or a call at a precise place, and
 interleaved with the algorithm they hid it. `TrainingPasses` holds them all, so the trainer calls a few methods:
 
-    passes = TrainingPasses.of(config, device)           # config: a GRPOConfig
+    passes = TrainingPasses.of(engine, placement, device)  # the run config's engine section, the process's placement
     optimizer = passes.optimizer(params, lr, weight_decay)
     with passes.scoring(model):                           # no-grad log-prob passes (reference=True: a frozen copy)
         with passes.forward():
@@ -18,7 +18,7 @@ interleaved with the algorithm they hid it. `TrainingPasses` holds them all, so 
             clip_grad_norm_(...); optimizer.step()
 
 Three diagnostic switches (TrainingPasses' docstring) put back what the passes did before a change, so that a
-benchmark measures the change by setting a GRPOConfig field instead of patching the code.
+benchmark measures the change by setting a PassSwitches field instead of patching the code.
 
 Which SDPA backends the passes may use (cuDNN's attention or not) stays attention.py's module switch AVOID_CUDNN: the
 rollout's passes read it too.
@@ -55,6 +55,16 @@ def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float, fuse
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True if on_gpu else None)
 
 
+@dataclass(frozen=True)
+class PassSwitches:
+    """The diagnostic switches (TrainingPasses' docstring): no run-config keys; a benchmark sets them to measure a
+    change side by side (benchmarks/update_profile.py)."""
+
+    fused_adamw: bool = True
+    host_waits: bool = False
+    padding_mask: bool = False
+
+
 @dataclass
 class TrainingPasses:
     """How GRPO's log-prob and update passes compute (the module's docstring shows the calls the trainer makes).
@@ -63,7 +73,9 @@ class TrainingPasses:
     working copy over fp32 masters (agent/engine/master_weights.py); training_kernels: eager | compile | liger
     (agent/engine/kernels.py); gradient_checkpointing: False | True | "fitted", fitted within activation_room_bytes
     (agent/engine/checkpointing.py); attention: the update's forward passes' attention kernel, sdpa | eager
-    (attention.training_attention).
+    (attention.training_attention); logprob_chunk_tokens: completion tokens the output head scores at a time, 0 =
+    the whole logits (tokens.chunked_completion_logprobs); shared_prompt_prefix: the prompts' shared prefix computed
+    once a pass (tokens.collate's share_prefix), the same values up to rounding.
 
     The diagnostic switches, each putting back what the passes did before a change, side by side in one process
     (benchmarks/update_profile.py's keys host-waits, fused-adamw, padding-mask). Their defaults are what runs use:
@@ -85,6 +97,8 @@ class TrainingPasses:
     gradient_checkpointing: bool | str = False
     activation_room_bytes: float | None = None
     attention: str = "sdpa"
+    logprob_chunk_tokens: int = 0
+    shared_prompt_prefix: bool = False
     fused_adamw: bool = True
     host_waits: bool = False
     padding_mask: bool = False
@@ -93,13 +107,15 @@ class TrainingPasses:
     _updating: torch.nn.Module | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
-    def of(cls, config, device: torch.device) -> TrainingPasses:
-        """The passes a GRPOConfig (agent/training/grpo.py, a later room: read by its fields) asks for on `device`."""
-        return cls(device=device, precision=config.precision, param_dtype=config.param_dtype,
-                   training_kernels=config.training_kernels, attention=config.training_attention,
-                   gradient_checkpointing=config.gradient_checkpointing,
-                   activation_room_bytes=config.activation_room_bytes, fused_adamw=config.fused_adamw,
-                   host_waits=config.host_waits, padding_mask=config.padding_mask)
+    def of(cls, engine, placement, device: torch.device, switches: PassSwitches = PassSwitches()) -> TrainingPasses:
+        """The passes on `device` that the run config's engine section (config.EngineSection) and the process's
+        placement (placement.Placement: what its `auto` resolved to) ask for."""
+        return cls(device=device, precision=placement.precision, param_dtype=placement.param_dtype,
+                   training_kernels=engine.training_kernels, attention=engine.attn_implementation,
+                   gradient_checkpointing=placement.gradient_checkpointing,
+                   activation_room_bytes=placement.activation_room_bytes,
+                   logprob_chunk_tokens=engine.logprob_chunk_tokens, shared_prompt_prefix=engine.shared_prompt_prefix,
+                   fused_adamw=switches.fused_adamw, host_waits=switches.host_waits, padding_mask=switches.padding_mask)
 
     def optimizer(self, params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
         return adamw(params, lr, weight_decay, fused=self.fused_adamw)

@@ -1,7 +1,7 @@
 """Every `auto` of a process, decided in one place: `place()`.
 
 The run config lets eight things say `auto` (or 0 for auto): the device, the precision, the working weights' dtype
-(param-dtype), the decode engine, the rollout rows (rollout-batch-size = 0), the KL reference, gradient checkpointing
+(engine.param-dtype), the decode engine, the rollout rows (rollout.generation-batch-size = 0), the KL reference, gradient checkpointing
 and, with it, the room the update's activations may take. What each becomes depends on the machine the process runs on
 (and, for the engine, on the model; for the rows and the room, on the memory plan), so it cannot be decided when the run
 config is read. Each process builds its placement once (methods/placement.py gives place() the run config's keys and
@@ -95,16 +95,16 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
     - precision: auto = bf16-mixed on CUDA; on a CPU, bf16-base where a LoRA adapter is all that trains
       (`adapter_only`) and `cpu_rates` (this processor's matmul rates for the model's shape) show bf16 clearly faster,
       else fp32 (resolve_precision);
-    - param-dtype: auto = bf16 where a working copy applies (`full_grpo`: a GRPO strategy training every weight) under
+    - engine.param-dtype: auto = bf16 where a working copy applies (`full_grpo`: a GRPO strategy training every weight) under
       bf16-mixed, else fp32;
-    - decode-engine: auto = static on CUDA, hf on a CPU; given the `model`, a model the static engine does not
+    - rollout.name: auto = static on CUDA, hf on a CPU; given the `model`, a model the static engine does not
       reproduce takes hf under auto (with the reason in `engine_note`) and is refused under static;
-    - kl-reference: auto = base for a single learner (a Table 1 baseline, as one plain run anchors to its initial
+    - grpo.kl-reference: auto = base for a single learner (a Table 1 baseline, as one plain run anchors to its initial
       model), round-start for a federated client;
-    - rollout rows: rollout-batch-size where it is set; 0 = the most rows up to `max_rows` whose plan
+    - rollout rows: rollout.generation-batch-size where it is set; 0 = the most rows up to `max_rows` whose plan
       (`plan_for(placement so far, rows)`, the process's memory plan) fits `budget_bytes`, or `max_rows` where no
       budget is known;
-    - gradient-checkpointing: auto = "fitted" with the room the update's activations may take, `budget_bytes` less every
+    - engine.gradient-checkpointing: auto = "fitted" with the room the update's activations may take, `budget_bytes` less every
       other row of the plan at those rows (which counts the rollout's KV cache too, though the update runs after it is
       freed: a margin); where no budget is known, True (every layer).
     """
@@ -114,7 +114,7 @@ def place(*, device: str = "auto", precision: str = "auto", param_dtype: str = "
     if param_dtype == "auto":
         param_dtype = "bf16" if full_grpo and resolved_precision == "bf16-mixed" else "fp32"
     elif param_dtype not in PARAM_DTYPES:
-        raise ValueError(f"param-dtype={param_dtype!r} is not allowed: expected {' | '.join(PARAM_DTYPES)} | auto")
+        raise ValueError(f"engine.param-dtype={param_dtype!r} is not allowed: expected {' | '.join(PARAM_DTYPES)} | auto")
     engine, note = decode_engine_for(decode_engine, on_cuda, model)
     if kl_reference == "auto":
         kl_reference = "base" if single_learner else "round-start"
@@ -173,10 +173,10 @@ def resolve_precision(precision: str, on_cuda: bool, adapter_only: bool = False,
 
 
 def decode_engine_for(decode_engine: str, on_cuda: bool, model: torch.nn.Module | None = None) -> tuple[str, str]:
-    """(hf | static, why auto fell back to hf): the decode-engine key resolved; `place()` and sampling's `auto` ask
+    """(hf | static, why auto fell back to hf): the rollout.name key resolved; `place()` and sampling's `auto` ask
     here. Given the model, one the static engine does not reproduce takes hf under auto and is refused under static."""
     if decode_engine not in ENGINES:
-        raise ValueError(f"decode-engine={decode_engine!r} is not allowed: expected {' | '.join(ENGINES)}")
+        raise ValueError(f"rollout.name={decode_engine!r} is not allowed: expected {' | '.join(ENGINES)}")
     engine = "static" if decode_engine == "static" or (decode_engine == "auto" and on_cuda) else "hf"
     if engine == "static" and model is not None:
         try:

@@ -52,7 +52,7 @@ def check_trainable_precision(model: torch.nn.Module, precision: str) -> None:
         return
     trained = {p.dtype for p in model.parameters() if p.requires_grad}
     if trained - {torch.float32}:
-        raise ValueError(f"precision='bf16-base' trains fp32 tensors only (finetuning='lora': an fp32 adapter over the "
+        raise ValueError(f"precision='bf16-base' trains fp32 tensors only (grpo.finetuning='lora': an fp32 adapter over the "
                          f"bf16 base); this model trains {sorted(map(str, trained))}")
     embedding = model.get_input_embeddings().weight
     if embedding.dtype != torch.bfloat16:

@@ -6,17 +6,17 @@ stops, so one long (often malformed) completion makes all the others pay for
 holds such a row. This loop removes a row from the batch and its KV cache as soon
 as it emits a stop token, so the work per step shrinks with the live rows, and the
 prompt prefix every row shares (instructions, task text) is encoded once. It is
-plain ancestral sampling (temperature, top-p) or greedy decoding; `sampler` says how a row's token is drawn
+plain ancestral sampling (temperature, rollout.top-p) or greedy decoding; `sampler` says how a row's token is drawn
 from its softmax (TOKEN_SAMPLERS). It can hand back each
 drawn token's log-probability (`logprobs=`), which GRPO takes as the round-start policy's
-under old-logprobs = rollout; by default GRPO recomputes them from the tokens, and then
+under grpo.old-logprobs = rollout; by default GRPO recomputes them from the tokens, and then
 nothing depends on how the sampler was written. Measured against `generate` on the same batch (benchmarks/rollout_throughput.py,
 warm SmolLM2-135M, 2 CPU cores): 2.2-2.5x the tokens/s on GRPO-shaped batches (4 tasks x G = 8), 1.3x on
 8 distinct tasks (docs/agent.md); it stays only while it is faster.
 
 Two engines run that loop (`sample_batch(..., engine=)`): "hf" calls the transformers model's forward with its
 dynamic cache (the reference); "static" runs decode.py's preallocated-KV-cache decoder (CUDA graphs on a GPU),
-for Qwen2/Llama-shaped models. The caller passes the engine its placement resolved (decode-engine=auto: "static" on
+for Qwen2/Llama-shaped models. The caller passes the engine its placement resolved (rollout.name=auto: "static" on
 CUDA, "hf" for a model the decoder refuses and everywhere else; agent/engine/placement.py).
 """
 
@@ -33,7 +33,7 @@ from fedagent_flwr.config.choices import RESOLVED_ENGINES, TOKEN_SAMPLERS
 
 
 def pick_tokens(logits: torch.Tensor, temperature: float, top_p: float, sampler: str = "multinomial") -> torch.Tensor:
-    """One token per row: greedy at temperature 0, else a sample from the (top-p) softmax, drawn by `sampler`."""
+    """One token per row: greedy at temperature 0, else a sample from the (rollout.top-p) softmax, drawn by `sampler`."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     # At temperature 1 the division is the identity, and softmax casts to fp32 inside its one kernel: the same
@@ -79,9 +79,9 @@ def sample_batch(
     """Completion token ids per prompt, each ending at its first stop token (kept) or at the cap. `kernels`: the
     static engine's token step (decode.KERNELS); the hf engine has none to choose. `sampler`: TOKEN_SAMPLERS.
     `logprobs`: a list that receives, per prompt, each drawn token's log-probability under the temperature-scaled
-    softmax (before top-p), the quantity GRPO's ratio divides by (engines' rounding included: these come from the
+    softmax (before rollout.top-p), the quantity GRPO's ratio divides by (engines' rounding included: these come from the
     decode passes, not a training forward)."""
-    if engine not in RESOLVED_ENGINES:  # placement.py resolves decode-engine=auto, with the model
+    if engine not in RESOLVED_ENGINES:  # placement.py resolves rollout.name=auto, with the model
         raise ValueError(f"decode engine must be one of {RESOLVED_ENGINES}, got {engine!r}")
     if sampler not in TOKEN_SAMPLERS:
         raise ValueError(f"token sampler must be one of {TOKEN_SAMPLERS}, got {sampler!r}")

@@ -223,12 +223,12 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
         value = getattr(config, key, None)
         if value not in (None, 1, 1.0):
             raise ValueError(f"chunked log-probs: {type(inner).__name__} transforms its logits after the head "
-                             f"({key}={value}); use logprob-chunk-tokens=0")
+                             f"({key}={value}); use engine.logprob-chunk-tokens=0")
     decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else None
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if decoder is None or decoder is inner or head is None:
         raise ValueError(f"chunked log-probs need a causal LM with a separate body and output head; "
-                         f"{type(inner).__name__} has none: use logprob-chunk-tokens=0")
+                         f"{type(inner).__name__} has none: use engine.logprob-chunk-tokens=0")
     return decoder, head
 
 

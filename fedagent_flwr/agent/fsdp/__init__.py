@@ -1,4 +1,4 @@
-"""FSDP2's room: one client's local round on N ranks (run-config ranks-per-client).
+"""FSDP2's room: one client's local round on N ranks (run-config engine.ranks-per-client).
 
 - ranks.py   what the ranks share inside a round: each rank's stride of the samples, the collectives that keep them in
              step (most, total, gather), the micro-batch plan of a pass on N ranks, FSDP2's sharding and unsharding

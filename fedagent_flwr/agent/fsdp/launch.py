@@ -14,14 +14,14 @@ What this module does beyond starting the processes:
 - ranks that end when the client process dies: a SIGKILLed client runs no atexit hook, so each rank watches its
   parent's pid and exits when it changes, the first to see it removing the client's folder (a round's weights, in
   memory on a tmpfs); a folder still left (all ranks killed too) is removed by the next client that starts ranks;
-- a deadline for the round (run-config round-timeout: the server stops waiting then anyway), so a hung rank fails the
+- a deadline for the round (run-config federation.round-timeout: the server stops waiting then anyway), so a hung rank fails the
   client instead of blocking it forever, in a teardown too; every collective keeps torch's own limit (NCCL's 10
-  minutes, gloo's 30) unless run-config rank-timeout-s sets a shorter one;
+  minutes, gloo's 30) unless run-config engine.rank-timeout-s sets a shorter one;
 - on a GPU, each rank's process group bound to its device (init_process_group's device_id: NCCL then connects eagerly
   and knows the device of every collective);
 - the ranks' sockets on loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo) unless the user names an interface:
   a client's ranks are all on its own machine;
-- where the run config asks (ranks-return-memory), memory a rank frees given back to the system
+- where the run config asks (engine.ranks-return-memory), memory a rank frees given back to the system
   (return_freed_memory), so that a CPU rank's resident memory is what its tensors hold, as the memory plan counts it.
 """
 
@@ -73,7 +73,7 @@ class RankPool:
     A round costs no new interpreters, no torch import and no process group. A rank that fails or is killed ends the
     others and the pool (RankFailed; the next `run` raises it again: start a new pool); `close` ends them all.
     `mmap_threshold`: the bytes from which each rank's C library maps a block on its own (return_freed_memory;
-    run-config ranks-return-memory); 0 leaves glibc's own moving threshold (benchmarks/freed_memory.py compares them)."""
+    run-config engine.ranks-return-memory); 0 leaves glibc's own moving threshold (benchmarks/freed_memory.py compares them)."""
 
     def __init__(self, world: int, backend: str, timeout_s: float | None = None, mmap_threshold: int = 0,
                  collective_timeout_s: float | None = None):
@@ -323,7 +323,7 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
     if device.type == "cuda":
         if torch.cuda.device_count() <= rank:
             raise RankFailed(f"rank {rank} needs a CUDA device of its own, and {torch.cuda.device_count()} are visible "
-                             "(ranks-per-client = the GPUs each client gets: --num-gpus-per-client)")
+                             "(engine.ranks-per-client = the GPUs each client gets: --num-gpus-per-client)")
         torch.cuda.set_device(rank)
         return torch.device("cuda", rank)
     return torch.device("cpu")

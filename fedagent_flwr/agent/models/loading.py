@@ -102,7 +102,7 @@ def base_fingerprint(source: str, model: torch.nn.Module) -> str:
 @lru_cache(maxsize=1)
 def load_frozen_base(model_name: str, env: str, device: str) -> torch.nn.Module:
     """A second copy of the base weights as loaded, never trained, for a KL term anchored to the run's initial model
-    under full fine-tuning (kl-reference='base'). A separate load, because every round overwrites the agent's own
+    under full fine-tuning (grpo.kl-reference='base'). A separate load, because every round overwrites the agent's own
     model with the global weights; cached per process like the agent."""
     return frozen(load_model(resolve_model(model_name, env), pick_device(device)))
 

@@ -101,7 +101,7 @@ SINGLE_ENV_PRESETS: dict[str, dict] = {
     # WebShop: the agent must copy 10-character product ids from the page. With 2 layers, 400
     # goals and 300 steps the clone never did (0/20 held-out goals); 3 layers, 1,200 goals, 2,000
     # steps and a think that names long actions by their verb only (no second copy of the query)
-    # play with action-matching=closest (docs/webshop-alfworld.md), but still misspell most ids.
+    # play with rollout.action-matching=closest (docs/webshop-alfworld.md), but still misspell most ids.
     "webshop": dict(vocab_size=1024, bc_tasks_per_env=1200, bc_group_by_length=True, num_layers=3, bc_steps=2000,
                     bc_learning_rate=7e-4, bc_think_limit=40),
     "alfworld": dict(bc_group_by_length=True),
@@ -127,7 +127,7 @@ class TinyRecipe:
     bc_steps: int = 300
     bc_batch_size: int = 32
     bc_learning_rate: float = 3e-4
-    history_length: int = 0  # demonstrations use the default run's prompts (history-length 0)
+    history_length: int = 0  # demonstrations use the default run's prompts (rollout.history-length 0)
     seed: int = 0
     version: int = RECIPE_VERSION
     # Multi-env specs: a seeded sample of at most this many training tasks per environment

@@ -12,7 +12,7 @@ loss covers the completion only. With LoRA the adapter is merged before saving, 
 `model = "warm:<base>"` (e.g. `warm:smollm2-135m-instruct`) builds that model once per (base weights, environment,
 recipe) into the model cache, like the tiny models (model_cache.build_once: a lock, checksums, an atomic rename),
 with progress lines and the time left, and every later run loads it. The recipe is WARM_RECIPE; its history length
-is the run's `history-length` must match (runs/preflight.py checks it).
+is the run's `rollout.history-length` must match (runs/preflight.py checks it).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ class WarmStartConfig:
     lora_target_modules: str = "all-linear"
     demo_episodes: int = 64  # expert episodes on training tasks
     expert_epsilon: float = 0.0  # share of random admissible actions in the demonstrations
-    history_length: int = 0  # must match the runs that will use the folder (run-config history-length)
-    prompt_roles: str = "user"  # likewise (run-config prompt-roles)
+    history_length: int = 0  # must match the runs that will use the folder (run-config rollout.history-length)
+    prompt_roles: str = "user"  # likewise (run-config rollout.prompt-roles)
     eval_tasks: int = 9  # held-out tasks played greedily before and after; 0 = no evaluation
     gradient_checkpointing: bool = False  # TRL turns it on by default; a 135M model on CPU runs ~3x faster without
     device: str = "auto"
@@ -122,7 +122,7 @@ def demonstrations(tokenizer, env: str, cfg: WarmStartConfig) -> list[dict]:
 
 
 def held_out_play(model, tokenizer, env: str, cfg: WarmStartConfig, placement: Placement) -> dict[str, float]:
-    """Greedy play of `eval_tasks` evenly spaced held-out tasks: success, invalid-action rate, generated tokens/s."""
+    """Greedy play of `eval_tasks` evenly spaced held-out tasks: success, rollout.invalid-action rate, generated tokens/s."""
     tasks = per_env_spread(make_env(env).tasks_of_split("test"), cfg.eval_tasks)
     rollout = RolloutConfig(history_length=cfg.history_length, max_new_tokens=answer_token_budget(env), temperature=0.0,
                             prompt_roles=cfg.prompt_roles, decode_engine=placement.decode_engine)

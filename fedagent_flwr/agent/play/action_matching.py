@@ -1,7 +1,7 @@
 """What the environment receives when the model's action is not admissible as written.
 
 `exact` (the default, as in the FedAgent reference): the text as generated; the environment
-answers an inadmissible action with its invalid-action observation.
+answers an inadmissible action with its rollout.invalid-action observation.
 `closest`: the admissible action most similar to the text (thefuzz's ratio), a common remedy
 for small models that almost copy a long id (`click[b0mwppj0]` for `click[b0mwppj0q7]`). The
 step still counts as invalid, and is penalised, unless the text was admissible as written, so

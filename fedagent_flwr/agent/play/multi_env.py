@@ -22,7 +22,7 @@ MEAN_KEY = "success_rate/mean_over_envs"
 
 
 def per_env_summary(trajectories: Sequence) -> dict[str, float]:
-    """Per-environment success and invalid-action rates; {} when no trajectory comes from a multi-env pool."""
+    """Per-environment success and rollout.invalid-action rates; {} when no trajectory comes from a multi-env pool."""
     groups: dict[str, list] = defaultdict(list)
     for t in trajectories:
         env = task_env(t.task)

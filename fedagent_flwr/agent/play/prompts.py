@@ -2,7 +2,7 @@
 
 The agent sees its task, the last `history_length` (observation, action) pairs,
 the current observation and the admissible actions, and answers
-`<think>...</think><action>...</action>` (prompt-template = agentgym: `Thought: ... Action: ...`).
+`<think>...</think><action>...</action>` (rollout.prompt-template = agentgym: `Thought: ... Action: ...`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ AGENTGYM_ANSWER_FORMAT = ("Answer in two parts: first \"Thought:\" and, on the l
 
 
 def system_prompt(env: TextEnv) -> str:
-    """The system message of prompt-roles=system."""
+    """The system message of rollout.prompt-roles=system."""
     return f"{env.intro} {ANSWER_FORMAT}"
 
 
@@ -38,13 +38,13 @@ def build_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]],
                  roles: str = "user", template: str = "compact") -> str:
     """The user message for the current step; `history` holds all past (observation, action) pairs."""
     if roles not in PROMPT_ROLES:
-        raise ValueError(f"prompt-roles={roles!r} is not allowed: expected {' | '.join(PROMPT_ROLES)}")
+        raise ValueError(f"rollout.prompt-roles={roles!r} is not allowed: expected {' | '.join(PROMPT_ROLES)}")
     if template == "reference":
         return reference_prompt(env, observation, history, history_length)
     if template == "agentgym":
         return agentgym_prompt(env, observation, history, history_length)
     if template != "compact":
-        raise ValueError(f"prompt-template={template!r} is not allowed: expected {' | '.join(PROMPT_TEMPLATES)}")
+        raise ValueError(f"rollout.prompt-template={template!r} is not allowed: expected {' | '.join(PROMPT_TEMPLATES)}")
     standing = roles == "user"
     lines = [f"{env.intro} Your task: {env.instruction()}" if standing else f"Your task: {env.instruction()}"]
     if history_length == 0:
@@ -97,7 +97,7 @@ def reference_prompt(env: TextEnv, observation: str, history: list[tuple[str, st
 def agentgym_prompt(env: TextEnv, observation: str, history: list[tuple[str, str]], history_length: int) -> str:
     """AgentGym's episode as one user message: its opening turn (the environment's introduction and the answer form),
     the task, the last `history_length` steps as "Observation: ... / Action: ..." pairs (AgentGym replays the whole
-    conversation; history-length caps it, as a context length would), the current observation and the admissible
+    conversation; rollout.history-length caps it, as a context length would), the current observation and the admissible
     actions. Departures: one message rather than alternating turns, and the task and admissible actions stated in
     our words where AgentGym's servers put them into the observation."""
     lines = [f"{env.intro} Your task: {env.instruction()}", AGENTGYM_ANSWER_FORMAT]
@@ -183,7 +183,7 @@ def _reference_action(completion: str, tail_chars: int) -> ParsedAction:
 def _agentgym_action(completion: str, reading: str) -> ParsedAction:
     """AgentGym's reading of a ReAct answer (AGENTGYM_READINGS). Well formed when it has exactly one "Action:" and
     the action is not empty: AgentGym itself penalises nothing, and an answer it had to guess at is what the
-    invalid-action penalty is for."""
+    rollout.invalid-action penalty is for."""
     text = str(completion)
     markers = text.count("Action:")
     if reading == "line":
@@ -207,7 +207,7 @@ def parse_action(completion: str, parsing: str = "strict", tail_chars: int = 30,
     """Extract the action from a model completion; never raises.
 
     Malformed text is still turned into the best-guess action (the environment then
-    judges admissibility) but is flagged so the invalid-action penalty applies.
+    judges admissibility) but is flagged so the rollout.invalid-action penalty applies.
     `parsing="strict"`: exactly one <think> and one <action> block, the last action block otherwise;
     "lenient" also accepts the variants of `_lenient_action`; "reference" is the FedAgent reference's own
     reading (`_reference_action`, with the environment's `tail_chars`, TextEnv.reference_tail_chars); "agentgym"

@@ -41,9 +41,9 @@ class StepRecord:
     valid: bool  # well-formed and admissible
     observation: str = ""  # what the agent saw before this step (for transcripts)
     prompt: str = ""  # the user message the step answered (demonstrations for supervised warm starts)
-    penalty: float = 0.0  # the invalid-action penalty this step drew (RolloutConfig.invalid_action says which step does)
+    penalty: float = 0.0  # the rollout.invalid-action penalty this step drew (RolloutConfig.invalid_action says which step does)
     # each completion token's log-probability under the policy that sampled it (LMPolicy at a temperature > 0; None
-    # from other policies): GRPO's old-policy log-probs under old-logprobs = rollout
+    # from other policies): GRPO's old-policy log-probs under grpo.old-logprobs = rollout
     logprobs: list[float] | None = None
 
 
@@ -53,7 +53,7 @@ class Trajectory:
     steps: list[StepRecord] = field(default_factory=list)
     won: bool = False
     env_return: float = 0.0  # sum of the environment's rewards
-    penalty: float = 0.0  # invalid-action penalty, already scaled by its coefficient: the sum of its steps'
+    penalty: float = 0.0  # rollout.invalid-action penalty, already scaled by its coefficient: the sum of its steps'
     reward: float = 0.0  # the episode's reward less `penalty`, set when it ends (see RolloutConfig.reward)
     episode_reward: float = 0.0  # the episode's reward before any penalty (RolloutConfig.episode_reward)
     score: float | None = None  # the env's own task score at the end (WebShop's goal.py score), if it has one
@@ -104,7 +104,7 @@ class RolloutConfig:
     prompt_template: str = "compact"  # see prompts.PROMPT_TEMPLATES
     invalid_action: str = "inadmissible"  # see INVALID_ACTIONS
     penalty_scope: str = "trajectory"  # see PENALTY_SCOPES; agent/training/grpo.py reads it
-    decode_engine: str = "hf"  # hf = the transformers loop; static = decode.py (as placement.py resolved decode-engine)
+    decode_engine: str = "hf"  # hf = the transformers loop; static = decode.py (as placement.py resolved rollout.name)
     decode_kernels: str = "eager"  # the static engine's token step: eager, or compile (decode.KERNELS)
     token_sampler: str = "multinomial"  # how a token is drawn from its softmax (sampling.TOKEN_SAMPLERS)
 
@@ -129,7 +129,7 @@ class RolloutConfig:
             raise ValueError(f"token_sampler must be one of {TOKEN_SAMPLERS}, got {self.token_sampler!r}")
 
     def episode_reward(self, traj: Trajectory) -> float:
-        """The episode's reward before any invalid-action penalty."""
+        """The episode's reward before any rollout.invalid-action penalty."""
         if self.reward == "env":
             return traj.env_return
         if self.reward == "score" and traj.score is not None:
@@ -264,7 +264,7 @@ def cut_history(e: Episode, config: RolloutConfig, encoder: PromptEncoder, syste
             hi = mid - 1
     if fits is None:
         shortest = len(encoded(1)[1]) if e.history and config.history_length else len(e.prompt_ids)
-        raise ValueError(f"max-context-tokens={config.max_context_tokens}: a prompt of task {e.trajectory.task.id} "
+        raise ValueError(f"rollout.max-context-tokens={config.max_context_tokens}: a prompt of task {e.trajectory.task.id} "
                          f"needs {shortest} tokens with {min(1, len(e.history), config.history_length)} past step(s) "
                          f"shown, plus {config.max_new_tokens} generated; allowed: a limit above that, or 0 (no cut)")
     e.prompt, e.prompt_ids = fits

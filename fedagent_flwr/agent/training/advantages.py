@@ -12,6 +12,9 @@ from fedagent_flwr.agent.play.rollout import Trajectory
 from fedagent_flwr.config.choices import LOSS_AGGREGATIONS, PENALTY_SCOPES, SCALE_REWARDS, UNIFORM_GROUPS
 
 
+ADV_EPS = 1e-6  # added to a standard deviation before dividing by it (TRL's and verl's epsilon alike)
+
+
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[int], eps: float = 1e-6,
                      scale: str = "group", ddof: int = 0) -> np.ndarray:
     """GRPO advantages: each reward less its group's mean, divided as `scale` says (SCALE_REWARDS): by the group's
@@ -41,7 +44,7 @@ class StepSample:
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float
-    weight: float = 1.0  # per-token weight in the loss (see GRPOConfig.loss_aggregation)
+    weight: float = 1.0  # per-token weight in the loss (see grpo.loss-aggregation)
     old_logprobs: list[float] | None = None  # the completion tokens' log-probs as the rollout sampled them, if known
 
     @property
@@ -80,7 +83,7 @@ def trajectories_to_samples(
     or else GRPO's (step_advantages with `penalty_scope` and `scale`).
 
     With uniform_groups="drop", zero-advantage steps are left out: their policy-gradient term is zero and skipping
-    them saves the passes, but their KL term is lost with them (GRPOConfig.uniform_groups).
+    them saves the passes, but their KL term is lost with them (grpo.uniform-groups).
     """
     if aggregation not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
@@ -100,7 +103,7 @@ def trajectories_to_samples(
 def informative_share(trajectories: Sequence[Trajectory], group_ids: Sequence[int], penalised: bool = True) -> float:
     """Share of groups whose trajectories' rewards differ (a group of equal rewards has advantage 0 everywhere).
 
-    penalised=False compares the episodes' rewards before the invalid-action penalty: the groups whose outcomes
+    penalised=False compares the episodes' rewards before the rollout.invalid-action penalty: the groups whose outcomes
     differ. The gap between the two shares is the groups that only the penalty makes informative; under the
     trajectory penalty scope, group normalisation gives those the same size of advantage as a won/lost split.
     """

@@ -54,7 +54,7 @@ class ExperienceBuffer:
             if base_fingerprint and stored and stored != base_fingerprint:
                 # Token ids of another model's tokenizer would train on garbage.
                 raise ValueError(f"{self.path} was written for another base model (fingerprint {stored[:12]}); "
-                                 "use another fedse-buffer-dir or delete it")
+                                 "use another fedse.buffer-dir or delete it")
             self.entries = [StoredTrajectory(e["task_id"], int(e["round"]), bool(e["won"]), [tuple(s) for s in e["steps"]])
                             for e in data["entries"]]
 

@@ -1,5 +1,5 @@
 """GiGPO's step-level advantage (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
-arXiv 2505.10978), as verl-agent computes it, for `advantage-estimator = "gigpo"`.
+arXiv 2505.10978), as verl-agent computes it, for `grpo.adv-estimator = "gigpo"`.
 
 GRPO gives every step of a trajectory the same, episode-level advantage. GiGPO adds a second, step-level one: within a
 GRPO group (the G episodes of one task), the steps taken from the same environment state form a step group (their
@@ -11,14 +11,14 @@ Read from verl-agent's `gigpo/core_gigpo.py` (commit d0b97244 of the vanzll/verl
 2025-10-15) and its example scripts; where the code and the paper differ, this follows the code:
 - anchors match exactly (`build_step_group`: the observation text as a hashable key, no stripping or lowercasing);
 - the return is R_t = r_t + gamma R_{t+1} over the trajectory's remaining steps (`compute_step_discounted_returns`),
-  from the environment's per-step rewards, and a step's own invalid-action penalty is then taken off its return,
+  from the environment's per-step rewards, and a step's own rollout.invalid-action penalty is then taken off its return,
   undiscounted (`apply_invalid_action_penalty` on step rewards);
 - normalisation (`step_norm_reward`): mean_norm = R - mean; mean_std_norm = (R - mean) / (std + 1e-6) with the
   unbiased standard deviation (torch.std, ddof 1); a step group of one step gets 0 (its mean is its own value);
 - defaults of the scripts (examples/gigpo_trainer/run_alfworld.sh, run_webshop.sh): gamma 0.95, step weight 1.0;
   mode mean_std_norm for ALFWorld, mean_norm for WebShop (and the default yaml).
 verl-agent's episode-level part is its GRPO advantage; here it is this project's GRPO advantage as the run config sets
-it (penalty scope, scale-rewards), so `gigpo-step-weight = 0` is GRPO exactly.
+it (penalty scope, grpo.scale-rewards), so `grpo.step-advantage-w = 0` is GRPO exactly.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One epoch (FedAgent's unit of local work, tau of them per round):
   1. sample `tasks_per_epoch` tasks with replacement from the client's tasks;
-  2. play a group of `group_size` episodes per task with the current policy;
+  2. play a group of `num_generations` episodes per task with the current policy;
   3. advantage of a trajectory = (its reward - group mean) / (group std + eps);
   4. every agent step of a trajectory becomes a sample (its own prompt, with the
      windowed history, and the model's completion) carrying that advantage;
@@ -35,7 +35,8 @@ from envs import Task, TextEnv
 from fedagent_flwr.agent.engine import decode
 from fedagent_flwr.agent.engine.kernels import apply_liger, check_training_kernels
 from fedagent_flwr.agent.engine.micro_batches import balanced_micro_batches, by_length, chunks, micro_batches, padding_copies
-from fedagent_flwr.agent.engine.passes import TrainingPasses, UpdatePasses
+from fedagent_flwr.agent.engine.passes import PassSwitches, TrainingPasses, UpdatePasses
+from fedagent_flwr.agent.engine.placement import Placement
 from fedagent_flwr.agent.engine.precision import autocast, check_trainable_precision, model_device
 from fedagent_flwr.agent.engine.sampling import rollout_dtype
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs, to_device
@@ -44,34 +45,43 @@ from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.play.rollout import LMPolicy, PromptEncoder, RolloutConfig, Trajectory, run_episodes
 from fedagent_flwr.agent.training import gigpo
-from fedagent_flwr.agent.training.advantages import StepSample, informative_share, step_advantages, trajectories_to_samples
-from fedagent_flwr.agent.training.grpo_config import GRPOConfig
+from fedagent_flwr.agent.training.advantages import ADV_EPS, StepSample, informative_share, step_advantages, trajectories_to_samples
 from fedagent_flwr.agent.training.grpo_loss import grpo_loss, loss_normalisers, rollout_gap
+from fedagent_flwr.config import EngineSection, GRPOSection
+from fedagent_flwr.config.choices import KL_REFERENCES
 
 
 class GRPOTrainer:
     """Local GRPO on one client: owns the optimizer and the reference policy for one round."""
 
-    def __init__(self, model, tokenizer, config: GRPOConfig, rollout: RolloutConfig,
-                 base_model: torch.nn.Module | None = None) -> None:
-        """`base_model`: the frozen KL anchor of full fine-tuning, where the caller holds it: the run's initial weights
-        for kl_reference='base'; under N ranks also the round-start copy (a sharded model cannot be deep-copied)."""
+    def __init__(self, model, tokenizer, config: GRPOSection, rollout: RolloutConfig, *, engine: EngineSection,
+                 placement: Placement, base_model: torch.nn.Module | None = None,
+                 switches: PassSwitches = PassSwitches()) -> None:
+        """`config`: the run config's grpo section, as TRL's GRPOTrainer takes its GRPOConfig; `engine` and `placement`
+        (this process's, methods/placement.py): how the passes compute (TrainingPasses), the KL anchor and precision
+        they resolved. `base_model`: the frozen KL anchor of full fine-tuning, where the caller holds it: the run's
+        initial weights for grpo.kl-reference base; under N ranks also the round-start copy (a sharded model cannot be
+        deep-copied). `switches`: a benchmark's diagnostic switches (agent/engine/passes.py)."""
+        if placement.kl_reference not in KL_REFERENCES:
+            raise ValueError(f"placement.kl_reference={placement.kl_reference!r}: expected a resolved one, "
+                             f"{' | '.join(KL_REFERENCES)}")
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
+        self.kl_reference = placement.kl_reference
         self.rollout = rollout
         self.encoder = PromptEncoder(tokenizer)
         self.policy = LMPolicy(model, tokenizer, rollout)
         self.device = model_device(model)
         # The config checked its own values; what remains needs the model.
-        check_trainable_precision(model, config.precision)
-        if config.param_dtype == "bf16" and not all(p.requires_grad for p in model.parameters()):
+        check_trainable_precision(model, placement.precision)
+        if placement.param_dtype == "bf16" and not all(p.requires_grad for p in model.parameters()):
             raise ValueError("param_dtype='bf16' needs full fine-tuning (every weight trained; a LoRA base has "
                              "precision bf16-base)")
-        check_training_kernels(config.training_kernels, self.device)  # liger: on a CUDA device, with its package
-        if config.training_kernels == "liger":
+        check_training_kernels(engine.training_kernels, self.device)  # liger: on a CUDA device, with its package
+        if engine.training_kernels == "liger":
             apply_liger(model)
-        self.passes = TrainingPasses.of(config, self.device)
+        self.passes = TrainingPasses.of(engine, placement, self.device, switches)
         self.ranks = Ranks.current()  # N ranks share the passes (agent/fsdp/ranks.py); one without a process group
         # A fresh optimizer each round: the local iterate starts from the broadcast model. Only trainable
         # tensors are optimized (all of them, or a LoRA adapter's).
@@ -79,16 +89,16 @@ class GRPOTrainer:
         self.optimizer = self.passes.optimizer(self.trainable, config.learning_rate, config.weight_decay)
         self.reference = None  # a frozen full model to score against: the round-start copy, or the base
         self.reference_adapter = None  # the round-start adapter's tensors (LoRA): swapped in to score
-        if config.kl_beta > 0:
+        if config.beta > 0:
             from peft import (  # here: see agent/training/lora.py on PEFT imports
                 PeftModel,
                 get_peft_model_state_dict,
             )
 
             if isinstance(model, PeftModel):
-                if config.kl_reference == "round-start":
+                if self.kl_reference == "round-start":
                     self.reference_adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-            elif config.kl_reference == "base" or base_model is not None:
+            elif self.kl_reference == "base" or base_model is not None:
                 if base_model is None:
                     raise ValueError("kl_reference='base' with full fine-tuning needs the base model's weights (base_model)")
                 self.reference = base_model.eval()
@@ -96,16 +106,16 @@ class GRPOTrainer:
                     p.requires_grad_(False)
             else:
                 self.reference = copy.deepcopy(model).eval()
-                if config.param_dtype == "bf16":  # it computes on bf16 weights anyway: hold it so, half the memory
+                if placement.param_dtype == "bf16":  # it computes on bf16 weights anyway: hold it so, half the memory
                     self.reference.to(torch.bfloat16)
                 for p in self.reference.parameters():
                     p.requires_grad_(False)
 
     def _reference_logprobs(self, samples: Sequence[StepSample]) -> list[torch.Tensor] | None:
         """Completion log-probs under the KL anchor, or None when the KL term is off."""
-        if self.config.kl_beta <= 0:
+        if self.config.beta <= 0:
             return None
-        if self.reference is not None:  # a frozen copy (under param-dtype bf16 it computes as the policy does)
+        if self.reference is not None:  # a frozen copy (under engine.param-dtype bf16 it computes as the policy does)
             return self._logprobs(self.reference, samples, reference=True)
         if self.reference_adapter is None:  # base: the LoRA model with its adapter switched off
             with self.model.disable_adapter():
@@ -124,24 +134,24 @@ class GRPOTrainer:
         cfg = self.config
         started = time.time()
         chosen = [tasks[i] for i in rng.choice(len(tasks), size=cfg.tasks_per_epoch, replace=True)]
-        group_ids = [i for i in range(len(chosen)) for _ in range(cfg.group_size)]
+        group_ids = [i for i in range(len(chosen)) for _ in range(cfg.num_generations)]
         trajectories = self._play(env_factory, chosen, rng, progress)
         rollout_seconds = time.time() - started
-        advantages = step_advantages(trajectories, group_ids, cfg.adv_eps, self.rollout.penalty_scope, cfg.scale_rewards,
+        advantages = step_advantages(trajectories, group_ids, ADV_EPS, self.rollout.penalty_scope, cfg.scale_rewards,
                                      cfg.reward_std_ddof)
-        if cfg.advantage_estimator == "gigpo":  # plus credit for steps that did better than others from the same state
-            step_part = gigpo.step_level_advantages(trajectories, group_ids, cfg.gigpo_gamma, cfg.gigpo_mode,
+        if cfg.adv_estimator == "gigpo":  # plus credit for steps that did better than others from the same state
+            step_part = gigpo.step_level_advantages(trajectories, group_ids, cfg.gamma, cfg.gigpo_mode,
                                                     per_step_rewards=self.rollout.reward == "env")
-            advantages = gigpo.combine(advantages, step_part, cfg.gigpo_step_weight)
-        samples = trajectories_to_samples(trajectories, group_ids, cfg.adv_eps, cfg.loss_aggregation,
-                                          cfg.uniform_groups if cfg.kl_beta > 0 else "drop",  # no KL: nothing to keep
+            advantages = gigpo.combine(advantages, step_part, cfg.step_advantage_w)
+        samples = trajectories_to_samples(trajectories, group_ids, ADV_EPS, cfg.loss_aggregation,
+                                          cfg.uniform_groups if cfg.beta > 0 else "drop",  # no KL: nothing to keep
                                           advantages=advantages)
         if cfg.batch_padding == "copy":  # every minibatch whole, as the reference pads its batch
-            samples += [samples[i] for i in padding_copies(len(samples), cfg.minibatch_size, rng)]
+            samples += [samples[i] for i in padding_copies(len(samples), cfg.mini_batch_size, rng)]
         update_stats = self.update(samples, rng)
         metrics = summarize(trajectories)
         metrics.update(update_stats)
-        if cfg.advantage_estimator == "gigpo":  # the steps whose state another episode of their group also met
+        if cfg.adv_estimator == "gigpo":  # the steps whose state another episode of their group also met
             metrics["repeated_states"] = gigpo.repeated_share(trajectories, group_ids)
         # the share of groups GRPO can learn from: those whose episodes' rewards are not all equal
         metrics["informative_groups"] = informative_share(trajectories, group_ids)
@@ -154,21 +164,21 @@ class GRPOTrainer:
 
     def _play(self, env_factory: Callable[[], TextEnv], chosen: Sequence[Task], rng: np.random.Generator,
               progress: bool | str | ProgressLines) -> list[Trajectory]:
-        """group_size episodes of each chosen task, in that order. On N ranks each plays whole groups (a stride of them)
+        """num-generations episodes of each chosen task, in that order. On N ranks each plays whole groups (a stride of them)
         with every weight gathered, and all ranks receive every episode."""
         cfg, ranks = self.config, self.ranks
         mine = ranks.share(range(len(chosen)))
         if ranks.world > 1:  # every rank drew the same seed: each samples from a stream of its own
             torch.manual_seed(int(rng.integers(2**62)) + ranks.rank)
-        episodes = [chosen[g] for g in mine for _ in range(cfg.group_size)]
-        with autocast(cfg.precision, self.device), self._decoding_weights():
+        episodes = [chosen[g] for g in mine for _ in range(cfg.num_generations)]
+        with autocast(self.passes.precision, self.device), self._decoding_weights():
             played = run_episodes(self.policy, env_factory, episodes, self.encoder, self.rollout, progress=progress)
         # The static decode engine keeps a weight copy, a KV cache and CUDA graphs per model; the update needs that
         # memory more (1.5B shape, 128 rows: about 6 GiB), and the next rollout builds them again.
         decode.release(self.policy.model)
         if ranks.world == 1:
             return played
-        groups = ranks.gather({g: played[i * cfg.group_size:(i + 1) * cfg.group_size] for i, g in enumerate(mine)})
+        groups = ranks.gather({g: played[i * cfg.num_generations:(i + 1) * cfg.num_generations] for i, g in enumerate(mine)})
         return [t for g in range(len(chosen)) for t in groups[g]]
 
     def _decoding_weights(self) -> contextlib.AbstractContextManager:
@@ -208,9 +218,9 @@ class GRPOTrainer:
         """`rows` cut into micro-batches as one process cuts them (longest first where length-grouped; for the update,
         of even summed lengths where length-balanced); on N ranks every rank cuts alike and Ranks.passes shares it."""
         lengths = [s.length for s in samples]
-        if update and self.config.length_balanced_micro_batches:
+        if update and self.config.balance_micro_batches:
             return balanced_micro_batches(rows, lengths, size)
-        if self.config.length_grouped_micro_batches:
+        if self.config.group_by_length:
             rows = by_length(rows, lengths)
         return micro_batches(rows, lengths, size, tokens)
 
@@ -219,14 +229,14 @@ class GRPOTrainer:
         """Per-sample completion log-probs (1-D, completion tokens only). reference: `model` is the frozen KL
         reference (TrainingPasses.scoring)."""
         cfg, passes = self.config, self.passes
-        plan = self._cut(range(len(samples)), samples, cfg.logprob_micro_batch_size, cfg.logprob_micro_batch_tokens)
+        plan = self._cut(range(len(samples)), samples, cfg.log_prob_rows(), cfg.log_prob_max_token_len_per_gpu)
         pending = []  # each micro-batch's sample indices, log-probs (on the device) and completion mask (on the host)
         with passes.scoring(model, reference):
             for p in self.ranks.passes(plan):
                 batch = collate([(samples[i].prompt_ids, samples[i].completion_ids) for i in p.rows],
-                                self.tokenizer.pad_token_id, cfg.shared_prompt_prefix)
+                                self.tokenizer.pad_token_id, passes.shared_prompt_prefix)
                 with passes.forward():
-                    logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens,
+                    logprobs, _ = completion_logprobs(model, batch, self.rollout.temperature, passes.logprob_chunk_tokens,
                                                       padding_mask=passes.padding_mask)
                 if not p.spare:
                     pending.append((p.rows, logprobs, batch["completion_mask"][:, 1:]))
@@ -264,12 +274,12 @@ class GRPOTrainer:
         cfg = self.config
         with self.passes.update(self.model) as passes:
             # With a single minibatch the policy has not moved before the update: the old log-probs are the current ones
-            old = self._old_logprobs(samples) if len(samples) > cfg.minibatch_size else None
+            old = self._old_logprobs(samples) if len(samples) > cfg.mini_batch_size else None
             ref = self._reference_logprobs(samples)
             record = UpdateRecord(measures_gap=old is not None and self._old_from_rollout(samples))
-            for minibatch in chunks(list(rng.permutation(len(samples))), cfg.minibatch_size):
+            for minibatch in chunks(list(rng.permutation(len(samples))), cfg.mini_batch_size):
                 self.optimizer.zero_grad(set_to_none=True)
-                plan = self._cut(minibatch, samples, cfg.micro_batch_size, cfg.micro_batch_tokens, update=True)
+                plan = self._cut(minibatch, samples, cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_max_token_len_per_gpu, update=True)
                 normalisers = loss_normalisers(minibatch, plan, samples, cfg.loss_aggregation)
                 for p in self.ranks.passes(plan):
                     loss, stats = self._loss(p, samples, old, ref, normalisers[p.part], passes, record.wants_gap)
@@ -287,12 +297,12 @@ class GRPOTrainer:
         """A micro-batch's forward and its share of the minibatch's loss (its weighted token sum over `normaliser`), with
         its statistics, its completion tokens and, where `measure_gap`, its rollout gap. `old` None: the current
         policy's log-probs, detached (no step taken yet)."""
-        cfg = self.config
+        cfg, settings = self.config, self.passes
         chunk = [samples[i] for i in p.rows]
         batch = collate([(s.prompt_ids, s.completion_ids) for s in chunk], self.tokenizer.pad_token_id,
-                        cfg.shared_prompt_prefix)
+                        settings.shared_prompt_prefix)
         with passes.forward(batch):
-            scored = completion_logprobs(self.model, batch, self.rollout.temperature, cfg.logprob_chunk_tokens,
+            scored = completion_logprobs(self.model, batch, self.rollout.temperature, settings.logprob_chunk_tokens,
                                          padding_mask=passes.padding_mask, with_entropy=cfg.entropy_coeff > 0)
             logprobs, mask = scored[:2]
             entropy = scored[2] if cfg.entropy_coeff > 0 else None
@@ -301,7 +311,7 @@ class GRPOTrainer:
             ref_lp = _scatter_like(host_mask, [ref[i] for i in p.rows], mask.device) if ref is not None else None
             adv = to_device(torch.tensor([s.advantage for s in chunk], dtype=torch.float32), logprobs.device)
             weights = to_device(torch.tensor([s.weight for s in chunk], dtype=torch.float32), logprobs.device)
-            loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.clip_eps, ref_lp, cfg.kl_beta, weights,
+            loss, stats = grpo_loss(logprobs, old_lp, adv, mask, cfg.epsilon, ref_lp, cfg.beta, weights,
                                     normaliser, cfg.clip_ratio_c, cfg.kl_clamp, entropy, cfg.entropy_coeff)
         stats["tokens"] = int(host_mask.sum())
         if measure_gap:

@@ -72,7 +72,7 @@ def loss_normalisers(minibatch: Sequence[int], plan: Sequence[Sequence[int]], sa
     return [whole] * len(plan)
 
 
-GAP_NATS = 0.01  # a token whose two log-probs differ by more than this is counted (old-logprobs = rollout's check)
+GAP_NATS = 0.01  # a token whose two log-probs differ by more than this is counted (grpo.old-logprobs = rollout's check)
 
 
 def rollout_gap(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -47,13 +47,13 @@ class LoRASpec:
 
     @classmethod
     def parse_targets(cls, text: str) -> tuple[str, ...] | str:
-        """`lora-target-modules`: comma-separated module names, or PEFT's `all-linear`."""
+        """`lora.target-modules`: comma-separated module names, or PEFT's `all-linear`."""
         text = text.strip()
         if text == "all-linear":
             return text
         names = tuple(t.strip() for t in text.split(",") if t.strip())
         if not names:
-            raise ValueError(f"lora-target-modules={text!r}: expected comma-separated module names or 'all-linear'")
+            raise ValueError(f"lora.target-modules={text!r}: expected comma-separated module names or 'all-linear'")
         return names
 
     def config(self) -> LoraConfig:
@@ -66,7 +66,7 @@ class LoRASpec:
 
 def lora_spec(cfg: RunConfig) -> LoRASpec:
     """The adapter the run config's lora-* keys describe."""
-    return LoRASpec(rank=cfg.lora_rank, alpha=cfg.lora_alpha, target_modules=LoRASpec.parse_targets(cfg.lora_target_modules))
+    return LoRASpec(rank=cfg.lora.r, alpha=cfg.lora.lora_alpha, target_modules=LoRASpec.parse_targets(cfg.lora.target_modules))
 
 
 def keep_input_dtype(peft_model: torch.nn.Module) -> None:
@@ -101,7 +101,7 @@ def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iter
 
             peft_model = get_peft_model(model, spec.config())
         except ValueError as exc:  # PEFT names the missing modules; add the key that chose them
-            raise ValueError(f"lora-target-modules={spec.target_modules!r} does not fit this model: {exc}") from None
+            raise ValueError(f"lora.target-modules={spec.target_modules!r} does not fit this model: {exc}") from None
     keep_input_dtype(peft_model)
     try:
         yield peft_model
@@ -132,7 +132,7 @@ def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord | Mapping[str, 
         incoming = {k: torch.from_numpy(v) for k, v in numpy_views(arrays).items()}
     missing, unexpected = sorted(set(current) - set(incoming)), sorted(set(incoming) - set(current))
     if missing or unexpected:
-        raise ValueError(f"adapter does not fit the model (check lora-rank / lora-target-modules): "
+        raise ValueError(f"adapter does not fit the model (check lora.r / lora.target-modules): "
                          f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     for k, v in incoming.items():
         if tuple(v.shape) != tuple(current[k].shape):

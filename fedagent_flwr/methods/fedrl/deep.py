@@ -134,15 +134,15 @@ def build_deep_problem(cfg: RunConfig, num_clients: int) -> DeepProblem:
         raise ValueError(f"env={cfg.env!r} is not a deep QAvg / PAvg env; expected one of {', '.join(DEEP_ENVS)}")
     if num_clients < 1:
         raise ValueError(f"a deep QAvg / PAvg federation needs at least one client, got {num_clients}")
-    rng, n = np.random.default_rng([cfg.seed, 17]), num_clients + cfg.fedrl_test_envs
+    rng, n = np.random.default_rng([cfg.seed, 17]), num_clients + cfg.fedrl.test_envs
     if cfg.env in DDPG_ENVS:
         params = [tuple(float(x) for x in row) for row in sample_continuous_params(cfg.env, rng, n)]
-        config = DDPGConfig(embed_dim=cfg.env_embedding_dim)
+        config = DDPGConfig(embed_dim=cfg.fedrl.env_embedding_dim)
     else:
         params = [float(x) for x in sample_env_params(cfg.env, rng, n)]
-        config = DQNConfig(embed_dim=cfg.env_embedding_dim)
+        config = DQNConfig(embed_dim=cfg.fedrl.env_embedding_dim)
     return DeepProblem(cfg.env, tuple(params[:num_clients]), tuple(params[num_clients:]), config, cfg.seed,
-                       cfg.local_updates or None, cfg.eval_samples_per_task, cfg.max_steps)
+                       cfg.fedrl.local_updates or None, cfg.eval.samples_per_task, cfg.rollout.max_steps)
 
 
 @lru_cache(maxsize=4)

@@ -6,7 +6,7 @@ every round scores the global policy exactly on the centre kernel P_0, on the K
 training kernels (the FedRL objective) and on the held-out kernels. It writes the
 run folder the LLM path writes (config.json, metrics.jsonl / .csv, summary.json,
 learning_curve.png) plus the final table. Deep envs (DQNAvg / DDPGAvg, deep.py) are
-scored with greedy episodes on the training and held-out environments every eval-every rounds.
+scored with greedy episodes on the training and held-out environments every eval.test-freq rounds.
 Clients: tabular.py (the local update on the client's own kernel) and deep.py (DQN / DDPG).
 """
 
@@ -36,7 +36,7 @@ from fedagent_flwr.methods.fedrl.problem import TabularProblem, build_problem
 from fedagent_flwr.runs.reporting import RunReporter
 from strategies import PAvg, QAvg
 from strategies.pavg import (
-    VARIANTS as PAVG_ALGORITHMS,  # pavg-variant -> fedrl.tabular's algorithm key
+    VARIANTS as PAVG_ALGORITHMS,  # fedrl.pavg-variant -> fedrl.tabular's algorithm key
 )
 
 
@@ -98,7 +98,7 @@ class FedRL(Method):
     @property
     def steps_per_round(self) -> int:
         p = self._problem
-        return self.cfg.independent_steps_per_round if p.E is None else p.E
+        return self.cfg.fedrl.independent_steps_per_round if p.E is None else p.E
 
     def run_label(self) -> str:
         return self._problem.name.lower() if self.deep else self.algorithm()
@@ -113,7 +113,7 @@ class FedRL(Method):
     def announce(self, run_dir: Path, num_clients: int) -> None:
         p = self._problem
         name = p.name if self.deep else p.algorithm.name
-        heterogeneity = "dynamics parameters drawn per client" if self.deep else f"kappa={self.cfg.kappa}"
+        heterogeneity = "dynamics parameters drawn per client" if self.deep else f"fedrl.kappa={self.cfg.fedrl.kappa}"
         E = "inf" if p.E is None else p.E
         print(f"[fedrl] {name} on {self.cfg.env}, K={num_clients}, {heterogeneity}, E={E}; run folder: {run_dir}", flush=True)
 
@@ -122,12 +122,12 @@ class FedRL(Method):
         return self.strategy_class(
             node_of_partition=node_of_partition,
             local_steps=p.E,
-            clients_per_round=None if cfg.fedrl_clients == "all" else cfg.clients_per_round,
+            clients_per_round=None if cfg.fedrl.clients == "all" else cfg.clients_per_round,
             seed=cfg.seed,
-            min_replies=cfg.min_replies,
+            min_replies=cfg.federation.min_replies,
             step_size=p.step_size,
             gamma=p.task.gamma if isinstance(p, TabularProblem) else None,
-            independent_steps=cfg.independent_steps_per_round,
+            independent_steps=cfg.fedrl.independent_steps_per_round,
             **self.strategy_kwargs(),
         )
 
@@ -142,7 +142,7 @@ class FedRL(Method):
         return {"local_steps": server_round * self.steps_per_round}
 
     def evaluation_due(self, server_round: int) -> bool:
-        # exact tabular values cost microseconds: every round; greedy episodes: every eval-every rounds
+        # exact tabular values cost microseconds: every round; greedy episodes: every eval.test-freq rounds
         return not self.deep or super().evaluation_due(server_round)
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> dict[str, float]:
@@ -165,7 +165,7 @@ class FedRL(Method):
         return {
             "algorithm": p.name if self.deep else p.algorithm.name,
             "env": cfg.env,
-            "kappa": None if self.deep else cfg.kappa,
+            "kappa": None if self.deep else cfg.fedrl.kappa,
             "E": "inf" if p.E is None else p.E,
             "step_size_rule": repr(p.step_size),
             "env_params": {"train": list(p.train_params), "test": list(p.test_params)} if self.deep else None,
@@ -174,7 +174,7 @@ class FedRL(Method):
             "final": history[final],
             "clients_per_round": len(strategy.sampled.get(1, [])),
             "seed": cfg.seed,
-            "repetition": cfg.fedrl_repetition,
+            "repetition": cfg.fedrl.repetition,
         }
 
     def report(self, reporter: RunReporter, history: dict[int, dict[str, float]], strategy: Strategy,
@@ -212,7 +212,7 @@ class PAvgMethod(FedRL):
     strategy_class = PAvg
 
     def algorithm(self) -> str:
-        return PAVG_ALGORITHMS[self.cfg.pavg_variant]
+        return PAVG_ALGORITHMS[self.cfg.fedrl.pavg_variant]
 
     def strategy_kwargs(self) -> dict[str, Any]:
-        return {"variant": self.cfg.pavg_variant}
+        return {"variant": self.cfg.fedrl.pavg_variant}

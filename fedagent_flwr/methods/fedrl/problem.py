@@ -3,11 +3,11 @@
 Nothing about the problem travels: the server and each ClientApp rebuild it from
 the run config (seed, repetition, kappa, env) and the number of partitions K.
 The draw is the one ``python -m fedagent_flwr.experiments.fedrl_table1`` / ``fedrl.engine.run_cells`` makes
-for repetition ``fedrl-repetition`` (``SeedSequence([seed, repetition])``), so a
+for repetition ``fedrl.repetition`` (``SeedSequence([seed, repetition])``), so a
 Flower run and the vectorised engine compute the same numbers on the same seed.
 Client k trains on kernel ``task.train[k]`` (P_k^kappa; with the reference
 layout, client 0 holds the centre P_0 itself); the server scores the averaged
-policy on P_0, on the K training kernels and on ``fedrl-test-envs`` held-out ones.
+policy on P_0, on the K training kernels and on ``fedrl.test-envs`` held-out ones.
 """
 
 from __future__ import annotations
@@ -34,25 +34,25 @@ def family(cfg: RunConfig, num_clients: int) -> RandomMDPs | WindyCliffs:
     if num_clients < 1:
         raise ValueError(f"a QAvg / PAvg federation needs at least one client, got {num_clients}")
     if cfg.env == "random-mdp":
-        return RandomMDPs(n_train=num_clients, n_test=cfg.fedrl_test_envs, reward_scale=cfg.random_mdp_reward_scale,
-                          center_in_training=cfg.fedrl_center_in_training)
+        return RandomMDPs(n_train=num_clients, n_test=cfg.fedrl.test_envs, reward_scale=cfg.fedrl.random_mdp_reward_scale,
+                          center_in_training=cfg.fedrl.center_in_training)
     if cfg.env == "windy-cliffs":
-        return WindyCliffs(n_train=num_clients, n_test=cfg.fedrl_test_envs, center_in_training=cfg.fedrl_center_in_training)
+        return WindyCliffs(n_train=num_clients, n_test=cfg.fedrl.test_envs, center_in_training=cfg.fedrl.center_in_training)
     raise ValueError(f"env={cfg.env!r} is not a tabular QAvg / PAvg env; expected one of {', '.join(TABULAR_ENVS)}")
 
 
 def local_steps(cfg: RunConfig) -> int | None:
-    """E, or None for E = inf (local-updates = 0)."""
-    return cfg.local_updates or None
+    """E, or None for E = inf (fedrl.local-updates = 0)."""
+    return cfg.fedrl.local_updates or None
 
 
 def step_rule(cfg: RunConfig, num_clients: int, algorithm: str) -> HarmonicStepSize | StallDecayStepSize:
     """The run's step-size rule: fedagent_flwr.experiments.fedrl_table1's "fast" preset for this env and algorithm, or a constant step."""
-    if cfg.fedrl_step_size > 0:
-        return StallDecayStepSize(cfg.fedrl_step_size, cfg.fedrl_step_decay)
+    if cfg.fedrl.step_size > 0:
+        return StallDecayStepSize(cfg.fedrl.step_size, cfg.fedrl.step_decay)
     fam = family(cfg, num_clients)
     rule = PRESETS["fast"][(fam.name, algorithm)].step_size
-    scale = cfg.random_mdp_reward_scale if cfg.env == "random-mdp" else 1.0
+    scale = cfg.fedrl.random_mdp_reward_scale if cfg.env == "random-mdp" else 1.0
     if isinstance(rule, StallDecayStepSize) and scale != 1.0:
         # policy gradients scale with the reward; table1 divides the step the same way
         rule = StallDecayStepSize(rule.lr / scale, rule.decay, rule.tol)
@@ -94,13 +94,13 @@ class TabularProblem:
 
 
 def build_problem(cfg: RunConfig, num_clients: int, algorithm: str) -> TabularProblem:
-    """The problem of repetition ``cfg.fedrl_repetition``, drawn exactly as fedrl.engine.run_cells draws it.
+    """The problem of repetition ``cfg.fedrl.repetition``, drawn exactly as fedrl.engine.run_cells draws it.
 
     `algorithm`: fedrl.tabular's key (qavg, softpavg or projpavg), which the run's method names.
     """
     fam = family(cfg, num_clients)
     algo = get_algorithm(algorithm)
-    prob_rng, init_rng = rep_rngs(cfg.seed, cfg.fedrl_repetition)
-    task = fam.sample(prob_rng).task(cfg.kappa)
+    prob_rng, init_rng = rep_rngs(cfg.seed, cfg.fedrl.repetition)
+    task = fam.sample(prob_rng).task(cfg.fedrl.kappa)
     init = algo.init_from_uniform(init_rng.uniform(size=task.reward.shape))
     return TabularProblem(task, algo, init, local_steps(cfg), step_rule(cfg, num_clients, algorithm))
