@@ -6,7 +6,7 @@ agent steps of the lengths a paper-settings round produces: prompts of `--prompt
 over +-50%, so micro-batches carry padding as real ones do) and `--completion-tokens` each, with random advantages, so
 every sample trains. Each `--variant` (run-config values over gpu_round's paper settings, e.g. `grpo.ppo-micro-batch-size-per-gpu=32`;
 the benchmark's own keys: `cudnn-attention=true` lets the passes use cuDNN's fused attention, which agent/engine/attention.py
-keeps out of them; and GRPOConfig's diagnostic switches (agent/engine/passes.py), set on the trainer's config:
+keeps out of them; and the trainer's diagnostic switches (agent/engine/passes.py PassSwitches):
 `host-waits=true` makes the host wait for the device around every micro-batch's forward, as the passes did before
 they queued all their micro-batches; `fused-adamw=false` steps with PyTorch's default AdamW instead of its fused
 kernel, which the trainer takes on a GPU; `padding-mask=true` hands a Qwen model the 4-D padding mask that

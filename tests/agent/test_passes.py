@@ -1,6 +1,6 @@
 """agent/engine/passes.py: the object that holds how GRPO's training passes compute. Its default reproduces the update
-as it was written before it (the plumbing inline) bit for bit; each diagnostic switch does what it says; GRPOConfig
-checks its own values and the trainer only what needs the model."""
+as it was written before it (the plumbing inline) bit for bit; each diagnostic switch does what it says; the grpo and
+engine sections check their own values and the trainer only what needs the model."""
 
 import contextlib
 import copy

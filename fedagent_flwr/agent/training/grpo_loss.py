@@ -24,7 +24,7 @@ def grpo_loss(
     entropy: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip token loss with an optional k3 KL penalty, dual clip, KL clamp and entropy bonus (GRPOConfig).
+    """PPO-clip token loss with an optional k3 KL penalty, dual clip, KL clamp and entropy bonus (the grpo section).
 
     logprobs/old_logprobs/ref_logprobs/mask/entropy: [batch, tokens]; advantages and
     token_weights: [batch]. The loss is sum(weight * per-token loss over `mask`) /

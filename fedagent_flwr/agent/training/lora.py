@@ -65,7 +65,7 @@ class LoRASpec:
 
 
 def lora_spec(cfg: RunConfig) -> LoRASpec:
-    """The adapter the run config's lora-* keys describe."""
+    """The adapter the run config's lora section describes (PEFT's LoraConfig names)."""
     return LoRASpec(rank=cfg.lora.r, alpha=cfg.lora.lora_alpha, target_modules=LoRASpec.parse_targets(cfg.lora.target_modules))
 
 
