@@ -75,9 +75,9 @@ from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.experience import ExperienceBuffer
-from fedagent_flwr.agent.training.lora import arrays_to_adapter, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import arrays_to_adapter, attached_lora
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
+from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.local_round import train_locally
 from fedagent_flwr.methods.placement import process_placement, run_base_dtype
 from fedagent_flwr.methods.tasks import learner_tasks
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not metrics.get("fedse/sft-steps"):
             parser.error(f"no fine-tuning ran in round {args.fedse_rounds}: client 0's buffer held no wins; "
                          "measure a later round (--fedse-rounds)")
-    with instrumented(meter), attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as model:
+    with instrumented(meter), attached_lora(agent.model, cfg.lora, seed=cfg.seed) as model:
         if fedse:
             arrays_to_adapter(model, adapter)
         else:
@@ -554,8 +554,9 @@ def fedse_client_rounds(cfg: RunConfig, agent, tasks, placement, rounds: int, me
             measured = instrumented(meter) if server_round == rounds else contextlib.nullcontext()
             with measured:
                 adapter, metrics = self_evolution.self_evolution_round(
-                    agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
-                    lambda: make_env(cfg.env, cfg.rollout.max_steps), tasks, server_round, buffer, adapter)
+                    agent, cfg.fedse, cfg.lora, rollout_config(cfg, placement=placement),
+                    lambda: make_env(cfg.env, cfg.rollout.max_steps), tasks, server_round, buffer, adapter,
+                    seed=cfg.seed, precision=placement.compute_precision, attention=cfg.engine.attn_implementation)
     return adapter, metrics
 
 

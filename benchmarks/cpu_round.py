@@ -36,7 +36,7 @@ from envs import make_env
 from envs.multi import per_env_spread
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
-from fedagent_flwr.agent.training.lora import attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.local_round import train_locally
 from fedagent_flwr.methods.library_configs import rollout_config
@@ -51,7 +51,7 @@ def one_round(cfg: RunConfig, eval_tasks: int, train: bool = True) -> dict[str, 
     agent = load_agent(cfg.model, cfg.env, cfg.device_key("client"), run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients)
     held_out = per_env_spread(make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("test"), eval_tasks)
-    with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as model:
+    with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as model:
         metrics = train_locally(agent, cfg, tasks, 1, 0, model=model) if train else None
         placement = process_placement(cfg, agent, held_out, "server", model=model)  # as the run's server resolves it
         evaluator = GlobalEvaluator(model, agent.tokenizer, lambda: make_env(cfg.env, cfg.rollout.max_steps), held_out,

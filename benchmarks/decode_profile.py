@@ -36,7 +36,6 @@ import contextlib
 import json
 import sys
 import time
-from collections import defaultdict
 
 import torch
 from transformers import AutoConfig
@@ -48,7 +47,7 @@ from fedagent_flwr.agent.engine.placement import place
 from fedagent_flwr.agent.engine.precision import autocast
 from fedagent_flwr.agent.engine.sampling import rollout_dtype, fast_sample_batch, hf_sample_batch
 from fedagent_flwr.agent.models.shaped_model import random_model
-from fedagent_flwr.agent.training.lora import lora_spec
+
 from gpu_round import H100_BANDWIDTH, SHAPE_NAMES, TINY, decode_bound
 import raw_output
 
@@ -86,7 +85,7 @@ def run_model(parser: argparse.ArgumentParser, run_config: str, overrides: list[
     precision = place_run(cfg).precision  # as the run's clients resolve it (on a CPU, measured: cpu_rates.py)
     model = load_agent(cfg.model, cfg.env, str(resolved), run_base_dtype(cfg)).model
     if cfg.grpo.finetuning == "lora" or cfg.traits.experience_buffer:
-        model = stack.enter_context(attached_lora(model, lora_spec(cfg), seed=cfg.seed))
+        model = stack.enter_context(attached_lora(model, cfg.lora, seed=cfg.seed))
     return model.eval(), resolved, precision, cfg.model
 
 

@@ -64,7 +64,7 @@ from fedagent_flwr.agent.engine.decode import release as release_decoder
 from envs import env_class, make_env
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.engine.memory import GB, SHAPES, ModelShape
 from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.agent.engine.precision import autocast, base_dtype
@@ -446,7 +446,7 @@ def run_round(cfg: RunConfig, shape: str, device: torch.device, seed: int,
     rows = placement.rollout_rows
     client_plan = memory_plan(cfg, shape_facts, plan_context, placement, rows)
 
-    lora = attached_lora(model, lora_spec(cfg), seed=seed) if cfg.grpo.finetuning == "lora" else contextlib.nullcontext()
+    lora = attached_lora(model, cfg.lora, seed=seed) if cfg.grpo.finetuning == "lora" else contextlib.nullcontext()
     with lora as peft_model:
         trained = peft_model if peft_model is not None else model
         memory = PeakMemory(device)

@@ -30,7 +30,7 @@ from fedagent_flwr.agent.engine.precision import autocast  # noqa: E402
 from fedagent_flwr.agent.engine.tokens import last_logits_only  # noqa: E402
 from fedagent_flwr.agent.models.loading import load_agent  # noqa: E402
 from fedagent_flwr.agent.training.lora import attached_lora  # noqa: E402
-from fedagent_flwr.agent.training.lora import lora_spec
+
 from fedagent_flwr.config import RunConfig  # noqa: E402
 from fedagent_flwr.methods.placement import place_run, run_base_dtype  # noqa: E402
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file  # noqa: E402
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     vocab = agent.model.config.vocab_size
     ids = torch.randint(3, vocab, (args.rows, args.tokens), generator=torch.Generator().manual_seed(0))
-    with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as model:  # the base frozen, as on a client
+    with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as model:  # the base frozen, as on a client
         model.eval()
         report = {"model": cfg.model, "precision": precision, "rows": args.rows, "tokens": args.tokens,
                   "threads": args.threads, "repeats": args.repeats,

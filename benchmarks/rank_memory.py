@@ -46,7 +46,7 @@ from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.sharded_load import empty_model
 from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
 from fedagent_flwr.agent.training import grpo
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods import ranked_round
@@ -170,7 +170,7 @@ def round_inputs(cfg: RunConfig):
     agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
     if cfg.grpo.finetuning == "lora":
-        with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
+        with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
             sent = adapter_to_arrays(peft_model)
             placement = process_placement(cfg, agent, tasks, model=peft_model)
     else:

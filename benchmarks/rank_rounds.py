@@ -28,7 +28,7 @@ import numpy as np
 from fedagent_flwr.agent.fsdp.launch import RankPool, backend_for
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.models.pretrained import pick_device
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.placement import run_base_dtype
@@ -69,7 +69,7 @@ def main() -> None:
         parser.error(f"engine.ranks-per-client={cfg.engine.ranks_per_client} and --rounds {args.rounds}: both must be at least 2")
     agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     if cfg.grpo.finetuning == "lora":
-        with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
+        with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
             sent = adapter_to_arrays(peft_model)
     else:
         sent = model_to_arrays(agent.model)

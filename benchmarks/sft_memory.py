@@ -37,7 +37,7 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
-from fedagent_flwr.agent.training.lora import lora_spec
+
 from fedagent_flwr.config.choices import TRAINING_ATTENTIONS
 from fedagent_flwr.methods.memory import memory_plan
 from flwr.common.config import flatten_dict  # a preset's sections as the dotted keys Flower reads
@@ -73,7 +73,7 @@ def one_setting(run_config: dict, micro: int, steps: int, prompt_tokens: int, co
     if head == "every":  # TRL's own path: its fused head at every position of the padded batch
         sft.head_at_loss_positions = contextlib.nullcontext
     started = time.perf_counter()
-    with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as model:
+    with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as model:
         losses = supervised_finetune(model, samples, agent.tokenizer, SupervisedConfig(
             steps=steps, batch_size=cfg.fedse.sft_batch_size, micro_batch_size=micro, learning_rate=cfg.fedse.learning_rate,
             precision=placement.compute_precision, attention=cfg.engine.attn_implementation))

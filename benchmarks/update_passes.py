@@ -44,7 +44,7 @@ from fedagent_flwr.agent.engine import tokens
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
 from fedagent_flwr.agent.training.advantages import StepSample
-from fedagent_flwr.agent.training.lora import attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.placement import place_run, process_placement, run_base_dtype
@@ -116,7 +116,7 @@ def attention_as(kind: str):
 def timed_update(cfg: RunConfig, agent, samples: list[StepSample], seed: int, peft_casts: bool = False,
                  attention: str = "mask") -> dict[str, float]:
     """Seconds of one GRPOTrainer.update under `cfg` on a fresh adapter (its first-step log-prob gap, if any)."""
-    with attached_lora(agent.model, lora_spec(cfg), seed=seed) as model:
+    with attached_lora(agent.model, cfg.lora, seed=seed) as model:
         for module in model.modules():
             if peft_casts and hasattr(module, "cast_input_dtype_enabled"):
                 module.cast_input_dtype_enabled = True
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("every --variant must hold the base in the same dtype (the samples are played once)")
     agent = load_agent(first.model, first.env, first.device_key("client"), run_base_dtype(first))
     started = time.perf_counter()
-    with attached_lora(agent.model, lora_spec(first), seed=args.seed) as model:
+    with attached_lora(agent.model, first.lora, seed=args.seed) as model:
         # played with the logprobs kept (the rollout keeps them at any temperature > 0), whatever a variant uses
         samples = epoch_samples(first.updated({"grpo.old-logprobs": "rollout"}), agent, model, args.samples, args.seed)
     play_s = time.perf_counter() - started
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
               "sample_tokens": float(np.mean([len(s.prompt_ids) + len(s.completion_ids) for s in samples])),
               "variants": summarise(runs, args.variant[0], lambda key: key == "update_s")}
     if args.profile:  # a fresh adapter, as each timed update has; its micro-batch's shapes were met in the repeats
-        with attached_lora(agent.model, lora_spec(first), seed=args.seed) as model:
+        with attached_lora(agent.model, first.lora, seed=args.seed) as model:
             device = place_run(first, model=model).torch_device
             report["profile"] = profile_micro_batch(model, first, samples, device, args.top)
     if args.json:

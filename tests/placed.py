@@ -23,6 +23,3 @@ def grpo_trainer(model, tokenizer, cfg: RunConfig, rollout, placement: Placement
     return GRPOTrainer(model, tokenizer, cfg.grpo, rollout, engine=cfg.engine, placement=placement or place_run(cfg),
                        base_model=base_model, switches=PassSwitches(**switches))
 
-
-def self_evolution_config(cfg: RunConfig, placement: Placement | None = None):
-    return library_configs.self_evolution_config(cfg, placement or place_run(cfg))

@@ -265,10 +265,11 @@ def fail_holding_lora(rank: int, world: int, tensors: dict):
     """Every rank attaches a LoRA adapter for its life (the block left open), then fails."""
     import contextlib
 
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     block = contextlib.ExitStack()
-    block.enter_context(attached_lora(tiny_model(lora=False)[0], LoRASpec(rank=2, target_modules=("q_proj",))))
+    block.enter_context(attached_lora(tiny_model(lora=False)[0], LoRASection(r=2, target_modules="q_proj")))
     _HELD_BLOCKS.append(block)
     raise ValueError(f"rank {rank} fails holding an adapter")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from flwr.app import ArrayRecord
@@ -29,12 +28,7 @@ from fedagent_flwr.agent.play.evaluation import summarize
 from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.training.experience import ExperienceBuffer, StoredTrajectory
 from fedagent_flwr.agent.models.loading import Agent
-from fedagent_flwr.agent.training.lora import (
-    LoRASpec,
-    adapter_to_arrays,
-    arrays_to_adapter,
-    attached_lora,
-)
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.engine.precision import autocast, model_device
 from fedagent_flwr.agent.play.rollout import (
     ExpertPolicy,
@@ -45,48 +39,8 @@ from fedagent_flwr.agent.play.rollout import (
     run_episodes,
 )
 from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
-from fedagent_flwr.config.choices import FEDSE_HISTORY, FEDSE_KEEP, FEDSE_LOSS_TOKENS, FEDSE_STEPS
-
-
-@dataclass(frozen=True)
-class SelfEvolutionConfig:
-    lora: LoRASpec = field(default_factory=LoRASpec)
-    explore_samples: int = 2  # episodes per client task per round; 0 = no exploration (static data only)
-    keep: str = "successes"  # "all" = w/o filtering
-    history: str = "cumulative"  # "round" = w/o history (D^0 plus this round's trajectories)
-    steps: str = "all"  # "valid" = train only on the valid steps of kept trajectories (not in the paper)
-    # "completion": every completion token, reasoning included; "action": the tokens after the reasoning (the
-    # paper's Eq. 7, the log-likelihood of the action given the reasoning). Why not Eq. 7 by default: in this
-    # project's answer format the reasoning names the action ("next: move up"), so the decision is taken in the
-    # <think>; scored on the action alone, the choice itself goes untrained. Measured on the Maze tiny model
-    # (LoRA SFT, 20 steps x 16, 5 seeds, 72 held-out episodes each): held-out success 0.422 with the whole
-    # completion, 0.269 with Eq. 7 (paired difference -0.153 +- 0.022, p = 0.002; docs/fedse.md).
-    loss_tokens: str = "completion"
-    seed_demos: int | str = 8  # expert demonstrations in D_k^0; or per environment, "webshop=3930,babyai=810"
-    sft_steps: int = 20
-    sft_epochs: int = 0  # > 0: passes over the whole buffer a round instead of sft_steps steps (Fed-SE v2: 2)
-    sft_batch_size: int = 16
-    sft_micro_batch_size: int = 0  # agent steps per forward/backward, the batch accumulated over passes; 0 = the batch
-    learning_rate: float = 1e-3
-    lr_schedule: str = "constant"  # or "cosine": to 0 over each round's fine-tuning (Fed-SE v2)
-    seed: int = 0
-    precision: str = "fp32"  # resolved: fp32 or bf16-mixed (agent/engine/precision.py)
-    sft_attention: str = "sdpa"  # the fine-tuning's attention kernel: sdpa | eager (agent/engine/attention.py)
-
-    def __post_init__(self) -> None:
-        if self.keep not in FEDSE_KEEP:
-            raise ValueError(f"fedse.keep={self.keep!r} is not allowed: expected one of {', '.join(FEDSE_KEEP)}")
-        if self.history not in FEDSE_HISTORY:
-            raise ValueError(f"fedse.history={self.history!r} is not allowed: expected one of {', '.join(FEDSE_HISTORY)}")
-        if self.steps not in FEDSE_STEPS:
-            raise ValueError(f"fedse.steps={self.steps!r} is not allowed: expected one of {', '.join(FEDSE_STEPS)}")
-        if self.loss_tokens not in FEDSE_LOSS_TOKENS:
-            raise ValueError(f"fedse.loss-tokens={self.loss_tokens!r} is not allowed: expected one of {', '.join(FEDSE_LOSS_TOKENS)}")
-        if isinstance(self.seed_demos, str):
-            per_env_numbers(self.seed_demos)  # a malformed entry raises, naming it
-        for name in ("explore_samples", "sft_steps", "sft_epochs") + (() if isinstance(self.seed_demos, str) else ("seed_demos",)):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+from fedagent_flwr.config import FedSESection, LoRASection
+from fedagent_flwr.config.choices import FEDSE_KEEP
 
 
 def keep_trajectories(trajectories: Sequence[Trajectory], keep: str) -> list[Trajectory]:
@@ -155,7 +109,8 @@ def client_buffer_dir(root: str | Path, run_key: str, partition_id: int) -> Path
 
 def self_evolution_round(
     agent: Agent,
-    config: SelfEvolutionConfig,
+    fedse: FedSESection,
+    lora: LoRASection,
     rollout: RolloutConfig,
     env_factory: Callable[[], TextEnv],
     tasks: Sequence[Task],
@@ -163,9 +118,16 @@ def self_evolution_round(
     buffer: ExperienceBuffer,
     global_adapter: ArrayRecord | None = None,
     seed_data: Callable[[], tuple[list[StoredTrajectory], int]] | None = None,
+    *,
+    seed: int = 0,
+    precision: str = "fp32",
+    attention: str = "sdpa",
+    finetune: bool = True,
 ) -> tuple[ArrayRecord, dict[str, float]]:
-    """Run one round from `global_adapter` (None = a fresh adapter); returns (adapter, metrics). `seed_data`: where
-    D_k^0 is read from files (agenttraj.seed_trajectories' entries and the steps it left out) instead of played by
+    """Run one round from `global_adapter` (None = a fresh adapter); returns (adapter, metrics). `fedse` and `lora`:
+    the run config's sections as they are; `seed` seeds the adapter's initial A and the fine-tuning's batches,
+    `precision` is the resolved compute precision (fp32 or bf16-mixed, the placement's), `attention` the fine-tuning's
+    kernel (engine.attn-implementation); `finetune=False` explores and fills the buffer only. `seed_data`: where D_k^0 is read from files (agenttraj.seed_trajectories' entries and the steps it left out) instead of played by
     the scripted experts; called only while the buffer is unseeded."""
     if not tasks:
         raise ValueError("a Fed-SE client needs at least one training task")
@@ -174,37 +136,37 @@ def self_evolution_round(
     if not buffer.seeded and seed_data is not None:
         entries, left_out = seed_data()
         metrics["fedse/seeded-demos"], metrics["fedse/seed-steps-left-out"] = float(buffer.seed(entries)), float(left_out)
-    elif not buffer.seeded and config.seed_demos:
-        metrics["fedse/seeded-demos"] = float(buffer.seed(expert_demonstrations(agent, env_factory, tasks, config.seed_demos, rollout)))
-    with attached_lora(agent.model, config.lora, seed=config.seed) as peft_model:
+    elif not buffer.seeded and fedse.seed_demos:
+        metrics["fedse/seeded-demos"] = float(buffer.seed(expert_demonstrations(agent, env_factory, tasks, fedse.seed_demos, rollout)))
+    with attached_lora(agent.model, lora, seed=seed) as peft_model:
         if global_adapter is not None:
             arrays_to_adapter(peft_model, global_adapter)
         new_successes, exploring = 0, time.time()
-        if config.explore_samples:
-            episodes = [t for t in tasks for _ in range(config.explore_samples)]
-            with autocast(config.precision, model_device(peft_model)):
+        if fedse.explore_samples:
+            episodes = [t for t in tasks for _ in range(fedse.explore_samples)]
+            with autocast(precision, model_device(peft_model)):
                 explored = run_episodes(LMPolicy(peft_model, agent.tokenizer, rollout), env_factory, episodes,
                                         PromptEncoder(agent.tokenizer), rollout)
             decode.release(peft_model)  # the static engine's copy and cache: the fine-tuning needs the memory
             metrics.update(summarize(explored))
             new_successes = sum(t.won for t in explored)
-            kept = keep_trajectories(explored, config.keep)
-            if config.steps == "valid":
+            kept = keep_trajectories(explored, fedse.keep)
+            if fedse.steps == "valid":
                 kept = valid_steps_only(kept)
-            buffer.add_round(server_round, kept, keep_history=config.history == "cumulative")
+            buffer.add_round(server_round, kept, keep_history=fedse.history == "cumulative")
             metrics["fedse/kept-trajectories"] = float(len(kept))
         # the round's time split as GRPO's reports it (runs/reporting.time_split): exploring, then the fine-tuning
         metrics["rollout_seconds"] = time.time() - exploring
         metrics["fedse/new-successes"] = float(new_successes)
         metrics.update({f"fedse/{k}": v for k, v in buffer.stats().items()})
         samples = buffer.samples()
-        if config.loss_tokens == "action":
+        if fedse.loss_tokens == "action":
             samples = [action_given_reasoning(p, c, agent.tokenizer) for p, c in samples]
-        if samples and config.sft_steps:
-            sft = SupervisedConfig(steps=config.sft_steps, epochs=config.sft_epochs, batch_size=config.sft_batch_size,
-                                   micro_batch_size=config.sft_micro_batch_size, learning_rate=config.learning_rate,
-                                   lr_schedule=config.lr_schedule, seed=config.seed * 1_000_003 + server_round,
-                                   precision=config.precision, attention=config.sft_attention)
+        if samples and finetune:
+            sft = SupervisedConfig(steps=fedse.max_steps, epochs=fedse.num_train_epochs, batch_size=fedse.sft_batch_size,
+                                   micro_batch_size=fedse.sft_micro_batch_size, learning_rate=fedse.learning_rate,
+                                   lr_schedule=fedse.lr_scheduler_type, seed=seed * 1_000_003 + server_round,
+                                   precision=precision, attention=attention)
             losses = supervised_finetune(peft_model, samples, agent.tokenizer, sft)
             metrics["loss"] = losses[-1]
             metrics["fedse/loss-first"] = losses[0]

@@ -224,7 +224,7 @@ class RolloutSection(Section):
     NAME: ClassVar[str] = "rollout"
     max_steps: int | str = _key(0, "episode horizon; 0 = the env's default; per environment as babyai=20,webshop=10 (an env not named keeps its default)", "integer >= 0, or name=integer >= 1 for envs of env, comma-separated", at_least=0, per_env=True)
     history_length: int = _key(0, "past (observation, action) pairs shown in the prompt (FedAgent reference: 2)", "integer >= 0", at_least=0)
-    max_context_tokens: int = _key(0, "a step's prompt plus its generated tokens at most this many: the oldest past steps are left out of a prompt (the step count still shown) until it fits, and a step that does not fit with one past step is refused (Fed-SE v2 App. B: 4096); 0 = no cut", "integer >= 0 (0 = no cut)", at_least=0)
+    max_context_tokens: int = _key(0, "a step's prompt plus its generated tokens at most this many: the oldest past steps are left out of a prompt (the step count still shown) until it fits, and a step that does not fit with one past step is refused; a limit below a first step's prompt plus the generated tokens is refused at start-up (Fed-SE v2 App. B: 4096); 0 = no cut", "integer >= 0 (0 = no cut)", at_least=0)
     max_completion_length: int = _key(0, "tokens generated per agent step; 0 = the env's need (maze 32, alfworld 64, webshop 128)", "integer >= 0", at_least=0)
     temperature: float = _key(1.0, "sampling temperature of training rollouts", ">= 0.01")
     top_p: float = _key(1.0, "nucleus sampling of training rollouts", "(0, 1]", interval="(0, 1]")
@@ -361,9 +361,15 @@ class LoRASection(Section):
     lora_alpha: float = _key(16.0, "fedse-lora, and fedagent-avg with grpo.finetuning=lora: LoRA alpha (scaling alpha / r)", "> 0", above=0)
     target_modules: str = _key("q_proj,k_proj,v_proj,o_proj", "fedse-lora, and fedagent-avg with grpo.finetuning=lora: comma-separated module names that get LoRA (peft target_modules), or all-linear", "string")
 
+    @property
+    def targets(self) -> tuple[str, ...] | str:
+        """lora.target-modules as PEFT's target_modules takes it: the module names, or "all-linear"."""
+        text = self.target_modules.strip()
+        return text if text == "all-linear" else tuple(t.strip() for t in text.split(","))
+
     def check(self, need: Need) -> None:
-        targets = [t.strip() for t in self.target_modules.split(",")]
-        need(self.target_modules.strip() == "all-linear" or (all(targets) and all(" " not in t for t in targets)),
+        targets = self.targets
+        need(targets == "all-linear" or (all(targets) and all(" " not in t for t in targets)),
              "lora.target-modules", self.target_modules, "comma-separated module names (e.g. q_proj,v_proj) or all-linear")
 
 

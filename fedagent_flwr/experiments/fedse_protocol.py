@@ -54,7 +54,7 @@ from envs.multi import env_names, per_env_spread, task_env
 from fedagent_flwr.agent.play.evaluation import GlobalEvaluator
 from fedagent_flwr.agent.training.experience import ExperienceBuffer
 from fedagent_flwr.agent.models.loading import load_agent
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.play.multi_env import ENV_PREFIX, MEAN_KEY
 from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.self_evolution import self_evolution_round
@@ -73,7 +73,7 @@ from fedagent_flwr.simulation import PROJECT_DIR as APP_DIR
 from fedagent_flwr.simulation import read_run_config_file
 from strategies.communication import payload_bytes
 from strategies.fedse_lora import aggregate_adapters
-from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
+from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.placement import place_run, run_base_dtype
 
 # CPU preset (configs/fedse-cpu.toml): 3 clients x 4 maze tasks, 4 rounds; every key is a RunConfig key.
@@ -98,8 +98,7 @@ def _evaluate(agent, cfg: RunConfig, adapter, server_round: int, only_env: str |
     tasks = per_env_spread(make_env(cfg.env, cfg.rollout.max_steps).tasks_of_split("test"), cfg.eval.tasks)  # per env with a spec
     if only_env is not None:  # a Local client is scored on its own environment's held-out tasks
         tasks = [t for t in tasks if task_env(t) == only_env]
-    spec = lora_spec(cfg)
-    with attached_lora(agent.model, spec, seed=cfg.seed) as peft_model:
+    with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
         arrays_to_adapter(peft_model, adapter)
         placement = place_run(cfg, "server", model=peft_model)  # as the run's server resolves it
         evaluator = GlobalEvaluator(peft_model, agent.tokenizer, lambda: make_env(cfg.env, cfg.rollout.max_steps), tasks,
@@ -165,14 +164,14 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
     agent = load_agent(cfg.model, cfg.env, cfg.device, run_base_dtype(cfg))
     k = cfg.num_clients
     placement = place_run(cfg, model=agent.model)  # every auto of the clients, once
-    se = self_evolution_config(cfg, placement)
+    how = dict(seed=cfg.seed, precision=placement.compute_precision, attention=cfg.engine.attn_implementation)
     rollout = rollout_config(cfg, placement=placement)
     env_factory = lambda: make_env(cfg.env, cfg.rollout.max_steps)  # noqa: E731
     buffers_root = out / method / "buffers"
     shutil.rmtree(buffers_root, ignore_errors=True)
     tasks = [learner_tasks(cfg, p, k) for p in range(k)]
     buffers = [ExperienceBuffer(buffers_root / f"partition-{p}", agent.base_fingerprint) for p in range(k)]
-    with attached_lora(agent.model, se.lora, seed=cfg.seed) as peft_model:
+    with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
         initial = adapter_to_arrays(peft_model)
     adapter_bytes = payload_bytes(initial)
     # One environment per client (Fed-SE's setting): client p's Local adapter is scored on environment p alone.
@@ -212,9 +211,11 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
         for r in range(1, cfg.num_server_rounds + 1):
             seed_everything(cfg.seed, r, 0)
             for p in range(k):
-                self_evolution_round(agent, replace(se, sft_steps=0), rollout, env_factory, tasks[p], r, buffers[p], adapter)
+                self_evolution_round(agent, cfg.fedse, cfg.lora, rollout, env_factory, tasks[p], r, buffers[p], adapter,
+                                     finetune=False, **how)
             pooled.entries = [e for b in buffers for e in b.entries]
-            adapter, m = self_evolution_round(agent, replace(se, seed_demos=0), rollout, env_factory, tasks[0], r, pooled, adapter)
+            adapter, m = self_evolution_round(agent, replace(cfg.fedse, seed_demos=0), cfg.lora, rollout, env_factory, tasks[0],
+                                              r, pooled, adapter, **how)
             log(r, [adapter], [m], {})
         return rows
 
@@ -225,7 +226,8 @@ def run_method(method: str, cfg: RunConfig, out: Path, start_eval: dict | None =
         for p in range(k):
             seed_everything(cfg.seed, r, p)
             start_from = adapters[p] if method == "local" else adapters[0]
-            results.append(self_evolution_round(agent, se, rollout, env_factory, tasks[p], r, buffers[p], start_from))
+            results.append(self_evolution_round(agent, cfg.fedse, cfg.lora, rollout, env_factory, tasks[p], r, buffers[p],
+                                                start_from, **how))
         metrics = [m for _, m in results]
         if method == "local":  # no communication: every client keeps its own adapter
             adapters = [a for a, _ in results]

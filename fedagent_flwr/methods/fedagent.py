@@ -33,7 +33,7 @@ from fedagent_flwr.agent.training.lora import (
 from fedagent_flwr.agent.engine.memory import GB, ModelShape
 from fedagent_flwr.agent.play.multi_env import environment_table, format_row
 from fedagent_flwr.agent.play.transcripts import short_example, write_transcripts
-from fedagent_flwr.agent.training.lora import lora_spec
+
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig
@@ -83,7 +83,7 @@ class LanguageAgentMethod(Method):
         self._stack = contextlib.ExitStack()
         self.peft_model = None
         if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model
-            self.peft_model = self._stack.enter_context(attached_lora(self.agent.model, lora_spec(cfg), seed=cfg.seed))
+            self.peft_model = self._stack.enter_context(attached_lora(self.agent.model, cfg.lora, seed=cfg.seed))
         self.initial_identity: dict[str, Any] = {}  # what the evaluation before round 1 depends on, once known
         self.reused = None  # eval.initial-evaluation: another run's evaluation of exactly these weights, checked before round 1
         if cfg.eval.initial_evaluation:

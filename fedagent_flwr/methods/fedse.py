@@ -27,7 +27,7 @@ from fedagent_flwr.methods.fedagent import LanguageAgentMethod
 from fedagent_flwr.methods.tasks import learner_tasks
 from strategies.fedse_lora import RUN_KEY, FedSELoRA, clients_for_fraction
 from strategies.transfer import decode, encode
-from fedagent_flwr.methods.library_configs import rollout_config, self_evolution_config
+from fedagent_flwr.methods.library_configs import rollout_config
 from fedagent_flwr.methods.placement import process_placement
 
 
@@ -54,9 +54,10 @@ class FedSE(LanguageAgentMethod):
         placement = process_placement(cfg, agent, tasks)  # every auto of this client, once
         seed_data = (lambda: agenttraj_seed(cfg, agent.tokenizer, partition_id, num_partitions)) if cfg.fedse.seed_data else None
         adapter, metrics = self_evolution_round(
-            agent, self_evolution_config(cfg, placement), rollout_config(cfg, placement=placement),
+            agent, cfg.fedse, cfg.lora, rollout_config(cfg, placement=placement),
             lambda: make_env(cfg.env, cfg.rollout.max_steps), tasks, server_round, buffer,
-            decode(msg.content.array_records["arrays"], cfg.federation.transfer_dtype), seed_data)
+            decode(msg.content.array_records["arrays"], cfg.federation.transfer_dtype), seed_data,
+            seed=cfg.seed, precision=placement.compute_precision, attention=cfg.engine.attn_implementation)
         return Message(RecordDict({"arrays": encode(adapter, cfg.federation.transfer_dtype), "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 

@@ -1,18 +1,16 @@
-"""The library configs a method's clients and server run with (RolloutConfig, SelfEvolutionConfig), built from the
+"""The library config a method's clients and server play episodes with (RolloutConfig), built from the
 run config and the process's placement here and nowhere else: the run config declares and checks keys, the placement
 (methods/placement.py) says what their `auto` became on this machine, rows and checkpointing included. Each takes the
-placement its process built once; none builds one of its own. GRPO's trainer needs none: it takes the grpo and engine
-sections as they are, with the placement (agent/training/grpo.py).
+placement its process built once; none builds one of its own. GRPO's trainer, Fed-SE's round and LoRA need none: they take their
+sections as they are (agent/training/grpo.py, agent/self_evolution.py, agent/training/lora.py).
 """
 
 from __future__ import annotations
 
 from fedagent_flwr.agent.engine.placement import Placement
 from fedagent_flwr.agent.play.rollout import RolloutConfig
-from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig
-from fedagent_flwr.agent.training.lora import lora_spec
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.placement import new_tokens
+from fedagent_flwr.agent.play.prompts import new_tokens
 
 
 def rollout_config(cfg: RunConfig, evaluation: bool = False, *, placement: Placement) -> RolloutConfig:
@@ -36,17 +34,4 @@ def rollout_config(cfg: RunConfig, evaluation: bool = False, *, placement: Place
         decode_engine=placement.decode_engine,
         decode_kernels=cfg.rollout.kernels,
         token_sampler=cfg.rollout.token_sampler,
-    )
-
-
-def self_evolution_config(cfg: RunConfig, placement: Placement) -> SelfEvolutionConfig:
-    """A Fed-SE client's settings; `placement` as rollout_config takes it."""
-    return SelfEvolutionConfig(
-        lora=lora_spec(cfg), explore_samples=cfg.fedse.explore_samples, keep=cfg.fedse.keep,
-        history=cfg.fedse.history, steps=cfg.fedse.steps, loss_tokens=cfg.fedse.loss_tokens,
-        seed_demos=cfg.fedse.seed_demos,
-        sft_steps=cfg.fedse.max_steps, sft_epochs=cfg.fedse.num_train_epochs, sft_batch_size=cfg.fedse.sft_batch_size,
-        sft_micro_batch_size=cfg.fedse.sft_micro_batch_size,
-        learning_rate=cfg.fedse.learning_rate, lr_schedule=cfg.fedse.lr_scheduler_type, seed=cfg.seed, precision=placement.compute_precision,
-        sft_attention=cfg.engine.attn_implementation,
     )

@@ -17,7 +17,7 @@ from fedagent_flwr.agent.models.loading import Agent, load_frozen_base
 from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
 from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.agent.engine.placement import Placement
@@ -64,7 +64,7 @@ def local_round(cfg: RunConfig, agent: Agent, sent: ArrayRecord, tasks: Sequence
     """The weights the server sent (the full model, or a LoRA adapter on the base), trained by `train_locally` in this
     process; the trained weights in the same form, and the round's metrics."""
     if cfg.grpo.finetuning == "lora":
-        with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
+        with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
             return train_sent(cfg, agent, peft_model, sent, tasks, server_round, partition_id, optimizer)
     placement = process_placement(cfg, agent, tasks)
     anchor = placement.kl_reference if cfg.grpo.beta > 0 else None  # round-start: the trainer keeps its own copy

@@ -24,7 +24,7 @@ from fedagent_flwr.agent.engine.memory import (
     server_plan,
 )
 from fedagent_flwr.agent.engine.placement import Placement
-from fedagent_flwr.agent.training.lora import lora_spec
+
 from fedagent_flwr.config import RunConfig
 
 KNOBS = ("engine.ranks-per-client (full fine-tuning's weights, gradients and AdamW state sharded over a client's GPUs, with "
@@ -40,7 +40,7 @@ def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placemen
     rows in a generate call."""
     grpo = cfg.traits.grpo
     common = dict(finetuning="lora" if cfg.traits.experience_buffer else cfg.grpo.finetuning,  # Fed-SE: SFT of a LoRA adapter
-                  lora_rank=cfg.lora.r, lora_targets=lora_spec(cfg).target_modules, precision=placement.precision,
+                  lora_rank=cfg.lora.r, lora_targets=cfg.lora.targets, precision=placement.precision,
                   context_tokens=context_tokens, static_decoder=placement.decode_engine == "static",
                   cuda_graphs=placement.on_cuda)
     if role == "server":
@@ -68,7 +68,7 @@ def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, client:
 def _adapter(cfg: RunConfig) -> tuple:
     """(targets, rank) of the adapter a client's passes train (Fed-SE's SFT trains one too), else ()."""
     lora = cfg.grpo.finetuning == "lora" or cfg.traits.experience_buffer
-    return (lora_spec(cfg).target_modules, cfg.lora.r) if lora else ()
+    return (cfg.lora.targets, cfg.lora.r) if lora else ()
 
 
 def plan_layer_activations(cfg: RunConfig, shape: ModelShape, placement: Placement) -> LayerActivations:

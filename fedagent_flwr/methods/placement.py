@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import torch
 
-from envs import Task, answer_token_budget, make_env
+from envs import Task, make_env
 from fedagent_flwr.agent.engine.cpu_rates import MatmulRates, cached_rates
 from fedagent_flwr.agent.engine.memory import GB, ModelShape
 from fedagent_flwr.agent.engine.placement import Machine, Placement, place, resolve_device
@@ -23,7 +23,7 @@ from fedagent_flwr.agent.engine.precision import base_dtype
 from fedagent_flwr.agent.models.loading import Agent
 from fedagent_flwr.agent.models.model_cache import default_cache_root
 from fedagent_flwr.agent.models.pretrained import model_dims
-from fedagent_flwr.agent.play.prompts import build_prompt
+from fedagent_flwr.agent.play.prompts import build_prompt, new_tokens
 from fedagent_flwr.agent.play.rollout import PromptEncoder
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.config.choices import BF16_PRECISIONS
@@ -108,11 +108,6 @@ def process_placement(cfg: RunConfig, agent: Agent, tasks: Sequence[Task], role:
     context = context_tokens(cfg, agent.tokenizer, make_env(cfg.env, cfg.rollout.max_steps), tasks)
     return place_run(cfg, role, model=model if model is not None else agent.model, shape=ModelShape.of(agent.model.config),
                      context_tokens=context, budget_bytes=memory_budget(cfg, agent.device, role))
-
-
-def new_tokens(cfg: RunConfig) -> int:
-    """Tokens generated per agent step: rollout.max-completion-length, or the environment's need."""
-    return cfg.rollout.max_completion_length or answer_token_budget(cfg.env)
 
 
 def context_tokens(cfg: RunConfig, tokenizer, env, tasks: Sequence[Task]) -> int:

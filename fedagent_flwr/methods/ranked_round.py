@@ -31,7 +31,7 @@ from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, backend_fo
 from fedagent_flwr.agent.models.sharded_load import empty_sharded_copy, load_sharded
 from fedagent_flwr.agent.models.loading import Agent, frozen
 from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
-from fedagent_flwr.agent.training.lora import attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.agent.training.weights import arrays_to_model
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.local_round import train_sent
@@ -131,7 +131,7 @@ def _held(cfg: RunConfig, world: int, tasks: Sequence[Task]) -> _Held:
     if cfg.grpo.finetuning == "lora":  # attached for the rank's life: each round loads the sent adapter into it
         attached = contextlib.ExitStack()  # held, or its collection would close the block and unload the adapter
         model = load_sharded(spec, device, run_base_dtype(cfg),
-                             wrap=lambda base: attached.enter_context(attached_lora(base, lora_spec(cfg), seed=cfg.seed)))
+                             wrap=lambda base: attached.enter_context(attached_lora(base, cfg.lora, seed=cfg.seed)))
         _HELD.append(_Held(key, agent_of(model.get_base_model()), model, None, None, attached))
         return _HELD[0]
     agent = agent_of(load_sharded(spec, device, run_base_dtype(cfg)))

@@ -1,6 +1,7 @@
 """What a valid run config needs of the machine it runs on, checked once at start-up, before any SuperLink, SuperNode
 or model: the environments and models it names exist here, the packages it asks for are installed, the files and
-folders it names open and parse, and per-environment numbers fit the environments' splits.
+folders it names open and parse, per-environment numbers fit the environments' splits, and a context limit holds a
+first step's prompt.
 
 The run config (fedagent_flwr/config) checks what the values say by themselves and never asks the machine; this
 module asks it. Each role checks what lives on its machine: run_simulation.py checks everything (every role runs
@@ -13,9 +14,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from envs import available_envs, env_names, per_env_problem, split_size
-from fedagent_flwr.agent.models.pretrained import hub_model_problem, model_name_problem
+from envs import available_envs, env_names, make_env, per_env_problem, split_size
+from fedagent_flwr.agent.models.pretrained import hub_model_problem, model_name_problem, tokenizer_of
 from fedagent_flwr.agent.models.warm_start import WARM_PREFIX, WARM_RECIPE
+from fedagent_flwr.agent.play.prompts import build_prompt, new_tokens, system_prompt
+from fedagent_flwr.agent.play.rollout import PromptEncoder
 from fedagent_flwr.atomic import unwritable_reason
 from fedagent_flwr.config import RunConfig, invalid
 from fedagent_flwr.config.run_config import Need
@@ -39,6 +42,8 @@ def preflight(cfg: RunConfig, role: str = "simulation") -> RunConfig:
     if envs_ok:  # the numbers per environment and the splits need the environments themselves
         _check_env_numbers(cfg, need)
     _check_model(cfg, need)
+    if envs_ok and not any(p.startswith("model=") for p in problems):
+        _check_context(cfg, need)
     _check_packages(cfg, need, role)
     _check_files(cfg, need, role, envs_ok)
     if (problem := _seed_data_problem(cfg, role)) and not any(p.startswith("fedse.seed-data=") for p in problems):
@@ -98,6 +103,33 @@ def _check_model(cfg: RunConfig, need: Need) -> None:
         for key in ("history_length", "prompt_roles"):
             need(getattr(cfg.rollout, key) == WARM_RECIPE[key], "rollout." + key.replace("_", "-"), getattr(cfg.rollout, key),
                  f"{WARM_RECIPE[key]!r} with model={cfg.model!r} (the warm start's prompts; agent/models/warm_start.py)")
+
+
+CONTEXT_TASKS = 32  # first prompts measured per environment and split: enough for the longest, in about a second
+
+
+def _check_context(cfg: RunConfig, need: Need) -> None:
+    """rollout.max-context-tokens holds a first step: its prompt (no past step to leave out), as the rollout encodes
+    it, plus the tokens generated. Measured on the first tasks of each environment's splits with the model's own
+    tokenizer; a limit below that would stop the run at its first episode of such a task, minutes in."""
+    limit = cfg.rollout.max_context_tokens
+    if not limit or cfg.traits.trains == "fedrl":
+        return
+    tokenizer = tokenizer_of(cfg.model, cfg.env)
+    if tokenizer is None:  # a shape: model's tokenizer is saved with its weights: the rollout checks it
+        return
+    encoder, generated, longest = PromptEncoder(tokenizer), new_tokens(cfg), (0, "")
+    for name in env_names(cfg.env):
+        env = make_env(name, cfg.rollout.max_steps)
+        for split in ("train", "test"):
+            for task in env.tasks_of_split(split)[:CONTEXT_TASKS]:
+                observation, _ = env.reset(task)
+                prompt = build_prompt(env, observation, [], 0, cfg.rollout.prompt_roles, cfg.rollout.prompt_template)
+                system = system_prompt(env) if cfg.rollout.prompt_roles == "system" else None
+                longest = max(longest, (len(encoder(prompt, system)), task.id))
+    need(longest[0] + generated <= limit, "rollout.max-context-tokens", limit,
+         f"0 (no cut), or at least {longest[0] + generated}: the first step of task {longest[1]} has a prompt of "
+         f"{longest[0]} tokens, plus {generated} generated")
 
 
 def _check_packages(cfg: RunConfig, need: Need, role: str) -> None:

@@ -251,14 +251,15 @@ def test_a_recomputed_layer_runs_its_attention_in_the_same_kernel_context_as_its
 def test_auto_counts_what_the_trained_model_keeps_its_precision_working_copy_and_adapter(deep_lm):
     """The trainer's auto plans each pass with the count of what its own layers keep (memory.layer_activations): the
     precision's, the bf16 working copy's (a bf16 residual stream), a LoRA adapter's."""
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     shape = ModelShape.of(deep_lm.config)
     for precision, param_dtype in (("fp32", "fp32"), ("bf16-mixed", "fp32"), ("bf16-mixed", "bf16")):
         with activation_checkpointing(deep_lm, "fitted", GB, precision, param_dtype) as ckpt:
             assert ckpt.per_token == layer_activations(shape, precision, param_dtype)
     assert layer_activations(shape, "bf16-mixed", "bf16") != layer_activations(shape, "bf16-mixed", "fp32")
-    with attached_lora(deep_lm, LoRASpec(rank=4, target_modules=("q_proj", "down_proj"))) as peft_model:
+    with attached_lora(deep_lm, LoRASection(r=4, target_modules="q_proj,down_proj")) as peft_model:
         with activation_checkpointing(peft_model, "fitted", GB, "bf16-mixed") as ckpt:
             assert ckpt.per_token == layer_activations(shape, "bf16-mixed", "fp32", ("down_proj", "q_proj"), 4)
     with activation_checkpointing(deep_lm, "fitted", None, "bf16-mixed") as ckpt:  # no room known: every layer, no count

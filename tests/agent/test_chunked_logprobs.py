@@ -9,7 +9,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from fedagent_flwr.agent.training.advantages import StepSample
-from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import LoRASection
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
 from fedagent_flwr.config import RunConfig
@@ -71,7 +72,7 @@ def test_chunked_logprobs_equal_through_a_lora_wrapper_with_the_adapter_on_and_o
     batch = _batch(model.config.vocab_size)
     with torch.no_grad():
         base, _ = completion_logprobs(model, batch, TEMPERATURE)
-    with attached_lora(model, LoRASpec(rank=4, target_modules=("q_proj", "v_proj", "lm_head")), seed=1) as peft_model:
+    with attached_lora(model, LoRASection(r=4, target_modules="q_proj,v_proj,lm_head"), seed=1) as peft_model:
         with torch.no_grad():  # B starts at 0, which would leave A without gradient and the adapter without effect
             for name, p in peft_model.named_parameters():
                 if "lora_B" in name:
@@ -137,7 +138,7 @@ def test_a_grpo_update_is_the_same_with_chunked_logprobs(tiny_lm, maze_tokenizer
         rollout = RolloutConfig(history_length=0, temperature=TEMPERATURE)
         config = cfg.updated({"engine.logprob-chunk-tokens": chunk_tokens})
         if lora:
-            with attached_lora(model, LoRASpec(rank=2), seed=1) as peft_model:
+            with attached_lora(model, LoRASection(r=2), seed=1) as peft_model:
                 before = {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
                 stats = grpo_trainer(peft_model, maze_tokenizer, config, rollout).update(samples, np.random.default_rng(0))
                 weights = {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}

@@ -116,7 +116,8 @@ def test_a_grpo_update_with_compiled_layers_moves_the_weights_as_eager_does(maze
 
 def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze_tokenizer):
     """PEFT's LoRA layers inside the compiled layers, and the KL reference pass with the adapter switched off."""
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     run = RunConfig.from_run_config({"grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 4, "grpo.learning-rate": 1e-2, "grpo.beta": 0.1, "grpo.kl-reference": "base", "grpo.finetuning": "lora", "device": "cpu"})
     rng = np.random.default_rng(0)
@@ -124,7 +125,7 @@ def test_a_lora_update_with_compiled_layers_moves_the_adapter_as_eager_does(maze
                for n, a in zip(rng.integers(5, 20, size=8), rng.normal(size=8))]
     moved = {}
     for kind in ("eager", "compile"):
-        with attached_lora(_model(layers=2, vocab=len(maze_tokenizer)), LoRASpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))) as model:
+        with attached_lora(_model(layers=2, vocab=len(maze_tokenizer)), LoRASection(r=4, lora_alpha=8.0, target_modules="q_proj,v_proj")) as model:
             trainer = grpo_trainer(model, maze_tokenizer, run.updated({"engine.training-kernels": kind}),
                                   RolloutConfig(history_length=0, max_new_tokens=4))
             stats = trainer.update(samples, np.random.default_rng(1))
@@ -169,7 +170,8 @@ def test_a_lora_update_over_a_bf16_base_with_compiled_layers_stays_within_bf16s_
     yardstick is how far bf16-base's eager update lies from fp32's: the compiled one may differ from eager by no more
     than twice that (on this tiny model 2.4 % against 1.6 %). A compiled region that lost the adapter or autocast
     would differ by the whole update. Issue 69: compiled runs of the SmolLM2 preset learned less in three seeds."""
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     rng = np.random.default_rng(0)
     samples = [StepSample(list(rng.integers(1, 200, size=int(n))), list(rng.integers(1, 200, size=6)), float(a))
@@ -179,7 +181,7 @@ def test_a_lora_update_over_a_bf16_base_with_compiled_layers_stays_within_bf16s_
         run = RunConfig.from_run_config({"grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.learning-rate": 1e-2, "grpo.beta": 0.1, "grpo.kl-reference": "base", "grpo.finetuning": "lora", "device": "cpu", "precision": precision})
         base = _model(layers=2, vocab=len(maze_tokenizer))
         with attached_lora(base.to(torch.bfloat16) if precision == "bf16-base" else base,
-                           LoRASpec(rank=4, alpha=8.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))) as model:
+                           LoRASection(r=4, lora_alpha=8.0, target_modules="q_proj,k_proj,v_proj,o_proj")) as model:
             trainer = grpo_trainer(model, maze_tokenizer, run.updated({"engine.training-kernels": kind}),
                                   RolloutConfig(history_length=0, max_new_tokens=6))
             stats = trainer.update(samples, np.random.default_rng(1))

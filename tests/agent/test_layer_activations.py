@@ -10,7 +10,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from fedagent_flwr.agent.engine.kernels import decoder_layers
-from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import LoRASection
 from fedagent_flwr.agent.engine.master_weights import Bf16WorkingCopy
 from fedagent_flwr.agent.engine.memory import ModelShape, layer_activations, shape_config, value_bytes
 from fedagent_flwr.agent.engine.precision import autocast
@@ -107,7 +108,7 @@ def test_the_plan_counts_what_a_layer_saves_for_backward(model_type, precision, 
     model = _model(model_type, torch.bfloat16 if precision == "bf16-base" else torch.float32)
     with contextlib.ExitStack() as stack:
         if targets is not None:
-            model = stack.enter_context(attached_lora(model, LoRASpec(rank=4, target_modules=targets)))
+            model = stack.enter_context(attached_lora(model, LoRASection(r=4, target_modules=targets if isinstance(targets, str) else ",".join(targets))))
         if param_dtype == "bf16":
             stack.enter_context(Bf16WorkingCopy(model))
         measured, kept = _measured(model, precision)
@@ -127,5 +128,5 @@ def test_for_the_1_5b_shape_a_layer_keeps_116_kib_a_token_with_fp32_weights_and_
     per_token = lambda cfg: plan_layer_activations(cfg, shape, place_run(cfg))  # noqa: E731
     assert per_token(RunConfig.from_run_config({"precision": "bf16-mixed", "engine.param-dtype": "bf16"})) == bf16_copy
     lora = per_token(RunConfig.from_run_config({"precision": "bf16-mixed", "grpo.finetuning": "lora"}))
-    assert lora == layer_activations(shape, "bf16-mixed", "fp32", LoRASpec().target_modules, 8)
+    assert lora == layer_activations(shape, "bf16-mixed", "fp32", LoRASection().targets, 8)
     assert lora.full < bf16_copy.full

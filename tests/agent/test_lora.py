@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from fedagent_flwr.agent.training.lora import LoRASpec, adapter_to_arrays, attached_lora
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
+from fedagent_flwr.config import LoRASection
 
 
 def _initial_adapter(model, seed: int) -> dict[str, torch.Tensor]:
-    with attached_lora(model, LoRASpec(rank=2, target_modules=("q_proj", "v_proj")), seed=seed) as peft_model:
+    with attached_lora(model, LoRASection(r=2, target_modules="q_proj,v_proj"), seed=seed) as peft_model:
         return adapter_to_arrays(peft_model).to_torch_state_dict()
 
 

@@ -191,10 +191,10 @@ def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_b
     """Qwen2.5-7B, LoRA r 8 on q/k/v/o, grpo.kl-reference base, micro-batch 1, rollout batch 8, 1,024 tokens (the
     command docs/gpu.md prints): 36.0 GiB with the fp32 base of bf16-mixed, 20.4 GiB with a bf16 base, both while
     updating."""
-    from fedagent_flwr.agent.training.lora import LoRASpec
+    from fedagent_flwr.config import LoRASection
 
     shape = ModelShape.of(shape_config("qwen2.5-7b"))
-    common = dict(finetuning="lora", lora_rank=8, lora_targets=LoRASpec(rank=8).target_modules, kl_beta=0.01,
+    common = dict(finetuning="lora", lora_rank=8, lora_targets=LoRASection(r=8).targets, kl_beta=0.01,
                   kl_reference="base", micro_batch_size=1, rollout_batch_size=8, context_tokens=1024)
     fp32_base = client_plan(shape, precision="bf16-mixed", **common)
     bf16_base = client_plan(shape, precision="bf16-base", **common)
@@ -212,7 +212,8 @@ def test_a_7b_lora_client_plans_under_24_gib_at_micro_batch_1_only_with_a_bf16_b
 _MEASURE_AUTOCAST = """
 import json, os, torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import LoRASection
 
 def resident():
     with open("/proc/self/statm") as f:
@@ -229,7 +230,7 @@ torch.manual_seed(0)
 config = AutoConfig.for_model("qwen2", **json.loads(os.environ["SHAPE"]))
 model = AutoModelForCausalLM.from_config(config).eval()
 full = held(model)
-with attached_lora(model, LoRASpec(rank=8)) as peft_model:
+with attached_lora(model, LoRASection(r=8)) as peft_model:
     lora = held(peft_model)
 print(json.dumps({"full": full, "lora": lora}))
 """
@@ -245,12 +246,12 @@ def test_the_autocast_row_matches_what_autocast_holds_for_full_and_lora_training
     import subprocess
     import sys
 
-    from fedagent_flwr.agent.training.lora import LoRASpec
+    from fedagent_flwr.config import LoRASection
 
     fields = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
               "intermediate_size": 2048, "vocab_size": 16384, "tie_word_embeddings": False}
     shape = ModelShape.of(AutoConfig.for_model("qwen2", **fields))
-    common = {"lora_rank": 8, "lora_targets": LoRASpec(rank=8).target_modules, "precision": "bf16-mixed", "kl_beta": 0.0,
+    common = {"lora_rank": 8, "lora_targets": LoRASection(r=8).targets, "precision": "bf16-mixed", "kl_beta": 0.0,
               "kl_reference": "base", "micro_batch_size": 1, "rollout_batch_size": 1, "context_tokens": 4}
     planned_full = client_plan(shape, finetuning="full", **common).as_dict()["autocast bf16 weight copies"]
     planned_lora = client_plan(shape, finetuning="lora", **common).as_dict()["autocast bf16 weight copies"]
@@ -320,11 +321,11 @@ def test_the_command_prints_the_plans_of_the_papers_models(capsys):
     assert "7,615,616,512 parameters" in full and "AdamW moments" in full and "fits a 80 GiB GPU per client: no" in full
     assert "fits a 80 GiB GPU per client: yes" in lora  # LoRA, no reference copy, small batches
     # what a layer keeps a token, for this run's precision, engine.param-dtype and adapter (memory.layer_activations)
-    from fedagent_flwr.agent.training.lora import LoRASpec
+    from fedagent_flwr.config import LoRASection
 
     shape = ModelShape.of(shape_config("qwen2.5-7b"))
     for out, per in ((full, layer_activations(shape, "bf16-mixed")),
-                     (lora, layer_activations(shape, "bf16-mixed", "fp32", LoRASpec().target_modules, 8))):
+                     (lora, layer_activations(shape, "bf16-mixed", "fp32", LoRASection().targets, 8))):
         assert f"a decoder layer keeps {per.full:,} bytes a token for backward ({per.kept:,} as a checkpointed" in out
     assert "engine.param-dtype=fp32" in full
 

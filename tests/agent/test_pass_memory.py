@@ -17,7 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from fedagent_flwr.agent.engine.memory import EAGER_ROW, ModelShape, autocast_copies, client_plan, no_grad_pass_bytes
 from fedagent_flwr.agent.engine.precision import autocast
 from fedagent_flwr.agent.engine.tokens import collate, completion_logprobs
-from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import LoRASection
 
 # a vocabulary large beside the layers, as a real model's is, so that the logits' share decides the comparison
 FIELDS = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -105,7 +106,7 @@ def _check_update_rows(model_type: str, precision: str, lora: bool, chunk: int, 
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16 if precision == "bf16-base" else torch.float32)
     with contextlib.ExitStack() as stack:
         if lora:
-            model = stack.enter_context(attached_lora(model, LoRASpec(rank=4, target_modules=TARGETS)))
+            model = stack.enter_context(attached_lora(model, LoRASection(r=4, target_modules=",".join(TARGETS))))
         measured = _pass_peak(model, precision, chunk, width)
     plan = client_plan(ModelShape.of(config), finetuning="lora" if lora else "full", lora_rank=4, lora_targets=TARGETS,
                        precision=precision, kl_beta=0.0, kl_reference="base", micro_batch_size=ROWS,
@@ -158,7 +159,7 @@ def test_the_plans_no_grad_pass_holds_what_a_no_grad_log_prob_pass_holds(fields,
     rows, width = 8, 64
     with contextlib.ExitStack() as stack:
         if targets:
-            model = stack.enter_context(attached_lora(model, LoRASpec(rank=4, target_modules=targets)))
+            model = stack.enter_context(attached_lora(model, LoRASection(r=4, target_modules=",".join(targets))))
         measured = _no_grad_peak(model.eval(), precision, chunk, vocab, rows, width)
     shape, tokens = ModelShape.of(config), rows * width
     adapter = (targets, 4) if targets else ()

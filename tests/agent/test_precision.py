@@ -17,7 +17,7 @@ from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.agent.training.sft import SupervisedConfig, supervised_finetune
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.placement import place_run
-from placed import grpo_trainer, self_evolution_config
+from placed import grpo_trainer
 
 STEPS = 10
 
@@ -83,7 +83,7 @@ def test_precision_auto_is_mixed_on_cuda_and_fp32_on_cpu():
     assert resolve_precision("auto", on_cuda=False)[0] == "fp32"  # nothing measured: fp32 (tests/agent/test_cpu_precision.py)
     assert resolve_precision("bf16-mixed", on_cuda=False)[0] == "bf16-mixed"  # allowed on CPU (tests, checks)
     assert place_run(RunConfig(device="cpu")).precision == "fp32"
-    assert self_evolution_config(RunConfig(precision="bf16-mixed")).precision == "bf16-mixed"
+    assert place_run(RunConfig(precision="bf16-mixed")).compute_precision == "bf16-mixed"  # what a Fed-SE round gets
     with pytest.raises(ValueError, match="precision='fp16'"):
         RunConfig(precision="fp16")
 
@@ -91,7 +91,8 @@ def test_precision_auto_is_mixed_on_cuda_and_fp32_on_cpu():
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, lora):
     """Recomputing activations in backward changes memory, not the result (full model and LoRA adapter)."""
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     saved = {False: 0, True: 0}  # bytes autograd keeps for backward
 
@@ -109,7 +110,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_lm, maze_tokenizer, l
             if not lora:
                 grpo_trainer(model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
                 return model.state_dict()
-            with attached_lora(model, LoRASpec(rank=2), seed=1) as peft_model:
+            with attached_lora(model, LoRASection(r=2), seed=1) as peft_model:
                 grpo_trainer(peft_model, maze_tokenizer, cfg, RolloutConfig(history_length=0)).update(samples, np.random.default_rng(0))
                 return {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
 
@@ -143,7 +144,8 @@ def _lora_trainer(model, tokenizer, precision, learning_rate=1e-6):
 def test_bf16_base_lora_trains_an_fp32_adapter_at_lr_1e_6_and_never_moves_the_bf16_base(tiny_lm, maze_tokenizer):
     """The base is held in bf16 and stays bit-identical; the adapter and AdamW's moments are fp32, so the adapter
     moves at lr 1e-6 (a bf16 A of size ~0.1 would round such steps away); the forward runs under bf16 autocast."""
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     base = copy.deepcopy(tiny_lm).to(torch.bfloat16)  # what load_agent(..., torch.bfloat16) holds
     base_before = {k: v.clone() for k, v in base.state_dict().items()}
@@ -152,7 +154,7 @@ def test_bf16_base_lora_trains_an_fp32_adapter_at_lr_1e_6_and_never_moves_the_bf
     def record(module, inputs, output):  # on the adapter's A: its weight, and the dtype its matmul ran in
         seen.append((base_weight.dtype, module.weight.dtype, output.dtype, torch.is_autocast_enabled("cpu")))
 
-    with attached_lora(base, LoRASpec(rank=2), seed=1) as peft_model:
+    with attached_lora(base, LoRASection(r=2), seed=1) as peft_model:
         adapter_before = {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
         q_proj = peft_model.get_base_model().model.layers[0].self_attn.q_proj
         base_weight = q_proj.base_layer.weight
@@ -180,13 +182,14 @@ def test_the_adapter_takes_its_input_uncast_and_trains_to_the_same_bits_as_peft_
     """lora.py keep_input_dtype: the adapter's A reads its input in the dtype it arrives in (bf16 under bf16-base,
     where PEFT would copy it to fp32 for autocast to copy back), and an update ends with the same adapter, bit for
     bit, as one where PEFT casts."""
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     base = copy.deepcopy(tiny_lm).to(torch.bfloat16 if precision == "bf16-base" else torch.float32)
     samples = [StepSample(p, c, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c) in enumerate(_pairs(maze_tokenizer, 8))]
     adapters, inputs = [], []
     for peft_casts in (False, True):
-        with attached_lora(base, LoRASpec(rank=2, target_modules="all-linear"), seed=1) as peft_model:
+        with attached_lora(base, LoRASection(r=2, target_modules="all-linear"), seed=1) as peft_model:
             layer = peft_model.get_base_model().model.layers[0]
             for module in peft_model.modules():  # PEFT's default, which attached_lora turned off
                 if peft_casts and hasattr(module, "cast_input_dtype_enabled"):
@@ -204,11 +207,12 @@ def test_the_adapter_takes_its_input_uncast_and_trains_to_the_same_bits_as_peft_
 
 
 def test_bf16_base_refuses_a_trained_bf16_model_and_an_fp32_base(tiny_lm, maze_tokenizer):
-    from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+    from fedagent_flwr.agent.training.lora import attached_lora
+    from fedagent_flwr.config import LoRASection
 
     with pytest.raises(ValueError, match="trains fp32 tensors only"):  # grpo.finetuning='full' on a bf16 model
         _lora_trainer(copy.deepcopy(tiny_lm).to(torch.bfloat16), maze_tokenizer, "bf16-base")
-    with attached_lora(copy.deepcopy(tiny_lm), LoRASpec(rank=2)) as peft_model, pytest.raises(ValueError, match="base holds torch.float32"):
+    with attached_lora(copy.deepcopy(tiny_lm), LoRASection(r=2)) as peft_model, pytest.raises(ValueError, match="base holds torch.float32"):
         _lora_trainer(peft_model, maze_tokenizer, "bf16-base")
 
 

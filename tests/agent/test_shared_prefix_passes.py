@@ -7,7 +7,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from fedagent_flwr.agent.engine.tokens import MIN_SHARED_PREFIX, collate, completion_logprobs
-from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import LoRASection
 
 TEMPERATURE = 0.7
 PREFIX = 14  # tokens every prompt opens with, as the chat template's system message and the task do
@@ -66,7 +67,7 @@ def test_a_shared_prefix_gives_the_log_probs_and_gradients_of_whole_rows(kind, c
 def test_a_shared_prefix_through_a_lora_adapter_on_and_off():
     model = _model("llama")
     pairs = _pairs(model.config.vocab_size, seed=1)
-    with attached_lora(model, LoRASpec(rank=4, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")), seed=1) as peft:
+    with attached_lora(model, LoRASection(r=4, target_modules="q_proj,k_proj,v_proj,o_proj"), seed=1) as peft:
         with torch.no_grad():  # B starts at 0: the adapter would change nothing and A would get no gradient
             for name, p in peft.named_parameters():
                 if "lora_B" in name:

@@ -1,6 +1,7 @@
 """Bad configurations fail at start with a message naming the key, the value and what is allowed;
 GPU requests on a machine without one fail clearly; the base model is loaded once per process."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -261,6 +262,20 @@ def test_what_the_machine_lacks_is_refused_by_run_simulation_before_the_simulati
         code, err = _refused(flags, capsys)
         assert code == 2 and message in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_a_context_limit_that_cannot_hold_a_first_step_is_refused_before_the_simulation_starts(capsys):
+    """rollout.max-context-tokens below a first step's prompt (measured with the model's own tokenizer) plus the
+    generated tokens is refused in one line naming the length it needs (issue 94: it failed inside the simulation);
+    the length it names is accepted, one token less is not."""
+    code, err = _refused(["--rollout.max-context-tokens", "60"], capsys)
+    assert code == 2 and "rollout.max-context-tokens=60 is not allowed" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    needed = int(re.search(r"at least (\d+)", err).group(1))
+    assert 60 < needed
+    preflight(RunConfig.from_run_config({"rollout.max-context-tokens": needed}))
+    with pytest.raises(ValueError, match=f"at least {needed}"):
+        preflight(RunConfig.from_run_config({"rollout.max-context-tokens": needed - 1}))
 
 
 def test_a_large_federation_says_how_long_it_will_take_to_start(capsys):

@@ -48,7 +48,7 @@ def test_a_run_configs_model_is_profiled_with_its_adapter_attached():
     """--run-config: the run's model as its client loads it, its LoRA adapter attached (Fed-SE explores with one)."""
     from fedagent_flwr.agent.engine.memory import ModelShape
     from fedagent_flwr.agent.models.loading import load_agent
-    from fedagent_flwr.agent.training.lora import lora_spec
+    
     from fedagent_flwr.config import RunConfig
     from fedagent_flwr.simulation import read_run_config_file
 
@@ -61,7 +61,7 @@ def test_a_run_configs_model_is_profiled_with_its_adapter_attached():
     r = json.loads(done.stdout.strip().splitlines()[-1])
     cfg = RunConfig.from_run_config(RunConfig().to_run_config() | read_run_config_file(str(preset)))
     base = load_agent(cfg.model, cfg.env, "cpu").model
-    adapter = ModelShape.of(base.config).lora_parameters(cfg.lora.r, lora_spec(cfg).target_modules)
+    adapter = ModelShape.of(base.config).lora_parameters(cfg.lora.r, cfg.lora.targets)
     assert r["shape"] == cfg.model and r["precision"] == "fp32"
     assert r["parameters"] == sum(p.numel() for p in base.parameters()) + adapter > adapter > 0
     assert [e["engine"] for e in r["engines"]] == ["hf", "static"]

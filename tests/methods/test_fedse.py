@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +16,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from envs import make_env
 from fedagent_flwr.agent.engine.precision import base_dtype
 from fedagent_flwr.agent.models.loading import Agent
-from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config import FedSESection, LoRASection, RunConfig
 from fedagent_flwr.agent.training.experience import SEED_ROUND, ExperienceBuffer
-from fedagent_flwr.agent.training.lora import LoRASpec, adapter_num_parameters, adapter_to_arrays, attached_lora, save_adapter
+from fedagent_flwr.agent.training.lora import adapter_num_parameters, adapter_to_arrays, attached_lora, save_adapter
 from fedagent_flwr.agent.play.rollout import RolloutConfig, StepRecord, Trajectory
-from fedagent_flwr.agent.self_evolution import SelfEvolutionConfig, keep_trajectories, self_evolution_round, valid_steps_only
+from fedagent_flwr.agent.self_evolution import keep_trajectories, self_evolution_round, valid_steps_only
 from strategies import FedAgentAvg, FedSELoRA
 from strategies.communication import payload_bytes, wire_bytes
 from strategies.fedse_lora import aggregate_adapters, clients_for_fraction, mean_of_products, refactorise
-from placed import rollout_config, self_evolution_config
+from placed import rollout_config
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_A = "base_model.model.layers.0.q_proj.lora_A.weight"
@@ -167,7 +168,7 @@ def test_adapter_bytes_equal_parameter_count_times_dtype_size_and_peft_folder_lo
     from peft import PeftModel
 
     base_keys = set(tiny_lm.state_dict())
-    spec = LoRASpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj"))
+    spec = LoRASection(r=4, lora_alpha=8.0, target_modules="q_proj,v_proj")
     with attached_lora(tiny_lm, spec, seed=3) as peft_model:
         arrays = adapter_to_arrays(peft_model)
         n = adapter_num_parameters(peft_model)
@@ -216,7 +217,7 @@ def test_valid_steps_only_drops_rejected_steps_and_empty_trajectories():
     assert [x.task.id for x in out] == ["a"] and [s.prompt_ids[-1] for s in out[0].steps] == [0, 2]
     assert len(t.steps) == 3  # the input is not modified
     with pytest.raises(ValueError, match="fedse.steps"):
-        SelfEvolutionConfig(steps="some")
+        FedSESection(steps="some")
 
 
 def test_buffer_accumulates_survives_a_restart_and_without_history_clears_old_entries(tmp_path):
@@ -255,12 +256,12 @@ def test_self_evolution_round_grows_the_buffer_and_returns_only_the_adapter(tiny
     env_factory = lambda: make_env("maze", 4)  # noqa: E731  (a short horizon keeps the random model's episodes short)
     tasks = [t for t in make_env("maze").tasks_of_split("train") if t.category == "near"][:3]
     rollout = RolloutConfig(history_length=0, max_new_tokens=8, batch_size=16)
-    config = SelfEvolutionConfig(lora=LoRASpec(rank=2, alpha=4), explore_samples=2, keep="all", seed_demos=3, sft_steps=2,
-                                 sft_batch_size=4, learning_rate=1e-2)
+    fedse = FedSESection(explore_samples=2, keep="all", seed_demos=3, max_steps=2, sft_batch_size=4, learning_rate=1e-2)
+    lora = LoRASection(r=2, lora_alpha=4.0)
     buffer = ExperienceBuffer(tmp_path / "p0", "fp")
     base = {k: v.clone() for k, v in tiny_lm.state_dict().items()}
     torch.manual_seed(0)
-    adapter, metrics = self_evolution_round(agent, config, rollout, env_factory, tasks, 1, buffer, None)
+    adapter, metrics = self_evolution_round(agent, fedse, lora, rollout, env_factory, tasks, 1, buffer, None)
     # The seed set is the expert's 3 demonstrations; keep=all adds all 6 explored episodes.
     assert metrics["fedse/seeded-demos"] == 3 and metrics["fedse/buffer-seed-trajectories"] == 3
     assert metrics["fedse/buffer-trajectories"] == 3 + 6 and metrics["episodes"] == 6
@@ -272,7 +273,7 @@ def test_self_evolution_round_grows_the_buffer_and_returns_only_the_adapter(tiny
     # The base model's weights are untouched and it is a plain model again.
     assert all(torch.equal(base[k], v) for k, v in tiny_lm.state_dict().items())
     # Round 2 starts from round 1's adapter and the buffer keeps growing.
-    adapter2, metrics2 = self_evolution_round(agent, config, rollout, env_factory, tasks, 2, buffer, adapter)
+    adapter2, metrics2 = self_evolution_round(agent, fedse, lora, rollout, env_factory, tasks, 2, buffer, adapter)
     assert "fedse/seeded-demos" not in metrics2 and metrics2["fedse/buffer-trajectories"] == 3 + 6 + 6
     assert ExperienceBuffer(tmp_path / "p0", "fp").stats()["buffer-trajectories"] == 15
 
@@ -286,15 +287,15 @@ def test_seed_data_read_from_files_seed_the_buffer_instead_of_the_experts(tiny_l
     read = [StoredTrajectory("maze_0", SEED_ROUND, True, [([1, 2, 3], [4, 5])]), StoredTrajectory("maze_1", SEED_ROUND, True, [([1], [6])])]
     calls = []
     seed_data = lambda: (calls.append(1), (read, 3))[1]  # noqa: E731
-    config = SelfEvolutionConfig(lora=LoRASpec(rank=2, alpha=4), explore_samples=0, seed_demos=5, sft_steps=1,
-                                 sft_batch_size=2, learning_rate=1e-2)
+    fedse = FedSESection(explore_samples=0, seed_demos=5, max_steps=1, sft_batch_size=2, learning_rate=1e-2)
+    lora = LoRASection(r=2, lora_alpha=4.0)
     buffer = ExperienceBuffer(tmp_path / "p0", "fp")
     tasks = make_env("maze").tasks_of_split("train")[:2]
-    _, metrics = self_evolution_round(agent, config, RolloutConfig(history_length=0), lambda: make_env("maze"), tasks, 1,
+    _, metrics = self_evolution_round(agent, fedse, lora, RolloutConfig(history_length=0), lambda: make_env("maze"), tasks, 1,
                                       buffer, None, seed_data)
     assert metrics["fedse/seeded-demos"] == 2 and metrics["fedse/seed-steps-left-out"] == 3
     assert buffer.samples() == [([1, 2, 3], [4, 5]), ([1], [6])]
-    _, metrics = self_evolution_round(agent, config, RolloutConfig(history_length=0), lambda: make_env("maze"), tasks, 2,
+    _, metrics = self_evolution_round(agent, fedse, lora, RolloutConfig(history_length=0), lambda: make_env("maze"), tasks, 2,
                                       buffer, None, seed_data)
     assert calls == [1] and "fedse/seeded-demos" not in metrics
 
@@ -304,7 +305,7 @@ def _client_round(client_app, tiny_lm, cfg: dict, partition_id: int) -> tuple[Ar
     Context for round 1 of run key k1, one of 2 partitions."""
     from flwr.app import Context
 
-    with attached_lora(tiny_lm, LoRASpec(rank=2, alpha=16.0), seed=0) as pm:
+    with attached_lora(tiny_lm, LoRASection(r=2, lora_alpha=16.0), seed=0) as pm:
         global_adapter = adapter_to_arrays(pm)
     msg = Message(RecordDict({"arrays": global_adapter,
                               "config": ConfigRecord({"partition-id": partition_id, "fingerprint": "fp", "server-round": 1,
@@ -420,8 +421,7 @@ def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given
     from fedagent_flwr.agent import self_evolution
     from fedagent_flwr.config import RunConfig
 
-    assert self_evolution_config(RunConfig(strategy="fedse-lora")).loss_tokens == "completion"
-    assert self_evolution_config(RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.loss-tokens": "action"})).loss_tokens == "action"
+    assert RunConfig(strategy="fedse-lora").fedse.loss_tokens == "completion"
     with pytest.raises(ValueError, match="fedse.loss-tokens='reasoning'"):
         RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.loss-tokens": "reasoning"})
     # the round hands the SFT the split samples only with loss_tokens="action"
@@ -429,8 +429,9 @@ def test_fedse_trains_on_the_whole_completion_by_default_and_on_the_action_given
     monkeypatch.setattr(self_evolution, "supervised_finetune", lambda m, s, t, c: seen.update(samples=s) or [1.0])
     for mode in ("completion", "action"):
         agent = _agent(tiny_lm, maze_tokenizer)
-        cfg = SelfEvolutionConfig(explore_samples=0, seed_demos=2, sft_steps=1, loss_tokens=mode)
-        self_evolution_round(agent, cfg, RolloutConfig(history_length=0), lambda: make_env("maze"),
+        fedse = RunConfig.from_run_config({"fedse.explore-samples": 0, "fedse.seed-demos": 2, "fedse.max-steps": 1,
+                                           "fedse.loss-tokens": mode}).fedse
+        self_evolution_round(agent, fedse, LoRASection(), RolloutConfig(history_length=0), lambda: make_env("maze"),
                              make_env("maze").tasks_of_split("train")[:2], 1, ExperienceBuffer(tmp_path / mode))
         prompts = [p for p, _ in seen["samples"]]
         decoded = maze_tokenizer.decode(prompts[0][-6:])
@@ -443,16 +444,13 @@ def test_fedse_fine_tunes_epochs_over_the_whole_buffer_under_the_schedule_the_ru
     from fedagent_flwr.config import RunConfig
 
     run = RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.num-train-epochs": 2, "fedse.lr-scheduler-type": "cosine", "fedse.max-steps": 50})
-    se = self_evolution_config(run)
-    assert (se.sft_epochs, se.lr_schedule, se.sft_steps) == (2, "cosine", 50)
     with pytest.raises(ValueError, match="fedse.lr-scheduler-type='linear'"):
         RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.lr-scheduler-type": "linear"})
     with pytest.raises(ValueError, match="fedse.num-train-epochs=-1"):
         RunConfig.from_run_config({"strategy": "fedse-lora", "fedse.num-train-epochs": -1})
     agent = _agent(tiny_lm, maze_tokenizer)
-    cfg = SelfEvolutionConfig(lora=LoRASpec(rank=2, alpha=4), explore_samples=0, seed_demos=2, sft_steps=50,
-                              sft_epochs=2, sft_batch_size=4, lr_schedule="cosine")
-    _, metrics = self_evolution_round(agent, cfg, RolloutConfig(history_length=0), lambda: make_env("maze"),
+    fedse = replace(run.fedse, explore_samples=0, seed_demos=2, sft_batch_size=4)
+    _, metrics = self_evolution_round(agent, fedse, LoRASection(r=2, lora_alpha=4.0), RolloutConfig(history_length=0), lambda: make_env("maze"),
                                       make_env("maze").tasks_of_split("train")[:2], 1, ExperienceBuffer(tmp_path / "b"))
     assert metrics["fedse/sft-steps"] == 2 * math.ceil(metrics["fedse/train-samples"] / 4) < 50
 
@@ -467,7 +465,7 @@ def test_protocol_scores_each_local_client_on_its_own_environment(tmp_path, tiny
     monkeypatch.setattr(fp, "load_agent", lambda *a: agent)
     envs = ["maze", "wordle"]
 
-    def round_(agent, se, rollout, env_factory, tasks, r, buffer, start):  # client p leaves adapter "client p" behind
+    def round_(agent, fedse, lora, rollout, env_factory, tasks, r, buffer, start, **how):  # client p leaves adapter "client p" behind
         return ArrayRecord({"client": Array(np.array([float(task_env(tasks[0]) == "wordle")]))}), {}
 
     def evaluate(agent, cfg, adapter, r, only_env=None):  # client p masters its env, and fails the others
@@ -496,7 +494,7 @@ def test_protocol_reuses_a_finished_method_and_reruns_a_stopped_or_changed_one(t
     agent = Agent(model=tiny_lm, tokenizer=maze_tokenizer, spec=None, device=torch.device("cpu"), base_fingerprint="fp")
     monkeypatch.setattr(fp, "load_agent", lambda *a: agent)
     calls = []
-    monkeypatch.setattr(fp, "self_evolution_round", lambda agent, se, rollout, env_factory, tasks, r, buffer, start:
+    monkeypatch.setattr(fp, "self_evolution_round", lambda agent, fedse, lora, rollout, env_factory, tasks, r, buffer, start, **how:
                         calls.append(r) or (start, {"fedse/new-successes": 1.0}))
     monkeypatch.setattr(fp, "_evaluate", lambda agent, cfg, adapter, r, only_env=None:
                         {"success_rate": 0.5, "episodes": 4.0, "mean_reward": 0.0})
@@ -574,7 +572,7 @@ def test_protocol_evaluates_the_base_model_once_per_seed(tmp_path, tiny_lm, maze
 
     agent = Agent(model=tiny_lm, tokenizer=maze_tokenizer, spec=None, device=torch.device("cpu"), base_fingerprint="fp")
     monkeypatch.setattr(fp, "load_agent", lambda *a: agent)
-    monkeypatch.setattr(fp, "self_evolution_round", lambda agent, se, rollout, env_factory, tasks, r, buffer, start:
+    monkeypatch.setattr(fp, "self_evolution_round", lambda agent, fedse, lora, rollout, env_factory, tasks, r, buffer, start, **how:
                         (start, {"fedse/new-successes": 1.0}))
     evaluated = []
 

@@ -8,7 +8,8 @@ from peft import get_peft_model_state_dict
 
 from fedagent_flwr.agent.engine.precision import base_dtype
 from fedagent_flwr.agent.training.advantages import StepSample
-from fedagent_flwr.agent.training.lora import LoRASpec, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import attached_lora
+from fedagent_flwr.config import LoRASection
 from fedagent_flwr.agent.play.rollout import RolloutConfig
 from fedagent_flwr.config import RunConfig
 from strategies.communication import payload_bytes
@@ -25,7 +26,7 @@ def _samples(tokenizer, n=8):
 def test_grpo_on_a_lora_model_moves_only_the_adapter(tiny_lm, maze_tokenizer, reference):
     base = {k: v.clone() for k, v in tiny_lm.state_dict().items()}
     cfg = RunConfig.from_run_config({"grpo.finetuning": "lora", "grpo.kl-reference": reference, "grpo.learning-rate": 1e-2, "grpo.beta": 0.1, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 4})
-    with attached_lora(tiny_lm, LoRASpec(rank=2, target_modules=("q_proj", "v_proj"))) as peft_model:
+    with attached_lora(tiny_lm, LoRASection(r=2, target_modules="q_proj,v_proj")) as peft_model:
         for p in peft_model.parameters():  # B = 0 at the start: give the adapter a value so both references differ from it
             if p.requires_grad:
                 p.data.normal_(0, 0.05)
@@ -58,7 +59,7 @@ def test_a_lora_fedagent_run_sends_only_the_adapter(tmp_path, run_identity):
         summary = run_federation(grid, RunConfig.from_run_config(run_config))
         model = load_agent("tiny", "maze", "auto").model
         assert not any("lora_" in k for k in model.state_dict())  # the server's base is plain again
-        with attached_lora(model, lora_spec(RunConfig.from_run_config({"lora.r": 4}))) as peft_model:
+        with attached_lora(model, RunConfig.from_run_config({"lora.r": 4}).lora) as peft_model:
             adapter = sum(v.numel() for v in get_peft_model_state_dict(peft_model).values())
     finally:
         load_agent.cache_clear()

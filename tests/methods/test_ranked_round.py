@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 import rank_workers
 from fedagent_flwr.agent.fsdp.launch import FOLDER_PREFIX, RankFailed, RankPool, mapped, run_ranks
 from fedagent_flwr.agent.models.loading import load_agent
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora, lora_spec
+from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.local_round import local_round
@@ -177,7 +177,7 @@ def _start(cfg: RunConfig):
     """The agent and the weights a server would send in round 1: the LoRA adapter as attached, or the whole model."""
     agent = load_agent(cfg.model, cfg.env, cfg.device)
     if cfg.grpo.finetuning == "lora":
-        with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
+        with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
             return agent, adapter_to_arrays(peft_model)
     return agent, model_to_arrays(agent.model)
 
@@ -283,7 +283,7 @@ def test_ranks_on_nccl_run_a_clients_round(tiny_folder, ranks):
         "grpo.learning-rate": 1e-2, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.scale-rewards": "batch",
         "engine.ranks-per-client": ranks})
     agent = load_agent(cfg.model, cfg.env, "cpu")
-    with attached_lora(agent.model, lora_spec(cfg), seed=cfg.seed) as peft_model:
+    with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
         sent = adapter_to_arrays(peft_model)
     trained, metrics = train_on_ranks(cfg, sent, learner_tasks(cfg, 0, 2), 1, 0)
     assert list(trained.keys()) == list(sent.keys()) and metrics["episodes"] == 12

@@ -208,6 +208,20 @@ def load_tokenizer(spec: ModelSpec):
     return tok
 
 
+def tokenizer_of(name: str, env: str):
+    """The tokenizer a run-config `model` plays with, without loading its weights: a warm start's and a PEFT adapter's
+    are their base's (a warm start trains no tokens); a tiny model is built (seconds, cached once). None for a shape:
+    model, whose tokenizer is saved with its random weights (minutes for a large shape)."""
+    base = adapter_base(name)
+    if base is not None:
+        return tokenizer_of(base, env)
+    if name.startswith(WARM_PREFIX):
+        return tokenizer_of(warm_base(name), env)
+    if name.startswith(SHAPE_PREFIX):
+        return None
+    return load_tokenizer(resolve_model(name, env))
+
+
 @contextlib.contextmanager
 def transformers_bars_off() -> Iterator[None]:
     """transformers draws a progress bar for every load ("Loading weights") and save ("Writing model shards"):

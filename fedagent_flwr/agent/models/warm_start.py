@@ -34,7 +34,6 @@ from envs.multi import per_env_spread
 from fedagent_flwr.agent.engine.placement import Placement
 from fedagent_flwr.agent.engine.precision import autocast, model_device
 from fedagent_flwr.agent.play.evaluation import summarize
-from fedagent_flwr.agent.training.lora import LoRASpec
 from fedagent_flwr.agent.models.model_cache import MARKER, build_once, default_cache_root
 from fedagent_flwr.agent.play.prompts import system_prompt
 from fedagent_flwr.agent.play.rollout import (
@@ -45,7 +44,9 @@ from fedagent_flwr.agent.play.rollout import (
     Trajectory,
     run_episodes,
 )
+from fedagent_flwr.agent.training.lora import peft_config as lora_peft_config
 from fedagent_flwr.agent.training.sft import quiet, step_losses, trainer_arguments
+from fedagent_flwr.config import LoRASection
 from fedagent_flwr.config.choices import PROMPT_ROLES
 
 WARM_PREFIX = "warm:"
@@ -143,7 +144,6 @@ def train_warm_start(model, tokenizer, placement: Placement, cfg: WarmStartConfi
     progress lines."""
     device = placement.torch_device
     from datasets import Dataset
-    from peft import LoraConfig
     from trl import SFTTrainer
 
     from fedagent_flwr.agent.models.tiny_model import TrainingProgress
@@ -158,9 +158,7 @@ def train_warm_start(model, tokenizer, placement: Placement, cfg: WarmStartConfi
     report["demonstration_steps"] = len(rows)
     peft_config = None
     if cfg.finetuning == "lora":
-        targets = LoRASpec.parse_targets(cfg.lora_target_modules)
-        peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                                 target_modules=targets if isinstance(targets, str) else list(targets))
+        peft_config = lora_peft_config(LoRASection(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules))
     say(f"[warm-start] {len(rows)} expert steps from {cfg.demo_episodes} episodes; training {cfg.steps} steps of {cfg.batch_size} ...")
     with tempfile.TemporaryDirectory(prefix="fedagent-warm-start-") as scratch:  # Trainer's output_dir; nothing is saved there
         args = trainer_arguments(scratch, steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.lr,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from envs import TextEnv
+from envs import TextEnv, answer_token_budget
+from fedagent_flwr.config import RunConfig
 from fedagent_flwr.config.choices import ANSWER_PARSING, PROMPT_ROLES, PROMPT_TEMPLATES
 
 _ACTION_RE = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
@@ -27,6 +28,11 @@ REFERENCE_ANSWER_FORMAT = ("It is your move now. Reason step by step about the s
 AGENTGYM_ANSWER_FORMAT = ("Answer in two parts: first \"Thought:\" and, on the lines after it, your reasoning about "
                           "this step; then \"Action:\" and, on the next line, one admissible action, written exactly "
                           "as it is listed:\nThought:\n<your reasoning>\n\nAction:\n<one action>")
+
+
+def new_tokens(cfg: RunConfig) -> int:
+    """Tokens generated per agent step: rollout.max-completion-length, or the environment's need."""
+    return cfg.rollout.max_completion_length or answer_token_budget(cfg.env)
 
 
 def system_prompt(env: TextEnv) -> str:

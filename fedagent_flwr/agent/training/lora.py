@@ -19,7 +19,6 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,44 +28,21 @@ from flwr.app import ArrayRecord
 
 from fedagent_flwr.agent.fsdp.ranks import Ranks, like, whole
 from fedagent_flwr.agent.training.weights import numpy_views
+from fedagent_flwr.config import LoRASection
 
 # PEFT is imported where an adapter is made or read, not at the top: reading a run config must not pay for it
 # (about 2 s of every process's start on 2 cores).
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
 
-    from fedagent_flwr.config import RunConfig
 
+def peft_config(lora: LoRASection) -> LoraConfig:
+    """PEFT's LoraConfig for the run config's lora section (no dropout: the papers' adapters use none)."""
+    from peft import LoraConfig
 
-@dataclass(frozen=True)
-class LoRASpec:
-    rank: int = 8
-    alpha: float = 16.0
-    target_modules: tuple[str, ...] | str = ("q_proj", "k_proj", "v_proj", "o_proj")
-    dropout: float = 0.0
-
-    @classmethod
-    def parse_targets(cls, text: str) -> tuple[str, ...] | str:
-        """`lora.target-modules`: comma-separated module names, or PEFT's `all-linear`."""
-        text = text.strip()
-        if text == "all-linear":
-            return text
-        names = tuple(t.strip() for t in text.split(",") if t.strip())
-        if not names:
-            raise ValueError(f"lora.target-modules={text!r}: expected comma-separated module names or 'all-linear'")
-        return names
-
-    def config(self) -> LoraConfig:
-        from peft import LoraConfig
-
-        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=self.dropout,
-                          bias="none", task_type="CAUSAL_LM")
-
-
-def lora_spec(cfg: RunConfig) -> LoRASpec:
-    """The adapter the run config's lora section describes (PEFT's LoraConfig names)."""
-    return LoRASpec(rank=cfg.lora.r, alpha=cfg.lora.lora_alpha, target_modules=LoRASpec.parse_targets(cfg.lora.target_modules))
+    targets = lora.targets if isinstance(lora.targets, str) else list(lora.targets)
+    return LoraConfig(r=lora.r, lora_alpha=lora.lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none",
+                      task_type="CAUSAL_LM")
 
 
 def keep_input_dtype(peft_model: torch.nn.Module) -> None:
@@ -85,7 +61,7 @@ def keep_input_dtype(peft_model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iterator[PeftModel]:
+def attached_lora(model: torch.nn.Module, lora: LoRASection, seed: int = 0) -> Iterator[PeftModel]:
     """The base model with a fresh LoRA adapter (A seeded, B = 0) inside the block; plain base after."""
     grads = {name: p.requires_grad for name, p in model.named_parameters()}
     # PEFT draws A's initial values from the CPU generator (it builds the adapter's layers on the CPU before moving
@@ -99,9 +75,9 @@ def attached_lora(model: torch.nn.Module, spec: LoRASpec, seed: int = 0) -> Iter
         try:
             from peft import get_peft_model
 
-            peft_model = get_peft_model(model, spec.config())
+            peft_model = get_peft_model(model, peft_config(lora))
         except ValueError as exc:  # PEFT names the missing modules; add the key that chose them
-            raise ValueError(f"lora.target-modules={spec.target_modules!r} does not fit this model: {exc}") from None
+            raise ValueError(f"lora.target-modules={lora.target_modules!r} does not fit this model: {exc}") from None
     keep_input_dtype(peft_model)
     try:
         yield peft_model
