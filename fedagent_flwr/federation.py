@@ -89,6 +89,7 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
         if saved is not None:
             restore(saved, strategy)
             reporter.rows, history, initial_arrays, done = saved.rows, saved.history, saved.arrays, saved.server_round
+            reporter.resume_clients(done)
             print(f"[fedagent] resuming {reporter.run_dir} after round {done}", flush=True)
 
         def evaluate_fn(server_round: int, arrays) -> MetricRecord | None:
@@ -104,6 +105,8 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
             # for a round 0 whose evaluation took 368 s, and charged that time to round 1).
             row["elapsed_seconds"] = round(time.time() - started, 1)
             reporter.log(row)
+            reporter.log_clients(server_round, strategy.client_train_metrics(server_round))
+            reporter.prune_checkpoints(cfg.eval.save_total_limit)
             print(round_line(row, strategy.sampled.get(server_round)), flush=True)
             method.after_round(reporter, server_round, arrays)
             if cfg.traits.resume:

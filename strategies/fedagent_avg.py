@@ -29,7 +29,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from strategies.communication import CommunicationLedger
+from strategies.communication import CommunicationLedger, payload_bytes
 from strategies.transfer import array_view, decode, encode, numpy_array
 from fedagent_flwr.config.choices import CLIENT_SAMPLING, TRANSFER_DTYPES
 
@@ -131,6 +131,7 @@ class FedAgentAvg(Strategy):
         self.sampled: dict[int, list[int]] = {}  # round -> partition-ids
         self.failures: dict[int, list[str]] = {}  # round -> reasons
         self.train_metrics: dict[int, MetricRecord] = {}  # round -> aggregated client metrics
+        self.client_metrics: dict[int, dict[int, dict[str, float]]] = {}  # round -> partition-id -> its own metrics
         self.comm = CommunicationLedger()  # bytes to and from clients, per round and in total
         self._global: ArrayRecord | None = None
         self._screened_out: dict[int, list[str]] = {}  # round -> failures found by screen_replies
@@ -203,6 +204,7 @@ class FedAgentAvg(Strategy):
         # its order, and Flower delivers replies as they come (a resumed run would differ in the last bit).
         partition_of = {node: pid for pid, node in self.node_of_partition.items()}
         replies = sorted(replies, key=lambda r: partition_of.get(r.metadata.src_node_id, len(partition_of)))
+        clients = self.client_metrics.setdefault(server_round, {})  # drift across clients shows here, not in the mean
         for reply in replies:
             try:
                 arrays, m = self._checked(reply)
@@ -212,6 +214,9 @@ class FedAgentAvg(Strategy):
             good.append(arrays)
             metrics.append(m)
             self.comm.received(server_round, reply.content.array_records["arrays"])  # the bytes as they travelled
+            own = {k: float(v) for k, v in m.items() if isinstance(v, (int, float))}
+            own["comm/bytes-received"] = float(payload_bytes(reply.content.array_records["arrays"]))
+            clients[partition_of.get(reply.metadata.src_node_id, -1)] = own
         missing = self.clients_per_round - len(replies) - answered
         if missing > 0:
             failures.append(f"{missing} client(s) did not reply in time")
@@ -232,6 +237,11 @@ class FedAgentAvg(Strategy):
     def last_train_metrics(self, server_round: int) -> dict[str, float] | None:
         record = self.train_metrics.get(server_round)
         return dict(record) if record is not None else None
+
+    def client_train_metrics(self, server_round: int) -> dict[int, dict[str, float]]:
+        """Each replying client's own metrics of `server_round` by partition-id (-1: a node outside the partition map),
+        with the bytes its reply took; the replies left out of the aggregate are not among them."""
+        return {pid: dict(m) for pid, m in sorted(self.client_metrics.get(server_round, {}).items())}
 
     # ----- evaluation happens on the server (evaluate_fn), not on clients ----------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -25,6 +27,18 @@ def pytest_configure(config):
         import fedagent_flwr.agent.engine.placement as placement
 
         placement.this_machine = lambda: placement.Machine(cuda=True)  # models still load where the hardware allows
+
+
+BENCHMARK_TESTS = Path(__file__).resolve().parent / "benchmarks"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    """The benchmark scripts' tests (tests/benchmarks) run under their own marker, `pytest -m benchmarks`: .ci/run runs
+    them after the default suite, which leaves them out to stay within minutes."""
+    for item in items:
+        if BENCHMARK_TESTS in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.benchmarks)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from safetensors.numpy import load_file
 
 from envs import answer_token_budget, make_env
 from envs.multi import per_env_spread
@@ -24,21 +25,27 @@ from fedagent_flwr.agent.play.rollout import (
     RolloutConfig,
 )
 from fedagent_flwr.agent.play.transcripts import write_transcripts
-from fedagent_flwr.config import RunConfig
+from fedagent_flwr.config import EvalSection, RunConfig, current_keys
 from fedagent_flwr.config.choices import ACTION_MATCHING, ALL_PRECISIONS, ANSWER_PARSING, BF16_PRECISIONS, PROMPT_ROLES, PROMPT_TEMPLATES
 from fedagent_flwr.experiments.seed_statistics import paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
+from fedagent_flwr.methods import method_for
 from fedagent_flwr.methods import placement as run_placement
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m fedagent_flwr.experiments.evaluate`: a model's held-out play, as the server's evaluation does it."""
     p = argparse.ArgumentParser(prog="python -m fedagent_flwr.experiments.evaluate", description=main.__doc__)
+    p.add_argument("--run", type=Path, metavar="RUN_FOLDER",
+                   help="replay a run's own held-out evaluation: its server's settings, tasks, seed and placement, on its "
+                        "checkpoint of --round; the other options but --out, --threads and --transcripts are the run's")
+    p.add_argument("--round", type=int, help="with --run: the evaluated round whose checkpoint is played (default: the last kept)")
     p.add_argument("--model", default="tiny", help="'tiny', a Hugging Face name or a local folder (e.g. a run's checkpoint)")
     p.add_argument("--env", default=RunConfig.env, help=f"an env name or a comma-separated list (default: the run config's, {RunConfig.env})")
     p.add_argument("--tasks", type=int, default=0, help="evenly spaced held-out tasks per environment; 0 = all")
-    p.add_argument("--samples-per-task", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--samples-per-task", type=int, default=EvalSection().samples_per_task,
+                   help="episodes per task (default: a run's, eval.samples-per-task)")
+    p.add_argument("--temperature", type=float, default=EvalSection().temperature, help="0 = greedy (default: a run's)")
     p.add_argument("--action-matching", choices=ACTION_MATCHING, default="exact")
     p.add_argument("--history-length", type=int, default=0)
     p.add_argument("--answer-parsing", choices=ANSWER_PARSING, default="strict")
@@ -63,6 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "paired t-test over tasks (each task's success rate is one pair: episodes of one task are "
                         "correlated, tasks are not)")
     args = p.parse_args(argv)
+    if args.run is not None:
+        torch.set_num_threads(args.threads)
+        try:
+            metrics, trajectories = replay_run(args.run, args.round)
+        except ValueError as err:
+            p.error(str(err))
+        return _report(args, metrics, trajectories, f"held-out episodes of {args.run}")
     if args.tasks < 0 or args.samples_per_task < 1 or args.temperature < 0 or args.history_length < 0:
         p.error("--tasks must be >= 0, --samples-per-task >= 1, --temperature and --history-length >= 0")
     torch.set_num_threads(args.threads)
@@ -106,14 +120,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.model} minus {args.paired_with}: {difference['mean']:+.3f} +- {difference['se']:.3f} success "
               f"(95% interval [{difference['ci95'][0]:+.3f}, {difference['ci95'][1]:+.3f}]), paired t-test over "
               f"{difference['n']} tasks p = {difference['p']:.2g}", flush=True)
+    return _report(args, metrics, trajectories, f"held-out episodes of {args.model} on {args.env} (temperature {args.temperature:g})")
+
+
+def _report(args, metrics: dict, trajectories, header: str) -> int:
     if args.transcripts:
-        write_transcripts(args.transcripts, trajectories, args.transcript_episodes,
-                          header=f"held-out episodes of {args.model} on {args.env} (temperature {args.temperature:g})")
+        write_transcripts(args.transcripts, trajectories, args.transcript_episodes, header=header)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(metrics, indent=1, sort_keys=True))
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=1))
     return 0
+
+
+def replay_run(run_dir: Path, server_round: int | None = None) -> tuple[dict, list]:
+    """A run's server evaluation of its checkpoint of `server_round` (default: the last kept), played again as that
+    server played it: the run's config (config.json, old key names read as today's), its method's evaluator, tasks,
+    seed and placement on this machine, and the global model loaded as the server holds it (a LoRA adapter onto the
+    base, not merged). On the processor kind the run used, the metrics are the run's to the last digit."""
+    run_dir = run_dir.expanduser()
+    recorded = run_dir / "config.json"
+    if not recorded.is_file():
+        raise ValueError(f"--run {run_dir}: not a run folder (no config.json)")
+    saved = current_keys(json.loads(recorded.read_text()))
+    keys = {name for name, _, _ in RunConfig.keys()}  # config.json also holds facts of the run (model-source, ...)
+    cfg = RunConfig.from_run_config({k: v for k, v in saved.items() if k in keys})
+    if cfg.traits.trains == "fedrl":
+        raise ValueError(f"--run {run_dir}: strategy {cfg.strategy!r} keeps no model checkpoints to evaluate")
+    folder = run_dir / "checkpoints"
+    kept = sorted(int(d.name.removeprefix("round-")) for d in folder.iterdir() if d.name.startswith("round-")) if folder.is_dir() else []
+    if server_round is None and kept:
+        server_round = kept[-1]
+    if server_round not in kept:
+        raise ValueError(f"--round {server_round}: {run_dir} keeps checkpoints of rounds {kept or 'none'}")
+    method = method_for(cfg)
+    method.prepare()
+    try:
+        checkpoint = folder / f"round-{server_round:04d}"
+        files = sorted(checkpoint.glob("adapter_model.safetensors" if method.trains_adapter() else "model*.safetensors"))
+        if not files:
+            raise ValueError(f"--run {run_dir}: {checkpoint} holds no safetensors weights")
+        arrays = {k: v for f in files for k, v in load_file(str(f)).items()}  # a large model's shards, joined
+        metrics = method.evaluate(server_round, arrays)
+        return metrics, method.evaluator.last_trajectories
+    finally:
+        method.close()
 
 
 def success_by_task(trajectories) -> dict[str, float]:

@@ -2,9 +2,12 @@
 
 metrics.jsonl  one JSON object per logged round (train and/or eval metrics)
 metrics.csv    the same rows as a table (columns = union of keys)
+clients.jsonl  one JSON object per client and round: its partition-id and its own train metrics (metrics.jsonl
+               holds their mean), so drift between clients can be seen
 learning_curve.png  held-out success rate (and training success) against rounds
 categories.png held-out success per task category, first vs latest evaluation
-checkpoints/round-NNNN/  the global model at each evaluation (safetensors, HF layout)
+checkpoints/round-NNNN/  the global model at each evaluation (safetensors, HF layout); eval.save-total-limit
+               keeps the last N and the best
 summary.json   initial and final held-out success, per category, timing
 Every file is written to a temporary name first and renamed into place, so an
 interrupted run never leaves a half-written checkpoint or table behind.
@@ -40,6 +43,7 @@ class RunReporter:
         self.run_dir = run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
+        self.client_rows: list[dict[str, Any]] = []
         self.tracker = open_tracker(tracker, run_dir)  # runs/tracking.py; None = the run folder only
 
     def write_config(self, config: dict[str, Any]) -> None:
@@ -68,6 +72,18 @@ class RunReporter:
         writer.writerows(self.rows)
         atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
         self.plot()
+
+    def log_clients(self, server_round: int, clients: dict[int, dict[str, float]]) -> None:
+        """One clients.jsonl row per client that replied in `server_round`: {"round", "client": partition-id, its
+        metrics}."""
+        self.client_rows += [{"round": server_round, "client": pid, **metrics} for pid, metrics in clients.items()]
+        atomic_write_text(self.run_dir / "clients.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.client_rows))
+
+    def resume_clients(self, done: int) -> None:
+        """The clients.jsonl rows of the rounds up to `done`, the round a resumed run continues after."""
+        path = self.run_dir / "clients.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+        self.client_rows = [r for r in rows if r["round"] <= done]
 
     def plot(self) -> None:
         evals = [(r["round"], r["eval/success_rate"], binomial_se(r["eval/success_rate"], r.get("eval/episodes", 0.0)))
@@ -162,6 +178,20 @@ class RunReporter:
         os.replace(tmp, final)
         return final
 
+    def prune_checkpoints(self, limit: int) -> list[int]:
+        """Remove the checkpoints checkpoints_kept leaves out (eval.save-total-limit); the rounds removed."""
+        folder = self.run_dir / "checkpoints"
+        if not limit or not folder.is_dir():
+            return []
+        saved = sorted(int(d.name.removeprefix("round-")) for d in folder.iterdir() if d.is_dir() and d.name.startswith("round-"))
+        success = {int(r["round"]): r["eval/success_rate"] for r in self.rows if "eval/success_rate" in r}
+        removed = [r for r in saved if r not in checkpoints_kept(saved, success, limit)]
+        for r in removed:
+            gone = folder / f".removed-round-{r:04d}"  # renamed first: a stop mid-removal leaves no half checkpoint named as whole
+            os.replace(folder / f"round-{r:04d}", gone)
+            shutil.rmtree(gone)
+        return removed
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
 
@@ -192,6 +222,19 @@ def trimmed_flower_log() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(trim)
+
+
+def checkpoints_kept(saved: list[int], success: dict[int, float], limit: int) -> set[int]:
+    """The checkpoint rounds eval.save-total-limit keeps of `saved`: the last `limit`, and the one of the highest
+    held-out success in `success` (the earliest of ties), as TRL keeps its best checkpoint beside the newest; all for
+    limit 0."""
+    if not limit:
+        return set(saved)
+    kept = set(sorted(saved)[-limit:])
+    scored = [r for r in saved if r in success]
+    if scored:
+        kept.add(max(scored, key=lambda r: (success[r], -r)))
+    return kept
 
 
 def binomial_se(p: float, n: float) -> float:

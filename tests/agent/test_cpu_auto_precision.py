@@ -223,7 +223,7 @@ def test_the_evaluation_command_plays_a_lora_checkpoint_in_the_precision_its_run
     real = loading.load_model
     monkeypatch.setattr(loading, "load_model", lambda spec, dev, dtype: loaded.append(dtype) or real(spec, dev, dtype))
     loading.load_agent.cache_clear()
-    argv = ["--env", "maze", "--tasks", "1", "--device", "cpu"]
+    argv = ["--env", "maze", "--tasks", "1", "--samples-per-task", "1", "--device", "cpu"]
     try:
         assert evaluate.main(["--model", str(tmp_path / "round-0003"), *argv]) == 0
         assert loaded == [torch.bfloat16] and "precision bf16-base (auto: bf16 is faster here" in capsys.readouterr().err

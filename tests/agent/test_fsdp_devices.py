@@ -11,6 +11,8 @@ import rank_workers
 from fedagent_flwr.agent.fsdp.launch import backend_for
 from fedagent_flwr.agent.fsdp.ranks import Ranks, shard
 
+pytestmark = pytest.mark.ranks  # rank processes on gloo: .ci/run runs them apart from the default suite
+
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_group_serves_every_device_its_collectives_run_on(device):

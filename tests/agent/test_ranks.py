@@ -6,6 +6,8 @@ import torch.multiprocessing as mp
 
 import rank_workers
 
+pytestmark = pytest.mark.ranks  # rank processes on gloo: .ci/run runs them apart from the default suite
+
 
 def _on_ranks(lora: bool, settings: dict, out: str, world: int) -> None:
     rendezvous = out + ".rendezvous"

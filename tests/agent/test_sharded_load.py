@@ -13,6 +13,8 @@ from fedagent_flwr.agent.fsdp.launch import run_ranks
 from fedagent_flwr.agent.models.sharded_load import weight_files
 from fedagent_flwr.agent.models.pretrained import ModelSpec
 
+pytestmark = pytest.mark.ranks  # rank processes on gloo: .ci/run runs them apart from the default suite
+
 
 @pytest.mark.parametrize("tied, dtype, lora", [(True, "float32", False), (False, "bfloat16", True)])
 def test_two_ranks_load_their_shards_of_what_from_pretrained_loads(tmp_path, tied, dtype, lora):

@@ -445,6 +445,7 @@ def violations(tmp: Path) -> list[Violation]:
         V({"eval.temperature": 0.001}, "eval.temperature"),
         V({"tracker": "tensorboard"}, "tracker", absent=("tensorboard",)), V({"tracker": "wandb"}, "tracker", absent=("wandb",)),
         V({"run-name": "a/b"}, "run-name"), V({"eval.tasks": 1000}, "eval.tasks"),
+        V({"rollout.max-context-tokens": 60}, "rollout.max-context-tokens"),
         V({"rollout.max-steps": "maze=5"}, "rollout.max-steps"), V({"eval.tasks": "babyai=3"}, "eval.tasks"),  # per env: not the run's env
         V({"grpo.balance-micro-batches": True, "grpo.ppo-max-token-len-per-gpu": 4096}, "grpo.balance-micro-batches"),
         V({"strategy": "fedse-lora", "grpo.balance-micro-batches": True}, "grpo.balance-micro-batches"),

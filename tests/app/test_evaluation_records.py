@@ -1,6 +1,7 @@
 """Each evaluation leaves every episode's outcome in the run folder, and two of a run's evaluations compare room by
 room from those records (experiments/paired_rounds.py) without playing again. A round's metric row is written
-after its evaluation and counts its time."""
+after its evaluation and counts its time; each client's own metrics get a row of their own, and
+eval.save-total-limit keeps the last checkpoints and the best."""
 
 import json
 import time
@@ -12,7 +13,7 @@ import torch
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.experiments import paired_rounds
 from fedagent_flwr.experiments.seed_statistics import paired_difference
-from fedagent_flwr.runs.reporting import round_line
+from fedagent_flwr.runs.reporting import checkpoints_kept, round_line
 
 EVALUATION_CLOCK = 1000.0
 
@@ -32,7 +33,8 @@ def run_dir(tmp_path_factory):
     torch.set_num_threads(1)
     run_config = RunConfig().to_run_config() | {
         "num-server-rounds": 2, "clients-per-round": 2, "grpo.tasks-per-epoch": 1, "grpo.num-generations": 2, "eval.tasks": 6,
-        "eval.samples-per-task": 3, "eval.test-freq": 1, "num-clients": 2, "output-dir": str(out), "run-name": "r"}
+        "eval.samples-per-task": 3, "eval.test-freq": 1, "num-clients": 2, "output-dir": str(out), "run-name": "r",
+        "eval.save-total-limit": 1}
     # The server's clock jumps EVALUATION_CLOCK seconds inside each evaluation, so a test can tell whether a round's
     # time includes its evaluation.
     jump = [0.0]
@@ -190,3 +192,58 @@ def test_paired_rounds_over_seeds_refuses_unpaired_seeds_and_counts_a_run_withou
     assert out["runs"][1]["earlier_success"] == pytest.approx(rows[0]["eval/success_rate"])
     assert paired_rounds.main([str(r) for r in runs]) == 0
     assert "no test room by room" in capsys.readouterr().out
+
+
+def test_each_client_has_its_own_row_whose_mean_is_the_rounds_row(run_dir):
+    """clients.jsonl: one row per client and round (partition-id, its metrics and reply bytes); metrics.jsonl's train/*
+    is their mean, so the drift between clients that the mean hides is in the run folder."""
+    rounds = {json.loads(line)["round"]: json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
+    clients = [json.loads(line) for line in (run_dir / "clients.jsonl").read_text().splitlines()]
+    assert sorted((c["round"], c["client"]) for c in clients) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    for r in (1, 2):
+        mine = [c for c in clients if c["round"] == r]
+        for key in ("success_rate", "loss", "comm/bytes-received"):
+            assert all(key in c for c in mine), key
+        assert sum(c["success_rate"] for c in mine) / 2 == pytest.approx(rounds[r]["train/success_rate"])
+        assert sum(c["comm/bytes-received"] for c in mine) > 0
+
+
+def test_save_total_limit_keeps_the_last_checkpoint_and_the_best(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    best = max((r for r in rows if "eval/success_rate" in r), key=lambda r: (r["eval/success_rate"], -r["round"]))["round"]
+    kept = sorted(int(d.name.removeprefix("round-")) for d in (run_dir / "checkpoints").iterdir())
+    assert kept == sorted({2, best})
+    assert not [d for d in (run_dir / "checkpoints").iterdir() if d.name.startswith(".")]
+
+
+@pytest.mark.parametrize("saved,success,limit,kept", [
+    ([0, 2, 4, 6], {0: 0.3, 2: 0.5, 4: 0.4, 6: 0.45}, 1, {2, 6}),  # the last, and the best
+    ([0, 2, 4, 6], {0: 0.3, 2: 0.5, 4: 0.4, 6: 0.45}, 2, {2, 4, 6}),
+    ([0, 2, 4], {0: 0.5, 2: 0.5, 4: 0.1}, 1, {0, 4}),  # ties: the earliest
+    ([0, 2, 4], {0: 0.1, 2: 0.2, 4: 0.3}, 1, {4}),  # the last is the best
+    ([0, 2, 4], {0: 0.1}, 0, {0, 2, 4}),  # 0 = keep all
+])
+def test_checkpoints_kept_is_the_last_n_and_the_best(saved, success, limit, kept):
+    assert checkpoints_kept(saved, success, limit) == kept
+
+
+def test_a_runs_evaluation_replays_from_its_folder_to_the_last_digit(run_dir, capsys):
+    """`python -m fedagent_flwr.evaluation --run RUN --round N` plays the run's checkpoint as its server did: every metric
+    of the round's row (its time aside) comes back exactly; a round whose checkpoint was not kept is refused in one line."""
+    from fedagent_flwr.agent.models.loading import load_agent
+    from fedagent_flwr.experiments.evaluate import main
+
+    rows = {json.loads(line)["round"]: json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
+    out = run_dir.parent / "replay.json"
+    try:
+        assert main(["--run", str(run_dir), "--round", "2", "--out", str(out)]) == 0
+    finally:
+        load_agent.cache_clear()
+    replayed = json.loads(out.read_text())
+    recorded = {k.removeprefix("eval/"): v for k, v in rows[2].items() if k.startswith("eval/") and k != "eval/seconds"}
+    assert recorded and {k: replayed[k] for k in recorded} == recorded
+    dropped = ({0, 1, 2} - {int(d.name.removeprefix("round-")) for d in (run_dir / "checkpoints").iterdir()}).pop()
+    with pytest.raises(SystemExit):
+        main(["--run", str(run_dir), "--round", str(dropped)])
+    err = capsys.readouterr().err
+    assert f"--round {dropped}: {run_dir} keeps checkpoints of rounds" in err and "Traceback" not in err

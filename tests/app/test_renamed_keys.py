@@ -20,7 +20,8 @@ from strategies import FedAgentAvg
 
 def test_every_old_name_maps_to_a_key_of_a_section_and_no_old_name_is_a_key():
     keys = {key: section for key, _, section in RunConfig.keys()}
-    assert set(RENAMED.values()) == {key for key, section in keys.items() if section is not None}
+    added_since = {"eval.save-total-limit"}  # keys that had no flat name before the sections
+    assert set(RENAMED.values()) == {key for key, section in keys.items() if section is not None} - added_since
     assert not set(RENAMED) & set(keys)
     for section in SECTIONS:  # a section's name is no top-level key: TOML could not hold both
         assert section.NAME not in keys

@@ -72,6 +72,14 @@ def test_a_lora_fedagent_run_sends_only_the_adapter(tmp_path, run_identity):
             assert payload_bytes(arrays) == 4 * adapter
     assert 0.0 <= summary["final_success_rate"] <= 1.0
     assert (tmp_path / "lora" / "checkpoints" / "round-0001" / "adapter_config.json").exists()  # a PEFT folder
+    # The run's final evaluation replays from its folder: the adapter loaded onto the base as the server held it
+    from fedagent_flwr.experiments.evaluate import replay_run
+
+    try:
+        replayed, _ = replay_run(tmp_path / "lora")
+    finally:
+        load_agent.cache_clear()
+    assert {k: replayed[k] for k in summary["final"] if k != "seconds"} == {k: v for k, v in summary["final"].items() if k != "seconds"}
 
 
 def test_lora_finetuning_is_refused_where_it_does_not_apply():

@@ -24,6 +24,8 @@ from fedagent_flwr.methods.ranked_round import client_ranks, end_client_ranks, t
 from fedagent_flwr.methods.tasks import learner_tasks
 from strategies.transfer import array_view
 
+pytestmark = pytest.mark.ranks  # rank processes on gloo: .ci/run runs them apart from the default suite
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
