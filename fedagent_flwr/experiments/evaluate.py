@@ -25,12 +25,13 @@ from fedagent_flwr.agent.play.rollout import (
     RolloutConfig,
 )
 from fedagent_flwr.agent.play.transcripts import write_transcripts
-from fedagent_flwr.config import EvalSection, RunConfig, current_keys
+from fedagent_flwr.config import EvalSection, RunConfig
 from fedagent_flwr.config.choices import ACTION_MATCHING, ALL_PRECISIONS, ANSWER_PARSING, BF16_PRECISIONS, PROMPT_ROLES, PROMPT_TEMPLATES
 from fedagent_flwr.experiments.seed_statistics import paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
 from fedagent_flwr.methods import method_for
 from fedagent_flwr.methods import placement as run_placement
+from fedagent_flwr.runs.run_folder import recorded_run_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,9 +143,7 @@ def replay_run(run_dir: Path, server_round: int | None = None) -> tuple[dict, li
     recorded = run_dir / "config.json"
     if not recorded.is_file():
         raise ValueError(f"--run {run_dir}: not a run folder (no config.json)")
-    saved = current_keys(json.loads(recorded.read_text()))
-    keys = {name for name, _, _ in RunConfig.keys()}  # config.json also holds facts of the run (model-source, ...)
-    cfg = RunConfig.from_run_config({k: v for k, v in saved.items() if k in keys})
+    cfg = recorded_run_config(run_dir)
     if cfg.traits.trains == "fedrl":
         raise ValueError(f"--run {run_dir}: strategy {cfg.strategy!r} keeps no model checkpoints to evaluate")
     folder = run_dir / "checkpoints"

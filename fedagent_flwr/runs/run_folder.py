@@ -1,4 +1,5 @@
-"""Which folder a run writes to, decided before any work starts, so that no run ever writes over another.
+"""Which folder a run writes to, decided before any work starts, so that no run ever writes over another; and the
+run config a run folder recorded, read back.
 
 - A new run with a `run-name` gets `<output-dir>/<run-name>/`, which must not hold anything yet: an existing
   run is continued with `resume=true`, never restarted in place.
@@ -10,8 +11,11 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
+
+from fedagent_flwr.config import RunConfig, current_keys
 
 
 def check_run_folder(output_dir: Path, run_name: str, resume: bool) -> None:
@@ -44,3 +48,16 @@ def claim_run_folder(output_dir: Path, run_name: str, resume: bool, label: str) 
         except FileExistsError:
             continue
     raise ValueError(f"output-dir={str(output_dir)!r}: 999 runs named {stem}* exist; set run-name")
+
+
+# Keys that say where a run was, not what it ran: a kept record writes them as placeholders (<runs>).
+PLACE_KEYS = ("output-dir", "run-name", "resume", "eval.initial-evaluation", "fedse.buffer-dir")
+
+
+def recorded_run_config(run_dir: Path) -> RunConfig:
+    """The run config a run folder recorded in config.json: old key names read as today's, the run's facts
+    (model-source, ...) and PLACE_KEYS left out, so a kept record reads on any machine."""
+    keys = {name for name, _, _ in RunConfig.keys()} - set(PLACE_KEYS)
+    saved = current_keys(json.loads((run_dir / "config.json").read_text()))
+    return RunConfig.from_run_config({k: v for k, v in saved.items() if k in keys})
+
