@@ -4,7 +4,7 @@
 Run folders live on the machine that ran them, and machines are not kept: the seed-0 and seed-1 runs of issue 55 were
 gone a session later, so their paired tests could not be repeated. What `python -m
 fedagent_flwr.experiments.paired_rounds` reads is small (every evaluation's episodes, the metric rows, the config):
-this copies config.json, metrics.jsonl, summary.json and episodes/round-*.json / .txt, and writes every path under
+this copies config.json, metrics.jsonl, clients.jsonl (where written), summary.json and episodes/round-*.json / .txt, and writes every path under
 RUNS_ROOT as `<runs>/...` and the model cache's as `<model-cache>/...`, so no machine's scratch path lands in the repository. It refuses a destination that
 exists (nothing is overwritten) and a record that would still name an absolute path.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fedagent_flwr.agent.models.model_cache import default_cache_root
 
-FILES = ("config.json", "metrics.jsonl", "summary.json")
+FILES = ("config.json", "metrics.jsonl", "clients.jsonl", "summary.json")  # clients.jsonl where the run wrote one
 ABSOLUTE = re.compile(r'"(/[^"]*)"')  # a JSON string value that is an absolute path
 
 
