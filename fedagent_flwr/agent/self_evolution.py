@@ -127,7 +127,8 @@ def self_evolution_round(
     """Run one round from `global_adapter` (None = a fresh adapter); returns (adapter, metrics). `fedse` and `lora`:
     the run config's sections as they are; `seed` seeds the adapter's initial A and the fine-tuning's batches,
     `precision` is the resolved compute precision (fp32 or bf16-mixed, the placement's), `attention` the fine-tuning's
-    kernel (engine.attn-implementation); `finetune=False` explores and fills the buffer only. `seed_data`: where D_k^0 is read from files (agenttraj.seed_trajectories' entries and the steps it left out) instead of played by
+    kernel (engine.attn-implementation); `finetune=False` explores and fills the buffer only. `seed_data`: where
+    D_k^0 is read from files (agenttraj.seed_trajectories' entries and the steps it left out) instead of played by
     the scripted experts; called only while the buffer is unseeded."""
     if not tasks:
         raise ValueError("a Fed-SE client needs at least one training task")
