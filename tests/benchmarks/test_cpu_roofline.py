@@ -16,6 +16,11 @@ roofline = load_script("cpu_roofline")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def performance_pages() -> str:
+    """docs/performance.md and its session notes (docs/notes/performance-cpu.md), where the quoted figures stand."""
+    return "\n".join((ROOT / "docs" / page).read_text() for page in ("performance.md", "notes/performance-cpu.md"))
+
+
 def test_the_sampler_is_split_into_its_prefill_and_token_steps_and_their_positions_counted(tiny_lm, maze_tokenizer):
     from fedagent_flwr.agent.engine.sampling import sample_batch
 
@@ -160,7 +165,7 @@ def test_the_performance_page_quotes_each_kept_roofline_as_its_table_prints_it()
     """docs/performance.md's tables are `--table` of the raw output each names; editing either fails here."""
     import re
 
-    page = (ROOT / "docs" / "performance.md").read_text()
+    page = performance_pages()
     quoted = re.findall(r"<!-- roofline table: (\S+) -->\n(.*?)\n<!-- end -->", page, flags=re.S)
     assert quoted, "docs/performance.md quotes no roofline table"
     for path, table in quoted:
@@ -170,7 +175,7 @@ def test_the_performance_page_quotes_each_kept_roofline_as_its_table_prints_it()
 
 def test_the_performance_pages_figures_are_recomputed_from_the_kept_results():
     """The prose of docs/performance.md: each ratio and share it quotes, from the two raw outputs."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     folder = ROOT / "benchmarks" / "results" / "2026-12-03-cpu"
     bf16, fp32 = (json.loads((folder / name).read_text()) for name in ("cpu_roofline.json", "cpu_roofline.fp32.json"))
     rate = lambda report, phase: report["phases"][phase]["gflop_per_s"]  # noqa: E731
@@ -205,7 +210,7 @@ def test_a_runs_minutes_are_its_waves_of_client_rounds_and_two_evaluations_share
 def test_the_amx_sections_figures_are_recomputed_from_its_raw_outputs():
     """docs/performance.md's AMX section: the dtypes' rates and rounds, the phases' shares of the peak, the prefill's
     head both ways (prefill_head.py) and what the fix did to the round, each from the raw output it came from."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     folder = ROOT / "benchmarks" / "results" / "2026-12-04-cpu"
     bf16, fp32, after, head, head32 = (json.loads((folder / f"{name}.json").read_text()) for name in (
         "cpu_roofline", "cpu_roofline.fp32", "cpu_roofline.after", "prefill_head", "prefill_head.fp32"))
@@ -255,7 +260,7 @@ def test_the_measured_run_after_the_fix_is_quoted_from_its_kept_records():
     share against the rollout, each recomputed from benchmarks/results/2026-12-04-cpu/runs/fedagent-preset-s0-amx."""
     from fedagent_flwr.experiments.paired_rounds import compare, evaluation_rounds
 
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     run = ROOT / "benchmarks" / "results" / "2026-12-04-cpu" / "runs" / "fedagent-preset-s0-amx"
     summary = json.loads((run / "summary.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -276,7 +281,7 @@ def test_the_measured_run_after_the_fix_is_quoted_from_its_kept_records():
 
 def test_the_chunked_scoring_lever_is_quoted_from_its_raw_output():
     """docs/performance.md's update with logprob-chunk-tokens 1024 against 0, from update_passes.chunks.json."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-04-cpu" / "update_passes.chunks.json").read_text())
     whole, chunked = report["variants"]["logprob-chunk-tokens=0"], report["variants"]["logprob-chunk-tokens=1024"]
     assert (f"the update of the same {report['samples']} steps took {chunked['update_s'][0]:.1f} s against "
@@ -287,7 +292,7 @@ def test_the_chunked_scoring_lever_is_quoted_from_its_raw_output():
 
 def test_the_update_levers_of_2026_12_05_are_quoted_from_their_raw_output():
     """docs/performance.md's adapter-input cast and compiled layers, from update_passes.input-cast.json."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "update_passes.input-cast.json").read_text())
     cast, kept, compiled = (report["variants"][v] for v in ("peft-input-cast=true", "peft-input-cast=false",
                                                              "training-kernels=compile"))
@@ -308,7 +313,7 @@ def test_the_compiled_run_is_quoted_from_its_kept_records_against_the_presets():
     evaluation against the preset's, recomputed from both runs' records."""
     from fedagent_flwr.experiments.paired_rounds import compare_runs, evaluation_rounds
 
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     runs = [ROOT / "benchmarks" / "results" / d / "runs" / n for d, n in (("2026-12-05-cpu", "fedagent-compile-s0-amx"),
                                                                           ("2026-12-04-cpu", "fedagent-preset-s0-amx"))]
     figures = []
@@ -400,7 +405,7 @@ def seed_table(seed_runs: dict[str, list[str]], seeds: list[int] | None = None) 
 def test_the_seed_table_and_what_it_says_are_recomputed_from_the_kept_records():
     """docs/performance.md's compiled layers against the preset, seed by seed: the table between its markers, the
     minutes' ratio, the difference over seeds and round 1's metrics, each recomputed from the records."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     table, figures = seed_table(SEED_RUNS)
     start = text.index("<!-- seed table: SEED_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
     assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
@@ -435,7 +440,7 @@ def test_the_presets_comment_gives_where_its_runs_time_went_as_the_records_do():
 
 def test_the_fedse_presets_time_is_quoted_from_its_kept_records():
     """docs/performance.md's Fed-SE run: its minutes, its evaluations and their share, its clients' share and rounds."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     run = ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "runs" / "fedse-preset-s0-amx"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evaluations = [r["eval/seconds"] for r in rows if "eval/seconds" in r]
@@ -450,7 +455,7 @@ def test_the_fedse_presets_time_is_quoted_from_its_kept_records():
 
 def test_the_static_engines_evaluation_is_quoted_from_its_raw_output():
     """docs/performance.md's evaluation with the static engine against hf, from cpu_round.eval-engines.json."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "cpu_round.eval-engines.json").read_text())
     hf, static = report["variants"][""], report["variants"]["decode-engine=static,old-logprobs=recompute"]
     assert report["eval_only"] and report["threads"] == 2 and report["eval_tasks"] == 16
@@ -462,7 +467,7 @@ def test_the_static_engines_evaluation_is_quoted_from_its_raw_output():
 
 def test_the_update_profile_on_the_amd_epyc_is_quoted_from_its_raw_outputs():
     """docs/performance.md's profiled micro-batch and the two dtypes' peaks on the AMD EPYC, from their raw outputs."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     folder = ROOT / "benchmarks" / "results" / "2026-12-05-cpu"
     peaks = json.loads((folder / "cpu_roofline.peaks-amd.json").read_text())
     bf16, fp32 = (peaks["peaks"][d]["peak_flops"] / 1e9 for d in ("bf16", "fp32"))
@@ -484,7 +489,7 @@ def test_the_update_profile_on_the_amd_epyc_is_quoted_from_its_raw_outputs():
 def test_the_amd_seeds_update_times_and_the_update_share_are_quoted_from_the_records():
     """performance.md: seed 2's round-1 update per client (the console's figure: a client's round less its rollout,
     the clients' mean) compiled against the preset, and the span of the update's share in the seed table."""
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
 
     def update(run: str) -> str:
         rows = [json.loads(line) for line in (ROOT / "benchmarks" / "results" / run / "metrics.jsonl").read_text().splitlines()]
@@ -499,7 +504,7 @@ def test_the_amd_seeds_update_times_and_the_update_share_are_quoted_from_the_rec
 
 
 def test_the_attention_variants_on_the_amd_epyc_are_quoted_from_their_raw_output():
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "update_passes.attention-amd.json").read_text())
     v = report["variants"]
     assert list(v) == ["", "attention=causal", "attention=math", "attention=causal-math"] and report["repeats"] == 3
@@ -515,7 +520,7 @@ def test_the_amd_roofline_sections_figures_are_recomputed_from_its_raw_output():
     minutes (the last of which is why 20 minutes is out of reach there), from cpu_roofline.amd.json."""
     import re
 
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     section = page.split("## The preset's round on the AMD EPYC")[1].split(" ## ")[0]
     report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-05-cpu" / "cpu_roofline.amd.json").read_text())
     table = roofline.markdown(report)
@@ -553,7 +558,7 @@ def test_the_fedse_roofline_sections_figures_are_recomputed_from_its_raw_outputs
     on, and the preset's seed runs it quotes."""
     import re
 
-    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    page = " ".join(performance_pages().split())
     section = page.split("## The Fed-SE preset's round on the AMD EPYC")[1].split(" ## ")[0]
     folder = ROOT / "benchmarks" / "results" / "2026-12-05-cpu"
     fp32, bf16 = (json.loads((folder / f"cpu_roofline.fedse{name}-amd.json").read_text()) for name in ("", "-bf16-mixed"))
@@ -614,7 +619,7 @@ FEDSE_PRECISION_RUNS = {  # issue 69: the Fed-SE preset in fp32 against it under
 def test_fedse_under_bf16_mixed_seed_by_seed_is_recomputed_from_the_kept_records():
     """docs/performance.md's Fed-SE preset against it under bf16-mixed: the table between its markers, the minutes'
     ratio and the difference in the last evaluation over seeds, from the runs' records."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     table, figures = seed_table(FEDSE_PRECISION_RUNS)
     start = text.index("<!-- seed table: FEDSE_PRECISION_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
     assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
@@ -633,7 +638,7 @@ def test_fedse_under_bf16_mixed_seed_by_seed_is_recomputed_from_the_kept_records
 def test_the_fine_tunings_head_at_the_completions_positions_is_quoted_from_its_raw_output():
     """The side-by-side call of sft_memory.py: each precision's seconds a step with the head at every position and at
     the completions' only, the ratio turn by turn, the same losses, and the peak memory against the plan."""
-    section = " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(
+    section = " ".join(performance_pages().split()).split(
         "## Fed-SE's fine-tuning at the completions' positions")[1].split(" ## ")[0]
     report = json.loads((ROOT / "benchmarks" / "results" / "2026-12-06-cpu" / "sft_memory.head-amd.json").read_text())
     rows = {(r["head"], r["precision"]): r for r in report["measured"]}
@@ -660,7 +665,7 @@ def test_the_fedse_round_with_the_head_at_the_completions_is_recomputed_against_
     fine-tuning's seconds, rates and share, and each precision's arithmetic minutes, before and after."""
     import re
 
-    section = " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(
+    section = " ".join(performance_pages().split()).split(
         "## Fed-SE's fine-tuning at the completions' positions")[1].split(" ## ")[0]
     results = ROOT / "benchmarks" / "results"
     load = lambda path: json.loads((results / path).read_text())  # noqa: E731
@@ -712,7 +717,7 @@ def test_fedse_under_bf16_base_is_quoted_from_its_raw_outputs():
     and the roofline's rates against bf16-mixed's round, each from its raw output."""
     import re
 
-    section = " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(
+    section = " ".join(performance_pages().split()).split(
         "## Fed-SE with its frozen base in bf16 (bf16-base)")[1].split(" ## ")[0]
     folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
     load = lambda name: json.loads((folder / name).read_text())  # noqa: E731
@@ -761,7 +766,7 @@ FEDSE_BASE_RUNS = {  # issue 69: the Fed-SE preset under bf16-mixed against it u
 def seed_section(name: str, heading: str, seeds: list[int] | None = None) -> tuple[dict, str, list[list[Path]]]:
     """A seed table of docs/performance.md checked between its markers (seed_table of the runs named `name` in this
     module, of `seeds`), the prose after `heading` on one line, and the two run lists as paths."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     table, figures = seed_table(globals()[name], seeds)
     start = text.index(f"<!-- seed table: {name} of tests/benchmarks/test_cpu_roofline.py -->\n")
     assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
@@ -831,7 +836,7 @@ def decode_step_table(folder: Path) -> str:
 def test_the_decode_step_and_the_static_engine_for_fedse_are_quoted_from_their_raw_outputs():
     """docs/performance.md's decode profile of the Fed-SE preset's model: the table between its markers, the weight
     sweep's time at 15 rows, and the evaluation's engines and precisions side by side, from the raw outputs."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
     start = text.index("<!-- decode steps: decode_profile.fedse-bf16-mixed-{15,34}-amd.json -->\n")
     assert text[start:].split("\n", 1)[1].startswith(decode_step_table(folder) + "\n<!-- end -->")
@@ -855,7 +860,7 @@ def test_the_decode_step_and_the_static_engine_for_fedse_are_quoted_from_their_r
 def test_the_presets_decode_under_bf16_base_and_the_evaluations_threads_are_quoted_from_their_raw_outputs():
     """docs/performance.md's decode of the preset as it is (bf16-base, hf): the table between its markers, what the
     attention kernel and the sampler take of a step and of a round, and the evaluation on one core against both."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
     groups = {"matrix products": "aten::mm", "attention kernel": "aten::_scaled_dot_product_flash_attention_for_cpu",
               "the sampler's exponential draws": "aten::exponential_", "KV growth": "aten::cat"}
@@ -895,7 +900,7 @@ def test_the_presets_decode_under_bf16_base_and_the_evaluations_threads_are_quot
 def test_eager_attention_in_the_training_passes_is_quoted_from_its_raw_outputs():
     """docs/performance.md's eager attention: the table between its markers (seconds, the speed-up repeat by repeat as
     mean +- standard error, losses, memory) and what it is worth to each preset's run."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     folder = ROOT / "benchmarks" / "results" / "2026-12-06-cpu"
     sft = json.loads((folder / "sft_memory.attention-amd.json").read_text())
     sdpa, eager = sft["measured"]
@@ -964,7 +969,7 @@ def test_the_fedse_runs_with_eager_attention_are_recomputed_from_their_records()
     """docs/performance.md's Fed-SE runs with eager attention against the preset's SDPA runs, seeds 0-2: the seed table
     and round 1's table between their markers, the first evaluations' time ratios, the round-1 speed-up, each seed's
     difference and the one over seeds, from the records; and the adoption it states is the preset's."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     table, figures = seed_table(FEDSE_EAGER_RUNS)
     start = text.index("<!-- seed table: FEDSE_EAGER_RUNS of tests/benchmarks/test_cpu_roofline.py -->\n")
     assert text[start:].split("\n", 1)[1].startswith(table + "\n<!-- end -->")
@@ -985,14 +990,14 @@ def test_the_fedse_runs_with_eager_attention_are_recomputed_from_their_records()
 
 
 def _section(title: str) -> str:
-    return " ".join((ROOT / "docs" / "performance.md").read_text().split()).split(title)[1].split(" ## ")[0]
+    return " ".join(performance_pages().split()).split(title)[1].split(" ## ")[0]
 
 
 def test_the_inverse_cdf_samplers_evaluation_is_quoted_from_its_raw_output():
     """docs/performance.md's token sampler: the held-out evaluation's seconds with each sampler, the speed-up and the
     one per generated token (mean +- standard error repeat by repeat), and each sampler's success, from the raw output."""
     section = _section("## One uniform number a token: the inverse-CDF sampler")
-    text = (ROOT / "docs" / "performance.md").read_text()  # the draws' shares: the preset decode table's (tested above)
+    text = performance_pages()  # the draws' shares: the preset decode table's (tested above)
     table = text.split("<!-- preset decode steps: decode_profile.fedse-bf16-base-{15,34}-amd.json -->\n")[1].split("<!-- end")[0]
     draws = [line.split(" | ")[4] for line in table.splitlines()[2:]]
     assert f"49,152 a row for SmolLM2: {draws[0]} and {draws[1]} of the preset's decode step at 15 and 34 rows" in section
@@ -1011,7 +1016,7 @@ def test_the_inverse_cdf_samplers_evaluation_is_quoted_from_its_raw_output():
 def test_what_the_kernels_allow_a_run_is_recomputed_from_the_rooflines_and_the_runs():
     """docs/performance.md's arithmetic between the rates measured and the peak: the table between its markers from
     each roofline (best_rate_minutes), and what the Fed-SE runs add to their arithmetic, from their records."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = performance_pages()
     lines = ["| preset | roofline | at its rates (min) | at the best rates measured (min) | at the peak (min) | best rate "
              "of a pass over sequences | weight sweep |", "|---|---|---:|---:|---:|---:|---:|"]
     minutes = {}
