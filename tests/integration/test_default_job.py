@@ -3,7 +3,7 @@
 The quick start's run config (4 clients, 2 a round, 8 rounds, Gridworld's 768-episode evaluation), run in one
 process (tests/federation_driver.py: the server loop and ClientApp over a loopback grid, the same functions and
 seeds as `flwr run`). About 3-4 minutes on 2 cores, so behind the `slow` marker. Measured gains for seeds 0-2
-are 5-8 standard errors (docs/results.md); a change that stops the default job learning fails here.
+are 5-8 standard errors (docs/notes/results-tiny-models.md); a change that stops the default job learning fails here.
 """
 
 import json
