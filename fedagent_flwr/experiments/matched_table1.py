@@ -90,15 +90,17 @@ def budget(run_dir: Path) -> dict[str, float]:
             "optimizer_resets": float(min(1, len(trained)) if kept else len(trained))}
 
 
-def last_evaluation(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
-    """(success by room, category by room) of a run's last evaluation."""
-    record = json.loads((run_dir / "episodes" / f"round-{evaluation_rounds(run_dir)[-1]:04d}.json").read_text())
+def evaluation(run_dir: Path, round_: int | None = None) -> tuple[dict[str, float], dict[str, str]]:
+    """(success by room, category by room) of a run's evaluation of `round_` (default: its last)."""
+    round_ = evaluation_rounds(run_dir)[-1] if round_ is None else round_
+    record = json.loads((run_dir / "episodes" / f"round-{round_:04d}.json").read_text())
     return success_by_task(record), {e["task"]: e.get("category") for e in record["episodes"]}
 
 
-def on_rooms(run_dir: Path, categories: set[str]) -> float:
-    """A run's last held-out success over the rooms of `categories`, each room weighing alike."""
-    success, category = last_evaluation(run_dir)
+def on_rooms(run_dir: Path, categories: set[str], round_: int | None = None) -> float:
+    """A run's held-out success at `round_` (default: its last evaluation) over the rooms of `categories`, each room
+    weighing alike."""
+    success, category = evaluation(run_dir, round_)
     rooms = [t for t in success if category[t] in categories]
     return float(np.mean([success[t] for t in rooms])) if rooms else math.nan
 

@@ -1,8 +1,8 @@
 """The real-model numbers the docs quote are what the kept run records give. docs/results.md's tables under "What holds
 today" are read from the page itself: every row names its records (benchmarks/results/<day>/runs/<run>, the
 scripts/keep_run_records.py layout), and each number of the row is recomputed from them with the paired tests of
-experiments/paired_rounds.py. The README's real-model paragraph and the SmolLM2 preset's comments may quote only
-numbers those verified rows hold. Editing a number in a doc, or a record, fails these; they read JSON and Markdown
+experiments/paired_rounds.py. The SmolLM2 preset's comments may quote only numbers those verified rows hold (the
+README's table is generated from the records: tests/app/test_claims.py). Editing a number in a doc, or a record, fails these; they read JSON and Markdown
 only, so they cost nothing in the default suite."""
 
 from __future__ import annotations
@@ -142,15 +142,19 @@ def quoted(text: str) -> set[str]:
 
 
 def test_the_readme_and_the_preset_quote_only_verified_real_model_numbers():
+    """The README's real-model results are its generated claims table (tests/app/test_claims.py recomputes it from the
+    records); the sentences around it quote none. The presets' comments quote only verified rows' numbers."""
     readme = (ROOT / "README.md").read_text()
     paragraph = readme[readme.index("**A real"):readme.index("**The papers' settings**")]
+    around = paragraph.split("<!-- begin generated: claims -->")[0] + paragraph.split("<!-- end generated: claims -->")[1]
+    assert not quoted(around), sorted(quoted(around))
     presets = {f"configs/{name}": "\n".join(line for line in (ROOT / "configs" / name).read_text().splitlines()
                                             if line.startswith("#"))
                for name in ("smollm2-fedagent-cpu.toml", "smollm2-fedse-cpu.toml")}
     verified = verified_numbers()
-    for where, text in (("README", paragraph), *presets.items()):
+    for where, text in presets.items():
         numbers = quoted(text)
-        assert numbers, where  # the paragraph and the comment do quote results
+        assert numbers, where  # the comment does quote results
         assert numbers <= verified, (where, sorted(numbers - verified))
 
 

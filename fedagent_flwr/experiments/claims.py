@@ -1,0 +1,169 @@
+"""The README's verdict table, each row recomputed from its run records (benchmarks/results/) and written between the
+README's markers: `python -m fedagent_flwr.experiments.claims --write`; tests/app/test_claims.py regenerates it and
+fails on any difference.
+
+A claim names its records and how its effect is computed (experiments/paired_rounds.py: a run's last evaluation
+minus its first, paired over the held-out rooms; or two methods' last evaluations, paired over seeds), and its
+verdict follows from the tests: "holds" where the effect is positive with p < 0.05 (in every run, for per-run claims),
+"below it" where negative with p < 0.05, else "not shown".
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedagent_flwr.atomic import atomic_write_text
+from fedagent_flwr.experiments.paired_rounds import compare, evaluation_rounds, over_seeds, success_rounds
+from fedagent_flwr.experiments.matched_table1 import OPPOSITE, held_categories, on_rooms
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+ALPHA = 0.05
+
+
+def runs(*names: str) -> list[Path]:
+    return [RESULTS / name for name in names]
+
+
+FEDAGENT_AMD = runs("2026-12-02-cpu/runs/fedagent-preset-s0", "2026-12-01-cpu/runs/fedagent-preset-s1",
+                    "2026-12-01-cpu/runs/fedagent-preset-s2")
+FEDAGENT_AMX = runs("2026-12-04-cpu/runs/fedagent-preset-s0-amx")
+FEDSE = runs(*(f"2026-12-06-cpu/runs/fedse-eager-s{s}-amd" for s in (0, 1, 2)))
+GIGPO = runs("2026-12-02-cpu/runs/gigpo-s0", "2026-12-01-cpu/runs/gigpo-s1", "2026-12-01-cpu/runs/gigpo-s2")
+UNIFORM_FED = runs("2026-12-01-cpu/runs/fedagent-preset-s1", "2026-12-01-cpu/runs/fedagent-preset-s2")
+UNIFORM_LOCAL = runs("2026-12-01-cpu/runs/local1-s1", "2026-12-01-cpu/runs/local1-s2")
+UNIFORM_CENTRAL = runs("2026-12-01-cpu/runs/central-s1", "2026-12-01-cpu/runs/central-s2")
+
+
+def directions(arm: str) -> list[Path]:
+    return runs(*(f"2026-12-04-cpu/table1-directions/runs/table1-{arm}-s{s}" for s in (0, 1, 2)))
+
+
+# ------------------------------------------------------------------ effects
+
+
+def _last(run: Path) -> float:
+    s = success_rounds(run)
+    return s[max(s)]
+
+
+def gain_per_run(run: Path) -> dict:
+    """A run's last evaluation minus its first, paired over the held-out rooms."""
+    rounds = evaluation_rounds(run)
+    return compare(run, rounds[-1], rounds[0])
+
+
+def gains_over_seeds(arm: list[Path]) -> dict:
+    return over_seeds([(_last(r), success_rounds(r)[min(success_rounds(r))]) for r in arm])
+
+
+def difference_over_seeds(first: list[Path], second: list[Path]) -> dict:
+    """first's last held-out success minus second's, one pair a seed."""
+    return over_seeds([(_last(a), _last(b)) for a, b in zip(first, second, strict=True)])
+
+
+def unseen_change_over_seeds(locals_: list[Path], fed: list[Path]) -> dict:
+    """A Local's last success minus the base model's (its seed's first evaluation) on the rooms of the directions its
+    client does not hold."""
+    pairs = []
+    for local, f in zip(locals_, fed, strict=True):
+        unseen = set(OPPOSITE) - held_categories(local)
+        first = evaluation_rounds(f)[0]
+        pairs.append((on_rooms(local, unseen), on_rooms(f, unseen, first)))
+    return over_seeds(pairs)
+
+
+# ------------------------------------------------------------------ cells
+
+
+def pm(d: dict) -> str:
+    return f"{d['mean']:+.3f} ± {d['se']:.3f}"
+
+
+def verdict(tests: list[dict]) -> str:
+    if all(t["mean"] > 0 and t["p"] < ALPHA for t in tests):
+        return "holds" if len(tests) == 1 else "holds in every run"
+    if len(tests) == 1 and tests[0]["mean"] < 0 and tests[0]["p"] < ALPHA:
+        return "below it"
+    return "not shown"
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    cells: Callable[[], tuple[str, str]]  # (effect, verdict) from the records
+
+
+def _per_run() -> tuple[str, str]:
+    amd, amx = [gain_per_run(r) for r in FEDAGENT_AMD], [gain_per_run(r) for r in FEDAGENT_AMX]
+    effect = (", ".join(f"{t['mean']:+.3f}" for t in amd) + " (" + ", ".join(f"{t['mean'] / t['se']:.2f}" for t in amd)
+              + " SE); " + ", ".join(f"{t['mean']:+.3f}" for t in amx))
+    return effect, verdict(amd + amx)
+
+
+def _fedse() -> tuple[str, str]:
+    tests = [gain_per_run(r) for r in FEDSE]
+    return (", ".join(f"{t['mean']:+.3f}" for t in tests) + " (" + ", ".join(f"{t['mean'] / t['se']:.2f}" for t in tests)
+            + " SE)"), verdict(tests).replace("every run", "every seed")
+
+
+def _pair(*tests: dict, extra: str = "") -> tuple[str, str]:
+    verdicts = {verdict([t]) for t in tests}
+    return "; ".join(pm(t) for t in tests) + extra, verdicts.pop() if len(verdicts) == 1 else "mixed"
+
+
+CLAIMS = [
+    Claim("the FedAgentAvg preset gains, seeds 0-2 on an AMD EPYC; seed 0 on a Xeon with AMX", _per_run),
+    Claim("the Fed-SE preset gains, seeds 0-2", _fedse),
+    Claim("Fed-SE above FedAgentAvg; GiGPO above GRPO",
+          lambda: _pair(difference_over_seeds(FEDSE, FEDAGENT_AMD), difference_over_seeds(GIGPO, FEDAGENT_AMD))),
+    Claim("FedAgentAvg above Local(1) and Centralized, uniform split, seeds 1-2",
+          lambda: _pair(difference_over_seeds(UNIFORM_FED, UNIFORM_LOCAL), difference_over_seeds(UNIFORM_FED, UNIFORM_CENTRAL))),
+    Claim("one goal direction a client (`configs/smollm2-fedagent-directions-cpu.toml`, seeds 0-2): FedAgentAvg gains",
+          lambda: _pair(gains_over_seeds(directions("fedagent")))),
+    Claim("there, FedAgentAvg above each Local; above Centralized",
+          lambda: _pair(difference_over_seeds(directions("fedagent"), directions("local0")),
+                        difference_over_seeds(directions("fedagent"), directions("local1")),
+                        difference_over_seeds(directions("fedagent"), directions("centralized")))),
+    Claim("there, FedAgentAvg minus a Local given the federation's episodes (budgets unequal: issue 95)",
+          lambda: _pair(t := difference_over_seeds(directions("fedagent"), directions("local0-matched")),
+                        extra=f" (p {t['p']:.2g})")),
+    Claim("there, each Local on the directions it never saw, minus the base model",
+          lambda: _pair(unseen_change_over_seeds(directions("local0"), directions("fedagent")),
+                        unseen_change_over_seeds(directions("local1"), directions("fedagent")))),
+]
+
+
+def table() -> list[str]:
+    lines = ["| claim (held-out success after round 3) | effect | verdict |", "| --- | --- | --- |"]
+    for claim in CLAIMS:
+        effect, said = claim.cells()
+        lines.append(f"| {claim.text} | {effect} | {said} |")
+    return lines
+
+
+def with_block(text: str, lines: list[str], name: str = "claims") -> str:
+    begin, end = f"<!-- begin generated: {name} -->", f"<!-- end generated: {name} -->"
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"expected one '{begin}' and one '{end}'")
+    head, rest = text.split(begin)
+    return head + begin + "\n" + "\n".join(lines) + "\n" + end + rest.split(end)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--write", action="store_true", help="write the table into README.md (else print it)")
+    args = p.parse_args(argv)
+    if args.write:
+        atomic_write_text(README, with_block(README.read_text(), table()))
+    else:
+        print("\n".join(table()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

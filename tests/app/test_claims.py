@@ -1,0 +1,28 @@
+"""The README's verdict table is what experiments/claims.py computes from the kept run records: regenerating it
+changes nothing, an edited digit is caught, and each verdict follows the rule the module states."""
+
+import pytest
+
+from fedagent_flwr.experiments import claims
+
+
+def test_the_readmes_table_is_generated_from_the_records():
+    text = claims.README.read_text()
+    assert claims.with_block(text, claims.table()) == text, "run: python -m fedagent_flwr.experiments.claims --write"
+
+
+def test_an_edited_number_in_the_table_is_caught():
+    text = claims.README.read_text()
+    edited = text.replace("+0.111", "+0.112", 1)
+    assert edited != text and claims.with_block(edited, claims.table()) != edited
+
+
+@pytest.mark.parametrize("tests,expected", [
+    ([{"mean": 0.1, "p": 0.01}], "holds"),
+    ([{"mean": 0.1, "p": 0.01}, {"mean": 0.2, "p": 0.001}], "holds in every run"),
+    ([{"mean": 0.1, "p": 0.01}, {"mean": 0.2, "p": 0.2}], "not shown"),
+    ([{"mean": -0.05, "p": 0.04}], "below it"),
+    ([{"mean": 0.05, "p": 0.06}], "not shown"),
+])
+def test_a_verdict_follows_its_tests(tests, expected):
+    assert claims.verdict(tests) == expected
