@@ -1,6 +1,6 @@
-"""The README's verdict table, each row recomputed from its run records (benchmarks/results/) and written between the
-README's markers: `python -m fedagent_flwr.experiments.claims --write`; tests/app/test_claims.py regenerates it and
-fails on any difference.
+"""The verdict table of the README and of docs/results.md's opening, each row recomputed from its run records
+(benchmarks/results/) and written between the pages' markers: `python -m fedagent_flwr.experiments.claims --write`;
+tests/app/test_claims.py regenerates both and fails on any difference.
 
 A claim names its records and how its effect is computed (experiments/paired_rounds.py: a run's last evaluation
 minus its first, paired over the held-out rooms; or two methods' last evaluations, paired over seeds), and its
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedagent_flwr.atomic import atomic_write_text
+from fedagent_flwr.experiments.doc_blocks import with_block
 from fedagent_flwr.experiments.paired_rounds import compare, evaluation_rounds, over_seeds, success_rounds
 from fedagent_flwr.experiments.matched_table1 import OPPOSITE, held_categories, on_rooms
 
@@ -96,6 +97,7 @@ def verdict(tests: list[dict]) -> str:
 class Claim:
     text: str
     cells: Callable[[], tuple[str, str]]  # (effect, verdict) from the records
+    records: tuple[Path, ...] = ()  # every run folder the cells read
 
 
 def _per_run() -> tuple[str, str]:
@@ -117,49 +119,53 @@ def _pair(*tests: dict, extra: str = "") -> tuple[str, str]:
 
 
 CLAIMS = [
-    Claim("the FedAgentAvg preset gains, seeds 0-2 on an AMD EPYC; seed 0 on a Xeon with AMX", _per_run),
-    Claim("the Fed-SE preset gains, seeds 0-2", _fedse),
+    Claim("the FedAgentAvg preset gains, seeds 0-2 on an AMD EPYC; seed 0 on a Xeon with AMX", _per_run,
+          (*FEDAGENT_AMD, *FEDAGENT_AMX)),
+    Claim("the Fed-SE preset gains, seeds 0-2", _fedse, tuple(FEDSE)),
     Claim("Fed-SE above FedAgentAvg; GiGPO above GRPO",
-          lambda: _pair(difference_over_seeds(FEDSE, FEDAGENT_AMD), difference_over_seeds(GIGPO, FEDAGENT_AMD))),
+          lambda: _pair(difference_over_seeds(FEDSE, FEDAGENT_AMD), difference_over_seeds(GIGPO, FEDAGENT_AMD)),
+          (*FEDSE, *GIGPO, *FEDAGENT_AMD)),
     Claim("FedAgentAvg above Local(1) and Centralized, uniform split, seeds 1-2",
-          lambda: _pair(difference_over_seeds(UNIFORM_FED, UNIFORM_LOCAL), difference_over_seeds(UNIFORM_FED, UNIFORM_CENTRAL))),
+          lambda: _pair(difference_over_seeds(UNIFORM_FED, UNIFORM_LOCAL), difference_over_seeds(UNIFORM_FED, UNIFORM_CENTRAL)),
+          (*UNIFORM_FED, *UNIFORM_LOCAL, *UNIFORM_CENTRAL)),
     Claim("one goal direction a client (`configs/smollm2-fedagent-directions-cpu.toml`, seeds 0-2): FedAgentAvg gains",
-          lambda: _pair(gains_over_seeds(directions("fedagent")))),
+          lambda: _pair(gains_over_seeds(directions("fedagent"))), tuple(directions("fedagent"))),
     Claim("there, FedAgentAvg above each Local; above Centralized",
           lambda: _pair(difference_over_seeds(directions("fedagent"), directions("local0")),
                         difference_over_seeds(directions("fedagent"), directions("local1")),
-                        difference_over_seeds(directions("fedagent"), directions("centralized")))),
+                        difference_over_seeds(directions("fedagent"), directions("centralized"))),
+          tuple(directions("fedagent") + directions("local0") + directions("local1") + directions("centralized"))),
     Claim("there, FedAgentAvg minus a Local given the federation's episodes (budgets unequal: issue 95)",
           lambda: _pair(t := difference_over_seeds(directions("fedagent"), directions("local0-matched")),
-                        extra=f" (p {t['p']:.2g})")),
+                        extra=f" (p {t['p']:.2g})"), tuple(directions("fedagent") + directions("local0-matched"))),
     Claim("there, each Local on the directions it never saw, minus the base model",
           lambda: _pair(unseen_change_over_seeds(directions("local0"), directions("fedagent")),
-                        unseen_change_over_seeds(directions("local1"), directions("fedagent")))),
+                        unseen_change_over_seeds(directions("local1"), directions("fedagent"))),
+          tuple(directions("local0") + directions("local1") + directions("fedagent"))),
 ]
 
 
-def table() -> list[str]:
-    lines = ["| claim (held-out success after round 3) | effect | verdict |", "| --- | --- | --- |"]
+RESULTS_MD = ROOT / "docs" / "results.md"
+
+
+def table(with_records: bool = False) -> list[str]:
+    """The claims as a Markdown table; `with_records`: a column linking each run folder read (docs/results.md's)."""
+    lines = ["| claim (held-out success after round 3) | effect | verdict |" + (" records |" if with_records else ""),
+             "| --- | --- | --- |" + (" --- |" if with_records else "")]
     for claim in CLAIMS:
         effect, said = claim.cells()
-        lines.append(f"| {claim.text} | {effect} | {said} |")
+        links = ", ".join(f"[{r.parent.parent.name}/{r.name}](../{r.relative_to(ROOT).as_posix()})" for r in claim.records)
+        lines.append(f"| {claim.text} | {effect} | {said} |" + (f" {links} |" if with_records else ""))
     return lines
-
-
-def with_block(text: str, lines: list[str], name: str = "claims") -> str:
-    begin, end = f"<!-- begin generated: {name} -->", f"<!-- end generated: {name} -->"
-    if text.count(begin) != 1 or text.count(end) != 1:
-        raise ValueError(f"expected one '{begin}' and one '{end}'")
-    head, rest = text.split(begin)
-    return head + begin + "\n" + "\n".join(lines) + "\n" + end + rest.split(end)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--write", action="store_true", help="write the table into README.md (else print it)")
+    p.add_argument("--write", action="store_true", help="write the tables into README.md and docs/results.md (else print)")
     args = p.parse_args(argv)
     if args.write:
-        atomic_write_text(README, with_block(README.read_text(), table()))
+        atomic_write_text(README, with_block(README.read_text(), "claims", table()))
+        atomic_write_text(RESULTS_MD, with_block(RESULTS_MD.read_text(), "claims", table(with_records=True)))
     else:
         print("\n".join(table()))
     return 0

@@ -28,6 +28,7 @@ from scipy import stats as scipy_stats
 
 from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.experiments.doc_blocks import with_block
 from fedagent_flwr.experiments.paired_rounds import evaluation_rounds, success_by_task
 from fedagent_flwr.experiments.protocols import Run, execute, federation_share, resolve_preset
 from fedagent_flwr.experiments.seed_statistics import paired_difference
@@ -168,15 +169,6 @@ def power_lines(seed_counts: tuple[int, ...] = (5, 6, 8, 10)) -> list[str]:
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "preregistration-table1.md"
-
-
-def with_block(text: str, name: str, lines: list[str]) -> str:
-    """`text` with the generated block `name` (between its begin and end markers) holding `lines`."""
-    begin, end = f"<!-- begin generated: {name} -->", f"<!-- end generated: {name} -->"
-    if text.count(begin) != 1 or text.count(end) != 1:
-        raise ValueError(f"{DOC}: expected one '{begin}' and one '{end}'")
-    head, rest = text.split(begin)
-    return head + begin + "\n" + "\n".join(lines) + "\n" + end + rest.split(end)[1]
 
 
 def write_docs() -> None:

@@ -1,4 +1,4 @@
-"""The README's verdict table is what experiments/claims.py computes from the kept run records: regenerating it
+"""The verdict table of the README and of docs/results.md is what experiments/claims.py computes from the kept run records: regenerating it
 changes nothing, an edited digit is caught, and each verdict follows the rule the module states."""
 
 import pytest
@@ -6,15 +6,19 @@ import pytest
 from fedagent_flwr.experiments import claims
 
 
-def test_the_readmes_table_is_generated_from_the_records():
+def test_the_readmes_and_the_results_pages_tables_are_generated_from_the_records():
     text = claims.README.read_text()
-    assert claims.with_block(text, claims.table()) == text, "run: python -m fedagent_flwr.experiments.claims --write"
+    assert claims.with_block(text, "claims", claims.table()) == text, "run: python -m fedagent_flwr.experiments.claims --write"
+    page = claims.RESULTS_MD.read_text()
+    assert claims.with_block(page, "claims", claims.table(with_records=True)) == page
+    for claim in claims.CLAIMS:  # every record a row links is kept
+        assert claim.records and all((r / "episodes").is_dir() for r in claim.records), claim.text
 
 
 def test_an_edited_number_in_the_table_is_caught():
     text = claims.README.read_text()
     edited = text.replace("+0.111", "+0.112", 1)
-    assert edited != text and claims.with_block(edited, claims.table()) != edited
+    assert edited != text and claims.with_block(edited, "claims", claims.table()) != edited
 
 
 @pytest.mark.parametrize("tests,expected", [
