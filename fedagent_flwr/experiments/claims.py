@@ -59,7 +59,12 @@ def gain_per_run(run: Path) -> dict:
 
 
 def gains_over_seeds(arm: list[Path]) -> dict:
-    return over_seeds([(_last(r), success_rounds(r)[min(success_rounds(r))]) for r in arm])
+    """Each run's last held-out success against its first, one pair a seed."""
+    pairs = []
+    for run in arm:
+        s = success_rounds(run)
+        pairs.append((s[max(s)], s[min(s)]))
+    return over_seeds(pairs)
 
 
 def difference_over_seeds(first: list[Path], second: list[Path]) -> dict:

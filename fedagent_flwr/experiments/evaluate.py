@@ -31,6 +31,7 @@ from fedagent_flwr.experiments.seed_statistics import paired_difference
 from fedagent_flwr.experiments.seed_statistics import success_by_task as task_success
 from fedagent_flwr.methods import method_for
 from fedagent_flwr.methods import placement as run_placement
+from fedagent_flwr.runs.reporting import checkpoint_rounds
 from fedagent_flwr.runs.run_folder import recorded_run_config
 
 
@@ -147,7 +148,7 @@ def replay_run(run_dir: Path, server_round: int | None = None) -> tuple[dict, li
     if cfg.traits.trains == "fedrl":
         raise ValueError(f"--run {run_dir}: strategy {cfg.strategy!r} keeps no model checkpoints to evaluate")
     folder = run_dir / "checkpoints"
-    kept = sorted(int(d.name.removeprefix("round-")) for d in folder.iterdir() if d.name.startswith("round-")) if folder.is_dir() else []
+    kept = checkpoint_rounds(run_dir)
     if server_round is None and kept:
         server_round = kept[-1]
     if server_round not in kept:

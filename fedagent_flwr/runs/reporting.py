@@ -183,7 +183,7 @@ class RunReporter:
         folder = self.run_dir / "checkpoints"
         if not limit or not folder.is_dir():
             return []
-        saved = sorted(int(d.name.removeprefix("round-")) for d in folder.iterdir() if d.is_dir() and d.name.startswith("round-"))
+        saved = checkpoint_rounds(self.run_dir)
         success = {int(r["round"]): r["eval/success_rate"] for r in self.rows if "eval/success_rate" in r}
         removed = [r for r in saved if r not in checkpoints_kept(saved, success, limit)]
         for r in removed:
@@ -222,6 +222,14 @@ def trimmed_flower_log() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(trim)
+
+
+def checkpoint_rounds(run_dir: Path) -> list[int]:
+    """The rounds whose checkpoint a run folder holds (checkpoints/round-NNNN/), in order."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(d.name.removeprefix("round-")) for d in folder.iterdir() if d.is_dir() and d.name.startswith("round-"))
 
 
 def checkpoints_kept(saved: list[int], success: dict[int, float], limit: int) -> set[int]:
