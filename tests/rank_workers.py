@@ -144,13 +144,20 @@ def held_state(rank: int, world: int, tensors: dict):
     return anchor, {"grads": sum(p.grad is not None for p in held.model.parameters()), "kept": kept}
 
 
-def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, lora: bool):
-    """The model folder `source` loaded sharded (agent/models/sharded_load.py), a LoRA adapter attached first where
-    `lora`: rank 0 returns every base weight and buffer gathered whole (as float32); each rank says how many bytes of
-    weights it holds itself."""
+def sharded_load(rank: int, world: int, tensors: dict, source: str, dtype: str, lora: bool, whole_load_fails: bool = False):
+    """The model folder or cached hub id `source` loaded sharded (agent/models/sharded_load.py), a LoRA adapter attached
+    first where `lora`: rank 0 returns every base weight and buffer gathered whole (as float32); each rank says how many
+    bytes of weights it holds itself. `whole_load_fails`: a load of the whole model on a rank raises."""
     from fedagent_flwr.agent.fsdp.ranks import Ranks, whole
+    from fedagent_flwr.agent.models import sharded_load as module
     from fedagent_flwr.agent.models.sharded_load import load_sharded
     from fedagent_flwr.agent.models.pretrained import ModelSpec
+
+    if whole_load_fails:
+        def loaded_whole(spec, *args, **kwargs):
+            raise AssertionError(f"rank {rank} loaded {spec.source} whole")
+
+        module.load_model = loaded_whole
 
     wrap = None
     if lora:

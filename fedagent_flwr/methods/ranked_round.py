@@ -28,7 +28,7 @@ from flwr.app import ArrayRecord
 
 from envs import Task
 from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, backend_for, rank_device
-from fedagent_flwr.agent.models.sharded_load import empty_sharded_copy, load_sharded
+from fedagent_flwr.agent.models.sharded_load import empty_sharded_copy, fetch_snapshot, load_sharded
 from fedagent_flwr.agent.models.loading import Agent, frozen
 from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
 from fedagent_flwr.agent.training.lora import attached_lora
@@ -45,6 +45,7 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
                    optimizer: dict[str, np.ndarray] | None = None, pool: RankPool | None = None) -> tuple[ArrayRecord, dict[str, float]]:
     """`local_round` on cfg.engine.ranks_per_client ranks (`pool`, default this process's `client_ranks`); the same return
     value. `optimizer`, where given, is continued from and updated in place as one process's round would."""
+    fetch_snapshot(cfg.model)  # a hub model's files cached on the node before its ranks read their rows of them
     tensors = {SENT + k: array_view(sent[k]) for k in sent.keys()}
     tensors.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
     out, info = (pool or client_ranks(cfg)).run(_round_on_rank, tensors, cfg, list(tasks), server_round, partition_id,

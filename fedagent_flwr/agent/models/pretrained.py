@@ -139,13 +139,18 @@ def model_name_problem(model: str) -> str | None:
     return None
 
 
+def is_hub_id(model: str) -> bool:
+    """Whether `model` names a model on the Hugging Face hub: not one of our own names, a .gguf file or a folder."""
+    return not (model == "tiny" or model.startswith(("tiny:", SHAPE_PREFIX, WARM_PREFIX)) or is_gguf_model(model)
+                or looks_like_local_path(model) or Path(model).is_dir()) and bool(HUB_ID.fullmatch(model))
+
+
 def hub_model_problem(model: str) -> str | None:
     """Where `model` (or a warm: model's base) names a Hugging Face hub id: what it must be when this machine can load
     it from neither the local Hugging Face cache nor a hub that answers; else None. One request of at most 5 s, made
     only for an id not in the cache, so a typo is refused at start-up instead of inside the simulation."""
     base = model[len(WARM_PREFIX):] if model.startswith(WARM_PREFIX) else model
-    if (base == "tiny" or base.startswith(("tiny:", SHAPE_PREFIX, WARM_PREFIX)) or is_gguf_model(base)
-            or looks_like_local_path(base) or not HUB_ID.fullmatch(base)):  # model_name_problem judges these
+    if not is_hub_id(base):  # model_name_problem judges the others
         return None
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.errors import RepositoryNotFoundError

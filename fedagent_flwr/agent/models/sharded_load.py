@@ -8,8 +8,10 @@ part of each weight memory on its device, and copies that part from the model fo
 mapped: a rank reads only its rows of each tensor. The numbers equal those `from_pretrained` loads
 (tests/agent/test_sharded_load.py compares them byte for byte, tied embeddings, bf16 and a LoRA-wrapped model too).
 
-A model that is not a folder of safetensors files, or one that needs a PEFT adapter merged into it at load, is loaded
-whole and then sharded, as `load_sharded` says when it does so.
+A Hugging Face hub id is read from its snapshot in the node's Hugging Face cache (model_folder), which the client
+process fills before its ranks start where it lacks the files (fetch_snapshot): a rank never downloads, and never
+loads the whole model to find its rows. A model that is not a folder of safetensors files, or one that needs a PEFT
+adapter merged into it at load, is loaded whole and then sharded, as `load_sharded` says when it does so.
 """
 
 from __future__ import annotations
@@ -22,18 +24,54 @@ from pathlib import Path
 import torch
 
 from fedagent_flwr.agent.fsdp.ranks import local_part, shard
-from fedagent_flwr.agent.models.pretrained import ModelSpec, load_model, transformers_bars_off
+from fedagent_flwr.agent.models.pretrained import ModelSpec, is_hub_id, load_model, transformers_bars_off
+
+# what a rank's load reads of a hub model: its config, tokenizer and chat template, and its safetensors weights (not
+# the .bin, .pt, .onnx or .gguf copies some repositories carry beside them)
+SNAPSHOT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+_FETCHED: set[str] = set()  # the hub ids this process has made sure of
+
+
+def model_folder(source: str) -> Path | None:
+    """The local folder a model loads from: `source` where it is a folder; a hub id's snapshot in the local Hugging Face
+    cache (read offline: no request); else None."""
+    if Path(source).is_dir():
+        return Path(source)
+    if not is_hub_id(source):
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(source, local_files_only=True))
+    except LocalEntryNotFoundError:
+        return None
+
+
+def fetch_snapshot(model: str) -> None:
+    """A hub id's files (SNAPSHOT_PATTERNS) in this node's Hugging Face cache, downloaded where they are missing, once a
+    process: the client's, before its ranks load, so that each rank reads its rows from the cached files. Two clients of
+    a node share the download (huggingface_hub locks each file while one process fetches it); a cached snapshot costs
+    one request, or none offline (HF_HUB_OFFLINE), and a hub that does not answer leaves the cache as it is. Anything
+    that is not a hub id is left alone."""
+    if model in _FETCHED or not is_hub_id(model):
+        return
+    from huggingface_hub import snapshot_download
+
+    snapshot_download(model, allow_patterns=SNAPSHOT_PATTERNS)
+    _FETCHED.add(model)
 
 
 def weight_files(spec: ModelSpec) -> list[Path]:
-    """The safetensors files a rank fills its shard from; empty when the model cannot be loaded so (no such local
-    folder, or an adapter to merge first)."""
-    folder = Path(spec.source)
-    if spec.adapter or not (folder / "config.json").is_file():
+    """The safetensors files a rank fills its shard from; empty when the model cannot be loaded so (no local folder or
+    cached snapshot with its config and every weight file, or an adapter to merge first)."""
+    folder = model_folder(spec.source)
+    if spec.adapter or folder is None or not (folder / "config.json").is_file():
         return []
     index = folder / "model.safetensors.index.json"
     if index.is_file():  # a model saved in several files names each weight's file
-        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        files = [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        return files if all(f.is_file() for f in files) else []  # a snapshot cached in part (its config alone)
     return sorted(folder.glob("*.safetensors"))
 
 
@@ -97,7 +135,7 @@ def load_sharded(spec: ModelSpec, device: torch.device, dtype: torch.dtype = tor
               "to merge): each rank loads it whole, then shards it", file=sys.stderr, flush=True)
         model = load_model(spec, device, dtype)
         return shard(wrap(model) if wrap else model)
-    model = empty_model(spec.source, dtype)
+    model = empty_model(str(files[0].parent), dtype)
     model = wrap(model) if wrap else model
     materialize(shard(model, device), device)
     fill_from_files(model, files)
@@ -105,6 +143,6 @@ def load_sharded(spec: ModelSpec, device: torch.device, dtype: torch.dtype = tor
 
 
 def empty_sharded_copy(source: str, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A sharded model of the folder `source`, its weights allocated but not read (a round-start KL anchor: every round
-    loads the sent weights into it), so no whole copy of the model is ever made."""
-    return materialize(shard(empty_model(source, dtype), device), device)
+    """A sharded model of the folder or cached hub id `source`, its weights allocated but not read (a round-start KL
+    anchor: every round loads the sent weights into it), so no whole copy of the model is ever made."""
+    return materialize(shard(empty_model(str(model_folder(source) or source), dtype), device), device)
