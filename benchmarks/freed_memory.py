@@ -27,16 +27,17 @@ import numpy as np
 from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, backend_for
 from fedagent_flwr.agent.models.pretrained import pick_device
 from fedagent_flwr.config import RunConfig
+from fedagent_flwr.methods import ranked_round
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
 from rank_memory import baseline, measured_round, round_inputs  # benchmarks/ is the script's own folder
 
 
-def one_round(cfg: RunConfig, tensors, tasks, threshold: int) -> dict:
+def one_round(cfg: RunConfig, sent, tasks, threshold: int) -> dict:
     with RankPool(cfg.engine.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.federation.round_timeout,
                   mmap_threshold=threshold, collective_timeout_s=cfg.engine.rank_timeout_s or None) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
-        _, out = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
-    peaks = [max(out["records"][str(r)]["peaks_mib"].values()) - info["rss_mib"][str(r)]
+        _, out = ranked_round.round_on_ranks(cfg, sent, tasks, 1, 0, pool=pool, target=measured_round)
+    peaks = [max(out["records"][str(r)]["peaks_mib"].values()) - info["baseline"][str(r)]["rss_mib"]
              for r in range(cfg.engine.ranks_per_client)]
     return {"seconds": out["metrics"]["seconds"], "peak_mib": peaks, "episodes": out["metrics"].get("episodes")}
 
@@ -59,11 +60,11 @@ def main() -> None:
         parser.error(str(err))
     if cfg.engine.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu" or args.repeats < 2 or len(thresholds) < 2:
         parser.error("CPU ranks (at least 2), --repeats at least 2 and at least two --thresholds")
-    _, tasks, tensors, _ = round_inputs(cfg)
+    _, tasks, sent, _ = round_inputs(cfg)
     runs: dict[int, list[dict]] = {t: [] for t in thresholds}
     for repeat in range(args.repeats):
         for t in thresholds if repeat % 2 == 0 else thresholds[::-1]:  # alternating, so drift falls on every variant
-            runs[t].append(one_round(cfg, tensors, tasks, t))
+            runs[t].append(one_round(cfg, sent, tasks, t))
             print(f"repeat {repeat}, threshold {t}: {runs[t][-1]['seconds']:.1f} s, peaks "
                   f"{', '.join(f'{p:.0f}' for p in runs[t][-1]['peak_mib'])} MiB", flush=True)
     reference = np.array([r["seconds"] for r in runs[thresholds[0]]])

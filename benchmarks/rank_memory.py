@@ -50,11 +50,11 @@ from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods import ranked_round
-from fedagent_flwr.methods.memory import memory_plan
+from fedagent_flwr.agent.fsdp.tensor_files import Streamed
+from fedagent_flwr.methods.memory import host_plan, memory_plan
 from fedagent_flwr.methods.placement import process_placement, run_base_dtype
 from fedagent_flwr.methods.tasks import learner_tasks
 from fedagent_flwr.simulation import parse_overrides, read_run_config_file
-from strategies.transfer import array_view
 from rank_rounds import status_mib  # benchmarks/ is the script's own folder
 
 MIB = 1024**2
@@ -109,7 +109,7 @@ class RoundRecord:
 
         def _play(trainer, env_factory, chosen, *args):
             record.enter("rollout")
-            record.episodes = trainer.config.group_size * len(trainer.ranks.share(range(len(chosen))))
+            record.episodes = trainer.config.num_generations * len(trainer.ranks.share(range(len(chosen))))
             out = play(trainer, env_factory, chosen, *args)
             record.enter("advantages")
             return out
@@ -146,16 +146,24 @@ _RECORD: list[RoundRecord] = []  # in a rank's process: the record of the round 
 
 
 def measured_round(rank: int, world: int, tensors: dict, *args):
-    """ranked_round's round on this rank, recorded (a target of the rank pool: every rank's record, on rank 0)."""
+    """ranked_round's round on this rank, recorded (a target of the rank pool: every rank's record, on rank 0). The
+    reply segment lasts until the reply's stream ends, as the launcher writes it (rank 0) or drains it (the others)."""
     record = RoundRecord()
     record.install()
     Path("/proc/self/clear_refs").write_text("5")
     out, info = ranked_round._round_on_rank(rank, world, tensors, *args)
-    record.enter("end")
-    mine = {"peaks_mib": record.peaks, "files_mib": record.files, "files_end_mib": record.files_end,
-            "episodes": record.episodes, "longest": record.longest,
-            "update_rows": record.update_rows, "logprob_rows": record.logprob_rows}
-    return out, info | {"records": Ranks(rank, world).gather({str(rank): mine})}
+
+    def arrays():
+        yield from out.arrays
+        # run as the stream is found exhausted (the writer's strict zip asks once more; a drain iterates to the end),
+        # before rank 0 writes its info: every rank gathers the records here, in step
+        record.enter("end")
+        mine = {"peaks_mib": record.peaks, "files_mib": record.files, "files_end_mib": record.files_end,
+                "episodes": record.episodes, "longest": record.longest,
+                "update_rows": record.update_rows, "logprob_rows": record.logprob_rows}
+        info["records"] = Ranks(rank, world).gather({str(rank): mine})
+
+    return Streamed(out.layout, arrays(), out.order), info
 
 
 def own_plan(cfg: RunConfig, shape: ModelShape, placement, ran: dict):
@@ -165,8 +173,8 @@ def own_plan(cfg: RunConfig, shape: ModelShape, placement, ran: dict):
 
 
 def round_inputs(cfg: RunConfig):
-    """This process's agent (the sent weights and the plan come from it), partition 0's tasks, the round's request
-    tensors as train_on_ranks sends them, and the client's placement."""
+    """This process's agent (the sent weights and the plan come from it), partition 0's tasks, the sent weights as the
+    client's message holds them, and the client's placement."""
     agent = load_agent(cfg.model, cfg.env, "cpu", run_base_dtype(cfg))
     tasks = learner_tasks(cfg, 0, cfg.num_clients or 2)  # num-clients 0: one per SuperNode, the default job's 2
     if cfg.grpo.finetuning == "lora":
@@ -176,7 +184,7 @@ def round_inputs(cfg: RunConfig):
     else:
         sent = model_to_arrays(agent.model)
         placement = process_placement(cfg, agent, tasks)
-    return agent, tasks, {ranked_round.SENT + k: array_view(sent[k]) for k in sent.keys()}, placement
+    return agent, tasks, sent, placement
 
 
 def main() -> None:
@@ -193,14 +201,26 @@ def main() -> None:
         parser.error(str(err))
     if cfg.engine.ranks_per_client < 2 or pick_device(cfg.device).type != "cpu":
         parser.error(f"engine.ranks-per-client={cfg.engine.ranks_per_client}, device={cfg.device}: CPU ranks, at least 2")
-    agent, tasks, tensors, placement = round_inputs(cfg)
+    agent, tasks, sent, placement = round_inputs(cfg)
     shape = ModelShape.of(agent.model.config)
     plan = memory_plan(cfg, shape, placement.context_tokens, placement, placement.rollout_rows)
+    host = host_plan(cfg, shape)
     with RankPool(cfg.engine.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.federation.round_timeout,
                   ranked_round.mmap_threshold(cfg), collective_timeout_s=cfg.engine.rank_timeout_s or None) as pool:
         _, info = pool.run(baseline, {}, cfg.model, cfg.env)
-        _, round_info = pool.run(measured_round, tensors, cfg, list(tasks), 1, 0, False)
+        # the client's process holds the sent weights already (Flower's message): its round adds the rest
+        client_before = status_mib("self", "VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")
+        reply, round_info = ranked_round.round_on_ranks(cfg, sent, tasks, 1, 0, pool=pool, target=measured_round)
+        client_peak = status_mib("self", "VmHWM") - client_before
+        del reply
     print(plan.table().replace(f"{plan.who}:", f"{plan.who} (the run's plan, {plan.total / MIB:.0f} MiB):"), flush=True)
+    print(host.table(), flush=True)
+    rows = dict(host.rows)
+    # the client's process: what its round adds to the message it holds, against the plan's rows of it
+    client_rows = sum(b for name, b in host.rows if name.startswith(("round file", "the reply")))
+    throughout = sum(b for name, b in plan.rows if name not in plan.decode and name not in plan.update)
+    gathered_row = rows["rank 0: one weight gathered for the reply"]
     ranks = []
     for r in range(cfg.engine.ranks_per_client):
         base, ran = info["baseline"][str(r)], round_info["records"][str(r)]
@@ -222,7 +242,9 @@ def main() -> None:
                       "rollout_over_own": held["rollout"] * MIB / mine.peak("decode"),
                       "update_over_own": held["update"] * MIB / mine.peak("update"),
                       "private_rollout_over_own": private["rollout"] * MIB / mine.peak("decode"),
-                      "private_update_over_own": private["update"] * MIB / mine.peak("update")})
+                      "private_update_over_own": private["update"] * MIB / mine.peak("update"),
+                      # the reply: what the rank holds throughout, and on rank 0 one weight gathered to write
+                      "reply_over_own": held["reply"] * MIB / (throughout + (gathered_row if r == 0 else 0))})
         x = ranks[-1]
         print(f"rank {r}: {base['rss_mib']:.0f} MiB before the model; the round's peak {peak:.0f} MiB above it, against "
               f"the run's plan of {plan.total / MIB:.0f} MiB ({x['over_plan']:.2f}x) and its own of "
@@ -233,9 +255,19 @@ def main() -> None:
               f"{peak_private:.0f} MiB, {x['private_least_over_own_plan']:.2f}-{x['private_over_own_plan']:.2f}x its "
               f"own plan; rollout {private_least['rollout']:.0f}-{private['rollout']:.0f}, update "
               f"{private_least['update']:.0f}-{private['update']:.0f}", flush=True)
+    node_peak = sum(x["round_mib"] for x in ranks) + client_peak
+    node_plan = (sum(x["own_plan_mib"] for x in ranks) * MIB + client_rows + gathered_row) / MIB
+    print(f"the reply: rank 0 {ranks[0]['segments_mib']['reply']:.0f} MiB above its baseline against "
+          f"{(throughout + gathered_row) / MIB:.0f} planned ({ranks[0]['reply_over_own']:.2f}x); the client's process "
+          f"{client_peak:.0f} MiB above the message it holds, against {client_rows / MIB:.0f} planned "
+          f"({client_peak * MIB / client_rows:.2f}x); the node (every rank's round peak and the client's) {node_peak:.0f} "
+          f"MiB against {node_plan:.0f} planned ({node_peak / node_plan:.2f}x)", flush=True)
     result = {"settings": {"ranks": cfg.engine.ranks_per_client, "model": cfg.model, "env": cfg.env,
                            "finetuning": cfg.grpo.finetuning, "precision": placement.precision, "run_config": values},
               "plan": plan.as_dict(), "plan_mib": plan.total / MIB, "ranks": ranks,
+              "host_plan": host.as_dict(), "client_round_mib": client_peak, "client_plan_mib": client_rows / MIB,
+              "client_over_plan": client_peak * MIB / client_rows, "node_round_mib": node_peak, "node_plan_mib": node_plan,
+              "node_over_plan": node_peak / node_plan,
               "episodes": round_info["metrics"].get("episodes")}
     if args.json:
         print(json.dumps(result))

@@ -30,7 +30,7 @@ from fedagent_flwr.agent.engine.memory import (
 from fedagent_flwr.agent.engine.placement import Machine
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.simulation import parse_overrides
-from fedagent_flwr.methods.memory import memory_plans, plan_layer_activations
+from fedagent_flwr.methods.memory import host_plan, memory_plans, plan_layer_activations
 from fedagent_flwr.methods.placement import memory_key_placements, place_run
 from fedagent_flwr.simulation import read_run_config_file
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"a decoder layer keeps {per_token.full:,} bytes a token for backward ({per_token.kept:,} as a checkpointed "
           f"layer's input)")
     plans = memory_plans(cfg, shape, args.context_tokens, placement, server)
-    for plan in plans:
+    for plan in plans + ((host_plan(cfg, shape),) if cfg.engine.ranks_per_client > 1 else ()):
         print(plan.table())
     client = plans[0]
     per = f"per rank ({cfg.engine.ranks_per_client} a client)" if cfg.engine.ranks_per_client > 1 else "per client"

@@ -38,7 +38,7 @@ from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_array
 from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.methods.base import AgentLoader, Method
-from fedagent_flwr.methods.memory import check_memory, memory_budget, memory_plans
+from fedagent_flwr.methods.memory import check_memory, host_plan, memory_budget, memory_plans
 from fedagent_flwr.methods.placement import context_tokens, place_run, run_base_dtype
 from fedagent_flwr.methods.local_round import local_round
 from fedagent_flwr.methods.ranked_round import idle_ranks_note, train_on_ranks
@@ -80,6 +80,8 @@ class LanguageAgentMethod(Method):
                                          eval_tasks, rollout_config(cfg, True, placement=self.placements["server"]),
                                          cfg.eval.samples_per_task, cfg.seed, precision=self.placements["server"].precision)
         self.memory = memory_plans(cfg, shape, context, self.placements["client"], self.placements["server"])
+        if cfg.engine.ranks_per_client > 1:  # what the client's process and rank 0 hold on the host beside the ranks' plans
+            self.memory += (host_plan(cfg, shape),)
         self._stack = contextlib.ExitStack()
         self.peft_model = None
         if self.trains_adapter():  # phi_0: A from the run's seed, B = 0, so the run starts exactly at the base model

@@ -17,8 +17,9 @@ from fedagent_flwr.agent.models.loading import Agent, load_frozen_base
 from fedagent_flwr.agent.play.seeding import seed_everything
 from fedagent_flwr.agent.play.progress import ProgressLines
 from fedagent_flwr.agent.training.grpo import GRPOTrainer
-from fedagent_flwr.agent.training.lora import adapter_to_arrays, arrays_to_adapter, attached_lora
-from fedagent_flwr.agent.training.weights import arrays_to_model, model_to_arrays
+from fedagent_flwr.agent.fsdp.tensor_files import Streamed
+from fedagent_flwr.agent.training.lora import adapter_weights, arrays_to_adapter, attached_lora
+from fedagent_flwr.agent.training.weights import arrays_to_model, model_weights, streamed_record
 from fedagent_flwr.config import RunConfig
 from fedagent_flwr.agent.engine.placement import Placement
 from fedagent_flwr.methods.library_configs import rollout_config
@@ -78,8 +79,19 @@ def train_sent(cfg: RunConfig, agent: Agent, model: torch.nn.Module, sent: Array
     """The sent weights loaded into `model` (into its adapter where it is a LoRA-wrapped base; a model sharded over
     ranks takes each rank's part), trained by `train_locally`, and read back in the same form (gathered whole; on ranks,
     kept by rank 0 alone)."""
-    lora = cfg.grpo.finetuning == "lora"
-    arrays_to_adapter(model, sent) if lora else arrays_to_model(model, sent)
-    metrics = train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer,
-                            base_model=base, placement=placement)
-    return (adapter_to_arrays(model) if lora else model_to_arrays(model)), metrics
+    metrics = train_in_place(cfg, agent, model, sent, tasks, server_round, partition_id, optimizer, base, placement)
+    return streamed_record(trained_weights(cfg, model)), metrics
+
+
+def train_in_place(cfg: RunConfig, agent: Agent, model: torch.nn.Module, sent: ArrayRecord | Mapping[str, np.ndarray],
+                   tasks: Sequence[Task], server_round: int, partition_id: int, optimizer: dict[str, np.ndarray] | None = None,
+                   base: torch.nn.Module | None = None, placement: Placement | None = None) -> dict[str, float]:
+    """train_sent's round, its trained weights left in `model` (a client's ranks stream them: trained_weights)."""
+    arrays_to_adapter(model, sent) if cfg.grpo.finetuning == "lora" else arrays_to_model(model, sent)
+    return train_locally(agent, cfg, tasks, server_round, partition_id, model=model, optimizer=optimizer,
+                         base_model=base, placement=placement)
+
+
+def trained_weights(cfg: RunConfig, model: torch.nn.Module) -> Streamed:
+    """What a round's reply carries of `model`, the adapter alone with LoRA, gathered a tensor at a time."""
+    return adapter_weights(model) if cfg.grpo.finetuning == "lora" else model_weights(model)

@@ -58,6 +58,37 @@ def memory_plan(cfg: RunConfig, shape: ModelShape, context_tokens: int, placemen
         ranks=cfg.engine.ranks_per_client, eager_attention=cfg.engine.attn_implementation == "eager")
 
 
+def host_plan(cfg: RunConfig, shape: ModelShape) -> MemoryPlan:
+    """What a client whose round runs on ranks (engine.ranks-per-client > 1) holds in host memory beyond its ranks' own
+    plans, in its process and on rank 0 (agent/fsdp/launch.py, tensor_files.py): the weights the server sent, as
+    Flower's message holds them (and decoded to fp32 when they travel in bf16); the round's file in the rank folder,
+    the sent weights and then the reply, one at a time (rank 0 removes the first before it writes the second): memory
+    where the folder is on a tmpfs, the page cache's (reclaimable) on a disk; rank 0's one whole weight at a time,
+    gathered to write the reply; the reply in Flower's record (and encoded in bf16 to travel); with a single-learner
+    baseline's kept optimizer (baseline.optimizer = 'keep'), AdamW's state in the node's context and its working copy,
+    which travel in the files too. Counted all at once, an upper bound: the gathered weight is gone before the reply's
+    record is built."""
+    lora = cfg.grpo.finetuning == "lora" or cfg.traits.experience_buffer
+    targets = cfg.lora.targets
+    if lora:
+        weights = shape.lora_parameters(cfg.lora.r, targets) * 4
+        largest = max((cfg.lora.r * max(i, o) for name, i, o in shape.linear_shapes
+                       if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets), default=0) * 4
+    else:
+        weights = shape.parameters * 4  # fp32 on the way out, whatever the model's dtype (bf16 has no numpy dtype)
+        largest = max(shape.vocab * shape.hidden, shape.intermediate * shape.hidden) * 4
+    optimizer = 2 * weights if cfg.baseline.name != "none" and cfg.baseline.optimizer == "keep" else 0
+    bf16 = cfg.federation.transfer_dtype == "bf16"
+    rows = [("sent weights, Flower's message" + (" (bf16)" if bf16 else ""), weights // 2 if bf16 else weights),
+            *([("sent weights decoded to fp32", weights)] if bf16 else []),
+            ("round file: the sent weights, then the reply", weights + optimizer),
+            ("rank 0: one weight gathered for the reply", largest),
+            ("the reply, Flower's record", weights),
+            *([("the reply encoded in bf16", weights // 2)] if bf16 else []),
+            *([("AdamW state kept, and its working copy", 2 * optimizer)] if optimizer else [])]
+    return MemoryPlan(f"a client's host memory beside its {cfg.engine.ranks_per_client} ranks", tuple(rows))
+
+
 def memory_plans(cfg: RunConfig, shape: ModelShape, context_tokens: int, client: Placement,
                  server: Placement) -> tuple[MemoryPlan, MemoryPlan]:
     """(each client's, the server's) memory plan, each at the rows its placement resolved."""

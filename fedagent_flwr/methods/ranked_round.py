@@ -27,14 +27,15 @@ import torch
 from flwr.app import ArrayRecord
 
 from envs import Task
-from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, backend_for, rank_device
+from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, RankTarget, backend_for, rank_device
+from fedagent_flwr.agent.fsdp.tensor_files import Streamed
 from fedagent_flwr.agent.models.sharded_load import empty_sharded_copy, fetch_snapshot, load_sharded
 from fedagent_flwr.agent.models.loading import Agent, frozen
 from fedagent_flwr.agent.models.pretrained import load_tokenizer, pick_device, resolve_model
 from fedagent_flwr.agent.training.lora import attached_lora
 from fedagent_flwr.agent.training.weights import arrays_to_model
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.methods.local_round import train_sent
+from fedagent_flwr.methods.local_round import train_in_place, trained_weights
 from fedagent_flwr.methods.placement import process_placement, run_base_dtype
 from strategies.transfer import array_view, numpy_array
 
@@ -45,17 +46,25 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
                    optimizer: dict[str, np.ndarray] | None = None, pool: RankPool | None = None) -> tuple[ArrayRecord, dict[str, float]]:
     """`local_round` on cfg.engine.ranks_per_client ranks (`pool`, default this process's `client_ranks`); the same return
     value. `optimizer`, where given, is continued from and updated in place as one process's round would."""
+    trained, info = round_on_ranks(cfg, sent, tasks, server_round, partition_id, optimizer, pool)
+    return trained, info["metrics"]
+
+
+def round_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], server_round: int, partition_id: int,
+                   optimizer: dict[str, np.ndarray] | None = None, pool: RankPool | None = None,
+                   target: RankTarget | None = None) -> tuple[ArrayRecord, dict[str, Any]]:
+    """train_on_ranks's round, with rank 0's whole info; `target` in place of each rank's round (a benchmark's
+    recording wrapper around it)."""
     fetch_snapshot(cfg.model)  # a hub model's files cached on the node before its ranks read their rows of them
     tensors = {SENT + k: array_view(sent[k]) for k in sent.keys()}
     tensors.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
-    out, info = (pool or client_ranks(cfg)).run(_round_on_rank, tensors, cfg, list(tasks), server_round, partition_id,
-                                      optimizer is not None)
+    out, info = (pool or client_ranks(cfg)).run(target or _round_on_rank, tensors, cfg, list(tasks), server_round,
+                                                partition_id, optimizer is not None)
     if optimizer is not None:
         optimizer.clear()
         optimizer.update({k[len(OPTIMIZER):]: v for k, v in out.items() if k.startswith(OPTIMIZER)})
     # in the order they were sent (a safetensors file keeps its keys sorted): a reply is the weights sent, in order
-    trained = ArrayRecord({k: numpy_array(out[TRAINED + k]) for k in sent.keys()})
-    return trained, info["metrics"]
+    return ArrayRecord({k: numpy_array(out[TRAINED + k]) for k in sent.keys()}), info
 
 
 def idle_ranks_note(cfg: RunConfig) -> str | None:
@@ -155,7 +164,8 @@ def _round_on_rank(rank: int, world: int, tensors: dict[str, np.ndarray], cfg: R
     optimizer = {k[len(OPTIMIZER):]: v for k, v in tensors.items() if k.startswith(OPTIMIZER)} if carries_optimizer else None
     if held.anchor == "round-start":  # the KL anchor is this round's start
         arrays_to_model(held.base, sent)
-    trained, metrics = train_sent(cfg, held.agent, held.model, sent, tasks, server_round, partition_id, optimizer, held.base)
-    out = {TRAINED + k: array_view(trained[k]) for k in trained.keys()}
-    out.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
+    metrics = train_in_place(cfg, held.agent, held.model, sent, tasks, server_round, partition_id, optimizer, held.base)
+    # gathered a tensor at a time by every rank, written by rank 0 as each comes: no whole copy of the reply on a rank
+    out = trained_weights(cfg, held.model).prefixed(TRAINED)
+    out += Streamed.of({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()} if rank == 0 else {})
     return out, {"metrics": metrics}

@@ -14,7 +14,8 @@ import torch
 from safetensors.numpy import save_file
 
 import rank_workers
-from fedagent_flwr.agent.fsdp.launch import FOLDER_PREFIX, RankFailed, RankPool, mapped, run_ranks
+from fedagent_flwr.agent.fsdp.launch import FOLDER_PREFIX, RankFailed, RankPool, run_ranks
+from fedagent_flwr.agent.fsdp.tensor_files import mapped
 from fedagent_flwr.agent.models.loading import load_agent
 from fedagent_flwr.agent.training.lora import adapter_to_arrays, attached_lora
 from fedagent_flwr.agent.training.weights import model_to_arrays

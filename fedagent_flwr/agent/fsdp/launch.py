@@ -9,8 +9,9 @@ ranks must end with it.
 
 What this module does beyond starting the processes:
 - a rendezvous in a private folder (a file store: no port to collide with another client's ranks on the machine);
-- tensors in and out as safetensors files in that folder, mapped where they are read (a 7B model's weights go
-  through no pickle pipe, and a rank holds no private copy of them), and rank 0's other results as JSON;
+- tensors in and out as safetensors files in that folder, written a tensor at a time and mapped where they are read
+  (agent/fsdp/tensor_files.py: a 7B model's weights go through no pickle pipe, a rank holds no private copy of the sent
+  ones, and rank 0 holds one gathered tensor of its reply at a time), and rank 0's other results as JSON;
 - ranks that end when the client process dies: a SIGKILLed client runs no atexit hook, so each rank watches its
   parent's pid and exits when it changes, the first to see it removing the client's folder (a round's weights, in
   memory on a tmpfs); a folder still left (all ranks killed too) is removed by the next client that starts ranks;
@@ -50,7 +51,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-RankTarget = Callable[..., tuple[dict[str, np.ndarray], dict[str, Any]]]
+from fedagent_flwr.agent.fsdp.tensor_files import Streamed, mapped, write_streamed
+
+# a target's tensors: whole arrays (rank 0's), or a stream every rank produces and rank 0 writes as it comes
+RankTarget = Callable[..., tuple[dict[str, np.ndarray] | Streamed, dict[str, Any]]]
 FOLDER_PREFIX = "fedagent-ranks-"  # a client's rank folder in the temp directory, with its pid in client.pid
 MMAP_THRESHOLD = 1 << 16  # a rank's blocks of 64 KiB or more are mapped on their own (return_freed_memory)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
@@ -100,14 +104,13 @@ class RankPool:
 
     def run(self, target: RankTarget, tensors: dict[str, np.ndarray], *args: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """`target(rank, world, tensors, *args)` on every rank; rank 0's return value, (tensors, JSON-able info).
-        `args` travel pickled; `tensors` once through a file every rank maps."""
-        from safetensors.numpy import save_file
-
+        `args` travel pickled; `tensors` once through a file every rank maps, and the tensors returned through one this
+        process maps (a Streamed return is written as each tensor comes)."""
         if not self.alive:
             raise self.failure or RankFailed(f"the client's {self.world} ranks have ended")
         self._rounds += 1
         number, started = self._rounds, time.monotonic()
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(self.folder / f"in-{number}.safetensors"))
+        write_streamed(self.folder / f"in-{number}.safetensors", Streamed.of(tensors))
         for requests in self._requests:
             requests.put((number, target, args))
         while True:
@@ -122,7 +125,7 @@ class RankPool:
                 self._fail(_first_failure(self.folder, exitcodes))
             if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
                 self._fail(RankFailed(f"the client's {self.world} ranks did not finish in {self.timeout_s:g} s"))
-        (self.folder / f"in-{number}.safetensors").unlink()  # the round's weights (memory, on a tmpfs) not kept
+        (self.folder / f"in-{number}.safetensors").unlink(missing_ok=True)  # rank 0 removes it before its reply
         out = mapped(self.folder / f"out-{number}.safetensors")
         info = json.loads((self.folder / f"out-{number}.json").read_text())
         for name in (f"out-{number}.safetensors", f"out-{number}.json"):
@@ -150,16 +153,6 @@ class RankPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def mapped(path: str | Path) -> dict[str, np.ndarray]:
-    """A safetensors file's tensors as numpy arrays mapped from the file, not read into memory: every rank of a client
-    reads the round's weights from one file without a private copy each (on a tmpfs the file is the memory), and
-    writing to one changes this process's pages only. A removed file stays readable while its arrays live."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:  # torch's reader maps; the numpy one copies
-        return {k: f.get_tensor(k).numpy() for k in f.keys()}
 
 
 def remove_orphaned_folders(root: str | Path | None = None) -> list[Path]:
@@ -272,8 +265,6 @@ def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, c
                 mmap_threshold: int, requests, done) -> None:
     """A rank's life: the process group joined once, then each request (round number, target, args) answered until
     None; rank 0 writes the round's results and says so once every rank has finished it."""
-    from safetensors.numpy import save_file
-
     threading.Thread(target=_watch_parent, args=(parent, folder), daemon=True).start()
     loopback_bootstrap()
     if mmap_threshold:
@@ -284,17 +275,13 @@ def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, c
         while (request := requests.get()) is not None:
             number, target, args = request
             try:
-                tensors, info = target(rank, world, mapped(os.path.join(folder, f"in-{number}.safetensors")), *args)
+                _answer(rank, world, folder, number, target, args)
             except BaseException:  # when it failed, and why: the launcher names the first rank that failed
                 # written whole (a temporary name, then renamed): a rank killed while writing leaves no half file
                 partial = Path(folder, f".error-{rank}.txt")
                 partial.write_text(f"{time.time()!r}\n{traceback.format_exc()}")
                 os.replace(partial, Path(folder, f"error-{rank}.txt"))
                 raise
-            if rank == 0:
-                save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-                          os.path.join(folder, f"out-{number}.safetensors"))
-                Path(folder, f"out-{number}.json").write_text(json.dumps(info))
             dist.barrier()  # every rank has finished the round: the next request finds them all waiting
             if rank == 0:
                 done.put(number)
@@ -302,6 +289,20 @@ def _rank_serve(rank: int, world: int, backend: str, folder: str, parent: int, c
         traceback.print_exc()
         end_rank(1, destroy=False)
     end_rank()
+
+
+def _answer(rank: int, world: int, folder: str, number: int, target: RankTarget, args: tuple) -> None:
+    """One request: the target run on the sent weights (mapped), then its tensors written by rank 0, a stream's
+    gathered by every rank in turn and written as each comes, and its info."""
+    tensors, info = target(rank, world, mapped(os.path.join(folder, f"in-{number}.safetensors")), *args)
+    streamed = tensors if isinstance(tensors, Streamed) else Streamed.of(tensors if rank == 0 else {})
+    dist.barrier()  # every rank has returned, dropping its map of the sent weights: their file can go
+    if rank == 0:
+        Path(folder, f"in-{number}.safetensors").unlink(missing_ok=True)  # the reply takes its room, not both
+        write_streamed(os.path.join(folder, f"out-{number}.safetensors"), streamed)
+        Path(folder, f"out-{number}.json").write_text(json.dumps(info))
+    else:
+        streamed.drain()
 
 
 def end_rank(code: int = 0, destroy: bool = True) -> None:

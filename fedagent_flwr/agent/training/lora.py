@@ -26,8 +26,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedagent_flwr.agent.fsdp.ranks import Ranks, like, whole
-from fedagent_flwr.agent.training.weights import numpy_views
+from fedagent_flwr.agent.fsdp.ranks import like
+from fedagent_flwr.agent.fsdp.tensor_files import Streamed
+from fedagent_flwr.agent.training.weights import gathered, numpy_views, streamed_record
 from fedagent_flwr.config import LoRASection
 
 # PEFT is imported where an adapter is made or read, not at the top: reading a run config must not pay for it
@@ -90,12 +91,14 @@ def attached_lora(model: torch.nn.Module, lora: LoRASection, seed: int = 0) -> I
 def adapter_to_arrays(peft_model: PeftModel) -> ArrayRecord:
     """The adapter's tensors only (float32 on the CPU: bf16 has no numpy dtype). A sharded adapter is gathered by
     every rank alike, and kept by rank 0 alone (the others return an empty record), as model_to_arrays does."""
+    return streamed_record(adapter_weights(peft_model))
+
+
+def adapter_weights(peft_model: PeftModel) -> Streamed:
+    """The adapter's tensors gathered one at a time, as model_weights streams a model's."""
     from peft import get_peft_model_state_dict
 
-    keep = Ranks.current().rank == 0
-    state = {k: whole(v).detach() for k, v in get_peft_model_state_dict(peft_model).items()}
-    return ArrayRecord({k: (v.float() if v.dtype == torch.bfloat16 else v).cpu().contiguous() for k, v in state.items()}
-                       if keep else {})
+    return gathered(get_peft_model_state_dict(peft_model))
 
 
 def arrays_to_adapter(peft_model: PeftModel, arrays: ArrayRecord | Mapping[str, np.ndarray]) -> None:

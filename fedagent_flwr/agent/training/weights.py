@@ -20,6 +20,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedagent_flwr.agent.fsdp.ranks import Ranks, like, whole
+from fedagent_flwr.agent.fsdp.tensor_files import Streamed
 from strategies.transfer import array_view, numpy_array
 
 
@@ -43,16 +44,40 @@ def model_to_arrays(model: torch.nn.Module) -> ArrayRecord:
     """The model's weights (less tied duplicates) as a Flower record, float32 for bf16. A sharded model: every rank
     gathers each weight in the same order, and only rank 0, whose record is the reply, keeps them (the others return
     an empty record instead of a whole model's copy)."""
-    tied, keep = tied_names(model), Ranks.current().rank == 0
-    record = ArrayRecord()
-    for name, tensor in model.state_dict().items():
-        if name in tied:
-            continue
-        t = whole(tensor).detach()
-        if keep:
-            t = t.to("cpu")
-            record[name] = numpy_array((t.float() if t.dtype == torch.bfloat16 else t).numpy())
-    return record
+    return streamed_record(model_weights(model))
+
+
+def model_weights(model: torch.nn.Module) -> Streamed:
+    """The model's weights (less tied duplicates) gathered one at a time, float32 for bf16, each kept by rank 0 only
+    until whoever reads the stream takes it (a reply written to a file holds one whole weight at a time)."""
+    tied = tied_names(model)
+    return gathered({name: t for name, t in model.state_dict().items() if name not in tied})
+
+
+def gathered(state: Mapping[str, torch.Tensor]) -> Streamed:
+    """`state`'s tensors as a stream: each gathered whole by every rank in the stream's order, kept on the CPU by rank 0
+    (float32 for bf16, which numpy lacks) and dropped by the others."""
+    keep = Ranks.current().rank == 0
+
+    def numpy_dtype(t: torch.Tensor) -> np.dtype:
+        return np.dtype(np.float32) if t.dtype == torch.bfloat16 else torch.empty(0, dtype=t.dtype).numpy().dtype
+
+    def produce(name: str) -> np.ndarray | None:
+        t = whole(state[name]).detach()
+        if not keep:
+            return None
+        t = t.to("cpu")
+        return (t.float() if t.dtype == torch.bfloat16 else t).contiguous().numpy()
+
+    return Streamed.computed({n: (numpy_dtype(t), tuple(t.shape)) for n, t in state.items()}, produce)
+
+
+def streamed_record(streamed: Streamed) -> ArrayRecord:
+    """A stream's tensors as a Flower record in the order their state had them (empty on ranks other than 0)."""
+    # each tensor copied into its record bytes as it comes, the gathered one dropped
+    arrays = {name: None if array is None else numpy_array(array)
+              for (name, _, _), array in zip(streamed.layout, streamed.arrays, strict=True)}
+    return ArrayRecord({name: arrays[name] for name in streamed.names()} if Ranks.current().rank == 0 else {})
 
 
 def numpy_views(arrays: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
