@@ -27,7 +27,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from envs import Task
-from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, RankTarget, backend_for, rank_device
+from fedagent_flwr.agent.fsdp.launch import MMAP_THRESHOLD, RankPool, RankTarget, backend_for, kept_pool, rank_device
+from fedagent_flwr.agent.fsdp.rank_service import NodeRanks, deployed
 from fedagent_flwr.agent.fsdp.tensor_files import Streamed
 from fedagent_flwr.agent.models.sharded_load import empty_sharded_copy, fetch_snapshot, load_sharded
 from fedagent_flwr.agent.models.loading import Agent, frozen
@@ -51,7 +52,7 @@ def train_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
 
 
 def round_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], server_round: int, partition_id: int,
-                   optimizer: dict[str, np.ndarray] | None = None, pool: RankPool | None = None,
+                   optimizer: dict[str, np.ndarray] | None = None, pool: RankPool | NodeRanks | None = None,
                    target: RankTarget | None = None) -> tuple[ArrayRecord, dict[str, Any]]:
     """train_on_ranks's round, with rank 0's whole info; `target` in place of each rank's round (a benchmark's
     recording wrapper around it)."""
@@ -60,6 +61,8 @@ def round_on_ranks(cfg: RunConfig, sent: ArrayRecord, tasks: Sequence[Task], ser
     tensors.update({OPTIMIZER + k: np.asarray(v) for k, v in (optimizer or {}).items()})
     out, info = (pool or client_ranks(cfg)).run(target or _round_on_rank, tensors, cfg, list(tasks), server_round,
                                                 partition_id, optimizer is not None)
+    print(f"[fedagent] client {partition_id}, round {server_round}: trained on {len(info['rank_pids'])} ranks, pids "
+          f"{' '.join(map(str, info['rank_pids']))}", flush=True)  # the same pids each round: ranks kept
     if optimizer is not None:
         optimizer.clear()
         optimizer.update({k[len(OPTIMIZER):]: v for k, v in out.items() if k.startswith(OPTIMIZER)})
@@ -83,19 +86,15 @@ def idle_ranks_note(cfg: RunConfig) -> str | None:
 _POOL: list[RankPool] = []  # this client process's ranks, kept between its rounds
 
 
-def client_ranks(cfg: RunConfig) -> RankPool:
-    """This process's ranks for `cfg`: the ones kept from an earlier round where they still run with the same count,
-    backend, deadlines and allocator setting, else new ones (those of another shape ended first, so their memory is
-    free). A round on them may take federation.round-timeout, as long as the server waits for it; a collective, torch's own limit
-    or engine.rank-timeout-s where that is set."""
-    backend, threshold = backend_for(pick_device(cfg.device)), mmap_threshold(cfg)
-    shape = (cfg.engine.ranks_per_client, backend, cfg.federation.round_timeout, threshold, cfg.engine.rank_timeout_s or None)
-    if _POOL and _POOL[0].alive and (_POOL[0].world, _POOL[0].backend, _POOL[0].timeout_s, _POOL[0].mmap_threshold,
-                                     _POOL[0].collective_timeout_s) == shape:
-        return _POOL[0]
-    end_client_ranks()
-    _POOL.append(RankPool(*shape[:4], collective_timeout_s=shape[4]))
-    return _POOL[0]
+def client_ranks(cfg: RunConfig) -> RankPool | NodeRanks:
+    """This client's ranks for `cfg`: in a deployment, its node's (agent/fsdp/rank_service.py: flower-supernode runs
+    each message in a new process, which they outlive); else this process's, kept from an earlier round where they
+    still run with the same count, backend, deadlines and allocator setting. A round on them may take
+    federation.round-timeout, as long as the server waits for it; a collective, torch's own limit or
+    engine.rank-timeout-s where that is set."""
+    shape = (cfg.engine.ranks_per_client, backend_for(pick_device(cfg.device)), cfg.federation.round_timeout,
+             mmap_threshold(cfg), cfg.engine.rank_timeout_s or None)
+    return NodeRanks(shape) if deployed() else kept_pool(_POOL, shape)
 
 
 def mmap_threshold(cfg: RunConfig) -> int:

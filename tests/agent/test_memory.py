@@ -608,3 +608,28 @@ def test_the_plans_docs_gpu_quotes_are_its_commands_plans(capsys):
     assert "grpo.ppo-micro-batch-size-per-gpu=16" in args
     rows32 = [totals("--context-tokens", str(n), rows=32)[1] for n in (340, 476, 512)]
     assert quoted == (server, client, *rows32)
+
+
+def test_the_host_plan_counts_the_message_one_file_the_reply_and_one_gathered_weight():
+    from fedagent_flwr.methods.memory import host_plan
+
+    config = AutoConfig.for_model("qwen2", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                  intermediate_size=16, vocab_size=32, tie_word_embeddings=True)
+    shape = ModelShape.of(config)  # 1480 parameters (test above); the embedding, 32 x 8, its largest weight
+    full = RunConfig.from_run_config({"engine.ranks-per-client": 2, "grpo.finetuning": "full"})
+    rows = host_plan(full, shape).as_dict()
+    assert rows == {"sent weights, Flower's message": 1480 * 4, "round file: the sent weights, then the reply": 1480 * 4,
+                    "rank 0: one weight gathered for the reply": 32 * 8 * 4, "the reply, Flower's record": 1480 * 4,
+                    "total": 3 * 1480 * 4 + 32 * 8 * 4}
+    # bf16 on the wire: the message and the encoded reply at half, each decoded or built in fp32 beside them
+    rows = host_plan(full.updated({"federation.transfer-dtype": "bf16"}), shape).as_dict()
+    assert rows["sent weights, Flower's message (bf16)"] == 1480 * 2 and rows["sent weights decoded to fp32"] == 1480 * 4
+    assert rows["the reply encoded in bf16"] == 1480 * 2
+    # a LoRA adapter travels alone: r x (in + out) of q and v, and the widest matrix r x 8 is what is gathered at once
+    lora = full.updated({"grpo.finetuning": "lora", "lora.r": 2, "lora.target-modules": "q_proj,v_proj"})
+    rows = host_plan(lora, shape).as_dict()
+    assert rows["round file: the sent weights, then the reply"] == 112 * 4 and rows["rank 0: one weight gathered for the reply"] == 2 * 8 * 4
+    # a baseline's kept AdamW state rides in the files and is held twice in the process
+    kept = full.updated({"baseline.name": "centralized", "baseline.optimizer": "keep"})
+    rows = host_plan(kept, shape).as_dict()
+    assert rows["round file: the sent weights, then the reply"] == 3 * 1480 * 4 and rows["AdamW state kept, and its working copy"] == 4 * 1480 * 4

@@ -7,6 +7,7 @@ marker: python -m pytest -q -m deployment tests/test_deployment.py
 
 import json
 import os
+import re
 import time
 import tomllib
 from pathlib import Path
@@ -187,6 +188,37 @@ def _run_on_two_supernodes(tmp_path, run_config: str) -> tuple[float, str, _Tree
                 pytest.fail(f"{err}\n" + "\n".join(f"--- {p.name}\n{p.tail()}" for p in fed.processes))
             wall = time.time() - started
         return wall, "".join(n.tail(10**7) for n in nodes), memory
+
+
+@pytest.mark.deployment
+def test_a_deployed_clients_ranks_are_the_same_processes_in_every_round(tmp_path):
+    """engine.ranks-per-client = 2 on real SuperNodes: flower-supernode starts a ClientApp process per message, and the
+    node's rank service (agent/fsdp/rank_service.py) keeps the ranks, so both rounds of a client train on the same two
+    rank processes; all of them end with the federation."""
+    out = tmp_path / "runs"
+    run_config = ("engine.ranks-per-client=2 device='cpu' num-clients=2 clients-per-round=2 num-server-rounds=2 "
+                  "grpo.tasks-per-epoch=2 grpo.num-generations=2 eval.tasks=1 eval.samples-per-task=1 eval.test-freq=2 "
+                  f"seed=3 output-dir='{out}' run-name='ranks'")
+    _, node_logs, _ = _run_on_two_supernodes(tmp_path, run_config)
+    trained = re.findall(r"client (\d+), round (\d+): trained on 2 ranks, pids (\d+) (\d+)", node_logs)
+    pids = {(client, int(round_)): (int(a), int(b)) for client, round_, a, b in trained}
+    assert sorted(pids) == [("0", 1), ("0", 2), ("1", 1), ("1", 2)], node_logs[-5000:]
+    assert pids[("0", 1)] == pids[("0", 2)] and pids[("1", 1)] == pids[("1", 2)], pids  # kept, not started again
+    assert len({pid for both in pids.values() for pid in both}) == 4  # each node its own two
+    deadline = time.time() + 30
+    alive = [pid for both in pids.values() for pid in both]
+    while alive and time.time() < deadline:
+        alive = [pid for pid in alive if _running(pid)]
+        time.sleep(0.5)
+    assert not alive, f"rank processes outlived the federation: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.mark.deployment

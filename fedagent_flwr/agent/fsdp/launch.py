@@ -99,6 +99,10 @@ class RankPool:
             p.start()
 
     @property
+    def shape(self) -> PoolShape:
+        return self.world, self.backend, self.timeout_s, self.mmap_threshold, self.collective_timeout_s
+
+    @property
     def alive(self) -> bool:
         return self.failure is None and all(p.exitcode is None for p in self.processes)
 
@@ -106,11 +110,24 @@ class RankPool:
         """`target(rank, world, tensors, *args)` on every rank; rank 0's return value, (tensors, JSON-able info).
         `args` travel pickled; `tensors` once through a file every rank maps, and the tensors returned through one this
         process maps (a Streamed return is written as each tensor comes)."""
+        sent = self.folder / f"sent-{self._rounds + 1}.safetensors"
+        write_streamed(sent, Streamed.of(tensors))
+        reply, info = self.run_file(target, sent, *args)
+        out = mapped(reply)
+        reply.unlink()  # its pages live while `out`'s arrays do
+        return out, info
+
+    def run_file(self, target: RankTarget, sent: Path, *args: Any) -> tuple[Path, dict[str, Any]]:
+        """`run` with the sent tensors in the safetensors file `sent` (taken: moved into the ranks' folder, removed when
+        read), the reply's tensors left in the returned file for the caller to read and remove (a client process
+        reached through the node's rank service: agent/fsdp/rank_service.py)."""
         if not self.alive:
             raise self.failure or RankFailed(f"the client's {self.world} ranks have ended")
+        for stale in self.folder.glob("out-*.safetensors"):  # a reply its caller died before reading
+            stale.unlink(missing_ok=True)
         self._rounds += 1
         number, started = self._rounds, time.monotonic()
-        write_streamed(self.folder / f"in-{number}.safetensors", Streamed.of(tensors))
+        os.replace(sent, self.folder / f"in-{number}.safetensors")
         for requests in self._requests:
             requests.put((number, target, args))
         while True:
@@ -126,11 +143,9 @@ class RankPool:
             if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
                 self._fail(RankFailed(f"the client's {self.world} ranks did not finish in {self.timeout_s:g} s"))
         (self.folder / f"in-{number}.safetensors").unlink(missing_ok=True)  # rank 0 removes it before its reply
-        out = mapped(self.folder / f"out-{number}.safetensors")
         info = json.loads((self.folder / f"out-{number}.json").read_text())
-        for name in (f"out-{number}.safetensors", f"out-{number}.json"):
-            (self.folder / name).unlink()
-        return out, info
+        (self.folder / f"out-{number}.json").unlink()
+        return self.folder / f"out-{number}.safetensors", info | {"rank_pids": [p.pid for p in self.processes]}
 
     def _fail(self, failure: RankFailed) -> None:
         self.failure = failure
@@ -153,6 +168,21 @@ class RankPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# what tells one pool from another: (world, backend, timeout_s, mmap_threshold, collective_timeout_s)
+PoolShape = tuple[int, str, "float | None", int, "float | None"]
+
+
+def kept_pool(pools: list[RankPool], shape: PoolShape) -> RankPool:
+    """The pool in `pools` (at most one) where it still runs with `shape`, else a new one of that shape, any other
+    ended first (its memory free before the new ranks load)."""
+    if pools and pools[0].alive and pools[0].shape == shape:
+        return pools[0]
+    while pools:
+        pools.pop().close()
+    pools.append(RankPool(*shape[:4], collective_timeout_s=shape[4]))
+    return pools[0]
 
 
 def remove_orphaned_folders(root: str | Path | None = None) -> list[Path]:
