@@ -85,6 +85,19 @@ def echo(rank: int, world: int, tensors: dict, scale: float):
     return {"y": (mine * scale).numpy()}, {"world": world, "pid": os.getpid()}
 
 
+def mixed_collectives(rank: int, world: int, tensors: dict):
+    """On the `cpu:gloo,cuda:nccl` group: a CPU all_reduce and an all_gather_object (gloo), a CUDA all_reduce (NCCL)."""
+    from fedagent_flwr.agent.fsdp.launch import rank_device
+
+    device = rank_device(torch.device("cuda"), rank)
+    on_cpu, on_gpu = torch.tensor([rank + 1.0]), torch.tensor([rank + 1.0], device=device)
+    dist.all_reduce(on_cpu)
+    dist.all_reduce(on_gpu)
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank})
+    return {}, {"cpu_sum": float(on_cpu), "cuda_sum": float(on_gpu.cpu()), "objects": objects}
+
+
 def fail_on_rank_1(rank: int, world: int, tensors: dict, pid_dir: str):
     _write_pid(pid_dir, rank)
     if rank == 1:

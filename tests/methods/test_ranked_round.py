@@ -273,23 +273,42 @@ def test_a_client_on_ranks_keeps_no_model_of_its_own(tiny_folder):
     assert agent.base_fingerprint == load_agent(cfg.model, cfg.env, "cpu").base_fingerprint
 
 
+@pytest.mark.parametrize("finetuning", ["full", "lora"])  # full first: a full fine-tune with KL to the base, sharded
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_ranks_on_nccl_run_a_clients_round(tiny_folder, ranks):
+def test_ranks_on_nccl_run_a_clients_round(tiny_folder, ranks, finetuning):
     """The launcher's CUDA path (rank r on the r-th visible card; NCCL for CUDA tensors, gloo for the CPU ones the
     ranks sum): one rank on a machine with one GPU, two where it has two (benchmarks/gpu_checks.sh, stage ranks, prints
-    the skip reason where a machine has fewer)."""
+    the skip reason where a machine has fewer); a full fine-tune whose KL anchor is the base, and a LoRA round."""
     if torch.cuda.device_count() < ranks:
         pytest.skip(f"needs {ranks} CUDA device(s), {torch.cuda.device_count()} visible")
     cfg = RunConfig.from_run_config({
-        "env": "maze", "model": tiny_folder, "device": "cuda", "grpo.finetuning": "lora", "grpo.tasks-per-epoch": 3,
+        "env": "maze", "model": tiny_folder, "device": "cuda", "grpo.finetuning": finetuning, "grpo.tasks-per-epoch": 3,
         "grpo.num-generations": 4, "rollout.max-steps": 6, "rollout.max-completion-length": 8, "rollout.action-matching": "closest", "rollout.invalid-penalty": 0.0,
-        "grpo.learning-rate": 1e-2, "grpo.mini-batch-size": 4, "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.scale-rewards": "batch",
+        "grpo.learning-rate": 1e-2 if finetuning == "lora" else 1e-4, "grpo.mini-batch-size": 4,
+        "grpo.ppo-micro-batch-size-per-gpu": 2, "grpo.scale-rewards": "batch", "grpo.beta": 0.01, "grpo.kl-reference": "base",
         "engine.ranks-per-client": ranks})
     agent = load_agent(cfg.model, cfg.env, "cpu")
-    with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
-        sent = adapter_to_arrays(peft_model)
+    if finetuning == "lora":
+        with attached_lora(agent.model, cfg.lora, seed=cfg.seed) as peft_model:
+            sent = adapter_to_arrays(peft_model)
+    else:
+        sent = model_to_arrays(agent.model)
     trained, metrics = train_on_ranks(cfg, sent, learner_tasks(cfg, 0, 2), 1, 0)
+    end_client_ranks()
     assert list(trained.keys()) == list(sent.keys()) and metrics["episodes"] == 12
+    moved = [k for k in sent.keys() if not np.array_equal(array_view(trained[k]), array_view(sent[k]))]
+    assert moved, "no weight moved in the round"
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_cpu_collectives_on_the_mixed_nccl_group(ranks):
+    """The ranks' group on CUDA is `cpu:gloo,cuda:nccl`: a CPU tensor's all_reduce and an all_gather_object (what
+    Ranks.total and Ranks.gather run) go through gloo, a CUDA tensor's through NCCL, on one group."""
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"needs {ranks} CUDA device(s), {torch.cuda.device_count()} visible")
+    _, info = run_ranks(ranks, "cpu:gloo,cuda:nccl", rank_workers.mixed_collectives, {})
+    assert info == {"cpu_sum": sum(r + 1.0 for r in range(ranks)), "cuda_sum": sum(r + 1.0 for r in range(ranks)),
+                    "objects": [{"rank": r} for r in range(ranks)]}
 
 
 def test_a_run_whose_ranks_would_idle_in_the_update_is_told_so():
