@@ -220,7 +220,7 @@ def main() -> None:
     # the client's process: what its round adds to the message it holds, against the plan's rows of it
     client_rows = sum(b for name, b in host.rows if name.startswith(("round file", "the reply")))
     throughout = sum(b for name, b in plan.rows if name not in plan.decode and name not in plan.update)
-    gathered_row = rows["rank 0: one weight gathered for the reply"]
+    gathered_row = rows["rank 0: a weight gathered, and its buffer"]
     ranks = []
     for r in range(cfg.engine.ranks_per_client):
         base, ran = info["baseline"][str(r)], round_info["records"][str(r)]

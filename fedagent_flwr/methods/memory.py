@@ -64,7 +64,8 @@ def host_plan(cfg: RunConfig, shape: ModelShape) -> MemoryPlan:
     Flower's message holds them (and decoded to fp32 when they travel in bf16); the round's file in the rank folder,
     the sent weights and then the reply, one at a time (rank 0 removes the first before it writes the second): memory
     where the folder is on a tmpfs, the page cache's (reclaimable) on a disk; rank 0's one whole weight at a time,
-    gathered to write the reply; the reply in Flower's record (and encoded in bf16 to travel); with a single-learner
+    gathered to write the reply, beside the collective's buffer of as many bytes (benchmarks/reply_memory.py measured
+    twice the largest weight on CPU ranks); the reply in Flower's record (and encoded in bf16 to travel); with a single-learner
     baseline's kept optimizer (baseline.optimizer = 'keep'), AdamW's state in the node's context and its working copy,
     which travel in the files too. Counted all at once, an upper bound: the gathered weight is gone before the reply's
     record is built."""
@@ -82,7 +83,7 @@ def host_plan(cfg: RunConfig, shape: ModelShape) -> MemoryPlan:
     rows = [("sent weights, Flower's message" + (" (bf16)" if bf16 else ""), weights // 2 if bf16 else weights),
             *([("sent weights decoded to fp32", weights)] if bf16 else []),
             ("round file: the sent weights, then the reply", weights + optimizer),
-            ("rank 0: one weight gathered for the reply", largest),
+            ("rank 0: a weight gathered, and its buffer", 2 * largest),
             ("the reply, Flower's record", weights),
             *([("the reply encoded in bf16", weights // 2)] if bf16 else []),
             *([("AdamW state kept, and its working copy", 2 * optimizer)] if optimizer else [])]

@@ -619,8 +619,8 @@ def test_the_host_plan_counts_the_message_one_file_the_reply_and_one_gathered_we
     full = RunConfig.from_run_config({"engine.ranks-per-client": 2, "grpo.finetuning": "full"})
     rows = host_plan(full, shape).as_dict()
     assert rows == {"sent weights, Flower's message": 1480 * 4, "round file: the sent weights, then the reply": 1480 * 4,
-                    "rank 0: one weight gathered for the reply": 32 * 8 * 4, "the reply, Flower's record": 1480 * 4,
-                    "total": 3 * 1480 * 4 + 32 * 8 * 4}
+                    "rank 0: a weight gathered, and its buffer": 2 * 32 * 8 * 4, "the reply, Flower's record": 1480 * 4,
+                    "total": 3 * 1480 * 4 + 2 * 32 * 8 * 4}
     # bf16 on the wire: the message and the encoded reply at half, each decoded or built in fp32 beside them
     rows = host_plan(full.updated({"federation.transfer-dtype": "bf16"}), shape).as_dict()
     assert rows["sent weights, Flower's message (bf16)"] == 1480 * 2 and rows["sent weights decoded to fp32"] == 1480 * 4
@@ -628,7 +628,7 @@ def test_the_host_plan_counts_the_message_one_file_the_reply_and_one_gathered_we
     # a LoRA adapter travels alone: r x (in + out) of q and v, and the widest matrix r x 8 is what is gathered at once
     lora = full.updated({"grpo.finetuning": "lora", "lora.r": 2, "lora.target-modules": "q_proj,v_proj"})
     rows = host_plan(lora, shape).as_dict()
-    assert rows["round file: the sent weights, then the reply"] == 112 * 4 and rows["rank 0: one weight gathered for the reply"] == 2 * 8 * 4
+    assert rows["round file: the sent weights, then the reply"] == 112 * 4 and rows["rank 0: a weight gathered, and its buffer"] == 2 * 2 * 8 * 4
     # a baseline's kept AdamW state rides in the files and is held twice in the process
     kept = full.updated({"baseline.name": "centralized", "baseline.optimizer": "keep"})
     rows = host_plan(kept, shape).as_dict()
