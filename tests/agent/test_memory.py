@@ -557,14 +557,14 @@ def test_the_fedagent_paper_presets_memory_figures_are_the_plans_its_comment_and
 
 
 def test_the_rank_plan_docs_deployment_quotes_is_the_plans_two_phases(capsys):
-    """docs/deployment.md quotes a 7B full fine-tuning rank's decoding and updating peaks with its command: both are
+    """docs/multi-gpu.md quotes a 7B full fine-tuning rank's decoding and updating peaks with its command: both are
     read from the text, and the command run."""
     import re
     import shlex
 
     from fedagent_flwr.experiments.memory_plan import main
 
-    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "deployment.md").read_text().split())
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "multi-gpu.md").read_text().split())
     command = re.search(r"What each rank holds, per phase: `python -m fedagent_flwr.experiments.memory_plan ([^`]+)`", text).group(1)
     quoted = re.search(r"plans ([\d.]+) GiB a rank on 4 cards while decoding and ([\d.]+) GiB while updating", text).groups()
     main(shlex.split(command))

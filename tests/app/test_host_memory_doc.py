@@ -1,4 +1,4 @@
-"""docs/deployment.md's host memory figures are the ones the raw outputs give (experiments/host_memory.py)."""
+"""docs/multi-gpu.md's host memory figures are the ones the raw outputs give (experiments/host_memory.py)."""
 
 from fedagent_flwr.experiments import host_memory
 

@@ -1,4 +1,4 @@
-"""docs/deployment.md's figures for ranks kept between rounds, recomputed from their raw output and run records."""
+"""docs/multi-gpu.md's figures for ranks kept between rounds, recomputed from their raw output and run records."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "2026-12-04-cpu"
 
 
 def page() -> str:
-    return " ".join((ROOT / "docs" / "deployment.md").read_text().split())
+    return " ".join((ROOT / "docs" / "multi-gpu.md").read_text().split())
 
 
 def test_the_start_up_saved_by_kept_ranks_is_quoted_from_its_raw_output():

@@ -271,7 +271,7 @@ def return_freed_memory(threshold: int = MMAP_THRESHOLD) -> bool:
     """Blocks of `threshold` bytes or more mapped on their own, so that a freed tensor's memory goes back to the
     system. glibc raises its threshold each time such a block is freed (up to 32 MiB), after which a rank's
     activations and KV cache come from its heap, where what they free stays resident and fragments: CPU ranks then
-    peaked far above what their tensors held (docs/deployment.md, benchmarks/rank_memory.py). A fixed threshold ends
+    peaked far above what their tensors held (docs/multi-gpu.md, benchmarks/rank_memory.py). A fixed threshold ends
     that, at the cost of faulting in each large block anew (benchmarks/freed_memory.py). False where the C library
     is not glibc (nothing done)."""
     try:
