@@ -1,7 +1,7 @@
 """Starting a client's N ranks, keeping them up between its rounds, and ending them with the client.
 
-Each rank is an interpreter of its own started with the spawn method (CUDA cannot be forked), once per client process
-(RankPool): it joins the process group once and then answers one request a round, keeping what the round's target
+Each rank is an interpreter of its own started with the spawn method (CUDA cannot be forked), once per pool
+(RankPool: a client process's in simulation, the node's rank service's on real SuperNodes, rank_service.py): it joins the process group once and then answers one request a round, keeping what the round's target
 holds in the process (the model, loaded and sharded) for the next. A rank that fails or dies ends the others and the
 pool, and the client's round raises with the failed rank's traceback, or with the signal that killed it. torchrun was
 the other choice: it re-executes a script, and a ClientApp is already a process Flower or a Ray actor started, whose
