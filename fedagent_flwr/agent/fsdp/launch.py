@@ -110,6 +110,7 @@ class RankPool:
         """`target(rank, world, tensors, *args)` on every rank; rank 0's return value, (tensors, JSON-able info).
         `args` travel pickled; `tensors` once through a file every rank maps, and the tensors returned through one this
         process maps (a Streamed return is written as each tensor comes)."""
+        self._check_alive()  # an ended pool's folder is gone: nothing to write the tensors into
         sent = self.folder / f"sent-{self._rounds + 1}.safetensors"
         write_streamed(sent, Streamed.of(tensors))
         reply, info = self.run_file(target, sent, *args)
@@ -121,8 +122,7 @@ class RankPool:
         """`run` with the sent tensors in the safetensors file `sent` (taken: moved into the ranks' folder, removed when
         read), the reply's tensors left in the returned file for the caller to read and remove (a client process
         reached through the node's rank service: agent/fsdp/rank_service.py)."""
-        if not self.alive:
-            raise self.failure or RankFailed(f"the client's {self.world} ranks have ended")
+        self._check_alive()
         for stale in self.folder.glob("out-*.safetensors"):  # a reply its caller died before reading
             stale.unlink(missing_ok=True)
         self._rounds += 1
@@ -146,6 +146,10 @@ class RankPool:
         info = json.loads((self.folder / f"out-{number}.json").read_text())
         (self.folder / f"out-{number}.json").unlink()
         return self.folder / f"out-{number}.safetensors", info | {"rank_pids": [p.pid for p in self.processes]}
+
+    def _check_alive(self) -> None:
+        if not self.alive:
+            raise self.failure or RankFailed(f"the client's {self.world} ranks have ended")
 
     def _fail(self, failure: RankFailed) -> None:
         self.failure = failure
