@@ -85,6 +85,13 @@ def echo(rank: int, world: int, tensors: dict, scale: float):
     return {"y": (mine * scale).numpy()}, {"world": world, "pid": os.getpid()}
 
 
+def say_hello(rank: int, world: int, tensors: dict):
+    """Each rank prints a line (a rank's progress lines, as a round prints them) and answers with its pid."""
+    print(f"rank {rank} of {world} says hello", flush=True)
+    dist.barrier()
+    return {}, {"pid": os.getpid()}
+
+
 def mixed_collectives(rank: int, world: int, tensors: dict):
     """On the `cpu:gloo,cuda:nccl` group: a CPU all_reduce and an all_gather_object (gloo), a CUDA all_reduce (NCCL)."""
     from fedagent_flwr.agent.fsdp.launch import rank_device

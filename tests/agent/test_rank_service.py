@@ -29,6 +29,13 @@ out, info = NodeRanks((2, "gloo", 300.0, 0, None), owner=int(sys.argv[1])).run(r
 print(json.dumps({"x": out["x"].tolist(), "rounds": info["rounds"], "pids": info["rank_pids"]}))
 """
 
+HELLO = """
+import sys
+import rank_workers
+from fedagent_flwr.agent.fsdp.rank_service import NodeRanks
+NodeRanks((2, "gloo", 300.0, 0, None), owner=int(sys.argv[1])).run(rank_workers.say_hello, {})
+"""
+
 
 def _gone(pid: int) -> bool:
     try:
@@ -66,6 +73,9 @@ def test_a_nodes_ranks_outlive_each_client_process_and_end_with_their_owner(tmp_
             Client(str(folder / "socket"), "AF_UNIX", authkey=b"not the key")
         again = subprocess.run([sys.executable, "-c", ROUND, str(owner.pid)], capture_output=True, text=True, timeout=300)
         assert json.loads(again.stdout.strip().splitlines()[-1])["pids"] == rounds[0]["pids"], again.stderr[-3000:]
+        # what the ranks print in a round reaches the client process's output (the SuperNode's console), not only the log
+        hello = subprocess.run([sys.executable, "-c", HELLO, str(owner.pid)], capture_output=True, text=True, timeout=300)
+        assert "rank 0 of 2 says hello" in hello.stdout and "rank 1 of 2 says hello" in hello.stdout, hello.stderr[-3000:]
         service = _service_pid(folder)
     finally:
         owner.kill()

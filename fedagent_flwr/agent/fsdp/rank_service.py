@@ -62,21 +62,41 @@ class NodeRanks:
         ensure_service(self.folder, self.owner)
         sent = self.folder / f"sent-{os.getpid()}.safetensors"
         write_streamed(sent, Streamed.of(tensors))
+        log = self.folder / "service.log"
+        done = threading.Event()  # the ranks print into the service's log: their lines of this round shown here too
+        echo = threading.Thread(target=_follow, args=(log, log.stat().st_size, done), daemon=True)
+        echo.start()
         try:
             with _connect(self.folder) as conn:
                 conn.send(("round", self.shape, target, args, str(sent)))
                 answer = conn.recv()
         except (EOFError, OSError) as err:
-            raise RankFailed(f"the node's rank service ended during the round ({type(err).__name__}); its log: "
-                             f"{self.folder / 'service.log'}") from None
+            raise RankFailed(f"the node's rank service ended during the round ({type(err).__name__}); its log: {log}") from None
         finally:
             sent.unlink(missing_ok=True)  # taken by the pool when the round started
+            done.set()
+            echo.join(timeout=5)
         if answer[0] == "failed":
             raise RankFailed(answer[1])
         _, reply, info = answer
         out = mapped(reply)
         Path(reply).unlink()  # its pages live while `out`'s arrays do
         return out, info
+
+
+def _follow(log: Path, offset: int, done: threading.Event) -> None:
+    """`log`'s lines from `offset` on, printed to this process's stdout as they are written, until `done` and the end."""
+    with open(log, errors="replace") as f:
+        f.seek(offset)
+        while True:
+            line = f.readline()
+            if line:
+                sys.stdout.write(line)
+            elif done.is_set():
+                break
+            else:
+                time.sleep(0.2)
+    sys.stdout.flush()
 
 
 def ensure_service(folder: Path, owner: int) -> None:
