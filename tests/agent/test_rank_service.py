@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fedagent_flwr.agent.fsdp.launch import running
 from fedagent_flwr.agent.fsdp.rank_service import SERVICE_PREFIX, service_folder
 
 pytestmark = pytest.mark.ranks  # rank processes on gloo: .ci/run runs them apart from the default suite
@@ -35,14 +36,6 @@ import rank_workers
 from fedagent_flwr.agent.fsdp.rank_service import NodeRanks
 NodeRanks((2, "gloo", 300.0, 0, None), owner=int(sys.argv[1])).run(rank_workers.say_hello, {})
 """
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _service_pid(folder: Path) -> int:
@@ -81,9 +74,9 @@ def test_a_nodes_ranks_outlive_each_client_process_and_end_with_their_owner(tmp_
         owner.kill()
         owner.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (_gone(service) and all(_gone(p) for p in rounds[0]["pids"])):
+    while time.monotonic() < deadline and (running(service) or any(running(p) for p in rounds[0]["pids"])):
         time.sleep(0.5)
-    assert _gone(service) and all(_gone(p) for p in rounds[0]["pids"]), "the service or a rank outlived its owner"
+    assert not running(service) and not any(running(p) for p in rounds[0]["pids"]), "the service or a rank outlived its owner"
     assert not list(tmp_path.glob(SERVICE_PREFIX + "*")) and not list(tmp_path.glob("fedagent-ranks-*"))
 
 

@@ -17,6 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
+from fedagent_flwr.agent.fsdp.launch import running
 from fedagent_flwr.deployment import LocalFederation, make_node_key, make_tls_certificates
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,17 +209,9 @@ def test_a_deployed_clients_ranks_are_the_same_processes_in_every_round(tmp_path
     deadline = time.time() + 30
     alive = [pid for both in pids.values() for pid in both]
     while alive and time.time() < deadline:
-        alive = [pid for pid in alive if _running(pid)]
+        alive = [pid for pid in alive if running(pid)]
         time.sleep(0.5)
     assert not alive, f"rank processes outlived the federation: {alive}"
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.deployment

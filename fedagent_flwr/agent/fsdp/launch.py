@@ -199,13 +199,14 @@ def remove_orphaned_folders(root: str | Path | None = None) -> list[Path]:
             pid = int((folder / "client.pid").read_text())
         except (OSError, ValueError):
             continue
-        if not _running(pid):
+        if not running(pid):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process `pid` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from fedagent_flwr.agent.fsdp.launch import PoolShape, RankFailed, RankPool, RankTarget, kept_pool
+from fedagent_flwr.agent.fsdp.launch import PoolShape, RankFailed, RankPool, RankTarget, kept_pool, running
 from fedagent_flwr.agent.fsdp.tensor_files import Streamed, mapped, write_streamed
 
 SERVICE_PREFIX = "fedagent-rank-service-"
@@ -199,14 +199,9 @@ def serve(folder: Path, owner: int) -> None:
 
 
 def _watch_owner(owner: int, end) -> None:
-    while True:
-        try:
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            end()
-        except PermissionError:
-            pass
+    while running(owner):
         time.sleep(1.0)
+    end()
 
 
 if __name__ == "__main__":
