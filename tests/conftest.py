@@ -29,16 +29,20 @@ def pytest_configure(config):
         placement.this_machine = lambda: placement.Machine(cuda=True)  # models still load where the hardware allows
 
 
-BENCHMARK_TESTS = Path(__file__).resolve().parent / "benchmarks"
+# Folders whose tests run under their own marker: the benchmark scripts' tests (`pytest -m benchmarks`) and the docs'
+# numbers regenerated from their records (`pytest -m records`). .ci/run runs both after the default suite, which
+# leaves them out to stay within minutes.
+MARKED_FOLDERS = {Path(__file__).resolve().parent / "benchmarks": pytest.mark.benchmarks,
+                  Path(__file__).resolve().parent / "records": pytest.mark.records}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
-    """The benchmark scripts' tests (tests/benchmarks) run under their own marker, `pytest -m benchmarks`: .ci/run runs
-    them after the default suite, which leaves them out to stay within minutes."""
     for item in items:
-        if BENCHMARK_TESTS in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(pytest.mark.benchmarks)
+        parents = Path(str(item.fspath)).resolve().parents
+        for folder, mark in MARKED_FOLDERS.items():
+            if folder in parents:
+                item.add_marker(mark)
 
 
 @pytest.fixture(scope="session")

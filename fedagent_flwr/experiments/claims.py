@@ -1,6 +1,6 @@
 """The verdict table of the README and of docs/results.md's opening, each row recomputed from its run records
-(benchmarks/results/) and written between the pages' markers: `python -m fedagent_flwr.experiments.claims --write`;
-tests/app/test_claims.py regenerates both and fails on any difference.
+(benchmarks/results/) and written between the pages' markers by `python scripts/write_docs.py`; tests/records regenerates both and fails on any
+difference.
 
 A claim names its records and how its effect is computed (experiments/paired_rounds.py: a run's last evaluation
 minus its first, paired over the held-out rooms; or two methods' last evaluations, paired over seeds), and its
@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedagent_flwr.atomic import atomic_write_text
-from fedagent_flwr.experiments.doc_blocks import with_block
+from fedagent_flwr.experiments.doc_blocks import Block
 from fedagent_flwr.experiments.paired_rounds import compare, evaluation_rounds, over_seeds, success_rounds
 from fedagent_flwr.experiments.matched_table1 import OPPOSITE, held_categories, on_rooms
 
@@ -164,15 +163,15 @@ def table(with_records: bool = False) -> list[str]:
     return lines
 
 
+def doc_parts() -> list[Block]:
+    """The verdict table of the README and, with its records linked, of docs/results.md (scripts/write_docs.py)."""
+    return [Block("README.md", "claims", tuple(table())),
+            Block("docs/results.md", "claims", tuple(table(with_records=True)))]
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--write", action="store_true", help="write the tables into README.md and docs/results.md (else print)")
-    args = p.parse_args(argv)
-    if args.write:
-        atomic_write_text(README, with_block(README.read_text(), "claims", table()))
-        atomic_write_text(RESULTS_MD, with_block(RESULTS_MD.read_text(), "claims", table(with_records=True)))
-    else:
-        print("\n".join(table()))
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    print("\n".join(table()))  # written into the pages by scripts/write_docs.py
     return 0
 
 

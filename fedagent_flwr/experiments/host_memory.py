@@ -1,6 +1,5 @@
 """docs/multi-gpu.md's measured host memory of a client on ranks, recomputed from benchmarks/rank_memory.py's raw
-outputs and written between the page's markers: `python -m fedagent_flwr.experiments.host_memory --write`;
-tests/app/test_host_memory_doc.py regenerates the block and fails on any difference."""
+outputs and written between the page's markers by `python scripts/write_docs.py` (tests/records regenerates it)."""
 
 from __future__ import annotations
 
@@ -8,11 +7,9 @@ import argparse
 import json
 from pathlib import Path
 
-from fedagent_flwr.atomic import atomic_write_text
-from fedagent_flwr.experiments.doc_blocks import with_block
+from fedagent_flwr.experiments.doc_blocks import Block
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "multi-gpu.md"
 RECORDS = ROOT / "benchmarks" / "results" / "2026-12-07-cpu" / "ranks-reply"
 ROUND, REPLY = "rank_memory.smollm2-full.json", "reply_memory.smollm2.json"
 BLOCK = "ranks-host-memory"
@@ -49,14 +46,13 @@ def lines() -> list[str]:
     ]
 
 
+def doc_parts() -> list[Block]:
+    return [Block("docs/multi-gpu.md", BLOCK, tuple(lines()))]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="write the block into docs/multi-gpu.md")
-    args = parser.parse_args(argv)
-    if args.write:
-        atomic_write_text(DOC, with_block(DOC.read_text(), BLOCK, lines()))
-    else:
-        print("\n".join(lines()))
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    print("\n".join(lines()))  # written into the page by scripts/write_docs.py
     return 0
 
 

@@ -28,7 +28,7 @@ from scipy import stats as scipy_stats
 
 from fedagent_flwr.atomic import atomic_write_text, write_json_atomic
 from fedagent_flwr.config import RunConfig
-from fedagent_flwr.experiments.doc_blocks import with_block
+from fedagent_flwr.experiments.doc_blocks import Block
 from fedagent_flwr.experiments.paired_rounds import evaluation_rounds, success_by_task
 from fedagent_flwr.experiments.protocols import Run, execute, federation_share, resolve_preset
 from fedagent_flwr.experiments.seed_statistics import paired_difference
@@ -168,11 +168,9 @@ def power_lines(seed_counts: tuple[int, ...] = (5, 6, 8, 10)) -> list[str]:
     return lines
 
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "preregistration-table1.md"
-
-
-def write_docs() -> None:
-    atomic_write_text(DOC, with_block(DOC.read_text(), "power", power_lines()))
+def doc_parts() -> list[Block]:
+    """The pilot's spread and the test's power in docs/preregistration-table1.md (scripts/write_docs.py)."""
+    return [Block("docs/preregistration-table1.md", "power", tuple(power_lines()))]
 
 
 # ------------------------------------------------------------------ report
@@ -223,7 +221,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--local-clients", type=int, nargs="+", default=list(LOCAL_CLIENTS))
     p.add_argument("--out", help="folder for runs, logs and the table")
     p.add_argument("--power", action="store_true", help="print the pilot's spread and the test's power, and stop")
-    p.add_argument("--write-docs", action="store_true", help="write the power into docs/preregistration-table1.md, and stop")
     p.add_argument("--num-cpus-per-client", type=int, default=1)
     p.add_argument("--num-gpus-per-client", type=float, default=0.0)
     p.add_argument("--dry-run", action="store_true", help="print the runs without starting them")
@@ -231,11 +228,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.power:
         print("\n".join(power_lines()))
         return None
-    if args.write_docs:
-        write_docs()
-        return None
     if not args.out:
-        p.error("--out is required (unless --power or --write-docs)")
+        p.error("--out is required (unless --power)")
     preset, base = resolve_preset(args.preset)
     locals_ = tuple(args.local_clients)
     if bad := [k for k in locals_ if not 0 <= k < base["num-clients"]]:

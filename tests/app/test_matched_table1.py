@@ -112,7 +112,3 @@ def test_power_is_the_rate_a_simulated_paired_t_test_rejects_at():
         assert mt.power(n, effect, sd) == pytest.approx(rate, abs=0.012)
     assert math.isclose(mt.power(4, 0.0, 0.05), 0.05, abs_tol=1e-9)
 
-
-def test_the_preregistrations_power_is_what_the_records_give():
-    text = mt.DOC.read_text()
-    assert mt.with_block(text, "power", mt.power_lines()) == text, "run: python -m fedagent_flwr.experiments.matched_table1 --write-docs"
