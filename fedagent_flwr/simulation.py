@@ -109,7 +109,7 @@ def renamed_flag(argv: list[str]) -> str | None:
     for arg in argv:
         name = arg.removeprefix("--").partition("=")[0]
         if arg.startswith("--") and name in RENAMED:
-            return f"--{name} is a key's old name: write --{RENAMED[name]} (docs/run-config.md lists every renamed key)"
+            return f"--{name} is a key's old name: write --{RENAMED[name]} (docs/renamed-keys.md lists every renamed key)"
     return None
 
 
@@ -331,7 +331,7 @@ def read_run_config_file(path: str) -> dict:
         raise ValueError(f"--run-config {path}: cannot be read ({err.strerror or err})") from None
     if renamed := sorted(set(flat) & set(RENAMED)):
         raise ValueError(f"--run-config {path}: {renamed[0]} is a key's old name: write {RENAMED[renamed[0]]} "
-                         "(docs/run-config.md lists every renamed key)")
+                         "(docs/renamed-keys.md lists every renamed key)")
     unknown = sorted(set(flat) - set(RunConfig().to_run_config()))
     if unknown:
         raise ValueError(f"--run-config {path}: unknown run-config key(s) {unknown}")

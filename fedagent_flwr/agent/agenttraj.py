@@ -9,7 +9,7 @@ the same loss turn by turn. A turn marked `"loss": false` (AgentGym marks the mo
 
 What this data is not: our environments' text. AgentTraj's observations, action syntax and answers ("Thought: ...
 Action: ...") are AgentGym's environments', written by GPT-4 and people; our tasks are our own. Seeding from it teaches
-AgentGym's conversations, and the model then plays ours (docs/run-config.md, "The paper presets").
+AgentGym's conversations, and the model then plays ours (docs/presets.md).
 
 Written here rather than read through `datasets`: a few hundred lines of JSON per environment, read once per client,
 where the library would add a cache folder and a conversion for nothing.

@@ -1,7 +1,7 @@
 """The run-config keys renamed when the flat keys became dotted sections (2026-12): old name -> new name.
 
 A run config that uses an old name is refused in one line naming its new key (RunConfig.from_run_config);
-docs/run-config.md's table of renamed keys is generated from this one; run folders written before the renames
+docs/renamed-keys.md's table is generated from this one; run folders written before the renames
 (config.json, resume state, kept records) are read through `current_keys`.
 """
 

@@ -565,7 +565,7 @@ class RunConfig:
         known = {key: (f, section) for key, f, section in cls.keys()}
         if renamed := sorted(key for key in run_config if key in RENAMED):
             key = renamed[0]
-            raise ConfigError([f"{key} is a key's old name: write {RENAMED[key]} (docs/run-config.md lists every "
+            raise ConfigError([f"{key} is a key's old name: write {RENAMED[key]} (docs/renamed-keys.md lists every "
                                f"renamed key)" + (f"; also {', '.join(renamed[1:])}" if len(renamed) > 1 else "")])
         if unknown := sorted(set(run_config) - set(known)):
             raise ValueError(f"unknown run-config key(s) {unknown}; known keys: {', '.join(known)}")

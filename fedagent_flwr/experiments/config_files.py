@@ -1,8 +1,9 @@
 """`python -m fedagent_flwr.experiments.config_files`: rewrite the files that list every run-config key from the
 dataclasses in config/run_config.py, so they never drift: pyproject's [tool.flwr.app.config] (the defaults Flower reads,
-as dotted keys the way FlowerTune's templates write them) and the key tables of docs/run-config.md, one for the
-top-level keys, one per section and one of the renamed keys (config/renames.py). Run it after adding or changing a
-key; the tests fail while either file is stale.
+as dotted keys the way FlowerTune's templates write them), the key tables of docs/run-config.md (one for the top-level
+keys, one per section) and the table of docs/renamed-keys.md (config/renames.py). Run it after adding or changing a
+key; the tests fail while either file is stale (the docs' tables: tests/records, which scripts/write_docs.py also
+writes).
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedagent_flwr.config import RENAMED, SECTIONS, RunConfig
+from fedagent_flwr.experiments.doc_blocks import Block, with_block
 from fedagent_flwr.simulation import toml_value
 
-BEGIN = "<!-- key tables: written by python -m fedagent_flwr.experiments.config_files from config/run_config.py; edit there -->"
-END = "<!-- end of the key tables -->"
 
 
 HEADINGS = {"grpo": "GRPO", "lora": "LoRA", "fedrl": "QAvg / PAvg", "fedse": "Fed-SE"}  # the rest: capitalized
@@ -33,20 +33,26 @@ def _table(heading: str, doc: str, rows: list) -> list[str]:
     return out + [""]
 
 
-def docs_tables() -> str:
-    """A table of the top-level keys, one per section under a heading with its docstring, and the renamed keys; every
-    row as many cells as its header."""
+def key_tables() -> list[str]:
+    """A table of the top-level keys, then one per section under a heading with its docstring; every row as many cells
+    as its header."""
     keys = list(RunConfig.keys())
     out = _table("Top-level keys", TOP_DOC, [(key, f) for key, f, section in keys if section is None])
     for section in SECTIONS:
         heading = HEADINGS.get(section.NAME, section.NAME.capitalize())
         out += _table(f"{heading} keys (`{section.NAME}.*`)", section.__doc__,
                       [(key, f) for key, f, owner in keys if owner is section])
-    out += ["### Renamed keys", "", "The flat names of the keys before they moved into sections (December 2026), and "
-            "their new names. A run config that uses an old name is refused in one line that names the new key.", "",
-            "| old name | new name |", "| --- | --- |"]
-    out += [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
-    return "\n".join(out).rstrip("\n")
+    return out[:-1]
+
+
+def renamed_table() -> list[str]:
+    return ["| old name | new name |", "| --- | --- |"] + [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
+
+
+def doc_parts() -> list[Block]:
+    """The key tables of docs/run-config.md and the renamed keys of docs/renamed-keys.md (scripts/write_docs.py)."""
+    return [Block("docs/run-config.md", "keys", tuple(key_tables())),
+            Block("docs/renamed-keys.md", "renamed-keys", tuple(renamed_table()))]
 
 
 def pyproject_table() -> str:
@@ -60,21 +66,16 @@ def pyproject_table() -> str:
 
 
 def sync_files(root: Path) -> None:
-    """Rewrite pyproject's [tool.flwr.app.config] and the key tables of docs/run-config.md."""
+    """Rewrite pyproject's [tool.flwr.app.config] and the key tables of the docs."""
     pyproject = root / "pyproject.toml"
     head, sep, tail = pyproject.read_text().partition("[tool.flwr.app.config]\n")
     if not sep:
         raise ValueError(f"{pyproject} has no [tool.flwr.app.config] table")
     rest = tail.split("\n[", 1)  # the table ends where the next one starts
     pyproject.write_text(head + sep + pyproject_table() + ("\n[" + rest[1] if len(rest) > 1 else ""))
-
-    doc = root / "docs" / "run-config.md"
-    text = doc.read_text()
-    before, found, after = text.partition(BEGIN + "\n")
-    if not found:
-        raise ValueError(f"{doc} has no line {BEGIN!r}")
-    after = after.partition(END)[2]
-    doc.write_text(before + BEGIN + "\n" + docs_tables() + "\n" + END + after)
+    for part in doc_parts():
+        page = root / part.page
+        page.write_text(with_block(page.read_text(), part.name, part.lines))
 
 
 if __name__ == "__main__":

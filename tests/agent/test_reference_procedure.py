@@ -1,5 +1,5 @@
 """The FedAgent reference's procedure as run-config values: the per-step, format-only rollout.invalid-action penalty, and
-the KL term anchored to the run's initial model under full fine-tuning (docs/run-config.md, "The paper presets")."""
+the KL term anchored to the run's initial model under full fine-tuning (docs/presets.md)."""
 
 from __future__ import annotations
 

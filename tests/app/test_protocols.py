@@ -46,7 +46,7 @@ def test_table1_methods_share_every_budget_key(preset):
 
 def test_the_paper_table1_dry_run_runs_the_reference_procedure(tmp_path, capsys):
     """Every Table 1 run of the paper preset, FedAgent and baselines alike, trains and evaluates as the FedAgent
-    reference does (docs/run-config.md, "The paper presets"): sampled training at 1.0, validation sampled at 0.4,
+    reference does (docs/presets.md): sampled training at 1.0, validation sampled at 0.4,
     the KL anchored to the base model, verl's token-mean loss without group filtering, AdamW weight decay 0.01, the
     per-step, format-only rollout.invalid-action penalty, and minibatches split as the reference splits them (4 micro-batches
     of 16 length-balanced rows, the batch padded with copies)."""

@@ -31,7 +31,7 @@ def test_an_old_name_is_refused_in_one_line_naming_its_new_key():
     with pytest.raises(ConfigError) as err:
         RunConfig.from_run_config({"group-size": 8})
     assert str(err.value) == ("invalid run config: group-size is a key's old name: write grpo.num-generations "
-                              "(docs/run-config.md lists every renamed key)")
+                              "(docs/renamed-keys.md lists every renamed key)")
     with pytest.raises(ValueError, match=r"^--set 'kl-beta=0\.1': kl-beta is a key's old name: write grpo\.beta$"):
         simulation.parse_overrides(["kl-beta=0.1"])
     assert RunConfig.from_run_config({"grpo.num-generations": 4}).grpo.num_generations == 4
