@@ -230,9 +230,15 @@ def isolated_env(out: Path, slot: int = 0, threads: int | None = None) -> dict[s
     return env | ({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})
 
 
+def resumable(folder: Path) -> bool:
+    """A run stopped after saving a round (runs/resume.py's state/): the protocol resumes it rather than start it
+    again, so a protocol of many hours can go on across stops without losing the rounds done."""
+    return (folder / "state" / "manifest.json").is_file() and not (folder / "summary.json").exists()
+
+
 def set_aside(folder: Path) -> Path | None:
-    """Move a run folder a stopped protocol left without summary.json to <name>.stopped-N (kept, never deleted), so
-    the run starts again under its own name."""
+    """Move a run folder a stopped protocol left without summary.json and without a saved round to <name>.stopped-N
+    (kept, never deleted), so the run starts again under its own name."""
     if not folder.exists():
         return None
     n = 1
@@ -288,12 +294,15 @@ def execute(runs: list[Run], out: Path, num_cpus: int, num_gpus: float, dry_run:
             i, done = number[run.name], out / "runs" / run.name / "summary.json"
             source = first_evaluation_source(run, runs, out) if reuse_first_evaluation else None
             args = run_args(run, out, num_cpus, num_gpus) + (["--initial-evaluation", str(source)] if source else [])
+            resume = resumable(out / "runs" / run.name)
+            args += ["--resume", "true"] if resume else []
             print(f"[protocol] {i}/{len(runs)} {run.name}" + (" (beside the others of its wave, one thread each)"
-                                                              if beside else ""), flush=True)
+                                                              if beside else "")
+                  + (", resumed after its last saved round" if resume else ""), flush=True)
             if dry_run:
                 print("  " + " ".join(args), flush=True)
                 continue
-            aside = set_aside(out / "runs" / run.name)
+            aside = None if resume else set_aside(out / "runs" / run.name)
             if aside:
                 print(f"[protocol] {run.name} had stopped before its summary: its folder is kept as {aside}", flush=True)
             log = out / "logs" / f"{run.name}.log"

@@ -369,3 +369,17 @@ def test_a_baseline_takes_its_first_evaluation_from_the_seeds_fedagent_run_and_a
     assert protocols.set_aside(stopped).name == "table1-local1-s0.stopped-2"
     assert (tmp_path / "runs" / "table1-local1-s0.stopped-1" / "episodes").is_dir()
     assert protocols.set_aside(stopped) is None
+
+
+def test_a_run_stopped_after_a_saved_round_is_resumed_not_started_again(tmp_path, capsys):
+    runs = [r for r in protocols.table1_runs("cpu", [0], protocols.PRESETS["cpu"], (1,)) if r.name == "table1-fedagent-s0"]
+    saved = tmp_path / "runs" / "table1-fedagent-s0"
+    (saved / "state").mkdir(parents=True)
+    assert not protocols.resumable(saved)  # a state folder still being written has no manifest yet
+    (saved / "state" / "manifest.json").write_text("{}")
+    assert protocols.resumable(saved)
+    protocols.execute(runs, tmp_path, 1, 0.0, dry_run=True)
+    out = capsys.readouterr().out
+    assert "resumed after its last saved round" in out and out.rstrip().endswith("--resume true")
+    (saved / "summary.json").write_text("{}")  # finished: reused, neither resumed nor rerun
+    assert not protocols.resumable(saved)
