@@ -79,9 +79,16 @@ def slug(name: str) -> str:
 
 
 def folder(root: str | Path, when: datetime.datetime | None = None) -> Path:
-    """Where a session's raw outputs go: <root>/<UTC date>-<card slug>."""
+    """Where a session's raw outputs go: <root>/<UTC date>-<card slug>, or on a machine without a GPU
+    <root>/<UTC date>-<processor slug> (`amd-epyc-avx512bf16`: the model and its widest bf16 kernel, as
+    agent/engine/cpu_rates.py's Processor.slug() names it), since CPU timings compare only within one processor."""
     when = when or datetime.datetime.now(datetime.timezone.utc)
-    return Path(root) / f"{when:%Y-%m-%d}-{slug(card()['name'])}"
+    name = card()["name"]
+    if name == "cpu":
+        from fedagent_flwr.agent.engine.cpu_rates import this_processor
+
+        return Path(root) / f"{when:%Y-%m-%d}-{this_processor().slug()}"
+    return Path(root) / f"{when:%Y-%m-%d}-{slug(name)}"
 
 
 def software() -> dict:

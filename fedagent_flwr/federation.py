@@ -42,6 +42,7 @@ from fedagent_flwr.runs.resume import (
     resumable,
     save_state,
 )
+from fedagent_flwr.runs.provenance import record_start
 from fedagent_flwr.runs.run_folder import claim_run_folder
 
 
@@ -78,6 +79,7 @@ def _run(grid: Grid, cfg: RunConfig, context: Context | None, method: Method, st
 
     reporter = method.reporter(run_dir)
     reporter.write_config(state_config | method.config_facts())  # a resume only gets here once accepted
+    record_start(reporter.run_dir, resumed=saved is not None)  # provenance.json: command, commit, machine
     method.announce(reporter.run_dir, num_clients)
 
     try:  # the tracker's run is closed (flushed, finished) whether the run succeeds or fails

@@ -36,6 +36,7 @@ from flwr.common.config import parse_config_args
 from fedagent_flwr.agent.engine.memory import GB
 from fedagent_flwr.config import RENAMED, SECTIONS, RunConfig
 from fedagent_flwr.deployment import free_port
+from fedagent_flwr.runs import provenance
 from fedagent_flwr.runs.preflight import preflight
 from fedagent_flwr.runs.run_folder import check_run_folder
 
@@ -113,6 +114,17 @@ def renamed_flag(argv: list[str]) -> str | None:
     return None
 
 
+def run_provenance(argv: list[str], app: Path, env: dict[str, str]) -> dict[str, str]:
+    """The variables runs/provenance.py reads in the server: this command as typed, and the app's git commit unless
+    the caller set one (a machine that received the tree without .git)."""
+    prog = "run_simulation.py" if Path(sys.argv[0]).name == "run_simulation.py" else "-m fedagent_flwr.simulation"
+    out = {provenance.COMMAND_ENV: f"python {prog} {shlex.join(argv)}".rstrip()}
+    if not env.get(provenance.COMMIT_ENV):
+        commit, dirty = provenance.git_state(app.resolve())
+        out |= {provenance.COMMIT_ENV: commit, provenance.DIRTY_ENV: "1" if dirty else "0"}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if old := renamed_flag(argv):
@@ -178,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ.copy()
     env.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")  # else flwr reinstalls deps (GBs of torch)
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    env |= run_provenance(argv, args.app, env)  # the server's provenance.json names this command and the app's commit
     # `flwr run` starts a local SuperLink on a fixed port and leaves it running for whoever comes next: another
     # user's run would land on it, and stopping it would stop theirs. Unless told otherwise (the port variables,
     # or --keep-superlink), this run gets a SuperLink of its own: free ports, a private FLWR_HOME, and at the end

@@ -4,7 +4,8 @@
 Run folders live on the machine that ran them, and machines are not kept: the seed-0 and seed-1 runs of issue 55 were
 gone a session later, so their paired tests could not be repeated. What `python -m
 fedagent_flwr.experiments.paired_rounds` reads is small (every evaluation's episodes, the metric rows, the config):
-this copies config.json, metrics.jsonl, clients.jsonl (where written), summary.json and episodes/round-*.json / .txt, and writes every path under
+this copies config.json, metrics.jsonl, clients.jsonl (where written), summary.json, provenance.json (the
+command, commit and processor, with the run's wall time added) and episodes/round-*.json / .txt, and writes every path under
 RUNS_ROOT as `<runs>/...` and the model cache's as `<model-cache>/...`, so no machine's scratch path lands in the repository. It refuses a destination that
 exists (nothing is overwritten) and a record that would still name an absolute path.
 """
@@ -12,6 +13,7 @@ exists (nothing is overwritten) and a record that would still name an absolute p
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 from fedagent_flwr.agent.models.model_cache import default_cache_root
 
 FILES = ("config.json", "metrics.jsonl", "clients.jsonl", "summary.json")  # clients.jsonl where the run wrote one
+PROVENANCE = "provenance.json"  # runs/provenance.py; runs before 2026-12-08 have none (their commands.txt says it)
 ABSOLUTE = re.compile(r'"(/[^"]*)"')  # a JSON string value that is an absolute path
 
 
@@ -28,7 +31,7 @@ def keep(run_dir: Path, dest: Path, root: Path) -> list[Path]:
         raise ValueError(f"{run_dir}: not a run folder (no metrics.jsonl)")
     if dest.exists():
         raise ValueError(f"{dest} exists; records are never overwritten: choose another name")
-    sources = [run_dir / f for f in FILES if (run_dir / f).is_file()]
+    sources = [run_dir / f for f in FILES + (PROVENANCE,) if (run_dir / f).is_file()]
     sources += sorted((run_dir / "episodes").glob("round-*.json")) + sorted((run_dir / "episodes").glob("round-*.txt"))
     texts = {}
     for src in sources:
@@ -37,6 +40,11 @@ def keep(run_dir: Path, dest: Path, root: Path) -> list[Path]:
         left = ABSOLUTE.findall(text) if src.suffix != ".txt" else []
         if left:
             raise ValueError(f"{src}: still names the absolute path {left[0]!r}; give a --relative-to that holds it")
+        if src.name == PROVENANCE:  # with the wall time, so the record says how long the run took on its machine
+            record = json.loads(text)
+            summary = run_dir / "summary.json"
+            record["wall_s"] = json.loads(summary.read_text()).get("seconds") if summary.is_file() else None
+            text = json.dumps(record, indent=2) + "\n"
         texts[src.relative_to(run_dir)] = text
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -50,7 +58,7 @@ def keep(run_dir: Path, dest: Path, root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("dest", type=Path, help="a new folder in the repository, e.g. benchmarks/results/<date>-cpu/runs/<name>")
+    parser.add_argument("dest", type=Path, help="a new folder in the repository, e.g. benchmarks/results/<date>-<processor>/runs/<name>")
     parser.add_argument("--relative-to", type=Path, required=True,
                         help="the folder the runs were written under; its paths become <runs>/...")
     args = parser.parse_args(argv)

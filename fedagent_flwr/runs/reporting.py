@@ -9,6 +9,7 @@ categories.png held-out success per task category, first vs latest evaluation
 checkpoints/round-NNNN/  the global model at each evaluation (safetensors, HF layout); eval.save-total-limit
                keeps the last N and the best
 summary.json   initial and final held-out success, per category, timing
+provenance.json  the command, commit, processor, GPUs and versions of each start (runs/provenance.py)
 Every file is written to a temporary name first and renamed into place, so an
 interrupted run never leaves a half-written checkpoint or table behind.
 """

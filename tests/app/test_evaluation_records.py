@@ -55,6 +55,11 @@ def run_dir(tmp_path_factory):
     return out / "r"
 
 
+def test_the_server_writes_the_runs_provenance(run_dir):
+    record = json.loads((run_dir / "provenance.json").read_text())
+    assert record["processor"] and record["software"]["flwr"] and record["resumed"] == []
+
+
 def test_a_rounds_time_so_far_includes_its_evaluation(run_dir):
     """The round line's seconds come after the round's evaluation: the 3-round SmolLM2 run's said 9 s for a round 0
     whose evaluation took 368 s."""

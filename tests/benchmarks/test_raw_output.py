@@ -16,7 +16,10 @@ def test_a_cpu_machine_is_card_cpu_with_no_driver_and_its_folder_says_so(monkeyp
     monkeypatch.setattr(raw_output.shutil, "which", lambda name: None)  # no nvidia-smi, as here
     assert raw_output.card() == {"name": "cpu", "memory_mib": None, "driver": None, "count": 0}
     when = datetime.datetime(2026, 12, 1, 23, 59, tzinfo=datetime.timezone.utc)
-    assert raw_output.folder("benchmarks/results", when) == Path("benchmarks/results/2026-12-01-cpu")
+    from fedagent_flwr.agent.engine import cpu_rates
+
+    monkeypatch.setattr(cpu_rates, "this_processor", lambda: cpu_rates.Processor("AMD EPYC", "avx512_bf16 avx512f avx2"))
+    assert raw_output.folder("benchmarks/results", when) == Path("benchmarks/results/2026-12-01-amd-epyc-avx512bf16")
     assert raw_output.slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3" and raw_output.slug("NVIDIA H200") == "h200"
 
 

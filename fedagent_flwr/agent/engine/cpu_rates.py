@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +41,16 @@ class Processor:
 
     def describe(self) -> str:
         return f"{self.name} ({self.flags or 'ISA flags unknown'})"
+
+    def slug(self) -> str:
+        """The processor as a folder name: its model without vendor marks, clock or "CPU", and the widest bf16 kernel
+        its flags allow ("AMD EPYC" with avx512_bf16 -> "amd-epyc-avx512bf16"; a Xeon with AMX -> "...-amx")."""
+        name = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$|\b\d+-core processor\b|\bprocessor\b", " ", self.name.lower())
+        words = re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cpu"
+        flags = set(self.flags.split())
+        isa = next((tag for flag, tag in (("amx_tile", "amx"), ("avx512_bf16", "avx512bf16"), ("avx512f", "avx512"),
+                                          ("avx2", "avx2"), ("sve", "sve"), ("asimd", "neon")) if flag in flags), "")
+        return f"{words}-{isa}" if isa else words
 
 
 # The flags that decide which bf16 kernel oneDNN can take: AMX tiles, AVX-512 bf16, AVX-512, AVX2.
