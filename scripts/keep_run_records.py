@@ -24,6 +24,7 @@ from fedagent_flwr.agent.models.model_cache import default_cache_root
 FILES = ("config.json", "metrics.jsonl", "clients.jsonl", "summary.json")  # clients.jsonl where the run wrote one
 PROVENANCE = "provenance.json"  # runs/provenance.py; runs before 2026-12-08 have none (their commands.txt says it)
 ABSOLUTE = re.compile(r'"(/[^"]*)"')  # a JSON string value that is an absolute path
+LEFT_PATH = re.compile(r"(?<![\w<>])/[^\s'\"]+")  # an absolute path inside a command line
 
 
 def keep(run_dir: Path, dest: Path, root: Path) -> list[Path]:
@@ -42,6 +43,9 @@ def keep(run_dir: Path, dest: Path, root: Path) -> list[Path]:
             raise ValueError(f"{src}: still names the absolute path {left[0]!r}; give a --relative-to that holds it")
         if src.name == PROVENANCE:  # with the wall time, so the record says how long the run took on its machine
             record = json.loads(text)
+            for start in [record, *record.get("resumed", [])]:  # the app's folder, the interpreter: <path>/<name>
+                if start.get("command"):
+                    start["command"] = LEFT_PATH.sub(lambda m: f"<path>/{Path(m.group(0)).name}", start["command"])
             summary = run_dir / "summary.json"
             record["wall_s"] = json.loads(summary.read_text()).get("seconds") if summary.is_file() else None
             text = json.dumps(record, indent=2) + "\n"

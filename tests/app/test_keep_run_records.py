@@ -67,10 +67,11 @@ def test_an_existing_destination_or_a_path_left_absolute_is_refused(tmp_path):
 def test_the_runs_provenance_is_kept_with_its_wall_time_and_no_machine_path(tmp_path):
     run = _run_folder(tmp_path, "fa", [True, False])
     (run / "provenance.json").write_text(json.dumps({
-        "command": f"python run_simulation.py --output-dir {tmp_path / 's55'} --run-name fa", "commit": "0123abc",
+        "command": f"python -m fedagent_flwr.simulation --app /opt/wt-t1 --output-dir {tmp_path / 's55'} --run-name fa",
+        "commit": "0123abc",
         "processor": "AMD EPYC (avx512_bf16)", "processor_slug": "amd-epyc-avx512bf16", "resumed": []}))
     dest = tmp_path / "repo" / "fa-s2"
     assert _keep(run, dest, "--relative-to", tmp_path / "s55").returncode == 0
     kept = json.loads((dest / "provenance.json").read_text())
     assert kept["wall_s"] == 10.0 and kept["commit"] == "0123abc"
-    assert kept["command"] == "python run_simulation.py --output-dir <runs> --run-name fa"
+    assert kept["command"] == "python -m fedagent_flwr.simulation --app <path>/wt-t1 --output-dir <runs> --run-name fa"
