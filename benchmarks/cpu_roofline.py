@@ -420,7 +420,7 @@ def best_rate_minutes(report: dict) -> dict:
 
 
 def markdown(report: dict) -> str:
-    """The phase table of a kept result (docs/performance.md quotes it as printed here; its test recomputes it)."""
+    """The phase table of a kept result (the notes quote it as printed here: benchmarks/performance_figures.py)."""
     dtype = report["dtype"]
     lines = [f"| phase | seconds | share of the round | GFLOP computed | GFLOP model | GFLOP/s | share of the {dtype} peak |",
              "|---|---:|---:|---:|---:|---:|---:|"]
