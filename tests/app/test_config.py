@@ -18,19 +18,21 @@ def test_pyproject_defaults_equal_the_dataclass_defaults():
     assert RunConfig.from_run_config(app_config) == RunConfig()
 
 
-def test_every_table_row_of_the_run_config_docs_has_as_many_cells_as_its_header():
+def test_every_row_of_the_generated_key_tables_has_as_many_cells_as_its_header():
     """A `|` inside a cell (e.g. an allowed list such as fp32 | bf16) must be escaped, or the row renders shifted."""
     import re
 
+    from fedagent_flwr.experiments.config_files import key_tables, renamed_table
+
     header = None
-    for number, line in enumerate((ROOT / "docs" / "run-config.md").read_text().splitlines(), 1):
+    for number, line in enumerate(key_tables() + [""] + renamed_table(), 1):
         cells = len(re.split(r"(?<!\\)\|", line.strip())) - 2 if line.startswith("|") else None
         if cells is None:
             header = None
         elif header is None:
             header = cells
         else:
-            assert cells == header, f"docs/run-config.md:{number} has {cells} cells under a header of {header}"
+            assert cells == header, f"generated key table line {number} has {cells} cells under a header of {header}"
 
 
 @pytest.mark.parametrize(
