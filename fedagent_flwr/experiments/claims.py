@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedagent_flwr.experiments.doc_blocks import Block
+from fedagent_flwr.experiments.doc_blocks import Block, Figure
 from fedagent_flwr.experiments.paired_rounds import compare, evaluation_rounds, over_seeds, success_rounds
 from fedagent_flwr.experiments.matched_table1 import OPPOSITE, held_categories, on_rooms
 
@@ -37,6 +37,13 @@ GIGPO = runs("2026-12-02-cpu/runs/gigpo-s0", "2026-12-01-cpu/runs/gigpo-s1", "20
 UNIFORM_FED = runs("2026-12-01-cpu/runs/fedagent-preset-s1", "2026-12-01-cpu/runs/fedagent-preset-s2")
 UNIFORM_LOCAL = runs("2026-12-01-cpu/runs/local1-s1", "2026-12-01-cpu/runs/local1-s2")
 UNIFORM_CENTRAL = runs("2026-12-01-cpu/runs/central-s1", "2026-12-01-cpu/runs/central-s2")
+
+
+# Issue 93: the FedAgentAvg preset with its frozen base in fp32 against bf16-base, the same seeds on one AMD EPYC.
+PRECISION_FP32 = runs("2026-12-07-cpu/runs/fedagent-fp32-s0-amd", "2026-12-08-amd-epyc-avx512bf16/runs/fedagent-fp32-s1-amd",
+                      "2026-12-07-cpu/runs/fedagent-fp32-s2-amd")
+PRECISION_BF16 = runs("2026-12-07-cpu/runs/fedagent-bf16-s0-amd", "2026-12-07-cpu/runs/fedagent-bf16-s1-amd",
+                      "2026-12-05-cpu/runs/fedagent-preset-s2-amd")
 
 
 def directions(arm: str) -> list[Path]:
@@ -102,6 +109,7 @@ class Claim:
     text: str
     cells: Callable[[], tuple[str, str]]  # (effect, verdict) from the records
     records: tuple[Path, ...] = ()  # every run folder the cells read
+    in_readme: bool = True  # the README's table keeps the claims a newcomer weighs; docs/results.md has them all
 
 
 def _per_run() -> tuple[str, str]:
@@ -146,6 +154,9 @@ CLAIMS = [
           lambda: _pair(unseen_change_over_seeds(directions("local0"), directions("fedagent")),
                         unseen_change_over_seeds(directions("local1"), directions("fedagent"))),
           tuple(directions("local0") + directions("local1") + directions("fedagent"))),
+    Claim("the FedAgentAvg preset with its base in fp32 above bf16-base, seeds 0-2 on an AMD EPYC",
+          lambda: _pair(t := difference_over_seeds(PRECISION_FP32, PRECISION_BF16), extra=f" (p {t['p']:.2g})"),
+          (*PRECISION_FP32, *PRECISION_BF16), in_readme=False),
 ]
 
 
@@ -156,17 +167,25 @@ def table(with_records: bool = False) -> list[str]:
     """The claims as a Markdown table; `with_records`: a column linking each run folder read (docs/results.md's)."""
     lines = ["| claim (held-out success after round 3) | effect | verdict |" + (" records |" if with_records else ""),
              "| --- | --- | --- |" + (" --- |" if with_records else "")]
-    for claim in CLAIMS:
+    for claim in (c for c in CLAIMS if with_records or c.in_readme):
         effect, said = claim.cells()
         links = ", ".join(f"[{r.parent.parent.name}/{r.name}](../{r.relative_to(ROOT).as_posix()})" for r in claim.records)
         lines.append(f"| {claim.text} | {effect} | {said} |" + (f" {links} |" if with_records else ""))
     return lines
 
 
-def doc_parts() -> list[Block]:
-    """The verdict table of the README and, with its records linked, of docs/results.md (scripts/write_docs.py)."""
+def precision_sentence() -> str:
+    """docs/performance.md's word on issue 93: fp32 against bf16-base over the seeds, and the verdict."""
+    t = difference_over_seeds(PRECISION_FP32, PRECISION_BF16)
+    return f"{pm(t)} (p {t['p']:.2g}, seeds 0-2): {verdict([t])}"
+
+
+def doc_parts() -> list[Block | Figure]:
+    """The verdict table of the README and, with its records linked, of docs/results.md; the precision figure of
+    docs/performance.md (scripts/write_docs.py)."""
     return [Block("README.md", "claims", tuple(table())),
-            Block("docs/results.md", "claims", tuple(table(with_records=True)))]
+            Block("docs/results.md", "claims", tuple(table(with_records=True))),
+            Figure("docs/performance.md", "precision-fp32-minus-bf16", precision_sentence())]
 
 
 def main(argv: list[str] | None = None) -> int:
