@@ -26,3 +26,23 @@ def test_every_marker_on_the_pages_is_written_by_a_generator():
     pages = write_docs.regenerated()  # raises, naming the page and the marker, where none writes one
     assert {"README.md", "docs/results.md"} <= set(pages)
     assert all(now == new for now, new in pages.values()), "run: python scripts/write_docs.py"
+
+
+def test_the_registry_names_each_numbers_generator_value_and_records():
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_docs.py"), "--records-of",
+                           str(ROOT / "fedagent_flwr" / "experiments" / "claims.py")], capture_output=True, text=True,
+                          timeout=300, check=True)
+    entry = json.loads(done.stdout.splitlines()[-1])
+    assert entry["function"] == "fedagent_flwr/experiments/claims.py:doc_parts"
+    figure = next(p for p in entry["parts"] if p["name"] == "precision-fp32-minus-bf16")
+    assert figure["page"] == "docs/performance.md" and figure["value"].startswith(("+", "-"))
+    # every run a claim links is read to compute it, and nothing outside benchmarks/results/ is named
+    from fedagent_flwr.experiments import claims
+
+    linked = {r.relative_to(ROOT / "benchmarks" / "results").as_posix() for c in claims.CLAIMS for r in c.records}
+    assert linked == {"/".join(f.split("/")[:-1]) if "/episodes/" not in f else f.split("/episodes/")[0]
+                      for f in entry["records"]}
