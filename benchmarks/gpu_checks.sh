@@ -1,8 +1,8 @@
 #!/bin/bash
 # The GPU checks of issue 35, each bounded in time, each result saved:
 #   bash benchmarks/gpu_checks.sh [ROOT [STAGE ...]]      (ROOT: benchmarks/results; stages: tests decode update round-static)
-# Everything a call writes goes to ROOT/<UTC date>-<card slug>/ (benchmarks/raw_output.py folder; "cpu" on a machine
-# without a GPU): card.txt (the card, driver, CUDA and the packages' versions), and for each stage <stage>.log (all it
+# Everything a call writes goes to ROOT/<UTC date>-<card slug>/ (benchmarks/raw_output.py folder; the processor, e.g.
+# amd-epyc-avx512bf16, on a machine without a GPU): card.txt (the card, driver, CUDA and the packages' versions), and for each stage <stage>.log (all it
 # printed, its commands' stderr included) and <stage>.json, written by benchmarks/raw_output.py run: the stage's
 # benchmark result (or test run) after a raw_output section with the card, driver, CUDA, torch / transformers / peft
 # versions, the command line and settings, the git commit and whether the tree was dirty, the UTC times and every
