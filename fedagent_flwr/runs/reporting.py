@@ -3,7 +3,7 @@
 metrics.jsonl  one JSON object per logged round (train and/or eval metrics)
 metrics.csv    the same rows as a table (columns = union of keys)
 clients.jsonl  one JSON object per client and round: its partition-id and its own train metrics (metrics.jsonl
-               holds their mean), so drift between clients can be seen
+               holds their mean), so drift between clients can be seen; clients.png draws them, a line a client
 learning_curve.png  held-out success rate (and training success) against rounds
 categories.png held-out success per task category, first vs latest evaluation
 checkpoints/round-NNNN/  the global model at each evaluation (safetensors, HF layout); eval.save-total-limit
@@ -79,6 +79,30 @@ class RunReporter:
         metrics}."""
         self.client_rows += [{"round": server_round, "client": pid, **metrics} for pid, metrics in clients.items()]
         atomic_write_text(self.run_dir / "clients.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.client_rows))
+        self.plot_clients()
+
+    CLIENT_PANELS = (("success_rate", "training success"), ("update_norm", "update norm"), ("kl", "KL to the reference"),
+                     ("loss", "loss"))
+
+    def plot_clients(self) -> None:
+        """clients.png: each client's own training metrics by round, one line a client, so that clients drifting
+        apart show (metrics.jsonl and the learning curve hold their mean)."""
+        panels = [(key, label) for key, label in self.CLIENT_PANELS if any(key in r for r in self.client_rows)]
+        if not panels:
+            return
+        fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5), squeeze=False)
+        clients = sorted({r["client"] for r in self.client_rows})
+        for ax, (key, label) in zip(axes[0], panels):
+            for client in clients:
+                pts = [(r["round"], r[key]) for r in self.client_rows if r["client"] == client and key in r]
+                if pts:
+                    ax.plot(*zip(*pts), marker=".", linewidth=1, label=f"client {client}")
+            ax.set_xlabel("round")
+            ax.set_title(label, fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        self._save(fig, "clients.png")
 
     def resume_clients(self, done: int) -> None:
         """The clients.jsonl rows of the rounds up to `done`, the round a resumed run continues after."""

@@ -213,6 +213,23 @@ def test_each_client_has_its_own_row_whose_mean_is_the_rounds_row(run_dir):
         assert sum(c["comm/bytes-received"] for c in mine) > 0
 
 
+def test_clients_png_draws_a_line_per_client_in_each_panel(tmp_path, monkeypatch):
+    from fedagent_flwr.runs.reporting import RunReporter
+
+    reporter, drawn = RunReporter(tmp_path), []
+    real_save = reporter._save
+    monkeypatch.setattr(reporter, "_save", lambda fig, name: (drawn.append((fig, name)), real_save(fig, name)))
+    for r in (1, 2):
+        reporter.log_clients(r, {0: {"success_rate": 0.1 * r, "update_norm": 0.4, "loss": 0.1},
+                                 3: {"success_rate": 0.3, "update_norm": 0.2 * r, "loss": 0.2}})
+    fig, name = drawn[-1]
+    assert name == "clients.png" and (tmp_path / "clients.png").is_file()
+    assert [ax.get_title() for ax in fig.axes] == ["training success", "update norm", "loss"]  # no KL in these rows
+    for ax in fig.axes:
+        assert [line.get_label() for line in ax.get_lines()] == ["client 0", "client 3"]
+    assert list(fig.axes[1].get_lines()[1].get_ydata()) == [0.2, 0.4]
+
+
 def test_save_total_limit_keeps_the_last_checkpoint_and_the_best(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     best = max((r for r in rows if "eval/success_rate" in r), key=lambda r: (r["eval/success_rate"], -r["round"]))["round"]
