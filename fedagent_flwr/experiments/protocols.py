@@ -293,7 +293,7 @@ def execute(runs: list[Run], out: Path, num_cpus: int, num_gpus: float, dry_run:
         for slot, run in enumerate(pending):
             i, done = number[run.name], out / "runs" / run.name / "summary.json"
             source = first_evaluation_source(run, runs, out) if reuse_first_evaluation else None
-            args = run_args(run, out, num_cpus, num_gpus) + (["--initial-evaluation", str(source)] if source else [])
+            args = run_args(run, out, num_cpus, num_gpus) + (["--eval.initial-evaluation", str(source)] if source else [])
             resume = resumable(out / "runs" / run.name)
             args += ["--resume", "true"] if resume else []
             print(f"[protocol] {i}/{len(runs)} {run.name}" + (" (beside the others of its wave, one thread each)"

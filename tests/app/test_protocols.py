@@ -383,3 +383,20 @@ def test_a_run_stopped_after_a_saved_round_is_resumed_not_started_again(tmp_path
     assert "resumed after its last saved round" in out and out.rstrip().endswith("--resume true")
     (saved / "summary.json").write_text("{}")  # finished: reused, neither resumed nor rerun
     assert not protocols.resumable(saved)
+
+
+def test_a_baselines_command_names_its_first_evaluation_by_the_keys_name(tmp_path, capsys):
+    """The flag a baseline takes its seed's first evaluation with is the key's name today (an old flat name is refused
+    by run_simulation.py with exit 2, which stopped the first matched Local run)."""
+    from fedagent_flwr.simulation import renamed_flag
+
+    runs = protocols.table1_runs("cpu", [0], protocols.PRESETS["cpu"], (1,))
+    first = tmp_path / "runs" / "table1-fedagent-s0"
+    (first / "episodes").mkdir(parents=True)
+    (first / "episodes" / "round-0000.json").write_text("{}")
+    (first / "summary.json").write_text("{}")
+    protocols.execute(runs, tmp_path, 1, 0.0, dry_run=True)
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert any("--eval.initial-evaluation" in args for args in lines)
+    assert all(renamed_flag(args) is None for args in lines)
+
